@@ -1,4 +1,5 @@
-"""Shared fixtures: a tiny random chat model built in the test session, and game configs.
+"""Shared fixtures: a tiny random chat model and a tiny random sentence-embedding model built in
+the test session, a scripted policy, and game configs.
 
 The tiny model is a real ``LlamaForCausalLM`` with a real byte-level BPE tokenizer trained here
 on a few sentences and a ChatML chat template, saved with ``save_pretrained`` and loaded back
@@ -47,6 +48,9 @@ def build_tiny_chat_model(folder: Path, seed: int = 0) -> Path:
     config = LlamaConfig(
         vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=4096,
+        # Large random weights make replies depend on the whole context (positions, cache
+        # contents), so exactness tests catch a misplaced cache row or position.
+        initializer_range=0.5,
         pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id, bos_token_id=tokenizer.bos_token_id,
     )
     model = LlamaForCausalLM(config)
@@ -54,6 +58,63 @@ def build_tiny_chat_model(folder: Path, seed: int = 0) -> Path:
     model.save_pretrained(folder)
     tokenizer.save_pretrained(folder)
     return folder
+
+
+def build_tiny_sentence_model(folder: Path, seed: int = 0) -> Path:
+    """Save a tiny random BERT + WordPiece tokenizer as a sentence-transformers folder (mean pooling)."""
+    import string
+
+    import torch
+    from sentence_transformers import SentenceTransformer, models
+    from transformers import BertConfig, BertModel, BertTokenizerFast
+
+    torch.manual_seed(seed)
+    raw = folder / "bert"
+    raw.mkdir(parents=True, exist_ok=True)
+    words = "is it a an the object animal city in on of made alive food fruit big small red round yes no your".split()
+    chars = list(string.ascii_lowercase + string.digits + string.punctuation)
+    vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *words, *chars, *[f"##{c}" for c in chars]]
+    (raw / "vocab.txt").write_text("\n".join(dict.fromkeys(vocab)) + "\n")
+    tokenizer = BertTokenizerFast(vocab_file=str(raw / "vocab.txt"), do_lower_case=True)
+    config = BertConfig(vocab_size=len(tokenizer), hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                        intermediate_size=64, max_position_embeddings=256)
+    BertModel(config).save_pretrained(raw)
+    tokenizer.save_pretrained(raw)
+    transformer = models.Transformer(str(raw), max_seq_length=128)
+    pooling = models.Pooling(transformer.get_word_embedding_dimension(), pooling_mode="mean")
+    out = folder / "sentence-model"
+    SentenceTransformer(modules=[transformer, pooling], device="cpu").save(str(out))
+    return out
+
+
+class ScriptedPolicy:
+    """A deterministic policy that replies from a per-game script (a test policy, not a mock:
+    it implements the ChatModel protocol fully, so the rollout code runs unchanged)."""
+
+    name = "scripted"
+
+    def __init__(self, script):
+        self.script = script  # game_id -> list of replies, repeated from the last one
+        self.calls: list[int] = []
+
+    def generate(self, conversations, keys=None):
+        from aria.llm.base import Completion
+
+        self.calls.append(len(conversations))
+        replies = []
+        for conversation, key in zip(conversations, keys):
+            turn = conversation[-1]["content"].count("\nAnswer: ")
+            lines = self.script[key]
+            replies.append(Completion(lines[min(turn, len(lines) - 1)]))
+        return replies
+
+    def release(self, key):
+        pass
+
+
+@pytest.fixture(scope="session")
+def tiny_sentence_model_dir(tmp_path_factory) -> Path:
+    return build_tiny_sentence_model(tmp_path_factory.mktemp("tiny-bert"))
 
 
 @pytest.fixture(scope="session")

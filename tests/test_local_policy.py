@@ -6,6 +6,8 @@ new parts have different lengths across the batch).
 """
 from __future__ import annotations
 
+import torch
+
 from aria.llm.local import LocalChatModel
 
 
@@ -50,3 +52,29 @@ def test_inverse_cdf_sampler_samples_the_softmax_distribution():
     assert counts[0, 3] == 0 and counts[1, 0] == 0 and counts[1, 2] == 0  # probability 0: never
     expected = torch.tensor([[0.5, 0.3, 0.2, 0.0], [0.0, 0.1, 0.0, 0.9]])
     assert torch.allclose(counts / n, expected, atol=0.015)  # 4+ standard errors at n=20000
+
+
+def test_rows_that_finish_early_leave_the_batch_without_changing_any_reply(tiny_model_dir):
+    """Early-finishing rows are compacted out of the batch; every reply still equals plain
+    transformers ``generate`` on that prompt alone with the same end-of-sequence tokens."""
+    policy = LocalChatModel(str(tiny_model_dir), max_new_tokens=8, temperature=0, dtype="float32")
+    conversations = [[{"role": "user", "content": p}] for p in
+                     ["Is it an animal?", "Guess the object in twenty questions.", "Hi", "Is it made of metal or wood?"]]
+
+    def reference(eos_ids):
+        replies = []
+        for conversation in conversations:
+            ids = torch.tensor([policy.encode(conversation)])
+            out = policy.model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=8,
+                                        do_sample=False, eos_token_id=eos_ids, pad_token_id=policy.pad_id)
+            replies.append([t for t in out[0, ids.shape[1]:].tolist() if t not in eos_ids and t != policy.pad_id])
+        return replies
+
+    # A token row 0 says mid-reply ends that reply early; the other rows end where (if) they say it.
+    policy.eos_ids = [reference([policy.pad_id])[0][3]]
+    expected = reference(policy.eos_ids)
+    lengths = [len(r) for r in expected]
+    assert min(lengths) < 8 and max(lengths) == 8, lengths  # rows really end at different steps
+
+    replies = policy.generate(conversations, keys=["a", "b", "c", "d"])
+    assert [r.text for r in replies] == [policy.tokenizer.decode(r, skip_special_tokens=True).strip() for r in expected]

@@ -26,7 +26,6 @@ import torch.nn.functional as F
 from transformers import (
     AutoModelForCausalLM,
     AutoTokenizer,
-    GenerationConfig,
     LogitsProcessor,
     LogitsProcessorList,
     StaticCache,
@@ -127,16 +126,11 @@ class LocalChatModel:
         self.reuse_cache = reuse_cache
         # Sampling runs through logits processors under greedy selection (see InverseCdfSampler).
         self.logits_processor = sampling_processors(temperature, top_p)
-        self.generation_config = GenerationConfig(
-            max_new_tokens=max_new_tokens,
-            do_sample=False,
-            temperature=None,
-            top_p=None,
-            top_k=None,
-            eos_token_id=self.model.generation_config.eos_token_id or self.tokenizer.eos_token_id,
-            pad_token_id=self.pad_id,
-            return_dict_in_generate=True,
-        )
+        self.max_new_tokens = max_new_tokens
+        eos = self.model.generation_config.eos_token_id
+        if eos is None:
+            eos = self.tokenizer.eos_token_id
+        self.eos_ids = [eos] if isinstance(eos, int) else list(eos)
         self._caches: dict[str, _PromptCache] = {}
         self._last_released: _PromptCache | None = None
         if seed is not None:
@@ -162,18 +156,59 @@ class LocalChatModel:
         cached = [self._reusable(k, p) if use_cache else None for k, p in zip(keys or [None] * len(prompts), prompts)]
         reused = [len(c.token_ids) if c else 0 for c in cached]
         input_ids, attention_mask, past = self._layout(prompts, cached, reused)
-        output = self.model.generate(
-            input_ids=input_ids,
-            attention_mask=attention_mask,
-            past_key_values=past,
-            generation_config=self.generation_config,
-            logits_processor=self.logits_processor,
-        )
         width = input_ids.shape[1]
-        texts = [self.tokenizer.decode(row[width:], skip_special_tokens=True).strip() for row in output.sequences]
+        replies = self._decode(input_ids, attention_mask, past)
+        texts = [self.tokenizer.decode(reply, skip_special_tokens=True).strip() for reply in replies]
         if use_cache:
-            self._store(keys, prompts, reused, output.past_key_values, width)
+            self._store(keys, prompts, reused, past, width)
         return [Completion(t) for t in texts]
+
+    def _decode(self, input_ids, attention_mask, past) -> list[list[int]]:
+        """Encode the batch, then decode token by token, dropping rows that have finished.
+
+        Rows that reached an end-of-sequence token leave the batch (their cache rows are
+        compacted away once a quarter of the batch is done), so the step cost falls as replies
+        end instead of staying at the full batch until the longest reply is done. Row ``i`` of
+        ``past`` keeps its prompt positions for :meth:`_store`: compaction works on a view of
+        the cache that is written back at the end.
+
+        Returns the generated token ids of each row, end-of-sequence token excluded.
+        """
+        eos = torch.tensor(self.eos_ids, device=self.device)
+        batch = input_ids.shape[0]
+        position_ids = (attention_mask.cumsum(-1) - 1).clamp_(min=0)
+        rows = torch.arange(batch, device=self.device)  # batch row -> original row
+        replies: list[list[int]] = [[] for _ in range(batch)]
+        cached = past.get_seq_length()  # the pre-filled prefix; only the positions after it are encoded
+        logits = self.model(input_ids=input_ids[:, cached:], attention_mask=attention_mask, position_ids=position_ids[:, cached:],
+                            past_key_values=past, use_cache=True, logits_to_keep=1).logits[:, -1, :]
+        full_layers = [(layer.keys, layer.values) for layer in past.layers]
+        next_position = position_ids[:, -1:] + 1
+        done = torch.zeros(batch, dtype=torch.bool, device=self.device)
+        for step in range(self.max_new_tokens):
+            scores = self.logits_processor(input_ids, logits.float())
+            tokens = scores.argmax(-1)
+            finished = torch.isin(tokens, eos)
+            for row, token, end in zip(rows.tolist(), tokens.tolist(), finished.tolist()):
+                if not end:
+                    replies[row].append(token)
+            done |= finished
+            if bool(done.all()) or step == self.max_new_tokens - 1:
+                break
+            attention_mask = torch.cat([attention_mask, torch.ones_like(attention_mask[:, :1])], dim=1)
+            if int(done.sum()) * 4 >= len(rows):
+                keep = (~done).nonzero().squeeze(1)
+                rows, tokens, done = rows[keep], tokens[keep], done[keep]
+                attention_mask, next_position = attention_mask[keep], next_position[keep]
+                for layer in past.layers:
+                    layer.keys = layer.keys.index_select(0, keep)
+                    layer.values = layer.values.index_select(0, keep)
+            logits = self.model(input_ids=tokens.unsqueeze(1), attention_mask=attention_mask, position_ids=next_position,
+                                past_key_values=past, use_cache=True).logits[:, -1, :]
+            next_position = next_position + 1
+        for layer, (keys, values) in zip(past.layers, full_layers):
+            layer.keys, layer.values = keys, values
+        return replies
 
     # ---- cache handling ---------------------------------------------------------------
     def _reusable(self, key: str, prompt: list[int]) -> _PromptCache | None:
@@ -216,7 +251,7 @@ class LocalChatModel:
             mask.append([0] * (cache_width - r) + [1] * r + [0] * (new_width - n_new) + [1] * n_new)
         input_ids = torch.tensor(ids, device=self.device)
         attention_mask = torch.tensor(mask, device=self.device)
-        past = StaticCache(config=self.model.config, max_cache_len=cache_width + new_width + self.generation_config.max_new_tokens)
+        past = StaticCache(config=self.model.config, max_cache_len=cache_width + new_width + self.max_new_tokens)
         if cache_width == 0:
             return input_ids, attention_mask, past
         template = next(c for c in cached if c)
