@@ -67,11 +67,30 @@ turns").
   :meth:`QuestionGame.is_win` on the last question, which needs ``word`` to name a known target.
 * ``game_id`` is ``f"{file stem}-{sample index:06d}"``.
 
+``aria_two_player`` — ARIA's two-player logs ``llama3-8b_{bargaining,negotiation}_embedding_msgs.jsonl``,
+one game per line (``../shared/data/aria_sample_llama3-8b_negotiation_embedding_msgs.jsonl``)::
+
+    {"player_1_name": "Alice", "player_2_name": "Bob", "alice_actions": [...], "bob_actions": [...],
+     "alice_ids": [0, 2, 4], "bob_ids": [1, 3], "alice_reward": 0.5, "bob_reward": 0.5,
+     "alice_action_embeddings": [[...], ...], "bob_actions_embeddings": [[...], ...], ...}
+
+* ``alice_ids`` / ``bob_ids`` are the speaking positions of each player's messages; together they
+  must be exactly 0..n−1. Turns are rebuilt in that order with roles ``alice`` and ``bob``.
+* A list field may also be a JSON-encoded string of a list (some released files store them so).
+* ``alice_reward`` / ``bob_reward`` are the roles' final rewards (the original's normalised payoff
+  share, 0.5 each for a tie or no deal) and are required.
+* Embeddings (``alice_action_embeddings``; Bob's key is ``bob_actions_embeddings`` in the released
+  files, ``bob_action_embeddings`` is read too) are optional, one vector per message.
+* Everything else (system prompts, the game's parameters, gains) is kept in ``meta``.
+* ``game_id`` as for ``aria_msgs``.
+
 :func:`parse_history` reads the game history back out of a prompt of the original's training set
 (``actor_reinforce_*.json``, made by ``gen_reinforce_single.py``).
 """
 from __future__ import annotations
 
+import json
+import math
 import os
 import re
 from pathlib import Path
@@ -79,7 +98,7 @@ from typing import Any, Callable
 
 from aria.games.base import QuestionGame, load_game
 from aria.io import DataError, iter_jsonl, read_json, require
-from aria.trajectories import make_record, write_trajectories
+from aria.trajectories import make_record, make_two_player_record, write_trajectories
 
 
 # Keys that may hold an ARIA game's target, in the order they are tried.
@@ -354,6 +373,86 @@ IMPORTERS: dict[str, Importer] = {
 }
 
 
+# ---- two-player games -------------------------------------------------------------------
+TWO_PLAYER_ROLES = ("alice", "bob")
+
+
+def _maybe_json_list(obj: dict, key: str, path: Path, line: int) -> list:
+    value = require(obj, key, (list, str), path, line)
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except json.JSONDecodeError as err:
+            raise DataError(path, line, key, f"a string that is not a JSON list ({err.msg})") from None
+        if not isinstance(value, list):
+            raise DataError(path, line, key, "a JSON string that does not hold a list")
+    return value
+
+
+def _two_player_turns(obj: dict, path: Path, line: int) -> list[dict]:
+    by_position: dict[int, dict] = {}
+    for role in TWO_PLAYER_ROLES:
+        actions = _maybe_json_list(obj, f"{role}_actions", path, line)
+        positions = _maybe_json_list(obj, f"{role}_ids", path, line)
+        if not all(isinstance(a, str) for a in actions):
+            raise DataError(path, line, f"{role}_actions", "expected a list of strings")
+        if len(positions) != len(actions) or not all(isinstance(p, int) and not isinstance(p, bool) for p in positions):
+            raise DataError(path, line, f"{role}_ids", f"expected {len(actions)} integer positions, one per action")
+        embeddings = None
+        for key in (f"{role}_action_embeddings", f"{role}_actions_embeddings"):
+            if key in obj:
+                embeddings = _maybe_json_list(obj, key, path, line)
+                if len(embeddings) != len(actions):
+                    raise DataError(path, line, key, f"has {len(embeddings)} vectors for {len(actions)} actions")
+                for i, vector in enumerate(embeddings):
+                    if not (isinstance(vector, list) and vector and all(_is_number(x) for x in vector)):
+                        raise DataError(path, line, f"{key}[{i}]", "expected a non-empty list of numbers")
+                break
+        for i, (position, action) in enumerate(zip(positions, actions)):
+            if position in by_position:
+                raise DataError(path, line, f"{role}_ids[{i}]", f"position {position} is used twice")
+            turn = {"role": role, "action": action}
+            if embeddings is not None:
+                turn["embedding"] = [float(x) for x in embeddings[i]]
+            by_position[position] = turn
+    if sorted(by_position) != list(range(len(by_position))):
+        raise DataError(path, line, "alice_ids", f"positions {sorted(by_position)} are not 0..{len(by_position) - 1}")
+    return [by_position[p] for p in range(len(by_position))]
+
+
+def _two_player_record(obj: dict, game: str, path: Path, line: int) -> dict:
+    rewards = {}
+    for role in TWO_PLAYER_ROLES:
+        value = require(obj, f"{role}_reward", (int, float), path, line)
+        if not (_is_number(value) and math.isfinite(value)):
+            raise DataError(path, line, f"{role}_reward", "not a finite number")
+        rewards[role] = float(value)
+    turns = _two_player_turns(obj, path, line)
+    skip = {f"{r}_{k}" for r in TWO_PLAYER_ROLES for k in ("actions", "ids", "reward", "action_embeddings", "actions_embeddings")}
+    meta = {"source_line": line, **{k: v for k, v in obj.items() if k not in skip and k != "game_id"}}
+    return make_two_player_record(
+        game_id=_aria_game_id(obj, path, line), game=game, players=list(TWO_PLAYER_ROLES), turns=turns,
+        role_rewards=rewards, source="aria_two_player", meta=meta,
+    )
+
+
+def import_aria_two_player(path: Path, game: str) -> list[dict]:
+    """Records from an ARIA two-player ``*_embedding_msgs.jsonl`` file (see the module doc)."""
+    records: list[dict] = []
+    seen: dict[str, int] = {}
+    for line, obj in iter_jsonl(path):
+        record = _two_player_record(obj, game, path, line)
+        if record["game_id"] in seen:
+            raise DataError(path, line, "game_id", f"{record['game_id']!r} already on line {seen[record['game_id']]}")
+        seen[record["game_id"]] = line
+        records.append(record)
+    return records
+
+
+#: Importers of two-player logs; they take the game's name (no question-game rules apply).
+TWO_PLAYER_IMPORTERS: dict[str, Callable[[Path, str], list[dict]]] = {"aria_two_player": import_aria_two_player}
+
+
 def import_file(
     path: str | os.PathLike,
     fmt: str,
@@ -365,11 +464,12 @@ def import_file(
     ``game`` is a game name (its config is loaded) or a built :class:`QuestionGame`. The output is
     validated and written atomically by :func:`aria.trajectories.write_trajectories`.
     """
-    if fmt not in IMPORTERS:
-        raise ValueError(f"unknown format {fmt!r} (known: {', '.join(sorted(IMPORTERS))})")
-    if isinstance(game, str):
-        game = load_game(game)
-    records = IMPORTERS[fmt](Path(path), game)
+    if fmt in TWO_PLAYER_IMPORTERS:
+        records = TWO_PLAYER_IMPORTERS[fmt](Path(path), game if isinstance(game, str) else game.name)
+    elif fmt in IMPORTERS:
+        records = IMPORTERS[fmt](Path(path), load_game(game) if isinstance(game, str) else game)
+    else:
+        raise ValueError(f"unknown format {fmt!r} (known: {', '.join(sorted([*IMPORTERS, *TWO_PLAYER_IMPORTERS]))})")
     if out_path is not None:
         write_trajectories(out_path, records)
     return records

@@ -70,14 +70,6 @@ def game_id(game: str, seed: int, index: int) -> str:
     return f"{game}-s{seed}-{index:05d}"
 
 
-def _history_question(action: str, question: str | None, limit: int) -> str:
-    """What the history shows for a turn: the question, or the start of an invalid output."""
-    if question is not None:
-        return question
-    first_line = (action or "").strip().splitlines()[0] if (action or "").strip() else ""
-    return first_line[:limit]
-
-
 def play_games(
     game: QuestionGame,
     policy: ChatModel,
@@ -175,7 +167,7 @@ def _play_turn(game, policy, oracle, live: Sequence[_LiveGame], system_prompt, o
 
 def _record_turn(game: QuestionGame, g: _LiveGame, action: str, question: str | None, observation: str, won: bool) -> None:
     g.turns.append({"action": action, "question": question, "observation": observation, "reward": game.turn_reward(won)})
-    g.history.append((_history_question(action, question, game.max_question_chars), observation))
+    g.history.append((game.history_question(action, question), observation))
     g.success = won
 
 

@@ -28,6 +28,16 @@ Every game this project plays or imports is stored as one JSON object per line::
 Optional fields: ``turns[i].embedding`` (a list of floats from an imported file, e.g. ARIA's
 ``action_embeddings``), ``meta`` (a dict of anything else worth keeping).
 
+Two-player games (bargaining, negotiation) use the same envelope with ``players`` and
+``role_rewards`` instead of the single-agent result fields::
+
+      "players": ["alice", "bob"],              # roles, first mover first
+      "turns": [{"role": "alice", "action": "I offer $110.", "reward": 0.0}, ...],  # speaking order
+      "role_rewards": {"alice": 0.5, "bob": 0.5},   # each role's final reward R (spec §3)
+
+Their turns need ``role`` and ``action`` (``observation``/``question`` are not used: the other
+player's next turn is the observation); ``reward`` and ``embedding`` are optional.
+
 :func:`validate_record` checks all of this and names file, line and field of the first problem.
 """
 from __future__ import annotations
@@ -82,6 +92,42 @@ def make_record(
     return record
 
 
+def make_two_player_record(
+    *,
+    game_id: str,
+    game: str,
+    players: list[str],
+    turns: list[dict],
+    role_rewards: dict[str, float],
+    model: str | None = None,
+    seed: int | None = None,
+    status: str = "finished",
+    errors: list[str] | None = None,
+    source: str = "collected",
+    meta: dict | None = None,
+) -> dict:
+    """Build a schema-v1 record of a two-player game (see the module doc)."""
+    record = {
+        "schema_version": SCHEMA_VERSION,
+        "game_id": game_id,
+        "game": game,
+        "target": None,
+        "seed": seed,
+        "model": model,
+        "oracle": None,
+        "players": list(players),
+        "turns": turns,
+        "num_turns": len(turns),
+        "role_rewards": {p: float(role_rewards[p]) for p in players},
+        "status": status,
+        "errors": list(errors or []),
+        "source": source,
+    }
+    if meta:
+        record["meta"] = meta
+    return record
+
+
 def validate_record(record: Any, path: str | os.PathLike | None = None, line: int | None = None) -> dict:
     """Check one record against schema v1; raise :class:`DataError` at the first problem."""
     if not isinstance(record, dict):
@@ -98,6 +144,53 @@ def validate_record(record: Any, path: str | os.PathLike | None = None, line: in
     if record.get("seed") is not None and (isinstance(record["seed"], bool) or not isinstance(record["seed"], int)):
         raise DataError(path, line, "seed", "expected an integer or null")
     turns = require(record, "turns", list, path, line)
+    if "players" in record:
+        _validate_two_player(record, turns, path, line)
+    else:
+        _validate_single_agent(record, turns, path, line)
+    if require(record, "status", str, path, line) not in STATUSES:
+        raise DataError(path, line, "status", f"expected one of {STATUSES}, got {record['status']!r}")
+    errors = require(record, "errors", list, path, line)
+    if not all(isinstance(e, str) for e in errors):
+        raise DataError(path, line, "errors", "expected a list of strings")
+    return record
+
+
+def _finite_number(value: Any) -> bool:
+    return not isinstance(value, bool) and isinstance(value, (int, float)) and math.isfinite(value)
+
+
+def _check_embedding(turn: dict, path, line, where: str) -> None:
+    if "embedding" in turn and not (
+        isinstance(turn["embedding"], list) and all(isinstance(x, (int, float)) for x in turn["embedding"])
+    ):
+        raise DataError(path, line, f"{where}.embedding", "expected a list of numbers")
+
+
+def _validate_two_player(record: dict, turns: list, path, line) -> None:
+    players = require(record, "players", list, path, line)
+    if len(players) < 2 or not all(isinstance(p, str) and p for p in players) or len(set(players)) != len(players):
+        raise DataError(path, line, "players", "expected two or more distinct role names")
+    rewards = require(record, "role_rewards", dict, path, line)
+    for player in players:
+        if not _finite_number(rewards.get(player)):
+            raise DataError(path, line, f"role_rewards.{player}", "missing or not a finite number")
+    for i, turn in enumerate(turns):
+        where = f"turns[{i}]"
+        if not isinstance(turn, dict):
+            raise DataError(path, line, where, "expected an object")
+        if turn.get("role") not in players:
+            raise DataError(path, line, f"{where}.role", f"expected one of {players}, got {turn.get('role')!r}")
+        if not isinstance(turn.get("action"), str):
+            raise DataError(path, line, f"{where}.action", "missing or not a string")
+        if "reward" in turn and not _finite_number(turn["reward"]):
+            raise DataError(path, line, f"{where}.reward", "not a finite number")
+        _check_embedding(turn, path, line, where)
+    if require(record, "num_turns", int, path, line) != len(turns):
+        raise DataError(path, line, "num_turns", f"is {record['num_turns']} but there are {len(turns)} turns")
+
+
+def _validate_single_agent(record: dict, turns: list, path, line) -> None:
     for i, turn in enumerate(turns):
         where = f"turns[{i}]"
         if not isinstance(turn, dict):
@@ -107,13 +200,9 @@ def validate_record(record: Any, path: str | os.PathLike | None = None, line: in
                 raise DataError(path, line, f"{where}.{key}", "missing or not a string")
         if turn.get("question") is not None and not isinstance(turn["question"], str):
             raise DataError(path, line, f"{where}.question", "expected a string or null")
-        reward = turn.get("reward")
-        if isinstance(reward, bool) or not isinstance(reward, (int, float)) or not math.isfinite(reward):
+        if not _finite_number(turn.get("reward")):
             raise DataError(path, line, f"{where}.reward", "missing or not a finite number")
-        if "embedding" in turn and not (
-            isinstance(turn["embedding"], list) and all(isinstance(x, (int, float)) for x in turn["embedding"])
-        ):
-            raise DataError(path, line, f"{where}.embedding", "expected a list of numbers")
+        _check_embedding(turn, path, line, where)
     if require(record, "num_turns", int, path, line) != len(turns):
         raise DataError(path, line, "num_turns", f"is {record['num_turns']} but there are {len(turns)} turns")
     require(record, "success", bool, path, line)
@@ -121,12 +210,6 @@ def validate_record(record: Any, path: str | os.PathLike | None = None, line: in
         value = require(record, key, (int, float), path, line)
         if not math.isfinite(value):
             raise DataError(path, line, key, "not a finite number")
-    if require(record, "status", str, path, line) not in STATUSES:
-        raise DataError(path, line, "status", f"expected one of {STATUSES}, got {record['status']!r}")
-    errors = require(record, "errors", list, path, line)
-    if not all(isinstance(e, str) for e in errors):
-        raise DataError(path, line, "errors", "expected a list of strings")
-    return record
 
 
 def read_trajectories(path: str | os.PathLike, allow_partial_last_line: bool = False) -> Iterator[dict]:

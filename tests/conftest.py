@@ -65,7 +65,8 @@ def build_tiny_sentence_model(folder: Path, seed: int = 0) -> Path:
     import string
 
     import torch
-    from sentence_transformers import SentenceTransformer, models
+    from sentence_transformers import SentenceTransformer
+    from sentence_transformers.sentence_transformer.modules import Pooling, Transformer
     from transformers import BertConfig, BertModel, BertTokenizerFast
 
     torch.manual_seed(seed)
@@ -74,14 +75,13 @@ def build_tiny_sentence_model(folder: Path, seed: int = 0) -> Path:
     words = "is it a an the object animal city in on of made alive food fruit big small red round yes no your".split()
     chars = list(string.ascii_lowercase + string.digits + string.punctuation)
     vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *words, *chars, *[f"##{c}" for c in chars]]
-    (raw / "vocab.txt").write_text("\n".join(dict.fromkeys(vocab)) + "\n")
-    tokenizer = BertTokenizerFast(vocab_file=str(raw / "vocab.txt"), do_lower_case=True)
+    tokenizer = BertTokenizerFast(vocab={w: i for i, w in enumerate(dict.fromkeys(vocab))}, do_lower_case=True)
     config = BertConfig(vocab_size=len(tokenizer), hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
                         intermediate_size=64, max_position_embeddings=256)
     BertModel(config).save_pretrained(raw)
     tokenizer.save_pretrained(raw)
-    transformer = models.Transformer(str(raw), max_seq_length=128)
-    pooling = models.Pooling(transformer.get_word_embedding_dimension(), pooling_mode="mean")
+    transformer = Transformer(str(raw), max_seq_length=128)
+    pooling = Pooling(transformer.get_embedding_dimension(), pooling_mode="mean")
     out = folder / "sentence-model"
     SentenceTransformer(modules=[transformer, pooling], device="cpu").save(str(out))
     return out

@@ -15,35 +15,12 @@ import pytest
 
 from aria.games.base import target_schedule
 from aria.games.oracle import build_oracle
-from aria.llm.base import Completion
 from aria.llm.local import LocalChatModel
 from aria.rollout import game_id, play_games
 from aria.trajectories import read_trajectories
+from conftest import ScriptedPolicy
 
 REPO = Path(__file__).resolve().parents[1]
-
-
-class ScriptedPolicy:
-    """A deterministic policy that replies from a per-game script (a test policy, not a mock:
-    it implements the ChatModel protocol fully, so the rollout code runs unchanged)."""
-
-    name = "scripted"
-
-    def __init__(self, script):
-        self.script = script  # game_id -> list of replies, repeated from the last one
-        self.calls: list[int] = []
-
-    def generate(self, conversations, keys=None):
-        self.calls.append(len(conversations))
-        replies = []
-        for conversation, key in zip(conversations, keys):
-            turn = conversation[-1]["content"].count("\nAnswer: ")
-            lines = self.script[key]
-            replies.append(Completion(lines[min(turn, len(lines) - 1)]))
-        return replies
-
-    def release(self, key):
-        pass
 
 
 def test_reward_and_turn_accounting(tmp_path, twenty_questions, game_configs):

@@ -150,6 +150,18 @@ class QuestionGame:
     def render_prompt(self, history: Sequence[tuple[str, str]]) -> str:
         return self.prompt.render(history)
 
+    def history_question(self, action: str, question: str | None) -> str:
+        """What the game history shows for a turn: its question, or the start of an invalid output."""
+        if question is not None:
+            return question
+        first_line = (action or "").strip().splitlines()[0] if (action or "").strip() else ""
+        return first_line[: self.max_question_chars]
+
+    def prompt_before_turn(self, turns: Sequence[dict], index: int) -> str:
+        """The prompt the policy saw before ``turns[index]`` (schema-v1 turns of one game)."""
+        history = [(self.history_question(t["action"], t.get("question")), t["observation"]) for t in turns[:index]]
+        return self.render_prompt(history)
+
 
 def target_schedule(targets: Sequence[Target], num_games: int, seed: int) -> list[Target]:
     """Targets of games 0..num_games−1: a seeded permutation of the list, cycled.

@@ -1,0 +1,205 @@
+"""Intention-level reward aggregation (spec ``aria_method.md`` §3), as pure array functions.
+
+A dataset of games is flattened into *utterances* (every action and observation, or every
+player's message, in speaking order) and *agent steps* (the utterances that are trained on).
+Given one cluster label per utterance, the intention history of a step is the label sequence of
+the utterances before it in its game, and (history, action) is the label sequence up to and
+including the step's own utterance. Label sequences are prefixes, i.e. nodes of a tree; each
+node gets an integer id by :func:`prefix_nodes`, level by level with ``np.unique``, so
+aggregating 30,000 utterances for all 99 values of k takes a few seconds.
+
+The aggregated reward of a step is the mean step return of every step (of the same role) at the
+same node (spec §3, the paper's default and the original's ``q`` mode). ``adv`` mode subtracts
+the mean return at the history node, z-scores and min-max scales to [0, 1].
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class StepTable:
+    """Every utterance and every agent step of a dataset, as flat arrays.
+
+    Utterance arrays have shape ``[n_utterances]``; step arrays ``[n_steps]``.
+
+    Attributes:
+        utterance_game: game index of each utterance (0..n_games-1).
+        utterance_position: 0-based speaking position of the utterance within its game;
+            positions of one game are 0, 1, ..., n-1.
+        utterance_channel: small int naming what the utterance is (e.g. 0 = the agent's question,
+            1 = the oracle's answer; or 0 = Alice, 1 = Bob). Part of every tree key, so two
+            channels never share a node even when their label spaces overlap.
+        step_utterance: index of the utterance that is the step's action.
+        step_role: role index of the step (0 for single-agent games; 0/1 for Alice/Bob).
+        step_return: discounted step return R_t = γ^(T−t)·R (see :func:`discounted_returns`).
+    """
+
+    utterance_game: np.ndarray
+    utterance_position: np.ndarray
+    utterance_channel: np.ndarray
+    step_utterance: np.ndarray
+    step_role: np.ndarray
+    step_return: np.ndarray
+
+    def __post_init__(self):
+        n = len(self.utterance_game)
+        if not (len(self.utterance_position) == len(self.utterance_channel) == n):
+            raise ValueError("utterance arrays differ in length")
+        if not (len(self.step_utterance) == len(self.step_role) == len(self.step_return)):
+            raise ValueError("step arrays differ in length")
+
+    @property
+    def num_steps(self) -> int:
+        return len(self.step_utterance)
+
+
+def discounted_returns(final_reward: np.ndarray, step_index: np.ndarray, num_steps: np.ndarray, gamma: float) -> np.ndarray:
+    """Step returns R_t = γ^(T−t)·R (spec §3).
+
+    Args:
+        final_reward: R of the step's game (and role), shape [n_steps].
+        step_index: t, 1-based index of the step among its role's steps in the game.
+        num_steps: T, the number of steps of that role in that game.
+        gamma: discount, 0.95 in the paper and the original code.
+    """
+    if not 0.0 < gamma <= 1.0:
+        raise ValueError(f"gamma must be in (0, 1], got {gamma}")
+    exponent = np.asarray(num_steps, dtype=np.float64) - np.asarray(step_index, dtype=np.float64)
+    if np.any(exponent < 0):
+        raise ValueError("step_index larger than num_steps")
+    return np.asarray(final_reward, dtype=np.float64) * gamma ** exponent
+
+
+def prefix_nodes(table: StepTable, labels: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Tree node ids of label-sequence prefixes.
+
+    Returns ``(node, parent)``, both ``[n_utterances]``: ``node[u]`` identifies the label
+    sequence of ``u``'s game up to and including ``u`` (its (history, action) key when ``u`` is an
+    action); ``parent[u]`` identifies the sequence before ``u`` (its history), 0 being the empty
+    history. Equal ids ⇔ equal (channel, label) sequences.
+    """
+    labels = np.asarray(labels, dtype=np.int64)
+    channel = np.asarray(table.utterance_channel, dtype=np.int64)
+    if len(labels) != len(channel):
+        raise ValueError(f"{len(labels)} labels for {len(channel)} utterances")
+    symbols = labels * (int(channel.max(initial=0)) + 1) + channel
+    radix = int(symbols.max(initial=0)) + 1
+    position = np.asarray(table.utterance_position, dtype=np.int64)
+    game = np.asarray(table.utterance_game, dtype=np.int64)
+    n_games = int(game.max(initial=-1)) + 1
+    node = np.zeros(len(labels), dtype=np.int64)
+    parent = np.zeros(len(labels), dtype=np.int64)
+    current = np.zeros(n_games, dtype=np.int64)  # node each game has reached; 0 = root
+    next_id = 1
+    order = np.argsort(position, kind="stable")
+    bounds = np.searchsorted(position[order], np.arange(int(position.max(initial=-1)) + 2))
+    for depth in range(len(bounds) - 1):
+        at = order[bounds[depth] : bounds[depth + 1]]
+        if len(at) == 0:
+            continue
+        g = game[at]
+        parent[at] = current[g]
+        _, inverse = np.unique(current[g] * radix + symbols[at], return_inverse=True)
+        node[at] = next_id + inverse
+        next_id += int(inverse.max()) + 1
+        current[g] = node[at]
+    return node, parent
+
+
+def group_mean(keys: np.ndarray, values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per element: the mean of ``values`` over all elements with the same key, and that count."""
+    _, inverse, counts = np.unique(keys, return_inverse=True, return_counts=True)
+    sums = np.bincount(inverse, weights=values)
+    return (sums / counts)[inverse], counts[inverse]
+
+
+def _q_mode(q: np.ndarray, v: np.ndarray, kept: np.ndarray) -> np.ndarray:
+    return q
+
+
+def _adv_mode(q: np.ndarray, v: np.ndarray, kept: np.ndarray) -> np.ndarray:
+    """A = Q − V, z-scored over the kept steps, then min-max scaled to [0, 1] (original code).
+
+    A constant A (zero spread) maps to 0.5 everywhere instead of dividing by zero.
+    """
+    advantage = q - v
+    out = np.full_like(advantage, np.nan)
+    a = advantage[kept]
+    if a.size == 0:
+        return out
+    std = a.std()
+    z = (a - a.mean()) / std if std > 0 else np.zeros_like(a)
+    span = z.max() - z.min()
+    out[kept] = (z - z.min()) / span if span > 0 else 0.5
+    return out
+
+
+#: Aggregation modes by name (spec §3): the reward each kept step receives.
+AGGREGATION_MODES: dict[str, Callable[[np.ndarray, np.ndarray, np.ndarray], np.ndarray]] = {
+    "q": _q_mode,
+    "adv": _adv_mode,
+}
+
+
+@dataclass(frozen=True)
+class Aggregation:
+    """Aggregated rewards of every step, shape [n_steps].
+
+    Attributes:
+        reward: the training reward (``q``: R̃ = Q; ``adv``: scaled advantage); NaN where not kept.
+        q: R̃(h̃, ã), the mean return at the step's (history, action) node (spec §3).
+        v: V(h̃), the mean return of the steps at the step's history node.
+        count: how many steps share the step's (history, action) node.
+        kept: the step is a training sample (n_rollout filter and first-action option).
+    """
+
+    reward: np.ndarray
+    q: np.ndarray
+    v: np.ndarray
+    count: np.ndarray
+    kept: np.ndarray
+
+
+def aggregate(
+    table: StepTable,
+    labels: np.ndarray,
+    mode: str = "q",
+    n_rollout: int = 1,
+    include_first_action: bool = True,
+) -> Aggregation:
+    """Aggregate step returns in intention space (spec §3).
+
+    Args:
+        table: utterances and steps of the dataset.
+        labels: one cluster label per utterance (shape [n_utterances]) at one k.
+        mode: ``"q"`` (default) or ``"adv"``; see :data:`AGGREGATION_MODES`.
+        n_rollout: steps whose (history, action) node was seen fewer times are not kept
+            (the original's ``n_rollout`` filter; 1 keeps everything).
+        include_first_action: keep steps with an empty history (a game's first utterance). The
+            original drops them for single-agent games and for Alice; ``False`` reproduces that.
+            They count towards every mean either way.
+
+    Means are taken per role: a node of Alice's steps never mixes with Bob's.
+    """
+    if mode not in AGGREGATION_MODES:
+        raise ValueError(f"unknown aggregation mode {mode!r}; known: {sorted(AGGREGATION_MODES)}")
+    if n_rollout < 1:
+        raise ValueError(f"n_rollout must be >= 1, got {n_rollout}")
+    node, parent = prefix_nodes(table, labels)
+    step_node = node[table.step_utterance]
+    step_parent = parent[table.step_utterance]
+    role = np.asarray(table.step_role, dtype=np.int64)
+    n_roles = int(role.max(initial=0)) + 1
+    returns = np.asarray(table.step_return, dtype=np.float64)
+    q, count = group_mean(step_node * n_roles + role, returns)
+    v, _ = group_mean(step_parent * n_roles + role, returns)
+    kept = count >= n_rollout
+    if not include_first_action:
+        kept &= np.asarray(table.utterance_position)[table.step_utterance] > 0
+    reward = AGGREGATION_MODES[mode](q, v, kept)
+    reward = np.where(kept, reward, np.nan)
+    return Aggregation(reward=reward, q=q, v=v, count=count, kept=kept)

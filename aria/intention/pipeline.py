@@ -1,0 +1,434 @@
+"""Pipeline steps 1-4 over files (spec §2): the numbered scripts are thin wrappers of these.
+
+Everything a run writes goes to ``run_dir`` (default ``outputs/intention/<game>``)::
+
+    utterances.json      step 1: what was read, the distinct texts of every pool, skipped games
+    embedding_cache/     step 1: text -> vector per embedding model (a re-run embeds nothing new)
+    embeddings.npz       step 1: one float32 matrix per pool, rows aligned with the pool's texts
+    labels.npz           step 1: ``ks`` and one int array [len(ks), n_texts] per pool
+    selection.json/.png  step 2: every criterion and the variances for every k, the chosen k
+    labelled.jsonl       step 3: the trajectories with labels, step returns and aggregated rewards
+    train.json           step 4: the training set
+
+Each step records a fingerprint of its inputs and settings; re-running a step whose outputs
+match does nothing ("up to date"), and the k sweep of step 1 saves its progress and resumes.
+Outputs are written atomically; the same input and seed give byte-identical files.
+"""
+from __future__ import annotations
+
+import glob
+import hashlib
+import io
+import json
+import logging
+import time
+import zipfile
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+
+from aria.data import observation_renderer
+from aria.games.base import load_game_config
+from aria.intention.aggregate import aggregate
+from aria.intention.cluster import cluster_all_k, distinct_points, k_range
+from aria.intention.corpus import Corpus, IntentionSpec, build_corpus
+from aria.intention.embed import EmbeddingCache, build_embedder, text_digest
+from aria.intention.select import (
+    SampledSilhouette,
+    calinski_harabasz,
+    choose_k,
+    davies_bouldin,
+    split_scores,
+)
+from aria.io import DataError, atomic_write_bytes, atomic_write_json, atomic_write_jsonl, iter_jsonl, read_json
+from aria.trajectories import read_trajectories
+
+log = logging.getLogger(__name__)
+Printer = Callable[[str], None]
+
+
+# ---- inputs ------------------------------------------------------------------------------
+def input_files(pattern: str | list[str]) -> list[Path]:
+    """Trajectory files from a path, a glob, or a list of either (sorted, de-duplicated)."""
+    patterns = [pattern] if isinstance(pattern, str) else list(pattern)
+    files: list[Path] = []
+    for p in patterns:
+        matches = sorted(glob.glob(str(p))) if any(ch in str(p) for ch in "*?[") else [str(p)]
+        for m in matches:
+            if not Path(m).is_file():
+                raise FileNotFoundError(f"no trajectories file {m!r} (input: {pattern!r})")
+            if Path(m) not in files:
+                files.append(Path(m))
+    if not files:
+        raise FileNotFoundError(f"no trajectories file matches {pattern!r}")
+    return files
+
+
+def read_inputs(files: list[Path]) -> list[dict]:
+    records: list[dict] = []
+    seen: dict[str, Path] = {}
+    for path in files:
+        for record in read_trajectories(path):
+            if record["game_id"] in seen:
+                raise DataError(path, None, "game_id", f"{record['game_id']!r} is also in {seen[record['game_id']]}")
+            seen[record["game_id"]] = path
+            records.append(record)
+    return records
+
+
+def file_digest(files: list[Path]) -> str:
+    h = hashlib.sha256()
+    for path in files:
+        h.update(path.read_bytes())
+    return h.hexdigest()[:16]
+
+
+def _fingerprint(obj: Any) -> str:
+    return hashlib.sha256(json.dumps(obj, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def game_spec(cfg: dict) -> IntentionSpec:
+    return IntentionSpec.from_config(cfg["game"].get("intention"), cfg["game"]["name"])
+
+
+def load_corpus(cfg: dict) -> tuple[Corpus, list[dict], list[Path]]:
+    files = input_files(cfg["input"])
+    records = read_inputs(files)
+    corpus = build_corpus(records, game_spec(cfg), gamma=cfg["aggregation"]["gamma"],
+                          use_precomputed=cfg["embedding"]["use_precomputed"])
+    if corpus.table.num_steps == 0:
+        raise DataError(files[0], None, None, "no agent steps to aggregate (every game empty or failed)")
+    return corpus, records, files
+
+
+def _save_npz(path: Path, arrays: dict[str, np.ndarray]) -> None:
+    """``np.savez`` layout with fixed zip timestamps, so equal arrays give byte-equal files."""
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w", compression=zipfile.ZIP_STORED) as archive:
+        for name in sorted(arrays):
+            info = zipfile.ZipInfo(f"{name}.npy", date_time=(1980, 1, 1, 0, 0, 0))
+            with archive.open(info, "w", force_zip64=True) as handle:
+                np.lib.format.write_array(handle, np.asarray(arrays[name]), allow_pickle=False)
+    atomic_write_bytes(path, buffer.getvalue())
+
+
+def _load_npz(path: Path) -> dict[str, np.ndarray]:
+    with np.load(path, allow_pickle=False) as data:
+        return {k: data[k] for k in data.files}
+
+
+# ---- step 1: preprocess -> embed -> cluster every k -------------------------------------
+def step1_embed_and_cluster(cfg: dict, echo: Printer = print) -> dict:
+    run_dir = Path(cfg["run_dir"])
+    corpus, _, files = load_corpus(cfg)
+    clustering = cfg["clustering"]
+    settings = {"input": file_digest(files), "pools": {p: text_digest(t) for p, t in corpus.pools.items()},
+                "embedder": cfg["embedder"], "use_precomputed": cfg["embedding"]["use_precomputed"],
+                "clustering": clustering, "seed": cfg["seed"]}
+    fingerprint = _fingerprint(settings)
+    summary_path, labels_path = run_dir / "utterances.json", run_dir / "labels.npz"
+    if summary_path.is_file() and labels_path.is_file() and read_json(summary_path).get("fingerprint") == fingerprint:
+        echo(f"[step 1] up to date: {labels_path}")
+        return read_json(summary_path)
+
+    # Embed every distinct text once per pool.
+    embeddings: dict[str, np.ndarray] = {}
+    sources: dict[str, str] = {}
+    embedder = None
+    for pool, texts in corpus.pools.items():
+        if corpus.precomputed.get(pool) is not None:
+            embeddings[pool] = corpus.precomputed[pool]
+            sources[pool] = "precomputed (from the trajectories)"
+            continue
+        if embedder is None:
+            embedder = build_embedder(cfg["embedder"])
+        cache = EmbeddingCache(run_dir / "embedding_cache", embedder.name)
+        start = time.perf_counter()
+        embeddings[pool], new = cache.embed(texts, embedder, batch_size=cfg["embedding"]["save_every"],
+                                            progress=lambda d, n: echo(f"[step 1] {pool}: embedded {d}/{n} new texts"))
+        sources[pool] = embedder.name
+        echo(f"[step 1] {pool}: {len(texts)} distinct texts, {new} newly embedded with {embedder.name} "
+             f"in {time.perf_counter() - start:.1f}s")
+    for pool, x in embeddings.items():
+        _check_matrix(pool, x)
+    _save_npz(run_dir / "embeddings.npz", {pool: x for pool, x in embeddings.items()})
+
+    # Cluster every pool for every k; progress is kept in labels.partial.npz.
+    n_min = min(distinct_points(x) for x in embeddings.values())
+    ks = k_range(clustering["k_min"], clustering["k_max"], n_min)
+    partial_path = run_dir / "labels.partial.npz"
+    partial = _load_npz(partial_path) if partial_path.is_file() else {}
+    if partial.get("fingerprint", np.array("")).item() != fingerprint:
+        partial = {}
+    labels: dict[str, np.ndarray] = {}
+    options = {k: v for k, v in clustering.items() if k not in ("method", "k_min", "k_max")}
+    for pool, x in embeddings.items():
+        done = {int(k): partial[f"{pool}/{k}"] for k in ks if f"{pool}/{k}" in partial}
+        start = time.perf_counter()
+        last_save = [time.perf_counter()]
+
+        def keep(k: int, lab: np.ndarray, pool: str = pool) -> None:
+            partial[f"{pool}/{k}"] = lab
+            if time.perf_counter() - last_save[0] > 20:
+                _save_npz(partial_path, {**partial, "fingerprint": np.array(fingerprint)})
+                last_save[0] = time.perf_counter()
+                echo(f"[step 1] {pool}: clustered k={k} ({len([n for n in partial if n.startswith(pool + '/')])}/{len(ks)})")
+
+        labels[pool] = cluster_all_k(x, ks, clustering["method"], seed=cfg["seed"], done=done, on_result=keep, **options)
+        echo(f"[step 1] {pool}: {clustering['method']} for k={ks[0]}..{ks[-1]} in {time.perf_counter() - start:.1f}s"
+             + (f" ({len(done)} ks resumed)" if done else ""))
+    dtype = np.int16 if max(ks) < 2**15 else np.int32
+    _save_npz(labels_path, {"ks": np.array(ks, dtype=np.int32), **{p: a.astype(dtype) for p, a in labels.items()}})
+    partial_path.unlink(missing_ok=True)
+    summary = {
+        "fingerprint": fingerprint, "game": cfg["game"]["name"], "inputs": [str(f) for f in files],
+        "num_games": len(corpus.game_ids), "num_steps": int(corpus.table.num_steps),
+        "num_utterances": int(len(corpus.table.utterance_game)),
+        "skipped": corpus.skipped,
+        "pools": {p: {"texts": t, "embedding": sources[p], "dim": int(embeddings[p].shape[1]),
+                      "distinct_vectors": distinct_points(embeddings[p])} for p, t in corpus.pools.items()},
+        "ks": ks, "clustering": clustering,
+    }
+    atomic_write_json(summary_path, summary)
+    if corpus.skipped:
+        echo(f"[step 1] skipped {len(corpus.skipped)} game(s): " + ", ".join(
+            f"{s['game_id']} ({s['reason']})" for s in corpus.skipped[:5]) + (" ..." if len(corpus.skipped) > 5 else ""))
+    echo(f"[step 1] wrote {summary_path}, {run_dir / 'embeddings.npz'}, {labels_path} "
+         f"({len(corpus.game_ids)} games, {corpus.table.num_steps} steps, k={ks[0]}..{ks[-1]})")
+    return summary
+
+
+def _check_matrix(pool: str, x: np.ndarray) -> None:
+    if x.ndim != 2 or len(x) == 0:
+        raise ValueError(f"pool {pool!r}: no embeddings")
+    bad = ~np.isfinite(x).all(axis=1) | ~np.any(x, axis=1)
+    if bad.any():
+        raise ValueError(f"pool {pool!r}: the embedding of text #{int(np.argmax(bad))} is zero or not finite")
+
+
+# ---- step 2: aggregate for every k and choose k ------------------------------------------
+def _labels_at(corpus: Corpus, labels: dict[str, np.ndarray], index: dict[str, int]) -> np.ndarray:
+    return corpus.utterance_labels({p: labels[p][index[p]] for p in corpus.pools})
+
+
+def _fixed_k(selection: dict, pools: list[str]) -> dict[str, int] | None:
+    fixed = selection.get("fixed_k")
+    if fixed is None:
+        return None
+    if isinstance(fixed, int):
+        return {p: fixed for p in pools}
+    missing = [p for p in pools if p not in fixed]
+    if missing:
+        raise ValueError(f"selection.fixed_k gives no k for pool(s) {missing}")
+    return {p: int(fixed[p]) for p in pools}
+
+
+def step2_select_k(cfg: dict, echo: Printer = print) -> dict:
+    run_dir = Path(cfg["run_dir"])
+    summary = read_json(run_dir / "utterances.json")
+    selection_cfg, agg_cfg = cfg["selection"], cfg["aggregation"]
+    fingerprint = _fingerprint({"step1": summary["fingerprint"], "selection": selection_cfg, "aggregation": agg_cfg})
+    out_path = run_dir / "selection.json"
+    if out_path.is_file() and read_json(out_path).get("fingerprint") == fingerprint:
+        echo(f"[step 2] up to date: {out_path}")
+        return read_json(out_path)
+    corpus, _, _ = load_corpus(cfg)
+    labels = _load_npz(run_dir / "labels.npz")
+    embeddings = _load_npz(run_dir / "embeddings.npz")
+    ks = [int(k) for k in labels["ks"]]
+    pools = list(corpus.pools)
+
+    start = time.perf_counter()
+    rewards = np.empty((len(ks), corpus.table.num_steps))
+    q_var, kept_frac = [], []
+    for i in range(len(ks)):
+        agg = aggregate(corpus.table, _labels_at(corpus, labels, {p: i for p in pools}), **_agg_args(agg_cfg))
+        rewards[i] = agg.reward
+        q_var.append(float(agg.q[agg.kept].var()) if agg.kept.any() else float("nan"))
+        kept_frac.append(float(agg.kept.mean()))
+    aggregation_s = time.perf_counter() - start
+
+    start = time.perf_counter()
+    per_pool: dict[str, dict[str, list[float]]] = {}
+    for pool in pools:
+        x, lab = embeddings[pool], labels[pool]
+        sil = SampledSilhouette(x, selection_cfg["silhouette_sample"], cfg["seed"])
+        per_pool[pool] = {
+            "silhouette": [sil(lab[i]) for i in range(len(ks))],
+            "calinski_harabasz": [calinski_harabasz(x, lab[i]) for i in range(len(ks))],
+            "davies_bouldin": [davies_bouldin(x, lab[i]) for i in range(len(ks))],
+            "clusters_found": [int(lab[i].max()) + 1 for i in range(len(ks))],
+            "silhouette_sample_size": sil.sample_size,
+        }
+    metrics_s = time.perf_counter() - start
+    curves = {
+        "split_score": [*split_scores(ks, rewards).tolist(), float("nan")] if len(ks) > 1 else [float("nan")],
+        **{m: np.nanmean([per_pool[p][m] for p in pools], axis=0).tolist() if _any_finite(per_pool, pools, m)
+           else [float("nan")] * len(ks) for m in ("silhouette", "calinski_harabasz", "davies_bouldin")},
+    }
+    raw_var = float(corpus.table.step_return.var())
+    fixed = _fixed_k(selection_cfg, pools)
+    choices = {name: _choice_json(choose_k(name, curves, ks, selection_cfg["epsilon"], selection_cfg["tau"]))
+               for name in ("split_score", "silhouette", "calinski_harabasz", "davies_bouldin")}
+    if fixed is not None:
+        chosen = {"k": fixed, "criterion": "fixed_k", "rule_satisfied": True, "why": "selection.fixed_k"}
+        bad = {p: k for p, k in fixed.items() if k not in ks}
+        if bad:
+            raise ValueError(f"selection.fixed_k {bad} outside the clustered range {ks[0]}..{ks[-1]}")
+    else:
+        c = choices[selection_cfg["criterion"]] if selection_cfg["criterion"] in choices else \
+            _choice_json(choose_k(selection_cfg["criterion"], curves, ks))
+        chosen = {"k": {p: c["k"] for p in pools}, "criterion": selection_cfg["criterion"],
+                  "rule_satisfied": c["rule_satisfied"], "why": c["why"]}
+    report = {
+        "fingerprint": fingerprint, "game": summary["game"], "ks": ks,
+        "chosen": chosen, "choices_by_criterion": choices,
+        "settings": {"aggregation": agg_cfg, "selection": selection_cfg},
+        "num_steps": int(corpus.table.num_steps), "num_games": len(corpus.game_ids),
+        "curves": {**curves, "variance_aggregated": q_var, "kept_fraction": kept_frac},
+        "variance_raw_step_returns": raw_var,
+        "per_pool": per_pool,
+        "notes": {
+            "split_score": "mean |R~(k+1) - R~(k)| over the agent steps kept at both k (spec §4); the last k has none",
+            "variance_aggregated": "population variance of R~ = Q over the kept steps; Var(R~) <= Var(R) (law of total variance)",
+            "silhouette": "on a seeded sample of silhouette_sample_size texts per pool; pools averaged",
+        },
+    }
+    atomic_write_json(out_path, _finite_json(report))
+    from aria.intention.report import plot_selection
+
+    plot_selection(report, run_dir / "selection.png")
+    k_text = ", ".join(f"{p}: k={k}" for p, k in chosen["k"].items())
+    echo(f"[step 2] {chosen['criterion']} chose {k_text} ({chosen['why']}); Var(R)={raw_var:.4f}, "
+         f"Var(R~) at chosen k={q_var[ks.index(next(iter(chosen['k'].values())))]:.4f}")
+    echo(f"[step 2] wrote {out_path} and {run_dir / 'selection.png'} (aggregation for {len(ks)} ks {aggregation_s:.2f}s, "
+         f"cluster indices {metrics_s:.2f}s)")
+    return report
+
+
+def _any_finite(per_pool, pools, metric) -> bool:
+    return any(np.isfinite(per_pool[p][metric]).any() for p in pools)
+
+
+def _choice_json(choice) -> dict:
+    return {"k": choice.k, "rule_satisfied": choice.rule_satisfied, "why": choice.why}
+
+
+def _finite_json(obj: Any) -> Any:
+    """NaN/inf -> null so the report is strict JSON."""
+    if isinstance(obj, float):
+        return obj if np.isfinite(obj) else None
+    if isinstance(obj, dict):
+        return {k: _finite_json(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_finite_json(v) for v in obj]
+    return obj
+
+
+def _agg_args(agg_cfg: dict) -> dict:
+    return {"mode": agg_cfg["mode"], "n_rollout": agg_cfg["n_rollout"], "include_first_action": agg_cfg["include_first_action"]}
+
+
+# ---- step 3: apply the chosen labels -------------------------------------------------------
+def step3_apply_labels(cfg: dict, echo: Printer = print) -> Path:
+    run_dir = Path(cfg["run_dir"])
+    selection = read_json(run_dir / "selection.json")
+    out_path = run_dir / "labelled.jsonl"
+    fingerprint = _fingerprint({"step2": selection["fingerprint"]})
+    meta_path = run_dir / "labelled.meta.json"
+    if out_path.is_file() and meta_path.is_file() and read_json(meta_path).get("fingerprint") == fingerprint:
+        echo(f"[step 3] up to date: {out_path}")
+        return out_path
+    corpus, records, _ = load_corpus(cfg)
+    labels = _load_npz(run_dir / "labels.npz")
+    ks = [int(k) for k in labels["ks"]]
+    chosen = selection["chosen"]["k"]
+    utt_labels = _labels_at(corpus, labels, {p: ks.index(chosen[p]) for p in corpus.pools})
+    agg = aggregate(corpus.table, utt_labels, **_agg_args(cfg["aggregation"]))
+
+    by_id = {r["game_id"]: r for r in records}
+    out_records = []
+    spec = game_spec(cfg)
+    channels = [r.name for r in spec.channels]
+    game_utterances: dict[int, list[int]] = {}
+    for u, g in enumerate(corpus.table.utterance_game.tolist()):
+        game_utterances.setdefault(g, []).append(u)
+    step_of_utterance = {int(u): s for s, u in enumerate(corpus.table.step_utterance.tolist())}
+    for g, gid in enumerate(corpus.game_ids):
+        record = json.loads(json.dumps(by_id[gid]))  # a deep copy
+        for u in game_utterances[g]:
+            turn_index = _turn_of(record, corpus, u)
+            turn = record["turns"][turn_index]
+            channel = channels[int(corpus.table.utterance_channel[u])]
+            turn.setdefault("intention", {})[f"{channel}_label"] = int(utt_labels[u])
+            s = step_of_utterance.get(u)
+            if s is not None:
+                turn["intention"].update({
+                    "role": corpus.roles[int(corpus.table.step_role[s])],
+                    "step_return": float(corpus.table.step_return[s]),
+                    "q": float(agg.q[s]), "v": float(agg.v[s]), "count": int(agg.count[s]),
+                    "kept": bool(agg.kept[s]),
+                    "reward": float(agg.reward[s]) if agg.kept[s] else None,
+                })
+        record["intention"] = {"k": chosen, "mode": cfg["aggregation"]["mode"], "criterion": selection["chosen"]["criterion"]}
+        out_records.append(record)
+    atomic_write_jsonl(out_path, out_records)
+    atomic_write_json(meta_path, {"fingerprint": fingerprint, "games": len(out_records), "k": chosen})
+    echo(f"[step 3] wrote {out_path} ({len(out_records)} games labelled at {chosen}, "
+         f"{int(agg.kept.sum())}/{len(agg.kept)} steps kept)")
+    return out_path
+
+
+def _turn_of(record: dict, corpus: Corpus, u: int) -> int:
+    position = int(corpus.table.utterance_position[u])
+    return position if "players" in record else position // 2
+
+
+# ---- step 4: the training set ----------------------------------------------------------------
+def step4_build_training_set(cfg: dict, echo: Printer = print) -> Path:
+    run_dir = Path(cfg["run_dir"])
+    labelled = run_dir / "labelled.jsonl"
+    out_path = Path(cfg.get("train_out") or run_dir / "train.json")
+    fingerprint = _fingerprint({"labelled": file_digest([labelled])})
+    meta_path = out_path.with_suffix(".meta.json")
+    if out_path.is_file() and meta_path.is_file() and read_json(meta_path).get("fingerprint") == fingerprint:
+        echo(f"[step 4] up to date: {out_path}")
+        return out_path
+    render = observation_renderer(cfg["game"])
+    samples = []
+    for line, record in iter_jsonl(labelled):
+        for i, turn in enumerate(record["turns"]):
+            info = turn.get("intention", {})
+            if not info.get("kept"):
+                continue
+            samples.append({
+                "observation": render(record, i), "action": turn["action"], "reward": info["reward"],
+                "game": record["game"], "role": info["role"], "game_id": record["game_id"], "turn": i,
+            })
+    atomic_write_json(out_path, samples, indent=1)
+    atomic_write_json(meta_path, {"fingerprint": fingerprint, "samples": len(samples)})
+    rewards = np.array([s["reward"] for s in samples]) if samples else np.zeros(0)
+    stats = f"reward mean {rewards.mean():.4f}, min {rewards.min():.4f}, max {rewards.max():.4f}" if samples else "empty"
+    echo(f"[step 4] wrote {out_path}: {len(samples)} samples ({stats})")
+    return out_path
+
+
+def resolve_game(cfg: dict) -> dict:
+    """Fill ``cfg['game']`` from ``config/game/<name>.yaml`` when only a name is given."""
+    if isinstance(cfg.get("game"), str):
+        cfg = {**cfg, "game": load_game_config(cfg["game"])}
+    return cfg
+
+
+def run_step(step: Callable[[dict, Printer], Any], cfg) -> None:
+    """Entry point of the numbered scripts: bad input prints one line and exits with status 2."""
+    import sys
+
+    from omegaconf import OmegaConf
+
+    try:
+        step(OmegaConf.to_container(cfg, resolve=True), print)
+    except (DataError, FileNotFoundError, ValueError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        sys.exit(2)

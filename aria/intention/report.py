@@ -1,0 +1,55 @@
+"""The k-selection plot: every criterion and the reward variances against k, chosen k marked."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+
+def _series(values) -> np.ndarray:
+    return np.array([np.nan if v is None else v for v in values], dtype=float)
+
+
+def plot_selection(report: dict, path: str | Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    ks = np.array(report["ks"])
+    curves = report["curves"]
+    chosen = report["chosen"]
+    k_marks = sorted(set(chosen["k"].values()))
+    eps = report["settings"]["selection"]["epsilon"]
+    panels = [
+        ("split_score", "SplitScore  (mean |R~(k+1) - R~(k)|)", eps),
+        ("silhouette", "silhouette (higher = better)", None),
+        ("calinski_harabasz", "Calinski-Harabasz (higher = better)", None),
+        ("davies_bouldin", "Davies-Bouldin (lower = better)", None),
+    ]
+    fig, axes = plt.subplots(5, 1, figsize=(8, 13), sharex=True)
+    for ax, (name, title, line) in zip(axes, panels):
+        ax.plot(ks, _series(curves[name]), marker=".", lw=1)
+        if line is not None:
+            ax.axhline(line, color="grey", ls=":", label=f"epsilon = {line}")
+            ax.legend(loc="upper right", fontsize=8)
+        best = report["choices_by_criterion"][name]["k"]
+        ax.axvline(best, color="tab:orange", ls="--", lw=1)
+        ax.set_title(f"{title}; by itself picks k = {best}", fontsize=9)
+    ax = axes[-1]
+    ax.plot(ks, _series(curves["variance_aggregated"]), marker=".", lw=1, label="Var(R~), aggregated")
+    ax.axhline(report["variance_raw_step_returns"], color="tab:red", ls="-", lw=1, label="Var(R), raw step returns")
+    ax.set_title("reward variance", fontsize=9)
+    ax.legend(loc="lower right", fontsize=8)
+    ax.set_xlabel("k (number of intention clusters)")
+    for ax in axes:
+        for k in k_marks:
+            ax.axvline(k, color="tab:green", lw=1.5)
+    fig.suptitle(f"{report['game']}: chosen k = {', '.join(map(str, k_marks))} ({chosen['criterion']}), "
+                 f"{report['num_steps']} steps", fontsize=11)
+    fig.tight_layout()
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(path).with_name(f".{Path(path).name}.tmp.png")
+    fig.savefig(tmp, dpi=90, metadata={"Software": None})
+    plt.close(fig)
+    tmp.replace(path)

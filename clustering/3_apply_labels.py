@@ -1,0 +1,17 @@
+#!/usr/bin/env python3
+"""Pipeline step 3 (see aria/intention/pipeline.py): label the trajectories at the chosen k with their aggregated rewards.
+
+    python clustering/3_apply_labels.py [game=guess_my_city] [input=PATH] [run_dir=DIR] ...
+"""
+import hydra
+
+from aria.intention.pipeline import step3_apply_labels, run_step
+
+
+@hydra.main(config_path="../config", config_name="intention", version_base="1.3")
+def main(cfg) -> None:
+    run_step(step3_apply_labels, cfg)
+
+
+if __name__ == "__main__":
+    main()

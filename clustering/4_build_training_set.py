@@ -1,0 +1,17 @@
+#!/usr/bin/env python3
+"""Pipeline step 4 (see aria/intention/pipeline.py): one {observation, action, reward} sample per kept agent step.
+
+    python clustering/4_build_training_set.py [game=guess_my_city] [input=PATH] [run_dir=DIR] ...
+"""
+import hydra
+
+from aria.intention.pipeline import step4_build_training_set, run_step
+
+
+@hydra.main(config_path="../config", config_name="intention", version_base="1.3")
+def main(cfg) -> None:
+    run_step(step4_build_training_set, cfg)
+
+
+if __name__ == "__main__":
+    main()

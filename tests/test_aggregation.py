@@ -1,0 +1,178 @@
+"""Reward aggregation (spec §3) and k selection (spec §4) against hand-computed values."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from aria.intention.aggregate import StepTable, aggregate, discounted_returns, prefix_nodes
+from aria.intention.select import choose_k_by_split_score, split_score, split_scores
+
+
+def single_agent_table(games, gamma=0.5):
+    """games: list of (labels in speaking order a, o, a, o, ..., R). Channels: 0 action, 1 observation."""
+    ug, up, uc, su, sr, final, idx, cnt = [], [], [], [], [], [], [], []
+    labels = []
+    for g, (seq, reward) in enumerate(games):
+        n_actions = (len(seq) + 1) // 2
+        for p, label in enumerate(seq):
+            ug.append(g), up.append(p), uc.append(p % 2), labels.append(label)
+            if p % 2 == 0:
+                su.append(len(ug) - 1), sr.append(0), final.append(reward), idx.append(p // 2 + 1), cnt.append(n_actions)
+    table = StepTable(np.array(ug), np.array(up), np.array(uc), np.array(su), np.array(sr),
+                      discounted_returns(np.array(final, float), np.array(idx), np.array(cnt), gamma))
+    return table, np.array(labels)
+
+
+# Four games, γ = 0.5. Labels: a = question cluster, o = answer label. Steps in order:
+#   g0 t1, g0 t2, g1 t1, g1 t2, g2 t1, g3 t1, g3 t2
+GAMES = [
+    ([0, 0, 1, 1], 1.0),  # won in 2 turns: returns 0.5, 1
+    ([0, 0, 1, 0], 0.0),  # lost: 0, 0
+    ([0, 1], 1.0),        # won in 1 turn: 1
+    ([2, 0, 1, 0], 0.0),  # lost: 0, 0
+]
+
+
+def test_step_returns_are_discounted_from_the_end():
+    table, _ = single_agent_table(GAMES)
+    np.testing.assert_allclose(table.step_return, [0.5, 1.0, 0.0, 0.0, 1.0, 0.0, 0.0])
+    np.testing.assert_allclose(discounted_returns(np.array([1.0, 1.0, 1.0]), np.array([1, 2, 3]), np.array([3, 3, 3]), 0.95),
+                               [0.95**2, 0.95, 1.0])
+
+
+def test_q_mode_by_hand():
+    table, labels = single_agent_table(GAMES)
+    agg = aggregate(table, labels, mode="q")
+    # (a0): g0,g1,g2 first steps -> (0.5+0+1)/3; (a2): g3 -> 0
+    # (a0,o0,a1): g0,g1 second steps -> (1+0)/2; (a2,o0,a1): g3 -> 0
+    np.testing.assert_allclose(agg.q, [0.5, 0.5, 0.5, 0.5, 0.5, 0.0, 0.0])
+    np.testing.assert_allclose(agg.count, [3, 2, 3, 2, 3, 1, 1])
+    # V: empty history -> all four first steps (0.5+0+1+0)/4; (a0,o0) -> 0.5; (a2,o0) -> 0
+    np.testing.assert_allclose(agg.v, [0.375, 0.5, 0.375, 0.5, 0.375, 0.375, 0.0])
+    np.testing.assert_allclose(agg.reward, agg.q)
+    assert agg.kept.all()
+
+
+def test_observation_labels_are_part_of_the_history():
+    # Same questions, different answers: the second steps must not share a node.
+    table, labels = single_agent_table([([0, 0, 1, 0], 1.0), ([0, 1, 1, 0], 0.0)])
+    agg = aggregate(table, labels)
+    np.testing.assert_allclose(agg.q, [0.25, 1.0, 0.25, 0.0])
+
+
+def test_adv_mode_by_hand():
+    table, labels = single_agent_table(GAMES)
+    agg = aggregate(table, labels, mode="adv")
+    # A = Q − V = [.125, 0, .125, 0, .125, −.375, 0]; z-scoring is affine, so min-max of z equals
+    # min-max of A: (A + .375) / .5
+    np.testing.assert_allclose(agg.reward, [1.0, 0.75, 1.0, 0.75, 1.0, 0.0, 0.75])
+
+
+def test_adv_mode_constant_advantage_is_one_half():
+    table, labels = single_agent_table([([0, 0], 1.0), ([0, 0], 1.0)])
+    np.testing.assert_allclose(aggregate(table, labels, mode="adv").reward, [0.5, 0.5])
+
+
+def test_n_rollout_filter_drops_rare_nodes():
+    table, labels = single_agent_table(GAMES)
+    agg = aggregate(table, labels, n_rollout=2)
+    assert agg.kept.tolist() == [True, True, True, True, True, False, False]
+    np.testing.assert_allclose(agg.reward[:5], 0.5)
+    assert np.isnan(agg.reward[5:]).all()
+    # adv statistics run over the kept steps only: A = [.125, 0, .125, 0, .125] -> [1, 0, 1, 0, 1]
+    np.testing.assert_allclose(aggregate(table, labels, mode="adv", n_rollout=2).reward[:5], [1, 0, 1, 0, 1])
+
+
+def test_first_action_option():
+    table, labels = single_agent_table(GAMES)
+    agg = aggregate(table, labels, include_first_action=False)
+    assert agg.kept.tolist() == [False, True, False, True, False, False, True]
+    # the dropped steps still count in every mean
+    np.testing.assert_allclose(agg.q[agg.kept], [0.5, 0.5, 0.0])
+
+
+def test_two_player_roles_interleave_and_stay_apart():
+    """Alice (channel 0) and Bob (channel 1) alternate; labels from one pooled clustering."""
+    gamma = 0.5
+    games = [([0, 0, 1, 1], {0: 1.0, 1: 0.0}), ([0, 1, 1], {0: 0.0, 1: 1.0})]
+    ug, up, uc, labels, su, sr, final, idx, cnt = [], [], [], [], [], [], [], [], []
+    for g, (seq, reward) in enumerate(games):
+        counts = {r: sum(1 for p in range(len(seq)) if p % 2 == r) for r in (0, 1)}
+        seen = {0: 0, 1: 0}
+        for p, label in enumerate(seq):
+            role = p % 2
+            ug.append(g), up.append(p), uc.append(role), labels.append(label)
+            seen[role] += 1
+            su.append(len(ug) - 1), sr.append(role), final.append(reward[role]), idx.append(seen[role]), cnt.append(counts[role])
+    table = StepTable(np.array(ug), np.array(up), np.array(uc), np.array(su), np.array(sr),
+                      discounted_returns(np.array(final), np.array(idx), np.array(cnt), gamma))
+    # steps: g0 A1 B1 A2 B2, g1 A1 B1 A2
+    np.testing.assert_allclose(table.step_return, [0.5, 0.0, 1.0, 0.0, 0.0, 1.0, 0.0])
+    agg = aggregate(table, np.array(labels))
+    # Alice t1 (A0): g0, g1 -> 0.25. Bob t1: (A0,B0) g0 -> 0; (A0,B1) g1 -> 1.
+    # Alice t2: (A0,B0,A1) g0 -> 1; (A0,B1,A1) g1 -> 0: Bob's label splits Alice's history.
+    # Bob t2: (A0,B0,A1,B1) g0 -> 0.
+    np.testing.assert_allclose(agg.q, [0.25, 0.0, 1.0, 0.0, 0.25, 1.0, 0.0])
+    # Same label at the same position but a different role never shares a node.
+    node, _ = prefix_nodes(StepTable(np.array([0, 1]), np.array([0, 0]), np.array([0, 1]), np.array([0, 1]),
+                                     np.array([0, 1]), np.array([1.0, 0.0])), np.array([3, 3]))
+    assert node[0] != node[1]
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(1, 40), st.integers(1, 6), st.integers(0, 2**31 - 1), st.sampled_from([1, 2]))
+def test_aggregated_variance_never_exceeds_raw_variance(n_games, n_labels, seed, n_roles):
+    """Law of total variance: R~ = E[R | node], so Var(R~) <= Var(R) on the same steps."""
+    rng = np.random.default_rng(seed)
+    ug, up, uc, su, sr = [], [], [], [], []
+    for g in range(n_games):
+        for p in range(int(rng.integers(1, 8))):
+            ug.append(g), up.append(p), uc.append(p % n_roles)
+            su.append(len(ug) - 1), sr.append(p % n_roles)
+    returns = rng.random(len(su)) * rng.choice([0.0, 1.0], len(su))
+    table = StepTable(np.array(ug), np.array(up), np.array(uc), np.array(su), np.array(sr), returns)
+    agg = aggregate(table, rng.integers(0, n_labels, len(ug)))
+    assert agg.q.var() <= returns.var() + 1e-12
+    assert np.isclose(agg.q.mean(), returns.mean())
+
+
+def test_aggregation_is_deterministic():
+    table, labels = single_agent_table(GAMES)
+    a, b = aggregate(table, labels, mode="adv"), aggregate(table, labels, mode="adv")
+    assert a.reward.tobytes() == b.reward.tobytes()
+
+
+def test_unknown_mode_is_rejected():
+    table, labels = single_agent_table(GAMES)
+    with pytest.raises(ValueError, match="unknown aggregation mode"):
+        aggregate(table, labels, mode="median")
+
+
+# ---- SplitScore -----------------------------------------------------------------------------
+def test_split_score_by_hand():
+    assert split_score(np.array([0.5, 0.5, 0.0]), np.array([0.25, 0.5, 0.1])) == pytest.approx((0.25 + 0 + 0.1) / 3)
+    # steps dropped (NaN) at either k are not in D
+    assert split_score(np.array([0.5, np.nan, 0.0]), np.array([0.25, 0.5, np.nan])) == pytest.approx(0.25)
+    np.testing.assert_allclose(split_scores([2, 3, 4], np.array([[0, 0], [1, 1], [1, 0]])), [1.0, 0.5])
+    with pytest.raises(ValueError, match="consecutive"):
+        split_scores([2, 4], np.zeros((2, 2)))
+
+
+def test_split_score_rule_on_a_constructed_curve():
+    ks = list(range(2, 31))  # SplitScore defined for k = 2..29
+    scores = np.full(28, 0.05)
+    scores[ks.index(8) : ks.index(13)] = 0.001       # below ε on 8..12 only: window too short
+    scores[ks.index(14) :] = 0.002                   # below ε from 14 on
+    choice = choose_k_by_split_score(ks, scores, epsilon=0.01, tau=10)
+    assert (choice.k, choice.rule_satisfied) == (14, True)
+    # τ = 4: the first run 8..12 is long enough
+    assert choose_k_by_split_score(ks, scores, epsilon=0.01, tau=4).k == 8
+    # a NaN inside the window breaks it
+    with_gap = scores.copy()
+    with_gap[ks.index(20)] = np.nan
+    assert choose_k_by_split_score(ks, with_gap, epsilon=0.01, tau=8).k == 21  # 21..29 is the first clean window
+    # never below ε long enough: the largest k, flagged
+    fallback = choose_k_by_split_score(ks, np.full(28, 0.05), epsilon=0.01, tau=10)
+    assert (fallback.k, fallback.rule_satisfied) == (30, False)

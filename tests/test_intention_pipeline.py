@@ -1,0 +1,267 @@
+"""Pipeline steps 1-4 end to end: the original's negotiation sample (its own 1536-d embeddings)
+through the real scripts, and collected Twenty Questions games embedded by a tiny random
+sentence-transformers model built in the test. Also resume, determinism and bad input."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hydra import compose, initialize_config_dir
+from omegaconf import OmegaConf
+
+from aria.games.base import target_schedule
+from aria.games.oracle import build_oracle
+from aria.importers import import_file
+from aria.intention import pipeline
+from aria.io import DataError
+from aria.rollout import game_id, play_games
+from aria.trajectories import make_record, write_trajectories
+from conftest import ScriptedPolicy
+
+REPO = Path(__file__).resolve().parents[1]
+NEGOTIATION = REPO.parent / "shared/data/aria_sample_llama3-8b_negotiation_embedding_msgs.jsonl"
+OUTPUTS = ("utterances.json", "embeddings.npz", "labels.npz", "selection.json", "labelled.jsonl", "train.json")
+
+
+def config(*overrides: str) -> dict:
+    with initialize_config_dir(config_dir=str(REPO / "config"), version_base="1.3"):
+        return OmegaConf.to_container(compose("intention", overrides=list(overrides)), resolve=True)
+
+
+def run_all(cfg: dict, echo=lambda line: None) -> None:
+    for step in (pipeline.step1_embed_and_cluster, pipeline.step2_select_k,
+                 pipeline.step3_apply_labels, pipeline.step4_build_training_set):
+        step(cfg, echo)
+
+
+@pytest.fixture(scope="module")
+def negotiation_trajectories(tmp_path_factory) -> Path:
+    if not NEGOTIATION.is_file():
+        pytest.fail(f"the shared sample {NEGOTIATION} is missing")
+    out = tmp_path_factory.mktemp("negotiation") / "games.jsonl"
+    import_file(NEGOTIATION, "aria_two_player", "negotiation", out_path=out)
+    return out
+
+
+def test_negotiation_sample_through_the_scripts(tmp_path, negotiation_trajectories):
+    run_dir = tmp_path / "run"
+    args = ["game=negotiation", f"input={negotiation_trajectories}", f"run_dir={run_dir}"]
+    lines = []
+    for script in ("reward_aggregation/1_embed_and_cluster.py", "clustering/2_select_k.py",
+                   "clustering/3_apply_labels.py", "clustering/4_build_training_set.py"):
+        done = subprocess.run([sys.executable, str(REPO / script), *args], capture_output=True, text=True, cwd=tmp_path)
+        assert done.returncode == 0, done.stderr
+        lines.append(done.stdout)
+    assert "wrote" in lines[0] and "chose" in lines[1] and "wrote" in lines[3]
+
+    summary = json.loads((run_dir / "utterances.json").read_text())
+    pool = summary["pools"]["messages"]
+    assert pool["embedding"].startswith("precomputed") and pool["dim"] == 1536
+    assert summary["num_games"] == 5 and summary["num_steps"] == 73  # 7 + 12 + 13 + 21 + 20 messages, all trained
+    labels = np.load(run_dir / "labels.npz")
+    n_texts = len(pool["texts"])
+    assert labels["ks"].tolist() == list(range(2, min(100, pool["distinct_vectors"]) + 1))
+    assert labels["messages"].shape == (len(labels["ks"]), n_texts)
+    assert all(len(np.unique(row)) <= k for row, k in zip(labels["messages"], labels["ks"]))
+
+    report = json.loads((run_dir / "selection.json").read_text())
+    assert set(report["curves"]) >= {"split_score", "silhouette", "calinski_harabasz", "davies_bouldin",
+                                     "variance_aggregated"}
+    assert all(v <= report["variance_raw_step_returns"] + 1e-12 for v in report["curves"]["variance_aggregated"])
+    assert (run_dir / "selection.png").stat().st_size > 10_000
+
+    from datasets import load_dataset
+
+    train = load_dataset("json", data_files=str(run_dir / "train.json"), split="train")
+    assert train.num_rows == 73
+    assert set(train.column_names) == {"observation", "action", "reward", "game", "role", "game_id", "turn"}
+    # Every reward is R~ = a mean of 0.5·γ^(T−t) (every sample game is a 0.5/0.5 no-deal).
+    assert all(0 < r <= 0.5 for r in train["reward"])
+    # Observations: the role's own system prompt, then the transcript in the original's layout.
+    records = [json.loads(line) for line in negotiation_trajectories.read_text().splitlines()]
+    first = records[0]
+    bob_first = next(s for s in train if s["game_id"] == first["game_id"] and s["role"] == "bob")
+    alice, bob = first["turns"][0]["action"], first["turns"][1]["action"]
+    assert bob_first["observation"] == first["meta"]["player_2_system_prompt"].lstrip() + "\n\n" + f"Alice: {alice}"
+    alice_second = next(s for s in train if s["game_id"] == first["game_id"] and s["turn"] == 2)
+    assert alice_second["observation"].endswith(f"\n\nAlice: {alice}\nBob: {bob}")
+    assert alice_second["observation"].startswith("You are Alice.")
+
+    # Re-running a finished step does nothing.
+    again = subprocess.run([sys.executable, str(REPO / "reward_aggregation/1_embed_and_cluster.py"), *args],
+                           capture_output=True, text=True, cwd=tmp_path)
+    assert again.returncode == 0 and "up to date" in again.stdout
+
+
+def test_per_role_pools_and_original_first_action_rule(tmp_path, negotiation_trajectories):
+    cfg = config("game=negotiation", f"input={negotiation_trajectories}", f"run_dir={tmp_path}",
+                 "clustering.k_max=6",
+                 "aggregation.include_first_action=false", "aggregation.mode=adv", "selection.fixed_k=3")
+    cfg["game"]["intention"]["channels"] = {"alice": {"cluster": "alice_pool"}, "bob": {"cluster": "bob_pool"}}
+    run_all(cfg)
+    summary = json.loads((tmp_path / "utterances.json").read_text())
+    assert set(summary["pools"]) == {"alice_pool", "bob_pool"}
+    train = json.loads((tmp_path / "train.json").read_text())
+    assert len(train) == 73 - 5  # Alice's first message of each game is not a sample
+    assert all(s["turn"] > 0 for s in train)
+    assert all(0.0 <= s["reward"] <= 1.0 for s in train) and min(s["reward"] for s in train) == 0.0
+    assert json.loads((tmp_path / "selection.json").read_text())["chosen"]["k"] == {"alice_pool": 3, "bob_pool": 3}
+
+
+QUESTIONS = ["Question: Is it alive?", "Question: Is it an animal?", "Question: Is it man-made?",
+             "Question: Is it bigger than a car?", "Question: Is it a fruit?", "Question: Can you eat it?",
+             "Question: Is it made of metal?", "Question: Is it found in a kitchen?", "Question: Is it red?",
+             "Question: Is it electronic?", "tell me the answer"]
+
+
+@pytest.fixture(scope="module")
+def twenty_questions_games(tmp_path_factory, twenty_questions, game_configs) -> Path:
+    """24 games collected with a scripted policy against the knowledge-base oracle; every third wins."""
+    rng = np.random.default_rng(3)
+    targets = target_schedule(twenty_questions.targets, 24, seed=5)
+    script = {}
+    for i, target in enumerate(targets):
+        questions = [QUESTIONS[j] for j in rng.integers(0, len(QUESTIONS), int(rng.integers(2, 6)))]
+        if i % 3 == 0:
+            questions.append(f"Question: Is it a {target.name.lower()}?")
+        script[game_id("twenty_questions", 5, i)] = questions
+    out = tmp_path_factory.mktemp("tq") / "games.jsonl"
+    oracle = build_oracle({"name": "knowledge_base"}, game_configs["twenty_questions"])
+    play_games(twenty_questions, ScriptedPolicy(script), oracle, out, num_games=24, seed=5, batch_size=8, progress=False)
+    return out
+
+
+def tq_config(run_dir: Path, games: Path, sentence_model: Path, *extra: str) -> dict:
+    return config("game=twenty_questions", f"input={games}", f"run_dir={run_dir}", f"embedder.model={sentence_model}",
+                  "clustering.k_max=12", *extra)
+
+
+def test_twenty_questions_games_end_to_end(tmp_path, twenty_questions_games, tiny_sentence_model_dir, twenty_questions):
+    cfg = tq_config(tmp_path, twenty_questions_games, tiny_sentence_model_dir)
+    echoed = []
+    run_all(cfg, echoed.append)
+    summary = json.loads((tmp_path / "utterances.json").read_text())
+    assert list(summary["pools"]) == ["questions"]  # answers are labelled yes/no/other, not clustered
+    records = [json.loads(line) for line in (tmp_path / "labelled.jsonl").read_text().splitlines()]
+    assert len(records) == 24
+    for record in records:
+        for turn in record["turns"]:
+            assert turn["intention"]["observation_label"] == {"Yes.": 0, "No.": 1}.get(turn["observation"], 2)
+    # Step returns: γ^(T−t) for won games, 0 for lost ones.
+    won = next(r for r in records if r["success"])
+    T = won["num_turns"]
+    assert [t["intention"]["step_return"] for t in won["turns"]] == pytest.approx([0.95 ** (T - t) for t in range(1, T + 1)])
+    train = json.loads((tmp_path / "train.json").read_text())
+    assert len(train) == sum(r["num_turns"] for r in records)
+    # The observation is the prompt the policy saw: re-render it from the game history.
+    sample = next(s for s in train if s["turn"] == 2)
+    record = next(r for r in records if r["game_id"] == sample["game_id"])
+    history = [(t["question"] or t["action"], t["observation"]) for t in record["turns"][:2]]
+    assert sample["observation"] == twenty_questions.render_prompt(history)
+    assert sample["action"] == record["turns"][2]["action"]
+    # The embedding cache is reused: a changed selection setting re-runs step 2 only.
+    cache = list((tmp_path / "embedding_cache").glob("*.npz"))
+    assert len(cache) == 1
+    echoed.clear()
+    run_all({**cfg, "selection": {**cfg["selection"], "criterion": "silhouette"}}, echoed.append)
+    assert "up to date" in echoed[0] and "silhouette chose" in echoed[1]
+
+
+def test_same_input_and_seed_give_byte_identical_outputs(tmp_path, twenty_questions_games, tiny_sentence_model_dir):
+    for name in ("a", "b"):
+        run_all(tq_config(tmp_path / name, twenty_questions_games, tiny_sentence_model_dir))
+    for name in OUTPUTS:
+        assert (tmp_path / "a" / name).read_bytes() == (tmp_path / "b" / name).read_bytes(), name
+
+
+def test_interrupted_k_sweep_resumes_to_the_same_labels(tmp_path, twenty_questions_games, tiny_sentence_model_dir,
+                                                         monkeypatch):
+    cfg = tq_config(tmp_path / "full", twenty_questions_games, tiny_sentence_model_dir)
+    pipeline.step1_embed_and_cluster(cfg, lambda s: None)
+    expected = (tmp_path / "full" / "labels.npz").read_bytes()
+
+    cfg = tq_config(tmp_path / "cut", twenty_questions_games, tiny_sentence_model_dir)
+    from aria.intention import cluster
+
+    real = cluster.CLUSTERINGS["kmeans"]
+
+    def dies_after_five(x, ks, **kw):
+        for n, item in enumerate(real(x, ks, **kw)):
+            if n == 5:
+                raise KeyboardInterrupt
+            yield item
+
+    monkeypatch.setitem(cluster.CLUSTERINGS, "kmeans", dies_after_five)
+    monkeypatch.setattr(pipeline.time, "perf_counter", iter(range(0, 10**6, 100)).__next__)  # save after every k
+    with pytest.raises(KeyboardInterrupt):
+        pipeline.step1_embed_and_cluster(cfg, lambda s: None)
+    partial = np.load(tmp_path / "cut" / "labels.partial.npz")
+    assert len([n for n in partial.files if n.startswith("questions/")]) == 5
+    monkeypatch.setitem(cluster.CLUSTERINGS, "kmeans", real)
+    echoed = []
+    pipeline.step1_embed_and_cluster(cfg, echoed.append)
+    assert any("5 ks resumed" in line for line in echoed)
+    assert (tmp_path / "cut" / "labels.npz").read_bytes() == expected
+    assert not (tmp_path / "cut" / "labels.partial.npz").exists()
+
+
+# ---- bad input -----------------------------------------------------------------------------------
+def _tq_record(gid: str, turns: list[dict], success: bool = False, status: str = "finished") -> dict:
+    return make_record(game_id=gid, game="twenty_questions", target="Cat", turns=turns, success=success, status=status)
+
+
+def _turn(q: str, answer: str = "No.") -> dict:
+    return {"action": f"Question: {q}", "question": q, "observation": answer, "reward": -1.0}
+
+
+def test_empty_failed_and_identical_games(tmp_path, tiny_sentence_model_dir):
+    games = tmp_path / "games.jsonl"
+    write_trajectories(games, [
+        _tq_record("empty", []),
+        _tq_record("failed", [_turn("Is it alive?")], status="failed"),
+        _tq_record("one", [_turn("Is it alive?")]),
+        _tq_record("two", [_turn("Is it alive?")]),
+    ])
+    cfg = tq_config(tmp_path / "run", games, tiny_sentence_model_dir)
+    run_all(cfg)
+    summary = json.loads((tmp_path / "run" / "utterances.json").read_text())
+    assert summary["skipped"] == [{"game_id": "empty", "reason": "no turns"}, {"game_id": "failed", "reason": "failed game"}]
+    assert summary["ks"] == [1]  # one distinct question: nothing to split
+    train = json.loads((tmp_path / "run" / "train.json").read_text())
+    assert [s["game_id"] for s in train] == ["one", "two"] and all(s["reward"] == 0.0 for s in train)
+
+
+def test_bad_embeddings_name_the_game(tmp_path, negotiation_trajectories):
+    records = [json.loads(line) for line in negotiation_trajectories.read_text().splitlines()]
+    records[2]["turns"][4]["embedding"] = [0.0] * 1536
+    bad = tmp_path / "bad.jsonl"
+    write_trajectories(bad, records)
+    cfg = config("game=negotiation", f"input={bad}", f"run_dir={tmp_path / 'run'}")
+    with pytest.raises(DataError, match=rf"turns\[4\]\.embedding.*{records[2]['game_id']}.*all-zero"):
+        pipeline.step1_embed_and_cluster(cfg, lambda s: None)
+    records[2]["turns"][4]["embedding"] = [1.0] * 10
+    write_trajectories(bad, records)
+    with pytest.raises(DataError, match=rf"{records[2]['game_id']}.*10 dimensions"):
+        pipeline.step1_embed_and_cluster(cfg, lambda s: None)
+
+
+def test_two_player_game_without_reward_is_rejected(tmp_path, negotiation_trajectories):
+    records = [json.loads(line) for line in negotiation_trajectories.read_text().splitlines()]
+    del records[1]["role_rewards"]["bob"]
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text("".join(json.dumps(r) + "\n" for r in records))
+    cfg = config("game=negotiation", f"input={bad}", f"run_dir={tmp_path / 'run'}")
+    with pytest.raises(DataError, match=r"bad.jsonl.*line 2.*role_rewards.bob"):
+        pipeline.step1_embed_and_cluster(cfg, lambda s: None)
+
+
+def test_script_reports_bad_input_in_one_line(tmp_path):
+    done = subprocess.run([sys.executable, str(REPO / "reward_aggregation/1_embed_and_cluster.py"),
+                           f"input={tmp_path / 'missing.jsonl'}", f"run_dir={tmp_path}"],
+                          capture_output=True, text=True, cwd=tmp_path)
+    assert done.returncode == 2
+    assert done.stderr.strip().splitlines()[-1].startswith("error: no trajectories file")
