@@ -8,6 +8,9 @@ run:
 
 * the k-means sweep for every k (step 1), and the whole selection (step 2: aggregation for every
   k, SplitScore, silhouette on a sample, Calinski-Harabasz, Davies-Bouldin);
+* the k-means sweep two ways: one shared k-means++ seeding whose prefixes start every k (the
+  default) and scikit-learn's k-means++ run independently per k, with the within-cluster sum of
+  squares of both (the quality of the partitions);
 * aggregation for all k two ways: the vectorised tree of ``aria.intention.aggregate`` and a
   plain-Python dictionary over label tuples (the obvious implementation), median of repeats,
   checking they agree;
@@ -89,6 +92,16 @@ def aggregate_with_dicts(table: StepTable, labels: np.ndarray) -> np.ndarray:
     return np.array([sums[k] / counts[k] for k in keys])
 
 
+def within_sse(x: np.ndarray, labels: np.ndarray) -> float:
+    """Within-cluster sum of squared distances to the cluster means (k-means' objective)."""
+    x = x.astype(np.float64)
+    k = int(labels.max()) + 1
+    sums = np.zeros((k, x.shape[1]))
+    np.add.at(sums, labels, x)
+    counts = np.bincount(labels, minlength=k)[:, None]
+    return float((x**2).sum() - ((sums**2) / np.maximum(counts, 1)).sum())
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--games", type=int, default=3000)
@@ -122,6 +135,11 @@ def main() -> None:
     selection_s = time.perf_counter() - start
     rss_selection = peak_rss_mb()
 
+    start = time.perf_counter()
+    labels_per_k = cluster_all_k(x, ks, "kmeans", seed=args.seed, max_iter=100, tol=1e-4, seeding="per_k")
+    per_k_s = time.perf_counter() - start
+    sse_ratio = [within_sse(x, a) / within_sse(x, b) for a, b in zip(labels, labels_per_k)]
+
     vectorised, dicts = [], []
     for _ in range(args.repeats):
         start = time.perf_counter()
@@ -145,6 +163,10 @@ def main() -> None:
         "best_k_silhouette": ks[int(np.nanargmax(metrics["silhouette"]))],
         "peak_rss_mb": {"after_data": round(rss_data, 1), "after_sweep": round(rss_sweep, 1),
                         "after_selection": round(rss_selection, 1)},
+        "kmeans_seeding": {"shared_sweep_s": round(sweep_s, 2), "per_k_sweep_s": round(per_k_s, 2),
+                           "speedup": round(per_k_s / sweep_s, 2),
+                           "sse_shared_over_per_k": {"median": round(float(np.median(sse_ratio)), 4),
+                                                     "min": round(min(sse_ratio), 4), "max": round(max(sse_ratio), 4)}},
         "aggregation_all_k": {"vectorised_median_s": round(statistics.median(vectorised), 3),
                               "python_dicts_median_s": round(statistics.median(dicts), 3),
                               "speedup": round(statistics.median(dicts) / statistics.median(vectorised), 2),

@@ -176,3 +176,40 @@ def test_split_score_rule_on_a_constructed_curve():
     # never below ε long enough: the largest k, flagged
     fallback = choose_k_by_split_score(ks, np.full(28, 0.05), epsilon=0.01, tau=10)
     assert (fallback.k, fallback.rule_satisfied) == (30, False)
+
+
+def reference_q(games_labels, games_returns):
+    """Brute force: key = the tuple of (channel, label) pairs up to the action; mean per key and role."""
+    sums, counts, keys = {}, {}, []
+    for seq, rets in zip(games_labels, games_returns):
+        for p, r in rets.items():
+            key = (p % 2, tuple(seq[: p + 1]))
+            keys.append(key)
+            sums[key] = sums.get(key, 0.0) + r
+            counts[key] = counts.get(key, 0) + 1
+    return np.array([sums[k] / counts[k] for k in keys])
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(0, 2**31 - 1), st.integers(1, 30), st.integers(1, 5))
+def test_tree_aggregation_equals_brute_force(seed, n_games, n_labels):
+    rng = np.random.default_rng(seed)
+    ug, up, uc, labels, su, sr, rets = [], [], [], [], [], [], []
+    games_labels, games_returns = [], []
+    for g in range(n_games):
+        length = int(rng.integers(1, 9))
+        seq = [(p % 2, int(rng.integers(0, n_labels))) for p in range(length)]
+        step_returns = {}
+        for p, (channel, label) in enumerate(seq):
+            ug.append(g), up.append(p), uc.append(channel), labels.append(label)
+            if rng.random() < 0.7:  # some utterances are steps of role p % 2
+                r = float(rng.random())
+                su.append(len(ug) - 1), sr.append(p % 2), rets.append(r)
+                step_returns[p] = r
+        games_labels.append(seq)
+        games_returns.append(step_returns)
+    table = StepTable(np.array(ug), np.array(up), np.array(uc), np.array(su, dtype=np.int64),
+                      np.array(sr, dtype=np.int64), np.array(rets))
+    if table.num_steps == 0:
+        return
+    np.testing.assert_allclose(aggregate(table, np.array(labels)).q, reference_q(games_labels, games_returns))

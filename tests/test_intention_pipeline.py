@@ -265,3 +265,111 @@ def test_script_reports_bad_input_in_one_line(tmp_path):
                           capture_output=True, text=True, cwd=tmp_path)
     assert done.returncode == 2
     assert done.stderr.strip().splitlines()[-1].startswith("error: no trajectories file")
+
+
+# ---- an OpenAI-compatible embeddings endpoint over real HTTP ------------------------------------
+class EmbeddingServer:
+    """A small /v1/embeddings server on 127.0.0.1 (stands in for OpenAI or vLLM, which cannot run
+    here). Vectors are a deterministic function of the text; the first ``fail_first`` requests
+    get HTTP 500."""
+
+    def __init__(self, fail_first: int = 0):
+        import hashlib
+        import threading
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+        server = self
+        self.requests: list[list[str]] = []
+        self.fail_first = fail_first
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args):
+                pass
+
+            def do_POST(self):
+                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                server.requests.append(body["input"])
+                if len(server.requests) <= server.fail_first:
+                    self.send_response(500)
+                    self.end_headers()
+                    return
+                data = [{"object": "embedding", "index": i,
+                         "embedding": [b / 255 + 0.01 for b in hashlib.sha256(t.encode()).digest()[:8]]}
+                        for i, t in enumerate(body["input"])]
+                out = json.dumps({"object": "list", "data": data, "model": body["model"],
+                                  "usage": {"prompt_tokens": 0, "total_tokens": 0}}).encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(out)))
+                self.end_headers()
+                self.wfile.write(out)
+
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
+        self.thread.start()
+        self.base_url = f"http://127.0.0.1:{self.httpd.server_address[1]}/v1"
+
+    def close(self):
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+def test_openai_compatible_embeddings_endpoint_with_retry_and_cache(tmp_path, twenty_questions_games):
+    server = EmbeddingServer(fail_first=1)
+    try:
+        overrides = ["game=twenty_questions", f"input={twenty_questions_games}", f"run_dir={tmp_path}", "embedder=openai",
+                     f"embedder.base_url={server.base_url}", "embedder.model=text-embedding-3-small",
+                     "embedder.batch_size=5", "embedder.retry_base_delay_s=0.01", "clustering.k_max=5"]
+        summary = pipeline.step1_embed_and_cluster(config(*overrides), lambda s: None)
+        texts = summary["pools"]["questions"]["texts"]
+        assert summary["pools"]["questions"]["embedding"] == "text-embedding-3-small"
+        assert summary["pools"]["questions"]["dim"] == 8
+        sent = [t for batch in server.requests[1:] for t in batch]
+        assert sorted(sent) == sorted(texts) and max(len(b) for b in server.requests) <= 5  # each text once
+        # A new run folder with the same cache embeds nothing new.
+        before = len(server.requests)
+        (tmp_path / "labels.npz").unlink()
+        pipeline.step1_embed_and_cluster(config(*overrides, "clustering.k_max=4"), lambda s: None)
+        assert len(server.requests) == before
+    finally:
+        server.close()
+
+
+def test_embeddings_endpoint_that_keeps_failing_raises_and_keeps_nothing_half_done(tmp_path, twenty_questions_games):
+    import openai
+
+    server = EmbeddingServer(fail_first=100)
+    try:
+        cfg = config("game=twenty_questions", f"input={twenty_questions_games}", f"run_dir={tmp_path}", "embedder=openai",
+                     f"embedder.base_url={server.base_url}", "embedder.max_retries=2", "embedder.retry_base_delay_s=0.01")
+        with pytest.raises(openai.InternalServerError):
+            pipeline.step1_embed_and_cluster(cfg, lambda s: None)
+        assert len(server.requests) == 3  # one try + two retries
+        assert not (tmp_path / "labels.npz").exists() and not (tmp_path / "utterances.json").exists()
+    finally:
+        server.close()
+
+
+class ZeroForAlive:
+    """A test embedding backend (a real Embedder, registered for the test) that returns a zero
+    vector for one text, as a broken embedding service might."""
+
+    name = "zero-for-alive"
+
+    def __init__(self, **_):
+        pass
+
+    def embed(self, texts):
+        return np.array([[0.0, 0.0] if "alive" in t else [1.0, float(len(t))] for t in texts], dtype=np.float32)
+
+
+def test_zero_vector_from_the_embedder_names_the_game(tmp_path, monkeypatch):
+    from aria.intention import embed
+
+    monkeypatch.setitem(embed.EMBEDDERS, "zero_for_alive", ZeroForAlive)
+    games = tmp_path / "games.jsonl"
+    write_trajectories(games, [_tq_record("g0", [_turn("Is it red?")]), _tq_record("g1", [_turn("Is it red?"), _turn("Is it alive?")])])
+    cfg = config("game=twenty_questions", f"input={games}", f"run_dir={tmp_path / 'run'}", "embedder=sentence_transformers")
+    cfg["embedder"] = {"name": "zero_for_alive"}
+    with pytest.raises(DataError, match=r"game 'g1', utterance 2: the embedding of 'Question: Is it alive\?' is zero"):
+        pipeline.step1_embed_and_cluster(cfg, lambda s: None)

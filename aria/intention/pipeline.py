@@ -151,7 +151,7 @@ def step1_embed_and_cluster(cfg: dict, echo: Printer = print) -> dict:
         echo(f"[step 1] {pool}: {len(texts)} distinct texts, {new} newly embedded with {embedder.name} "
              f"in {time.perf_counter() - start:.1f}s")
     for pool, x in embeddings.items():
-        _check_matrix(pool, x)
+        _check_matrix(corpus, pool, x)
     _save_npz(run_dir / "embeddings.npz", {pool: x for pool, x in embeddings.items()})
 
     # Cluster every pool for every k; progress is kept in labels.partial.npz.
@@ -199,12 +199,17 @@ def step1_embed_and_cluster(cfg: dict, echo: Printer = print) -> dict:
     return summary
 
 
-def _check_matrix(pool: str, x: np.ndarray) -> None:
-    if x.ndim != 2 or len(x) == 0:
-        raise ValueError(f"pool {pool!r}: no embeddings")
+def _check_matrix(corpus: Corpus, pool: str, x: np.ndarray) -> None:
+    """Reject zero or non-finite embeddings, naming a game and turn where the text occurs."""
+    if x.ndim != 2 or len(x) != len(corpus.pools[pool]):
+        raise ValueError(f"pool {pool!r}: expected {len(corpus.pools[pool])} embeddings, got shape {x.shape}")
     bad = ~np.isfinite(x).all(axis=1) | ~np.any(x, axis=1)
     if bad.any():
-        raise ValueError(f"pool {pool!r}: the embedding of text #{int(np.argmax(bad))} is zero or not finite")
+        text = int(np.argmax(bad))
+        u = int(np.flatnonzero((corpus.utterance_pool == list(corpus.pools).index(pool)) & (corpus.utterance_value == text))[0])
+        game = corpus.game_ids[int(corpus.table.utterance_game[u])]
+        raise DataError(None, None, "embedding", f"game {game!r}, utterance {int(corpus.table.utterance_position[u])}: "
+                        f"the embedding of {corpus.pools[pool][text][:60]!r} is zero or not finite")
 
 
 # ---- step 2: aggregate for every k and choose k ------------------------------------------
@@ -427,8 +432,14 @@ def run_step(step: Callable[[dict, Printer], Any], cfg) -> None:
 
     from omegaconf import OmegaConf
 
+    import openai
+
     try:
         step(OmegaConf.to_container(cfg, resolve=True), print)
     except (DataError, FileNotFoundError, ValueError) as err:
         print(f"error: {err}", file=sys.stderr)
         sys.exit(2)
+    except openai.OpenAIError as err:  # the embeddings endpoint kept failing (after its retries)
+        url = cfg.embedder.get("base_url", "?")
+        print(f"error: embeddings endpoint {url}: {type(err).__name__}: {' '.join(str(err).split())[:300]}", file=sys.stderr)
+        sys.exit(1)
