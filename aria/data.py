@@ -12,8 +12,9 @@ The observation is exactly the prompt the policy saw before the step:
   (``transcript:`` in ``config/game/*.yaml`` holds the separators and where the system prompt
   is kept in a record's ``meta``).
 
-Each sample also carries ``game``, ``role``, ``game_id`` and ``turn`` (index into the game's
-``turns``). The file is a JSON list, the original's shape, which
+Each sample also carries ``step_return`` (the raw discounted return R_t, for comparisons
+with the aggregated ``reward``), ``game``, ``role``, ``game_id`` and ``turn`` (index into the
+game's ``turns``). The file is a JSON list, the original's shape, which
 ``datasets.load_dataset("json", data_files=...)`` reads directly.
 """
 from __future__ import annotations

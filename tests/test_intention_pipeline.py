@@ -78,7 +78,8 @@ def test_negotiation_sample_through_the_scripts(tmp_path, negotiation_trajectori
 
     train = load_dataset("json", data_files=str(run_dir / "train.json"), split="train")
     assert train.num_rows == 73
-    assert set(train.column_names) == {"observation", "action", "reward", "game", "role", "game_id", "turn"}
+    assert set(train.column_names) == {"observation", "action", "reward", "step_return", "game", "role", "game_id",
+                                  "turn"}
     # Every reward is R~ = a mean of 0.5·γ^(T−t) (every sample game is a 0.5/0.5 no-deal).
     assert all(0 < r <= 0.5 for r in train["reward"])
     # Observations: the role's own system prompt, then the transcript in the original's layout.

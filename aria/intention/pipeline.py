@@ -395,7 +395,7 @@ def step4_build_training_set(cfg: dict, echo: Printer = print) -> Path:
     run_dir = Path(cfg["run_dir"])
     labelled = run_dir / "labelled.jsonl"
     out_path = Path(cfg.get("train_out") or run_dir / "train.json")
-    fingerprint = _fingerprint({"labelled": file_digest([labelled])})
+    fingerprint = _fingerprint({"labelled": file_digest([labelled]), "game": cfg["game"]})  # prompts live in the game config
     meta_path = out_path.with_suffix(".meta.json")
     if out_path.is_file() and meta_path.is_file() and read_json(meta_path).get("fingerprint") == fingerprint:
         echo(f"[step 4] up to date: {out_path}")
@@ -409,6 +409,7 @@ def step4_build_training_set(cfg: dict, echo: Printer = print) -> Path:
                 continue
             samples.append({
                 "observation": render(record, i), "action": turn["action"], "reward": info["reward"],
+                "step_return": info["step_return"],
                 "game": record["game"], "role": info["role"], "game_id": record["game_id"], "turn": i,
             })
     atomic_write_json(out_path, samples, indent=1)

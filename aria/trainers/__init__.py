@@ -1,0 +1,1 @@
+"""Trainers: offline REINFORCE on aggregated rewards (``offline``); more to come."""

@@ -1,0 +1,376 @@
+"""Offline REINFORCE on the intention-aggregated training set (spec ``aria_method.md`` §5).
+
+One story, top to bottom: read and check the samples -> tokenise (prompt, then action, right
+padding only) -> length-bucketed micro-batches, split across processes -> for each micro-batch the
+per-sample action log-prob, the loss of :data:`LOSSES` -> accumulate, clip, step, schedule ->
+log, checkpoint, resume.
+
+The loss (the original's ``reinforce`` objective, paper §3.5):
+
+    L = −(1/B) Σ_i w_i,   w_i = r_i · Σ_t log π(a_i,t | prompt_i, a_i,<t)
+
+except that a sample whose reward is exactly ``sft_reward`` (−1 in the original, where it marks
+demonstrations) gets the plain SFT term ``w_i = sft_weight · Σ_t log π`` (0.5 in the original).
+No KL term and no clipping of the ratio: this is plain REINFORCE on fixed data.
+
+Checkpoints (every ``save_freq`` optimizer steps, in ``output_dir/checkpoints/step-<n>/``):
+``model/`` in Hugging Face format (the LoRA adapter, or the full model), ``trainable.safetensors``
+(the exact trainable tensors, for resuming), ``optimizer.pt``, ``scheduler.pt``,
+``rng_state_<rank>.pt`` and ``trainer_state.json`` (step, epoch, position in the epoch). A
+checkpoint folder appears only once complete (written under a temporary name, then renamed).
+Running the same command again resumes from the newest one and ends with the same weights as an
+uninterrupted run.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import random
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+import torch
+
+from aria.data import read_training_set
+from aria.io import DataError, atomic_write_json
+from aria.policy import EncodedSample, action_logprobs, collate, encode_sample, load_policy, padded_fraction
+
+
+# ---- the loss ------------------------------------------------------------------------------------
+def reinforce_loss(logp: torch.Tensor, reward: torch.Tensor, sft_reward: float | None = -1.0,
+                   sft_weight: float = 0.5) -> torch.Tensor:
+    """−mean_i(r_i · logp_i), with the SFT term ``sft_weight · logp_i`` where ``r_i == sft_reward``.
+
+    ``logp`` [B]: summed action log-probs; ``reward`` [B]. ``sft_reward=None`` turns the SFT
+    branch off (every sample is weighted by its reward).
+    """
+    reward = reward.to(logp.dtype)
+    weight = reward
+    if sft_reward is not None:
+        weight = torch.where(reward == sft_reward, torch.full_like(reward, sft_weight), reward)
+    return -(weight * logp).mean()
+
+
+#: Policy losses by name (config ``loss.name``).
+LOSSES: dict[str, Callable[..., torch.Tensor]] = {"reinforce": reinforce_loss}
+
+
+# ---- data ------------------------------------------------------------------------------------------
+def check_samples(samples: list[dict], path: str) -> None:
+    """Reject what cannot be trained on, before any training starts (file and sample index named)."""
+    if not samples:
+        raise DataError(path, None, None, "the training set is empty")
+    for i, sample in enumerate(samples):
+        if not sample["action"].strip():
+            raise DataError(path, None, f"sample {i}.action", "empty action")
+
+
+def length_bucketed_batches(lengths: list[int], batch_size: int, seed: int, epoch: int,
+                            bucket_batches: int = 50) -> list[list[int]]:
+    """Micro-batches of sample indices with similar lengths (little padding), in a seeded order.
+
+    The epoch's samples are shuffled, cut into chunks of ``bucket_batches`` batches, each chunk
+    sorted by length and split into batches; the batches are then shuffled. Deterministic in
+    (seed, epoch), so a resumed run sees the same batches in the same order.
+    """
+    rng = np.random.default_rng([seed, epoch])
+    order = rng.permutation(len(lengths))
+    batches: list[list[int]] = []
+    chunk = batch_size * max(1, bucket_batches)
+    for start in range(0, len(order), chunk):
+        part = sorted(order[start : start + chunk].tolist(), key=lambda i: (-lengths[i], i))
+        batches += [part[j : j + batch_size] for j in range(0, len(part), batch_size)]
+    return [batches[i] for i in rng.permutation(len(batches))]
+
+
+def batches_for_process(batches: list[list[int]], rank: int, world: int, accumulation: int) -> list[list[int]]:
+    """This process's micro-batches: every ``world``-th one, trimmed so all processes take the same
+    number of whole optimizer steps (data-parallel processes must step together)."""
+    per_process = (len(batches) // world) // accumulation * accumulation
+    return batches[rank::world][:per_process]
+
+
+# ---- the trainer --------------------------------------------------------------------------------------
+@dataclass
+class TrainState:
+    step: int = 0  # optimizer steps done
+    epoch: int = 0
+    micro: int = 0  # micro-batches of this epoch already consumed (per process)
+
+
+def resolve_mixed_precision(value: str) -> str:
+    """``auto``: bf16 on a GPU or CPU that computes it natively, else no mixed precision."""
+    if value != "auto":
+        return value
+    if torch.cuda.is_available():
+        return "bf16" if torch.cuda.is_bf16_supported() else "fp16"
+    return "bf16" if torch.ops.mkldnn._is_mkldnn_bf16_supported() else "no"
+
+
+def _rng_state() -> dict:
+    state = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def _set_rng_state(state: dict) -> None:
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def latest_checkpoint(output_dir: Path) -> Path | None:
+    folder = output_dir / "checkpoints"
+    done = [p for p in folder.glob("step-*") if (p / "trainer_state.json").is_file()] if folder.is_dir() else []
+    return max(done, key=lambda p: int(p.name.split("-")[1])) if done else None
+
+
+class OfflineTrainer:
+    """Offline REINFORCE; ``cfg`` is the resolved Hydra config (see ``config/default.yaml``)."""
+
+    def __init__(self, cfg: dict, on_step: Callable[[int], None] | None = None):
+        from accelerate import Accelerator
+        from accelerate.utils import set_seed
+
+        self.cfg = cfg
+        t = cfg["train"]
+        self.output_dir = Path(cfg["output_dir"])
+        self.accelerator = Accelerator(gradient_accumulation_steps=t["gradient_accumulation_steps"],
+                                       mixed_precision=resolve_mixed_precision(t["mixed_precision"]),
+                                       cpu=cfg.get("device") == "cpu",
+                                       step_scheduler_with_optimizer=False,
+                                       log_with=cfg["logging"]["report_to"] or None, project_dir=str(self.output_dir))
+        self.on_step = on_step  # called after every optimizer step (tests use it to interrupt a run)
+        set_seed(cfg["seed"])
+
+        # Data: read and check everything before the model is even loaded.
+        self.train_path = cfg["data"]["train_file"]
+        self.samples = read_training_set(self.train_path)
+        check_samples(self.samples, self.train_path)
+
+        m = cfg["model"]
+        self.tokenizer, model = load_policy(m["path"], m.get("dtype", "float32"), m["lora"] if m["lora"]["enabled"] else None,
+                                            m.get("gradient_checkpointing", False))
+        self.encoded: list[EncodedSample] = [
+            encode_sample(self.tokenizer, s["observation"], s["action"], cfg["data"]["max_prompt_tokens"],
+                          cfg["data"]["append_eos"], cfg["data"].get("system_prompt"))
+            for s in self.samples
+        ]
+        self.rewards = torch.tensor([float(s["reward"]) for s in self.samples])
+
+        world, accumulation = self.accelerator.num_processes, t["gradient_accumulation_steps"]
+        self.micro_per_epoch = len(self._epoch_batches(0))
+        self.steps_per_epoch = self.micro_per_epoch // accumulation
+        if self.steps_per_epoch == 0:
+            raise DataError(self.train_path, None, None, f"{len(self.samples)} samples make no full optimizer step with "
+                            f"micro_batch_size={t['micro_batch_size']}, accumulation={accumulation}, processes={world}")
+        self.total_steps = self.steps_per_epoch * t["epochs"]
+
+        params = [p for p in model.parameters() if p.requires_grad]
+        optimizer_cls = {"adamw": torch.optim.AdamW, "adam": torch.optim.Adam}[t["optimizer"]]
+        optimizer = optimizer_cls(params, lr=t["lr"], betas=tuple(t["betas"]), eps=t["eps"], weight_decay=t["weight_decay"])
+        from transformers import get_scheduler
+
+        scheduler = get_scheduler(t["lr_scheduler"], optimizer, num_warmup_steps=self._warmup_steps(),
+                                  num_training_steps=self.total_steps)
+        # The scheduler is stepped by hand once per optimizer step: accelerate's wrapper would step it
+        # once per process, and total_steps already counts per-process steps.
+        self.model, self.optimizer = self.accelerator.prepare(model, optimizer)
+        self.scheduler = scheduler
+        self.loss_fn = LOSSES[cfg["loss"]["name"]]
+        self.state = TrainState()
+
+    # ---- schedule helpers ----
+    def _warmup_steps(self) -> int:
+        t = self.cfg["train"]
+        return int(t["warmup_steps"]) if t.get("warmup_steps") else int(math.ceil(t["warmup_ratio"] * self.total_steps))
+
+    def _epoch_batches(self, epoch: int) -> list[list[int]]:
+        t = self.cfg["train"]
+        lengths = [len(e.input_ids) for e in self.encoded]
+        batches = length_bucketed_batches(lengths, t["micro_batch_size"], self.cfg["seed"], epoch, t["bucket_batches"]) \
+            if t["length_bucketing"] else _plain_batches(len(lengths), t["micro_batch_size"], self.cfg["seed"], epoch)
+        return batches_for_process(batches, self.accelerator.process_index, self.accelerator.num_processes,
+                                   t["gradient_accumulation_steps"])
+
+    # ---- the loop ----
+    def train(self) -> dict:
+        from tqdm.auto import tqdm
+
+        acc, t, log_cfg = self.accelerator, self.cfg["train"], self.cfg["logging"]
+        resumed = self.resume()
+        if acc.is_main_process and log_cfg["report_to"]:
+            acc.init_trackers(log_cfg.get("run_name") or "aria_offline", config=_flat(self.cfg))
+        metrics_path = self.output_dir / "metrics.jsonl"
+        bar = tqdm(total=self.total_steps, initial=self.state.step, disable=not acc.is_local_main_process,
+                   desc="reinforce", dynamic_ncols=True)
+        window = {"loss": 0.0, "tokens": 0, "padded": 0, "cells": 0, "micro": 0, "start": time.perf_counter()}
+        self.model.train()
+        last = {}
+        while self.state.epoch < t["epochs"]:
+            batches = self._epoch_batches(self.state.epoch)
+            if log_cfg.get("write_data_order"):  # which samples this process trains on (to check the split)
+                atomic_write_json(self.output_dir / f"data_order_epoch{self.state.epoch}_rank{acc.process_index}.json", batches)
+            while self.state.micro < len(batches):
+                indices = batches[self.state.micro]
+                items = [self.encoded[i] for i in indices]
+                batch = {k: v.to(acc.device) for k, v in collate(items, self.tokenizer.pad_token_id).items()}
+                with acc.accumulate(self.model):
+                    logp = action_logprobs(self.model, batch)
+                    loss = self.loss_fn(logp, self.rewards[indices].to(acc.device), **self.cfg["loss"]["options"])
+                    acc.backward(loss)
+                    if acc.sync_gradients and t["max_grad_norm"]:
+                        grad_norm = acc.clip_grad_norm_(self.model.parameters(), t["max_grad_norm"])
+                        window["grad_norm"] = float(grad_norm)
+                    self.optimizer.step()  # a no-op between accumulation boundaries (accelerate)
+                    if acc.sync_gradients:
+                        self.scheduler.step()
+                    self.optimizer.zero_grad()
+                self.state.micro += 1
+                window["loss"] += float(loss.detach())
+                window["micro"] += 1
+                window["tokens"] += int(batch["attention_mask"].sum())
+                window["cells"] += batch["attention_mask"].numel()
+                if acc.sync_gradients:
+                    self.state.step += 1
+                    bar.update(1)
+                    if self.state.step % log_cfg["log_every"] == 0 or self.state.step == self.total_steps:
+                        last = self._log(window, metrics_path, bar)
+                        window = {"loss": 0.0, "tokens": 0, "cells": 0, "micro": 0, "start": time.perf_counter()}
+                    if self.state.step % t["save_freq"] == 0:
+                        self.save_checkpoint()
+                    if self.on_step:
+                        self.on_step(self.state.step)
+            self.state.epoch += 1
+            self.state.micro = 0
+        bar.close()
+        final = self.save_final()
+        if log_cfg["report_to"]:
+            acc.end_training()
+        return {"steps": self.state.step, "resumed_from": str(resumed) if resumed else None, "final": str(final), **last}
+
+    def _log(self, window: dict, metrics_path: Path, bar) -> dict:
+        acc = self.accelerator
+        seconds = time.perf_counter() - window["start"]
+        tokens = acc.reduce(torch.tensor(window["tokens"], device=acc.device), reduction="sum").item()
+        cells = acc.reduce(torch.tensor(window["cells"], device=acc.device), reduction="sum").item()
+        loss = acc.reduce(torch.tensor(window["loss"] / max(window["micro"], 1), device=acc.device), reduction="mean").item()
+        record = {"step": self.state.step, "epoch": self.state.epoch, "loss": round(loss, 6),
+                  "lr": self.scheduler.get_last_lr()[0], "tokens_per_s": round(tokens / max(seconds, 1e-9), 1),
+                  "padded_fraction": round(1 - tokens / max(cells, 1), 4)}
+        if "grad_norm" in window:
+            record["grad_norm"] = round(window["grad_norm"], 4)
+        if acc.is_main_process:
+            metrics_path.parent.mkdir(parents=True, exist_ok=True)
+            with open(metrics_path, "a", encoding="utf-8") as handle:
+                handle.write(json.dumps(record) + "\n")
+            if self.cfg["logging"]["report_to"]:
+                acc.log({k: v for k, v in record.items() if k != "step"}, step=self.state.step)
+        bar.set_postfix(loss=f"{loss:.4f}", tok_s=f"{record['tokens_per_s']:.0f}", pad=f"{record['padded_fraction']:.2f}")
+        return record
+
+    # ---- checkpoints ----
+    def _trainable_state(self) -> dict[str, torch.Tensor]:
+        model = self.accelerator.unwrap_model(self.model)
+        return {n: p.detach().cpu().contiguous() for n, p in model.named_parameters() if p.requires_grad}
+
+    def save_checkpoint(self) -> Path:
+        from safetensors.torch import save_file
+
+        acc = self.accelerator
+        final = self.output_dir / "checkpoints" / f"step-{self.state.step}"
+        tmp = final.with_name(final.name + ".tmp")
+        if acc.is_main_process:
+            shutil.rmtree(tmp, ignore_errors=True)
+            tmp.mkdir(parents=True)
+        acc.wait_for_everyone()
+        torch.save(_rng_state(), tmp / f"rng_state_{acc.process_index}.pt")
+        if acc.is_main_process:
+            acc.unwrap_model(self.model).save_pretrained(tmp / "model", safe_serialization=True)
+            self.tokenizer.save_pretrained(tmp / "model")
+            save_file(self._trainable_state(), str(tmp / "trainable.safetensors"))
+            torch.save(self.optimizer.state_dict(), tmp / "optimizer.pt")
+            torch.save(self.scheduler.state_dict(), tmp / "scheduler.pt")
+        acc.wait_for_everyone()
+        if acc.is_main_process:
+            atomic_write_json(tmp / "trainer_state.json", {**self.state.__dict__, "world_size": acc.num_processes,
+                                                           "total_steps": self.total_steps})
+            shutil.rmtree(final, ignore_errors=True)
+            tmp.rename(final)
+            self._prune_checkpoints()
+        acc.wait_for_everyone()
+        return final
+
+    def _prune_checkpoints(self) -> None:
+        keep = self.cfg["train"].get("keep_checkpoints")
+        if not keep:
+            return
+        folders = sorted((p for p in (self.output_dir / "checkpoints").glob("step-*") if not p.name.endswith(".tmp")),
+                         key=lambda p: int(p.name.split("-")[1]))
+        for old in folders[:-keep]:
+            shutil.rmtree(old, ignore_errors=True)
+
+    def resume(self) -> Path | None:
+        from safetensors.torch import load_file
+
+        checkpoint = latest_checkpoint(self.output_dir)
+        if checkpoint is None:
+            return None
+        state = json.loads((checkpoint / "trainer_state.json").read_text())
+        if state["world_size"] != self.accelerator.num_processes:
+            raise ValueError(f"{checkpoint} was written by {state['world_size']} process(es); resume it with the same number")
+        model = self.accelerator.unwrap_model(self.model)
+        tensors = load_file(str(checkpoint / "trainable.safetensors"))
+        params = dict(model.named_parameters())
+        with torch.no_grad():
+            for name, value in tensors.items():
+                params[name].copy_(value.to(params[name].device))
+        self.optimizer.load_state_dict(torch.load(checkpoint / "optimizer.pt", map_location="cpu", weights_only=False))
+        self.scheduler.load_state_dict(torch.load(checkpoint / "scheduler.pt", map_location="cpu", weights_only=False))
+        _set_rng_state(torch.load(checkpoint / f"rng_state_{self.accelerator.process_index}.pt", weights_only=False))
+        self.state = TrainState(step=state["step"], epoch=state["epoch"], micro=state["micro"])
+        if self.state.micro >= self.micro_per_epoch:  # saved at the very end of an epoch
+            self.state = TrainState(step=self.state.step, epoch=self.state.epoch + 1, micro=0)
+        if self.accelerator.is_main_process:
+            print(f"[train] resumed from {checkpoint} (step {self.state.step}/{self.total_steps})")
+        return checkpoint
+
+    def save_final(self) -> Path:
+        acc = self.accelerator
+        out = self.output_dir / "final"
+        acc.wait_for_everyone()
+        if acc.is_main_process:
+            tmp = out.with_name("final.tmp")
+            shutil.rmtree(tmp, ignore_errors=True)
+            acc.unwrap_model(self.model).save_pretrained(tmp, safe_serialization=True)
+            self.tokenizer.save_pretrained(tmp)
+            atomic_write_json(tmp / "aria_training.json", {"steps": self.state.step, "train_file": str(self.train_path),
+                                                           "config": self.cfg})
+            shutil.rmtree(out, ignore_errors=True)
+            tmp.rename(out)
+        acc.wait_for_everyone()
+        return out
+
+
+def _plain_batches(n: int, batch_size: int, seed: int, epoch: int) -> list[list[int]]:
+    order = np.random.default_rng([seed, epoch]).permutation(n).tolist()
+    return [order[i : i + batch_size] for i in range(0, n, batch_size)]
+
+
+def _flat(cfg: dict, prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in cfg.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, dict):
+            out.update(_flat(value, name + "."))
+        else:
+            out[name] = value if isinstance(value, (int, float, str, bool)) or value is None else str(value)
+    return out

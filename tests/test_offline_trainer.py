@@ -1,0 +1,171 @@
+"""Offline REINFORCE (aria/trainers/offline.py) on a tiny random Llama built in the test."""
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from hydra import compose, initialize_config_dir
+from omegaconf import OmegaConf
+from safetensors.torch import load_file
+
+from aria.io import DataError
+from aria.policy import action_logprobs, collate, encode_sample, load_policy
+from aria.trainers.offline import OfflineTrainer, length_bucketed_batches, reinforce_loss
+
+REPO = Path(__file__).resolve().parents[1]
+OBS = "Let's play a game of Twenty Questions. Guess the object.\nHere is the game history:\nQuestion: Is it alive?\nAnswer: No.\n"
+
+
+def samples(n: int, reward=lambda i: 0.1 * (i % 5) - 0.2) -> list[dict]:
+    return [{"observation": OBS + "Yes. " * (i % 4), "action": f"Question: Is it a fruit? {'No. ' * (i % 3)}",
+             "reward": reward(i)} for i in range(n)]
+
+
+def config(tmp_path: Path, model_dir: Path, data: list[dict], *overrides: str) -> dict:
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    train_file = tmp_path / "train.json"
+    train_file.write_text(json.dumps(data))
+    with initialize_config_dir(config_dir=str(REPO / "config"), version_base="1.3"):
+        cfg = compose("reinforce_llm", overrides=[
+            f"model.path={model_dir}", f"data.train_file={train_file}", f"output_dir={tmp_path / 'out'}",
+            "device=cpu", "train.mixed_precision=no", "train.warmup_ratio=0", "train.lr_scheduler=constant", *overrides])
+    return OmegaConf.to_container(cfg, resolve=True)
+
+
+def test_loss_by_hand():
+    logp = torch.tensor([-2.0, -3.0, -1.0, -4.0])
+    reward = torch.tensor([0.5, -1.0, 0.0, -0.25])
+    # weights: 0.5, SFT 0.5 (reward exactly −1), 0, −0.25 -> −mean(−1, −1.5, 0, 1)
+    assert reinforce_loss(logp, reward).item() == pytest.approx(-(-1 - 1.5 + 0 + 1) / 4)
+    assert reinforce_loss(logp, reward, sft_reward=None).item() == pytest.approx(-(-1 + 3 + 0 + 1) / 4)
+    assert reinforce_loss(logp, reward, sft_weight=1.0).item() == pytest.approx(-(-1 - 3 + 0 + 1) / 4)
+
+
+def final_logprob(model_dir: Path, out: Path, sample: dict) -> float:
+    tokenizer, base = load_policy(str(model_dir))
+    if (out / "adapter_config.json").is_file():
+        from peft import PeftModel
+
+        base = PeftModel.from_pretrained(base, out)
+    base.eval()
+    batch = collate([encode_sample(tokenizer, sample["observation"], sample["action"], 512)], tokenizer.pad_token_id)
+    with torch.no_grad():
+        return float(action_logprobs(base, batch)[0])
+
+
+@pytest.mark.parametrize("reward, direction", [(1.0, +1), (-0.5, -1), (-1.0, +1)], ids=["positive", "negative", "sft"])
+def test_a_step_moves_the_log_prob_the_way_the_reward_says(tmp_path, tiny_model_dir, reward, direction):
+    """Positive reward raises the action's log-prob, negative lowers it; −1 is the SFT branch (raises)."""
+    data = samples(1, reward=lambda i: reward)
+    before = final_logprob(tiny_model_dir, tiny_model_dir, data[0])
+    cfg = config(tmp_path, tiny_model_dir, data, "train.epochs=1", "train.micro_batch_size=1",
+                  "train.gradient_accumulation_steps=1", "train.lr=0.01", "train.optimizer=adam")
+    OfflineTrainer(cfg).train()
+    after = final_logprob(tiny_model_dir, tmp_path / "out" / "final", data[0])
+    assert (after - before) * direction > 1e-3, (before, after)
+
+
+def test_interrupted_and_resumed_run_ends_with_the_same_weights(tmp_path, tiny_model_dir):
+    data = samples(12)
+    common = ["train.epochs=2", "train.micro_batch_size=2", "train.gradient_accumulation_steps=2", "train.save_freq=2",
+              "train.lr=0.005", "model.lora.dropout=0.2", "train.keep_checkpoints=null"]  # dropout: RNG state matters
+    full_cfg = config(tmp_path / "full", tiny_model_dir, data, *common)
+    result = OfflineTrainer(full_cfg).train()
+    assert result["steps"] == 6  # 12 samples / 2 per micro-batch / 2 accumulation = 3 steps per epoch
+    expected = load_file(str(tmp_path / "full" / "out" / "checkpoints" / "step-6" / "trainable.safetensors"))
+
+    cut_cfg = config(tmp_path / "cut", tiny_model_dir, data, *common)
+
+    def crash(step):
+        if step == 3:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        OfflineTrainer(cut_cfg, on_step=crash).train()
+    assert not (tmp_path / "cut" / "out" / "final").exists()
+    resumed = OfflineTrainer(cut_cfg).train()
+    assert resumed["resumed_from"].endswith("step-2")
+    got = load_file(str(tmp_path / "cut" / "out" / "checkpoints" / "step-6" / "trainable.safetensors"))
+    assert set(got) == set(expected) and any("lora" in name for name in got)
+    for name in expected:
+        torch.testing.assert_close(got[name], expected[name], rtol=1e-5, atol=1e-6)
+    metrics = [json.loads(line) for line in (tmp_path / "cut" / "out" / "metrics.jsonl").read_text().splitlines()]
+    assert [m["step"] for m in metrics][-3:] == [4, 5, 6] and all(math.isfinite(m["loss"]) for m in metrics)
+    assert all(0 <= m["padded_fraction"] < 1 and m["tokens_per_s"] > 0 for m in metrics)
+
+
+def test_full_fine_tuning_writes_a_full_model(tmp_path, tiny_model_dir):
+    cfg = config(tmp_path, tiny_model_dir, samples(4), "model.lora.enabled=false", "train.epochs=1",
+                 "train.micro_batch_size=2", "train.gradient_accumulation_steps=1")
+    OfflineTrainer(cfg).train()
+    final = tmp_path / "out" / "final"
+    assert (final / "model.safetensors").is_file() and not (final / "adapter_config.json").exists()
+
+
+def test_length_bucketing_reduces_padding():
+    lengths = [10 + (i * 37) % 200 for i in range(400)]
+    bucketed = length_bucketed_batches(lengths, 8, seed=0, epoch=0)
+    assert sorted(i for b in bucketed for i in b) == list(range(400))
+    assert bucketed == length_bucketed_batches(lengths, 8, seed=0, epoch=0)
+
+    def padding(batches):
+        return sum(max(lengths[i] for i in b) * len(b) - sum(lengths[i] for i in b) for b in batches)
+
+    plain = [list(range(i, i + 8)) for i in range(0, 400, 8)]
+    assert padding(bucketed) < 0.1 * padding(plain)
+
+
+@pytest.mark.parametrize("data, field", [
+    ([], None),
+    ([{"observation": "o", "reward": 1.0}], "sample 0.action"),
+    ([{"observation": "o", "action": "a", "reward": 1.0}, {"observation": "o", "action": "a", "reward": float("nan")}],
+     "sample 1.reward"),
+    ([{"observation": "o", "action": "a", "reward": 1.0}, {"observation": "o", "action": "  ", "reward": 1.0}],
+     "sample 1.action"),
+    ([{"observation": 3, "action": "a", "reward": 1.0}], "sample 0.observation"),
+])
+def test_bad_training_data_is_rejected_before_training(tmp_path, data, field):
+    train_file = tmp_path / "train.json"
+    train_file.write_text(json.dumps(data).replace("NaN", "NaN"))
+    done = subprocess.run([sys.executable, str(REPO / "scripts/run_offline.py"), f"data.train_file={train_file}",
+                           "model.path=/nonexistent/model", f"output_dir={tmp_path / 'out'}"],
+                          capture_output=True, text=True, cwd=tmp_path)
+    assert done.returncode == 2, done.stderr
+    last = done.stderr.strip().splitlines()[-1]
+    assert last.startswith("error:") and str(train_file) in last
+    assert (f"'{field}'" in last) if field else "empty" in last
+    assert not (tmp_path / "out").exists()
+
+
+def test_unknown_config_key_is_a_hydra_error(tmp_path):
+    done = subprocess.run([sys.executable, str(REPO / "scripts/run_offline.py"), "train.learning_rate=0.1"],
+                          capture_output=True, text=True, cwd=tmp_path)
+    assert done.returncode != 0 and "train.learning_rate" in done.stderr
+
+
+def test_accelerate_launch_two_cpu_processes_split_the_data(tmp_path, tiny_model_dir):
+    data = samples(16)
+    train_file = tmp_path / "train.json"
+    train_file.write_text(json.dumps(data))
+    out = tmp_path / "out"
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    done = subprocess.run(
+        [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(REPO / "config/accelerate/cpu_2proc.yaml"),
+         str(REPO / "scripts/run_offline.py"), f"model.path={tiny_model_dir}", f"data.train_file={train_file}",
+         f"output_dir={out}", "device=cpu", "train.mixed_precision=no", "train.epochs=1", "train.micro_batch_size=2",
+         "train.gradient_accumulation_steps=2", "train.save_freq=1", "logging.write_data_order=true"],
+        capture_output=True, text=True, cwd=tmp_path, env=env, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    rank0 = json.loads((out / "data_order_epoch0_rank0.json").read_text())
+    rank1 = json.loads((out / "data_order_epoch0_rank1.json").read_text())
+    seen0, seen1 = {i for b in rank0 for i in b}, {i for b in rank1 for i in b}
+    assert seen0 and seen1 and not seen0 & seen1 and seen0 | seen1 == set(range(16))
+    state = json.loads((out / "checkpoints" / "step-2" / "trainer_state.json").read_text())
+    assert state["world_size"] == 2 and state["step"] == 2  # 16 samples / (2 x 2 x 2 processes)
+    assert (out / "final" / "adapter_model.safetensors").is_file()

@@ -1,0 +1,57 @@
+"""Action log-probabilities (aria/policy.py) are exact: a right-padded batch of samples with
+different prompt and action lengths gives, per sample, the same sum of action-token log-probs as
+running that sample alone with no padding at all."""
+from __future__ import annotations
+
+import torch
+
+from aria.policy import action_logprobs, collate, encode_sample, load_policy, padded_fraction
+
+SAMPLES = [
+    ("Let's play a game of Twenty Questions. Guess the object.", "Question: Is it an animal?"),
+    ("Hi", "Question: Is it a fruit? It is round."),
+    ("Here is the game history: Question: Is it alive? Answer: No. Now, please proceed by asking your next question.",
+     "Yes"),
+    ("Guess the object.", "Question: Is it bigger than a car?"),
+]
+
+
+def reference_logprob(model, sample) -> float:
+    ids = torch.tensor([sample.input_ids])
+    logp = torch.log_softmax(model(input_ids=ids).logits[0, :-1].double(), dim=-1)
+    targets = ids[0, 1:]
+    return float(sum(logp[j - 1, targets[j - 1]] for j in range(sample.prompt_len, len(sample.input_ids))))
+
+
+def test_batched_logprobs_equal_one_sample_at_a_time(tiny_model_dir):
+    tokenizer, model = load_policy(str(tiny_model_dir))
+    model.eval()
+    encoded = [encode_sample(tokenizer, o, a, max_prompt_tokens=512) for o, a in SAMPLES]
+    assert len({e.prompt_len for e in encoded}) > 1 and len({e.action_len for e in encoded}) > 1
+    batch = collate(encoded, tokenizer.pad_token_id)
+    with torch.no_grad():
+        batched = action_logprobs(model, batch)
+        expected = [reference_logprob(model, e) for e in encoded]
+    torch.testing.assert_close(batched.double(), torch.tensor(expected, dtype=torch.float64), atol=1e-4, rtol=1e-5)
+    assert (batched < 0).all()
+
+
+def test_layout_prompt_then_action_then_right_padding(tiny_model_dir):
+    tokenizer, _ = load_policy(str(tiny_model_dir))
+    encoded = [encode_sample(tokenizer, o, a, max_prompt_tokens=512) for o, a in SAMPLES]
+    batch = collate(encoded, tokenizer.pad_token_id)
+    for i, e in enumerate(encoded):
+        n = len(e.input_ids)
+        assert batch["attention_mask"][i, :n].all() and not batch["attention_mask"][i, n:].any()
+        assert batch["action_mask"][i].nonzero().squeeze(1).tolist() == list(range(e.prompt_len, n))
+        assert batch["input_ids"][i, n - 1] == tokenizer.eos_token_id  # the action ends with end-of-turn
+    width = batch["input_ids"].shape[1]
+    assert padded_fraction(encoded) == 1 - sum(len(e.input_ids) for e in encoded) / (width * len(encoded))
+
+
+def test_prompt_is_truncated_on_the_left(tiny_model_dir):
+    tokenizer, _ = load_policy(str(tiny_model_dir))
+    full = encode_sample(tokenizer, SAMPLES[2][0], "Yes", max_prompt_tokens=10_000)
+    cut = encode_sample(tokenizer, SAMPLES[2][0], "Yes", max_prompt_tokens=12)
+    assert cut.prompt_len == 12
+    assert cut.input_ids == full.input_ids[full.prompt_len - 12 :]
