@@ -169,3 +169,36 @@ def test_accelerate_launch_two_cpu_processes_split_the_data(tmp_path, tiny_model
     state = json.loads((out / "checkpoints" / "step-2" / "trainer_state.json").read_text())
     assert state["world_size"] == 2 and state["step"] == 2  # 16 samples / (2 x 2 x 2 processes)
     assert (out / "final" / "adapter_model.safetensors").is_file()
+
+
+def test_merged_model_equals_base_plus_adapter(tmp_path, tiny_model_dir):
+    """scripts/merge_lora.py gives a plain model whose log-probs equal the adapter's."""
+    data = samples(4)
+    cfg = config(tmp_path, tiny_model_dir, data, "train.epochs=1", "train.micro_batch_size=2",
+                 "train.gradient_accumulation_steps=1", "train.lr=0.01")
+    OfflineTrainer(cfg).train()
+    final, merged = tmp_path / "out" / "final", tmp_path / "merged"
+    done = subprocess.run([sys.executable, str(REPO / "scripts/merge_lora.py"), str(final), str(merged)],
+                          capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert (merged / "model.safetensors").is_file() and not (merged / "adapter_config.json").exists()
+    with_adapter = final_logprob(tiny_model_dir, final, data[0])
+    plain = final_logprob(merged, merged, data[0])
+    before = final_logprob(tiny_model_dir, tiny_model_dir, data[0])
+    assert plain == pytest.approx(with_adapter, abs=1e-4) and abs(plain - before) > 1e-3
+
+
+def test_gradient_variance_tool_by_hand(tmp_path, tiny_model_dir):
+    """Two samples with the same text: g_1 = g_2 = g. Raw returns (1, 0) give
+    tr Cov = (||g||² + 0)/2 − ||g/2||² = ||g||²/4; aggregated rewards (0.5, 0.5) give 0."""
+    from aria.trainers.grad_variance import gradient_variance
+
+    data = [{"observation": OBS, "action": "Question: Is it red?", "reward": 0.5, "step_return": r} for r in (1.0, 0.0)]
+    cfg = config(tmp_path, tiny_model_dir, data, "model.lora.enabled=false")
+    result = gradient_variance(cfg, max_samples=2)
+    assert result["samples"] == 2 and result["trace_cov_aggregated_reward"] == pytest.approx(0.0, abs=1e-9)
+    tokenizer, model = load_policy(str(tiny_model_dir))
+    action_logprobs(model, collate([encode_sample(tokenizer, OBS, "Question: Is it red?", 512)], tokenizer.pad_token_id))[0].backward()
+    norm2 = sum(float((p.grad.double() ** 2).sum()) for p in model.parameters() if p.grad is not None)
+    assert result["trace_cov_raw_step_return"] == pytest.approx(norm2 / 4, rel=1e-4)
+    assert result["ratio_aggregated_over_raw"] == pytest.approx(0.0, abs=1e-9)

@@ -16,7 +16,10 @@ No KL term and no clipping of the ratio: this is plain REINFORCE on fixed data.
 Checkpoints (every ``save_freq`` optimizer steps, in ``output_dir/checkpoints/step-<n>/``):
 ``model/`` in Hugging Face format (the LoRA adapter, or the full model), ``trainable.safetensors``
 (the exact trainable tensors, for resuming), ``optimizer.pt``, ``scheduler.pt``,
-``rng_state_<rank>.pt`` and ``trainer_state.json`` (step, epoch, position in the epoch). A
+``rng_state_<rank>.pt`` and ``trainer_state.json`` (step, epoch, position in the epoch). Under
+DeepSpeed ZeRO-3 the sharded model and optimizer go through ``accelerator.save_state`` instead
+(``accelerate_state/``); that path follows accelerate's documentation and is not exercised by the
+CPU tests. A
 checkpoint folder appears only once complete (written under a temporary name, then renamed).
 Running the same command again resumes from the newest one and ends with the same weights as an
 uninterrupted run.
@@ -278,6 +281,12 @@ class OfflineTrainer:
         return record
 
     # ---- checkpoints ----
+    @property
+    def _deepspeed(self) -> bool:
+        from accelerate.utils import DistributedType
+
+        return self.accelerator.distributed_type == DistributedType.DEEPSPEED
+
     def _trainable_state(self) -> dict[str, torch.Tensor]:
         model = self.accelerator.unwrap_model(self.model)
         return {n: p.detach().cpu().contiguous() for n, p in model.named_parameters() if p.requires_grad}
@@ -293,11 +302,19 @@ class OfflineTrainer:
             tmp.mkdir(parents=True)
         acc.wait_for_everyone()
         torch.save(_rng_state(), tmp / f"rng_state_{acc.process_index}.pt")
-        if acc.is_main_process:
+        if self._deepspeed:
+            # ZeRO-3 shards parameters and optimizer state: accelerate gathers and saves them.
+            # (Written from accelerate's documentation; not exercised on the CPU test machines.)
+            acc.save_state(str(tmp / "accelerate_state"))
+            state_dict = acc.get_state_dict(self.model)
+            if acc.is_main_process:
+                acc.unwrap_model(self.model).save_pretrained(tmp / "model", state_dict=state_dict, safe_serialization=True)
+        elif acc.is_main_process:
             acc.unwrap_model(self.model).save_pretrained(tmp / "model", safe_serialization=True)
-            self.tokenizer.save_pretrained(tmp / "model")
             save_file(self._trainable_state(), str(tmp / "trainable.safetensors"))
             torch.save(self.optimizer.state_dict(), tmp / "optimizer.pt")
+        if acc.is_main_process:
+            self.tokenizer.save_pretrained(tmp / "model")
             torch.save(self.scheduler.state_dict(), tmp / "scheduler.pt")
         acc.wait_for_everyone()
         if acc.is_main_process:
@@ -327,13 +344,16 @@ class OfflineTrainer:
         state = json.loads((checkpoint / "trainer_state.json").read_text())
         if state["world_size"] != self.accelerator.num_processes:
             raise ValueError(f"{checkpoint} was written by {state['world_size']} process(es); resume it with the same number")
-        model = self.accelerator.unwrap_model(self.model)
-        tensors = load_file(str(checkpoint / "trainable.safetensors"))
-        params = dict(model.named_parameters())
-        with torch.no_grad():
-            for name, value in tensors.items():
-                params[name].copy_(value.to(params[name].device))
-        self.optimizer.load_state_dict(torch.load(checkpoint / "optimizer.pt", map_location="cpu", weights_only=False))
+        if self._deepspeed:
+            self.accelerator.load_state(str(checkpoint / "accelerate_state"))
+        else:
+            model = self.accelerator.unwrap_model(self.model)
+            tensors = load_file(str(checkpoint / "trainable.safetensors"))
+            params = dict(model.named_parameters())
+            with torch.no_grad():
+                for name, value in tensors.items():
+                    params[name].copy_(value.to(params[name].device))
+            self.optimizer.load_state_dict(torch.load(checkpoint / "optimizer.pt", map_location="cpu", weights_only=False))
         self.scheduler.load_state_dict(torch.load(checkpoint / "scheduler.pt", map_location="cpu", weights_only=False))
         _set_rng_state(torch.load(checkpoint / f"rng_state_{self.accelerator.process_index}.pt", weights_only=False))
         self.state = TrainState(step=state["step"], epoch=state["epoch"], micro=state["micro"])

@@ -1,0 +1,33 @@
+#!/usr/bin/env python3
+"""Per-sample policy-gradient variance, raw step returns vs aggregated rewards (paper Figure 4).
+
+    python scripts/grad_variance.py --config-name reinforce_llm data.train_file=outputs/intention/twenty_questions/train.json
+
+Settings: grad_variance.max_samples, grad_variance.seed, grad_variance.out (JSON written there).
+"""
+import json
+import sys
+
+import hydra
+from omegaconf import OmegaConf
+
+from aria.io import DataError, atomic_write_json
+from aria.trainers.grad_variance import gradient_variance
+
+
+@hydra.main(config_path="../config", config_name="reinforce_llm", version_base="1.3")
+def main(cfg) -> None:
+    c = OmegaConf.to_container(cfg, resolve=True)
+    gv = c["grad_variance"]
+    try:
+        result = gradient_variance(c, gv["max_samples"], gv["seed"])
+    except DataError as err:
+        print(f"error: {err}", file=sys.stderr)
+        sys.exit(2)
+    atomic_write_json(gv["out"], result)
+    print(json.dumps(result, indent=1))
+    print(f"[grad-variance] wrote {gv['out']}")
+
+
+if __name__ == "__main__":
+    main()
