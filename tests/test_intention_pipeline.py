@@ -374,3 +374,44 @@ def test_zero_vector_from_the_embedder_names_the_game(tmp_path, monkeypatch):
     cfg["embedder"] = {"name": "zero_for_alive"}
     with pytest.raises(DataError, match=r"game 'g1', utterance 2: the embedding of 'Question: Is it alive\?' is zero"):
         pipeline.step1_embed_and_cluster(cfg, lambda s: None)
+
+
+def test_guess_my_city_answers_are_clustered_separately_or_pooled():
+    from aria.games.base import load_game_config
+    from aria.intention.corpus import IntentionSpec, build_corpus
+
+    turns = [{"action": "Question: Is it in Asia?", "question": "Is it in Asia?", "observation": "No, it is in Europe.",
+              "reward": -1.0},
+             {"action": "Question: Is it Paris?", "question": "Is it Paris?", "observation": "Yes, you guessed it!",
+              "reward": 0.0}]
+    record = make_record(game_id="g", game="guess_my_city", target="Paris", turns=turns, success=True)
+    separate = build_corpus([record], IntentionSpec.from_config(load_game_config("guess_my_city")["intention"]))
+    assert separate.pools == {"questions": ["Question: Is it in Asia?", "Question: Is it Paris?"],
+                              "answers": ["No, it is in Europe.", "Yes, you guessed it!"]}
+    pooled = build_corpus([record], IntentionSpec.from_config(
+        {"channels": {"action": {"cluster": "utterances"}, "observation": {"cluster": "utterances"}}, "trained": ["action"]}))
+    assert list(pooled.pools) == ["utterances"] and len(pooled.pools["utterances"]) == 4
+    # Only actions are steps; R = 1 for the won game: returns γ^1, γ^0.
+    np.testing.assert_allclose(separate.table.step_return, [0.95, 1.0])
+    with pytest.raises(ValueError, match="exactly one of"):
+        IntentionSpec.from_config({"channels": {"action": {"cluster": "q", "map": "yes_no_other"}}, "trained": ["action"]})
+    with pytest.raises(ValueError, match="trained"):
+        IntentionSpec.from_config({"channels": {"action": {"cluster": "q"}}, "trained": ["observation"]})
+
+
+def test_a_pool_with_few_distinct_texts_keeps_its_finest_labelling(tmp_path, tiny_sentence_model_dir):
+    answers = ["Yes, it is in Europe.", "No, it is not.", "It is near the sea."]
+    records = []
+    for g in range(4):
+        turns = [{"action": f"Question: Is it city number {g * 2 + i}?", "question": f"Is it city number {g * 2 + i}?",
+                  "observation": answers[(g + i) % 3], "reward": -1.0} for i in range(2)]
+        records.append(make_record(game_id=f"g{g}", game="guess_my_city", target="Paris", turns=turns, success=g == 0))
+    games = tmp_path / "games.jsonl"
+    write_trajectories(games, records)
+    cfg = config("game=guess_my_city", f"input={games}", f"run_dir={tmp_path / 'run'}",
+                 f"embedder.model={tiny_sentence_model_dir}", "clustering.k_max=6")
+    summary = pipeline.step1_embed_and_cluster(cfg, lambda s: None)
+    assert summary["ks"] == [2, 3, 4, 5, 6]  # 8 distinct questions
+    labels = np.load(tmp_path / "run" / "labels.npz")
+    assert (labels["answers"][2:] == labels["answers"][1]).all()  # k = 4..6 keep k = 3 (three answers)
+    assert len(np.unique(labels["answers"][1])) == 3 and len(np.unique(labels["questions"][4])) == 6

@@ -46,6 +46,8 @@ from aria.trajectories import read_trajectories
 
 log = logging.getLogger(__name__)
 Printer = Callable[[str], None]
+#: Part of every fingerprint: bump it when what a step computes changes, so old outputs are redone.
+PIPELINE_VERSION = 2
 
 
 # ---- inputs ------------------------------------------------------------------------------
@@ -123,7 +125,7 @@ def step1_embed_and_cluster(cfg: dict, echo: Printer = print) -> dict:
     run_dir = Path(cfg["run_dir"])
     corpus, _, files = load_corpus(cfg)
     clustering = cfg["clustering"]
-    settings = {"input": file_digest(files), "pools": {p: text_digest(t) for p, t in corpus.pools.items()},
+    settings = {"version": PIPELINE_VERSION, "input": file_digest(files), "pools": {p: text_digest(t) for p, t in corpus.pools.items()},
                 "embedder": cfg["embedder"], "use_precomputed": cfg["embedding"]["use_precomputed"],
                 "clustering": clustering, "seed": cfg["seed"]}
     fingerprint = _fingerprint(settings)
@@ -154,9 +156,11 @@ def step1_embed_and_cluster(cfg: dict, echo: Printer = print) -> dict:
         _check_matrix(corpus, pool, x)
     _save_npz(run_dir / "embeddings.npz", {pool: x for pool, x in embeddings.items()})
 
-    # Cluster every pool for every k; progress is kept in labels.partial.npz.
-    n_min = min(distinct_points(x) for x in embeddings.values())
-    ks = k_range(clustering["k_min"], clustering["k_max"], n_min)
+    # Cluster every pool for every k; progress is kept in labels.partial.npz. The range is clipped
+    # to the largest pool; a pool with fewer distinct vectors than k keeps its finest labelling
+    # (Guess My City's oracle answers are far fewer than its questions).
+    distinct = {pool: distinct_points(x) for pool, x in embeddings.items()}
+    ks = k_range(clustering["k_min"], clustering["k_max"], max(distinct.values()))
     partial_path = run_dir / "labels.partial.npz"
     partial = _load_npz(partial_path) if partial_path.is_file() else {}
     if partial.get("fingerprint", np.array("")).item() != fingerprint:
@@ -175,8 +179,11 @@ def step1_embed_and_cluster(cfg: dict, echo: Printer = print) -> dict:
                 last_save[0] = time.perf_counter()
                 echo(f"[step 1] {pool}: clustered k={k} ({len([n for n in partial if n.startswith(pool + '/')])}/{len(ks)})")
 
-        labels[pool] = cluster_all_k(x, ks, clustering["method"], seed=cfg["seed"], done=done, on_result=keep, **options)
-        echo(f"[step 1] {pool}: {clustering['method']} for k={ks[0]}..{ks[-1]} in {time.perf_counter() - start:.1f}s"
+        pool_ks = [k for k in ks if k <= distinct[pool]] or [1]
+        pool_labels = cluster_all_k(x, pool_ks, clustering["method"], seed=cfg["seed"], done=done, on_result=keep, **options)
+        labels[pool] = np.stack([pool_labels[min(i, len(pool_ks) - 1)] for i in range(len(ks))])
+        echo(f"[step 1] {pool}: {clustering['method']} for k={pool_ks[0]}..{pool_ks[-1]} in {time.perf_counter() - start:.1f}s"
+             + (f" (only {distinct[pool]} distinct vectors: larger k keep k={pool_ks[-1]})" if pool_ks[-1] < ks[-1] else "")
              + (f" ({len(done)} ks resumed)" if done else ""))
     dtype = np.int16 if max(ks) < 2**15 else np.int32
     _save_npz(labels_path, {"ks": np.array(ks, dtype=np.int32), **{p: a.astype(dtype) for p, a in labels.items()}})
@@ -187,7 +194,7 @@ def step1_embed_and_cluster(cfg: dict, echo: Printer = print) -> dict:
         "num_utterances": int(len(corpus.table.utterance_game)),
         "skipped": corpus.skipped,
         "pools": {p: {"texts": t, "embedding": sources[p], "dim": int(embeddings[p].shape[1]),
-                      "distinct_vectors": distinct_points(embeddings[p])} for p, t in corpus.pools.items()},
+                      "distinct_vectors": distinct[p]} for p, t in corpus.pools.items()},
         "ks": ks, "clustering": clustering,
     }
     atomic_write_json(summary_path, summary)
