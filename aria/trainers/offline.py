@@ -158,6 +158,10 @@ class OfflineTrainer:
         self.train_path = cfg["data"]["train_file"]
         self.samples = read_training_set(self.train_path)
         check_samples(self.samples, self.train_path)
+        limit = cfg["data"].get("max_samples")
+        if limit and limit < len(self.samples):  # a seeded subset, in file order (small CPU runs)
+            keep = np.sort(np.random.default_rng(cfg["seed"]).choice(len(self.samples), size=limit, replace=False))
+            self.samples = [self.samples[i] for i in keep]
 
         m = cfg["model"]
         self.tokenizer, model = load_policy(m["path"], m.get("dtype", "float32"), m["lora"] if m["lora"]["enabled"] else None,
