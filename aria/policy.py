@@ -13,6 +13,7 @@ per sample. ``tests/test_policy.py`` checks a padded batch against one sample at
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Sequence
 
 import torch
@@ -111,3 +112,30 @@ def load_policy(model_path: str, dtype: str = "float32", lora: dict[str, Any] | 
         model = get_peft_model(model, LoraConfig(r=lora["r"], lora_alpha=lora["alpha"], lora_dropout=lora.get("dropout", 0.0),
                                                  target_modules=list(lora["target_modules"]), task_type="CAUSAL_LM"))
     return tokenizer, model
+
+
+def merge_lora(adapter_dir: Path, out_dir: Path, base: str | None = None, dtype: str = "float32") -> Path:
+    """Merge the LoRA adapter in ``adapter_dir`` into its base model; write a full model folder
+    (tokenizer included) to ``out_dir`` atomically (temporary folder, then rename)."""
+    import json
+    import shutil
+
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from aria.llm.embedded import resolve_model_path
+
+    config_path = adapter_dir / "adapter_config.json"
+    if not config_path.is_file():
+        raise FileNotFoundError(f"{adapter_dir} has no adapter_config.json (is it a LoRA output?)")
+    base_path = resolve_model_path(base or json.loads(config_path.read_text())["base_model_name_or_path"])
+    model = AutoModelForCausalLM.from_pretrained(base_path, dtype=getattr(torch, dtype))
+    merged = PeftModel.from_pretrained(model, adapter_dir).merge_and_unload()
+    tokenizer = AutoTokenizer.from_pretrained(adapter_dir if (adapter_dir / "tokenizer_config.json").is_file() else base_path)
+    tmp = out_dir.with_name(out_dir.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    merged.save_pretrained(tmp, safe_serialization=True)
+    tokenizer.save_pretrained(tmp)
+    shutil.rmtree(out_dir, ignore_errors=True)
+    tmp.rename(out_dir)
+    return out_dir

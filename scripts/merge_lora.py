@@ -12,34 +12,10 @@ folder and renamed, so OUT_DIR is either complete or absent.
 from __future__ import annotations
 
 import argparse
-import json
-import shutil
 import sys
 from pathlib import Path
 
-import torch
-
-
-def merge(adapter_dir: Path, out_dir: Path, base: str | None = None, dtype: str = "float32") -> Path:
-    from peft import PeftModel
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    from aria.llm.embedded import resolve_model_path
-
-    config_path = adapter_dir / "adapter_config.json"
-    if not config_path.is_file():
-        raise FileNotFoundError(f"{adapter_dir} has no adapter_config.json (is it a LoRA output?)")
-    base_path = resolve_model_path(base or json.loads(config_path.read_text())["base_model_name_or_path"])
-    model = AutoModelForCausalLM.from_pretrained(base_path, dtype=getattr(torch, dtype))
-    merged = PeftModel.from_pretrained(model, adapter_dir).merge_and_unload()
-    tokenizer = AutoTokenizer.from_pretrained(adapter_dir if (adapter_dir / "tokenizer_config.json").is_file() else base_path)
-    tmp = out_dir.with_name(out_dir.name + ".tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    merged.save_pretrained(tmp, safe_serialization=True)
-    tokenizer.save_pretrained(tmp)
-    shutil.rmtree(out_dir, ignore_errors=True)
-    tmp.rename(out_dir)
-    return out_dir
+from aria.policy import merge_lora
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -50,7 +26,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     args = parser.parse_args(argv)
     try:
-        out = merge(args.adapter_dir, args.out_dir, args.base, args.dtype)
+        out = merge_lora(args.adapter_dir, args.out_dir, args.base, args.dtype)
     except FileNotFoundError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

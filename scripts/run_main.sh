@@ -1,15 +1,13 @@
 #!/usr/bin/env bash
-# The main job on the embedded defaults: install, then collect N games of Twenty Questions and
-# of Guess My City with SmolLM2-135M-Instruct against the offline knowledge-base oracle.
-# Re-running resumes; every Hydra override after the script name is passed on, e.g.
-#   N=200 bash scripts/run_main.sh policy.temperature=0.7
+# The main job on the embedded defaults, in one command: install, then the whole ARIA loop for
+# Twenty Questions and Guess My City (collect -> pipeline steps 1-4 -> offline REINFORCE with
+# LoRA -> merge -> serve the base and trained models with vLLM -> evaluate both -> report).
+# Sized for about 15 minutes on 2 CPU cores (config/main.yaml); a second run reuses finished
+# steps. Hydra overrides after the script name are passed on, e.g.
+#   bash scripts/run_main.sh eval.num_games=200 collect.num_games=200
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/install.sh
+bash scripts/serve_vllm.sh install
 PYTHON=${PYTHON:-python3}
-N=${N:-32}
-status=0
-for game in twenty_questions guess_my_city; do
-  "$PYTHON" scripts/collect_games.py game="$game" num_games="$N" "$@" || status=1
-done
-exit $status
+exec "$PYTHON" scripts/main_job.py "$@"
