@@ -49,7 +49,7 @@ def collect(cfg: dict, game: str, echo: Printer) -> Path:
 
     out = Path(cfg["run_dir"]) / "trajectories" / f"{game}.jsonl"
     c = _compose("collect", [f"game={game}", f"num_games={cfg['collect']['num_games']}", f"seed={cfg['seed']}",
-                             f"out={out}", *cfg["collect"]["overrides"]])
+                             f"out={out}", f"policy.model_path={cfg['base_model']}", *cfg["collect"]["overrides"]])
     summary = collect_from_config(c)
     echo(f"[main] collect {game}: {summary.line()}")
     if summary.failed:
@@ -84,7 +84,7 @@ def train(cfg: dict, echo: Printer) -> Path:
         echo(f"[main] training done before: {out / 'final'}")
         return out / "final"
     c = _compose("reinforce_llm", [f"data.train_file={train_file}", f"output_dir={out}", f"seed={cfg['seed']}",
-                                   *cfg["train_overrides"]])
+                                   f"model.path={cfg['base_model']}", *cfg["train_overrides"]])
     result = OfflineTrainer(c).train()
     echo(f"[main] trained {result['steps']} steps -> {result['final']}")
     return Path(result["final"])
@@ -133,7 +133,7 @@ def evaluate(cfg: dict, model_dir: Path, name: str, echo: Printer) -> Path:
 
 
 def run(cfg: dict, echo: Printer = print) -> Path:
-    from aria.llm.embedded import embedded_model_dir
+    from aria.llm.embedded import resolve_model_path
 
     run_dir = Path(cfg["run_dir"])
     timer = Timer()
@@ -143,7 +143,7 @@ def run(cfg: dict, echo: Printer = print) -> Path:
         selections[game] = timer.run(f"intention steps 1-4 {game}", lambda: intention(cfg, game, trajectories, echo), echo)
     final = timer.run("offline REINFORCE", lambda: train(cfg, echo), echo)
     merged = timer.run("merge LoRA", lambda: merge(final, run_dir, echo), echo)
-    base = timer.run("evaluate base", lambda: evaluate(cfg, embedded_model_dir(), "base", echo), echo)
+    base = timer.run("evaluate base", lambda: evaluate(cfg, resolve_model_path(cfg["base_model"]), "base", echo), echo)
     trained = timer.run("evaluate ARIA", lambda: evaluate(cfg, merged, "aria", echo), echo)
     from aria.main_report import write_report
 

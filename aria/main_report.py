@@ -36,8 +36,8 @@ def write_report(cfg: dict, selections: dict[str, dict], eval_dirs: list[Path], 
     report_dir = run_dir / "report"
     report_dir.mkdir(parents=True, exist_ok=True)
     lines = ["# ARIA main job", "",
-             f"Games: {', '.join(cfg['games'])}. Base policy: SmolLM2-135M-Instruct (embedded), offline knowledge-base "
-             f"oracle. {cfg['collect']['num_games']} collected games per game; {cfg['eval']['num_games']} evaluation games "
+             f"Games: {', '.join(cfg['games'])}. Base policy: {cfg['base_model']} ('embedded' = SmolLM2-135M-Instruct), "
+             f"offline knowledge-base oracle. {cfg['collect']['num_games']} collected games per game; {cfg['eval']['num_games']} evaluation games "
              f"per game and model (same seeded targets), served by vLLM.", "",
              "## Steps and wall time", "", "Seconds of the run that did each step's work (a re-run skips finished steps).", "",
              "| step | seconds |", "|---|---|"]
