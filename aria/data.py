@@ -19,12 +19,11 @@ game's ``turns``). The file is a JSON list, the original's shape, which
 """
 from __future__ import annotations
 
-import math
 import os
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
-from aria.io import DataError, read_json
+from aria.io import DataError, is_finite_number, read_json
 
 SAMPLE_FIELDS = ("observation", "action", "reward")
 
@@ -78,8 +77,7 @@ def validate_sample(sample: Any, path: str | os.PathLike | None, index: int) -> 
     for key in ("observation", "action"):
         if not isinstance(sample.get(key), str):
             raise DataError(path, None, f"{where}.{key}", "missing or not a string")
-    reward = sample.get("reward")
-    if isinstance(reward, bool) or not isinstance(reward, (int, float)) or not math.isfinite(reward):
+    if not is_finite_number(sample.get("reward")):
         raise DataError(path, None, f"{where}.reward", "missing or not a finite number")
     return sample
 

@@ -8,6 +8,7 @@ a half-written output behind.
 from __future__ import annotations
 
 import json
+import math
 import os
 import tempfile
 from pathlib import Path
@@ -107,3 +108,8 @@ def require(obj: dict, field: str, types: type | tuple[type, ...], path, line) -
     if not isinstance(value, wanted):
         raise DataError(path, line, field, f"expected {'/'.join(t.__name__ for t in wanted)}, got {type(value).__name__}")
     return value
+
+
+def is_finite_number(value: Any) -> bool:
+    """An int or float (not a bool) that is neither NaN nor infinite."""
+    return not isinstance(value, bool) and isinstance(value, (int, float)) and math.isfinite(value)

@@ -11,8 +11,10 @@ evaluation summary is complete is not served again.
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import os
+import shutil
 import subprocess
 import time
 from pathlib import Path
@@ -79,13 +81,15 @@ def train(cfg: dict, echo: Printer) -> Path:
     train_file = run_dir / "train" / "train.json"
     atomic_write_json(train_file, samples)
     out = run_dir / "offline"
-    if (out / "final" / "aria_training.json").is_file() and \
-            read_json(out / "final" / "aria_training.json")["train_file"] == str(train_file):
-        echo(f"[main] training done before: {out / 'final'}")
+    overrides = [f"data.train_file={train_file}", f"output_dir={out}", f"seed={cfg['seed']}",
+                 f"model.path={cfg['base_model']}", *cfg["train_overrides"]]
+    trained_on = {"train_json_sha256": hashlib.sha256(train_file.read_bytes()).hexdigest(), "overrides": overrides}
+    marker = out / "trained_on.json"
+    if (out / "final").is_dir() and marker.is_file() and read_json(marker) == trained_on:
+        echo(f"[main] training done before on the same samples: {out / 'final'}")
         return out / "final"
-    c = _compose("reinforce_llm", [f"data.train_file={train_file}", f"output_dir={out}", f"seed={cfg['seed']}",
-                                   f"model.path={cfg['base_model']}", *cfg["train_overrides"]])
-    result = OfflineTrainer(c).train()
+    result = OfflineTrainer(_compose("reinforce_llm", overrides)).train()
+    atomic_write_json(marker, trained_on)
     echo(f"[main] trained {result['steps']} steps -> {result['final']}")
     return Path(result["final"])
 
@@ -94,7 +98,9 @@ def merge(final: Path, run_dir: Path, echo: Printer) -> Path:
     from aria.policy import merge_lora
 
     out = run_dir / "merged"
-    if (out / "model.safetensors").is_file():
+    adapter = final / "adapter_model.safetensors"
+    if (out / "model.safetensors").is_file() and adapter.is_file() and \
+            (out / "model.safetensors").stat().st_mtime >= adapter.stat().st_mtime:
         echo(f"[main] merged model exists: {out}")
         return out
     merge_lora(final, out)
@@ -107,11 +113,17 @@ def evaluate(cfg: dict, model_dir: Path, name: str, echo: Printer) -> Path:
     out = Path(cfg["run_dir"]) / "eval" / name
     e = cfg["eval"]
     summary = out / "summary.json"
+    weights = model_dir / "model.safetensors"
+    evaluated = {"model_dir": str(model_dir), "weights_mtime": weights.stat().st_mtime if weights.is_file() else None}
+    marker = out / "evaluated_model.json"
+    if marker.is_file() and read_json(marker) != evaluated:  # the model changed: its old games do not count
+        shutil.rmtree(out)
     if summary.is_file():
         s = read_json(summary)
         if all(env in s["environments"] and s["environments"][env]["finished"] == e["num_games"] for env in cfg["games"]):
             echo(f"[main] evaluation of {name} done before: {summary}")
             return out
+    atomic_write_json(marker, evaluated)
     env = {**os.environ, "SERVED_MODEL_NAME": name, "VLLM_LOG": str(out.parent / f"vllm-{name}.log")}
     out.parent.mkdir(parents=True, exist_ok=True)
     started = subprocess.run(["bash", str(REPO_ROOT / "scripts/serve_vllm.sh"), str(model_dir), str(e["port"])],

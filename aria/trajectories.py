@@ -48,7 +48,7 @@ import os
 from pathlib import Path
 from typing import Any, Iterator
 
-from aria.io import DataError, atomic_write_jsonl, iter_jsonl, require
+from aria.io import DataError, atomic_write_jsonl, is_finite_number, iter_jsonl, require
 
 SCHEMA_VERSION = 1
 STATUSES = ("finished", "failed")
@@ -156,10 +156,6 @@ def validate_record(record: Any, path: str | os.PathLike | None = None, line: in
     return record
 
 
-def _finite_number(value: Any) -> bool:
-    return not isinstance(value, bool) and isinstance(value, (int, float)) and math.isfinite(value)
-
-
 def _check_embedding(turn: dict, path, line, where: str) -> None:
     if "embedding" in turn and not (
         isinstance(turn["embedding"], list) and all(isinstance(x, (int, float)) for x in turn["embedding"])
@@ -173,7 +169,7 @@ def _validate_two_player(record: dict, turns: list, path, line) -> None:
         raise DataError(path, line, "players", "expected two or more distinct role names")
     rewards = require(record, "role_rewards", dict, path, line)
     for player in players:
-        if not _finite_number(rewards.get(player)):
+        if not is_finite_number(rewards.get(player)):
             raise DataError(path, line, f"role_rewards.{player}", "missing or not a finite number")
     for i, turn in enumerate(turns):
         where = f"turns[{i}]"
@@ -183,7 +179,7 @@ def _validate_two_player(record: dict, turns: list, path, line) -> None:
             raise DataError(path, line, f"{where}.role", f"expected one of {players}, got {turn.get('role')!r}")
         if not isinstance(turn.get("action"), str):
             raise DataError(path, line, f"{where}.action", "missing or not a string")
-        if "reward" in turn and not _finite_number(turn["reward"]):
+        if "reward" in turn and not is_finite_number(turn["reward"]):
             raise DataError(path, line, f"{where}.reward", "not a finite number")
         _check_embedding(turn, path, line, where)
     if require(record, "num_turns", int, path, line) != len(turns):
@@ -200,7 +196,7 @@ def _validate_single_agent(record: dict, turns: list, path, line) -> None:
                 raise DataError(path, line, f"{where}.{key}", "missing or not a string")
         if turn.get("question") is not None and not isinstance(turn["question"], str):
             raise DataError(path, line, f"{where}.question", "expected a string or null")
-        if not _finite_number(turn.get("reward")):
+        if not is_finite_number(turn.get("reward")):
             raise DataError(path, line, f"{where}.reward", "missing or not a finite number")
         _check_embedding(turn, path, line, where)
     if require(record, "num_turns", int, path, line) != len(turns):

@@ -127,7 +127,8 @@ def main() -> None:
                 tokens[name] = n
                 print(f"[bench] repeat {r} {name}: {n} tokens in {seconds:.1f}s = {n / seconds:.1f} tokens/s", flush=True)
     med = {k: statistics.median(v) for k, v in runs.items()}
-    lengths = [len(encode_sample(load_policy("embedded")[0], s["observation"], s["action"], 512).input_ids) for s in samples[:8]]
+    tokenizer = load_policy("embedded")[0]
+    lengths = [len(encode_sample(tokenizer, s["observation"], s["action"], 512).input_ids) for s in samples[:8]]
     result = {
         "benchmark": "offline_trainer_vs_bare", "model": "SmolLM2-135M-Instruct (embedded), LoRA r8 q/k/v",
         "samples": len(samples), "train_file": args.train_file, "micro_batch": args.micro_batch,

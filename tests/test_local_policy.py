@@ -58,8 +58,11 @@ def test_rows_that_finish_early_leave_the_batch_without_changing_any_reply(tiny_
     """Early-finishing rows are compacted out of the batch; every reply still equals plain
     transformers ``generate`` on that prompt alone with the same end-of-sequence tokens."""
     policy = LocalChatModel(str(tiny_model_dir), max_new_tokens=8, temperature=0, dtype="float32")
+    # Eight rows: one finished row is less than a quarter of the batch, so it stays in the batch
+    # (uncompacted) for some steps, and nothing after its end may reach its reply.
     conversations = [[{"role": "user", "content": p}] for p in
-                     ["Is it an animal?", "Guess the object in twenty questions.", "Hi", "Is it made of metal or wood?"]]
+                     ["Is it an animal?", "Guess the object in twenty questions.", "Hi", "Is it made of metal or wood?",
+                      "Is it alive?", "Question: Is it a fruit?", "Answer: No.", "Let's play a game of Twenty Questions."]]
 
     def reference(eos_ids):
         replies = []
@@ -76,5 +79,5 @@ def test_rows_that_finish_early_leave_the_batch_without_changing_any_reply(tiny_
     lengths = [len(r) for r in expected]
     assert min(lengths) < 8 and max(lengths) == 8, lengths  # rows really end at different steps
 
-    replies = policy.generate(conversations, keys=["a", "b", "c", "d"])
+    replies = policy.generate(conversations, keys=[str(i) for i in range(len(conversations))])
     assert [r.text for r in replies] == [policy.tokenizer.decode(r, skip_special_tokens=True).strip() for r in expected]

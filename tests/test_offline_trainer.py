@@ -96,8 +96,16 @@ def test_interrupted_and_resumed_run_ends_with_the_same_weights(tmp_path, tiny_m
     for name in expected:
         torch.testing.assert_close(got[name], expected[name], rtol=1e-5, atol=1e-6)
     metrics = [json.loads(line) for line in (tmp_path / "cut" / "out" / "metrics.jsonl").read_text().splitlines()]
-    assert [m["step"] for m in metrics][-3:] == [4, 5, 6] and all(math.isfinite(m["loss"]) for m in metrics)
+    assert [m["step"] for m in metrics] == [1, 2, 3, 4, 5, 6]  # step 3, redone after the resume, is logged once
+    assert all(math.isfinite(m["loss"]) for m in metrics)
     assert all(0 <= m["padded_fraction"] < 1 and m["tokens_per_s"] > 0 for m in metrics)
+
+    # A half-written checkpoint folder is ignored; other data in the same output_dir is refused.
+    (tmp_path / "cut" / "out" / "checkpoints" / "step-8.tmp").mkdir()
+    (tmp_path / "cut" / "out" / "checkpoints" / "step-8.tmp" / "trainer_state.json").write_text("{}")
+    other = config(tmp_path / "cut", tiny_model_dir, samples(12, reward=lambda i: 1.0), *common)
+    with pytest.raises(ValueError, match="trained on other data"):
+        OfflineTrainer(other).train()
 
 
 def test_full_fine_tuning_writes_a_full_model(tmp_path, tiny_model_dir):
@@ -132,7 +140,7 @@ def test_length_bucketing_reduces_padding():
 ])
 def test_bad_training_data_is_rejected_before_training(tmp_path, data, field):
     train_file = tmp_path / "train.json"
-    train_file.write_text(json.dumps(data).replace("NaN", "NaN"))
+    train_file.write_text(json.dumps(data))  # json writes NaN for float("nan")
     done = subprocess.run([sys.executable, str(REPO / "scripts/run_offline.py"), f"data.train_file={train_file}",
                            "model.path=/nonexistent/model", f"output_dir={tmp_path / 'out'}"],
                           capture_output=True, text=True, cwd=tmp_path)

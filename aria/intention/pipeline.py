@@ -289,8 +289,10 @@ def step2_select_k(cfg: dict, echo: Printer = print) -> dict:
         if bad:
             raise ValueError(f"selection.fixed_k {bad} outside the clustered range {ks[0]}..{ks[-1]}")
     else:
-        c = choices[selection_cfg["criterion"]] if selection_cfg["criterion"] in choices else \
-            _choice_json(choose_k(selection_cfg["criterion"], curves, ks))
+        if selection_cfg["criterion"] not in choices:
+            raise ValueError(f"unknown selection.criterion {selection_cfg['criterion']!r} (known: {sorted(choices)}, "
+                             f"or set selection.fixed_k)")
+        c = choices[selection_cfg["criterion"]]
         chosen = {"k": {p: c["k"] for p in pools}, "criterion": selection_cfg["criterion"],
                   "rule_satisfied": c["rule_satisfied"], "why": c["why"]}
     report = {

@@ -50,7 +50,15 @@ def resolve_dtype(dtype: str, device: str) -> torch.dtype:
         return getattr(torch, dtype)
     if device.startswith("cuda"):
         return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
-    return torch.bfloat16 if torch.ops.mkldnn._is_mkldnn_bf16_supported() else torch.float32
+    return torch.bfloat16 if native_bf16("cpu") else torch.float32
+
+
+def native_bf16(device: str) -> bool:
+    """Whether ``device`` computes bfloat16 natively (a CUDA GPU with bf16, or a CPU with oneDNN
+    bfloat16 kernels); elsewhere bfloat16 is emulated and slower than float32."""
+    if device.startswith("cuda"):
+        return torch.cuda.is_bf16_supported()
+    return torch.ops.mkldnn._is_mkldnn_bf16_supported()
 
 
 class InverseCdfSampler(LogitsProcessor):
@@ -189,8 +197,10 @@ class LocalChatModel:
             scores = self.logits_processor(input_ids, logits.float())
             tokens = scores.argmax(-1)
             finished = torch.isin(tokens, eos)
-            for row, token, end in zip(rows.tolist(), tokens.tolist(), finished.tolist()):
-                if not end:
+            # A finished row stays in the batch until compaction; nothing it "says" after its
+            # end-of-sequence token belongs to its reply.
+            for row, token, end, was_done in zip(rows.tolist(), tokens.tolist(), finished.tolist(), done.tolist()):
+                if not (end or was_done):
                     replies[row].append(token)
             done |= finished
             if bool(done.all()) or step == self.max_new_tokens - 1:

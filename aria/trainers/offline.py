@@ -26,6 +26,7 @@ uninterrupted run.
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import os
@@ -40,8 +41,8 @@ import numpy as np
 import torch
 
 from aria.data import read_training_set
-from aria.io import DataError, atomic_write_json
-from aria.policy import EncodedSample, action_logprobs, collate, encode_sample, load_policy, padded_fraction
+from aria.io import DataError, atomic_write_json, atomic_write_text
+from aria.policy import EncodedSample, action_logprobs, collate, encode_sample, load_policy
 
 
 # ---- the loss ------------------------------------------------------------------------------------
@@ -108,11 +109,13 @@ class TrainState:
 
 def resolve_mixed_precision(value: str) -> str:
     """``auto``: bf16 on a GPU or CPU that computes it natively, else no mixed precision."""
+    from aria.llm.local import native_bf16
+
     if value != "auto":
         return value
     if torch.cuda.is_available():
-        return "bf16" if torch.cuda.is_bf16_supported() else "fp16"
-    return "bf16" if torch.ops.mkldnn._is_mkldnn_bf16_supported() else "no"
+        return "bf16" if native_bf16("cuda") else "fp16"
+    return "bf16" if native_bf16("cpu") else "no"
 
 
 def _rng_state() -> dict:
@@ -132,7 +135,8 @@ def _set_rng_state(state: dict) -> None:
 
 def latest_checkpoint(output_dir: Path) -> Path | None:
     folder = output_dir / "checkpoints"
-    done = [p for p in folder.glob("step-*") if (p / "trainer_state.json").is_file()] if folder.is_dir() else []
+    done = [p for p in folder.glob("step-*") if not p.name.endswith(".tmp") and (p / "trainer_state.json").is_file()] \
+        if folder.is_dir() else []
     return max(done, key=lambda p: int(p.name.split("-")[1])) if done else None
 
 
@@ -172,6 +176,9 @@ class OfflineTrainer:
             for s in self.samples
         ]
         self.rewards = torch.tensor([float(s["reward"]) for s in self.samples])
+        # What a checkpoint was trained on: resuming on other data would silently mix two runs.
+        self.data_digest = hashlib.sha256(json.dumps(
+            [[e.input_ids, e.prompt_len] for e in self.encoded] + self.rewards.tolist()).encode()).hexdigest()[:16]
 
         world, accumulation = self.accelerator.num_processes, t["gradient_accumulation_steps"]
         self.micro_per_epoch = len(self._epoch_batches(0))
@@ -190,6 +197,10 @@ class OfflineTrainer:
                                   num_training_steps=self.total_steps)
         # The scheduler is stepped by hand once per optimizer step: accelerate's wrapper would step it
         # once per process, and total_steps already counts per-process steps.
+        if self._deepspeed:  # no dataloader goes through prepare(), so DeepSpeed is told the sizes here
+            ds = self.accelerator.state.deepspeed_plugin.deepspeed_config
+            ds["train_micro_batch_size_per_gpu"] = t["micro_batch_size"]
+            ds["gradient_clipping"] = t["max_grad_norm"] or 0.0
         self.model, self.optimizer = self.accelerator.prepare(model, optimizer)
         self.scheduler = scheduler
         self.loss_fn = LOSSES[cfg["loss"]["name"]]
@@ -219,7 +230,7 @@ class OfflineTrainer:
         metrics_path = self.output_dir / "metrics.jsonl"
         bar = tqdm(total=self.total_steps, initial=self.state.step, disable=not acc.is_local_main_process,
                    desc="reinforce", dynamic_ncols=True)
-        window = {"loss": 0.0, "tokens": 0, "padded": 0, "cells": 0, "micro": 0, "start": time.perf_counter()}
+        window = {"loss": 0.0, "tokens": 0, "cells": 0, "micro": 0, "start": time.perf_counter()}
         self.model.train()
         last = {}
         while self.state.epoch < t["epochs"]:
@@ -236,7 +247,8 @@ class OfflineTrainer:
                     acc.backward(loss)
                     if acc.sync_gradients and t["max_grad_norm"]:
                         grad_norm = acc.clip_grad_norm_(self.model.parameters(), t["max_grad_norm"])
-                        window["grad_norm"] = float(grad_norm)
+                        if grad_norm is not None:  # DeepSpeed clips inside its engine and returns None
+                            window["grad_norm"] = float(grad_norm)
                     self.optimizer.step()  # a no-op between accumulation boundaries (accelerate)
                     if acc.sync_gradients:
                         self.scheduler.step()
@@ -323,7 +335,7 @@ class OfflineTrainer:
         acc.wait_for_everyone()
         if acc.is_main_process:
             atomic_write_json(tmp / "trainer_state.json", {**self.state.__dict__, "world_size": acc.num_processes,
-                                                           "total_steps": self.total_steps})
+                                                           "total_steps": self.total_steps, "data_digest": self.data_digest})
             shutil.rmtree(final, ignore_errors=True)
             tmp.rename(final)
             self._prune_checkpoints()
@@ -348,6 +360,10 @@ class OfflineTrainer:
         state = json.loads((checkpoint / "trainer_state.json").read_text())
         if state["world_size"] != self.accelerator.num_processes:
             raise ValueError(f"{checkpoint} was written by {state['world_size']} process(es); resume it with the same number")
+        if state.get("data_digest") != self.data_digest or state["total_steps"] != self.total_steps:
+            raise ValueError(f"{checkpoint} was trained on other data or settings (data digest {state.get('data_digest')}, "
+                             f"{state['total_steps']} steps; now {self.data_digest}, {self.total_steps} steps): "
+                             f"use a new output_dir, or delete {checkpoint.parent} to start over")
         if self._deepspeed:
             self.accelerator.load_state(str(checkpoint / "accelerate_state"))
         else:
@@ -361,6 +377,10 @@ class OfflineTrainer:
         self.scheduler.load_state_dict(torch.load(checkpoint / "scheduler.pt", map_location="cpu", weights_only=False))
         _set_rng_state(torch.load(checkpoint / f"rng_state_{self.accelerator.process_index}.pt", weights_only=False))
         self.state = TrainState(step=state["step"], epoch=state["epoch"], micro=state["micro"])
+        metrics = self.output_dir / "metrics.jsonl"
+        if self.accelerator.is_main_process and metrics.is_file():  # steps after the checkpoint are redone
+            kept = [line for line in metrics.read_text().splitlines() if json.loads(line)["step"] <= self.state.step]
+            atomic_write_text(metrics, "".join(line + "\n" for line in kept))
         if self.state.micro >= self.micro_per_epoch:  # saved at the very end of an epoch
             self.state = TrainState(step=self.state.step, epoch=self.state.epoch + 1, micro=0)
         if self.accelerator.is_main_process:
@@ -371,10 +391,11 @@ class OfflineTrainer:
         acc = self.accelerator
         out = self.output_dir / "final"
         acc.wait_for_everyone()
+        state_dict = acc.get_state_dict(self.model) if self._deepspeed else None  # every rank takes part in gathering
         if acc.is_main_process:
             tmp = out.with_name("final.tmp")
             shutil.rmtree(tmp, ignore_errors=True)
-            acc.unwrap_model(self.model).save_pretrained(tmp, safe_serialization=True)
+            acc.unwrap_model(self.model).save_pretrained(tmp, state_dict=state_dict, safe_serialization=True)
             self.tokenizer.save_pretrained(tmp)
             atomic_write_json(tmp / "aria_training.json", {"steps": self.state.step, "train_file": str(self.train_path),
                                                            "config": self.cfg})
