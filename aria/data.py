@@ -53,7 +53,9 @@ class Transcript:
             raise DataError(None, None, f"meta.{key}", f"game {record['game_id']!r}: no system prompt for role {role!r}")
         parts = []
         for turn in record["turns"][:index]:
-            parts.append(self.line.format(name=self.names[turn["role"]], text=turn["action"]))
+            # what the other player received ("shown", for games played here), else the raw reply
+            text = turn.get("shown", turn["action"])
+            parts.append(self.line.format(name=self.names[turn["role"]], text=text))
             parts.append((self.after or {}).get(turn["role"], "\n"))
         if parts:
             parts.pop()  # no separator after the last message shown

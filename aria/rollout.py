@@ -197,7 +197,15 @@ def build_policy(cfg: Mapping[str, Any]) -> ChatModel:
 
 
 def collect_from_config(cfg: Mapping[str, Any]) -> CollectSummary:
-    """Run a collection from a (Hydra) config: ``game``, ``policy``, ``oracle`` + run options."""
+    """Run a collection from a (Hydra) config: ``game``, ``policy``, ``oracle`` + run options.
+
+    Two-player games (``kind: two_player``) are played by :mod:`aria.two_player` instead, with
+    ``opponent`` in the other seat and no oracle.
+    """
+    if cfg["game"].get("kind") == "two_player":
+        from aria.two_player import collect_two_player_from_config
+
+        return collect_two_player_from_config(cfg)
     game = build_game(cfg["game"])
     policy = build_policy(cfg["policy"])
     oracle = build_oracle(cfg["oracle"], cfg["game"])

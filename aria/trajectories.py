@@ -36,7 +36,9 @@ Two-player games (bargaining, negotiation) use the same envelope with ``players`
       "role_rewards": {"alice": 0.5, "bob": 0.5},   # each role's final reward R (spec §3)
 
 Their turns need ``role`` and ``action`` (``observation``/``question`` are not used: the other
-player's next turn is the observation); ``reward`` and ``embedding`` are optional.
+player's next turn is the observation); ``reward``, ``embedding`` and ``shown`` (the text the other
+player received, which transcripts show instead of ``action``) are optional. Games played here
+add the parsed move and every re-prompt to each turn (see :mod:`aria.two_player`).
 
 :func:`validate_record` checks all of this and names file, line and field of the first problem.
 """
@@ -181,6 +183,8 @@ def _validate_two_player(record: dict, turns: list, path, line) -> None:
             raise DataError(path, line, f"{where}.action", "missing or not a string")
         if "reward" in turn and not is_finite_number(turn["reward"]):
             raise DataError(path, line, f"{where}.reward", "not a finite number")
+        if "shown" in turn and not isinstance(turn["shown"], str):
+            raise DataError(path, line, f"{where}.shown", "expected a string")
         _check_embedding(turn, path, line, where)
     if require(record, "num_turns", int, path, line) != len(turns):
         raise DataError(path, line, "num_turns", f"is {record['num_turns']} but there are {len(turns)} turns")

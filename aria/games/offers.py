@@ -1,0 +1,226 @@
+"""Reading a player's reply in Bargaining / Negotiation: model text -> :class:`~aria.games.glee.Move`.
+
+Models are asked for one JSON object, e.g. ``{"decision": "reject", "alice_gain": 60,
+"bob_gain": 40, "message": "..."}``, but often wrap it in prose or code fences, use other
+spellings, or write plain sentences. Parsing therefore goes in two stages:
+
+1. **JSON**: every ``{...}`` in the text (fenced or not; single quotes and trailing commas are
+   tolerated) is tried in order; the first object with a known key is used. Keys are matched
+   loosely (``"Alice gain"``, ``aliceGain`` and ``alice_gain`` are the same), numbers may be
+   strings (``"$1,200"``), decisions may be any of the words in :data:`DECISION_WORDS`.
+2. **Text**, when no JSON object is usable: the decision from accept / reject / walk-away
+   words (with negations: "I can't accept" is a rejection), the offer from amounts attributed
+   to a player ("Alice gets $60", "$40 for you", "60/40 split") or, in Negotiation, the last
+   money amount in the text.
+
+What the parser cannot read raises :class:`ParseError` with a reason that is shown to the
+model when it is asked again; whether a readable move is *legal* is the rules' business
+(:meth:`aria.games.glee.Match.check`). Both are recorded in the trajectory.
+"""
+from __future__ import annotations
+
+import json
+import re
+from typing import Any, Sequence
+
+from aria.games.glee import Move
+
+DECISION_WORDS = {
+    "accept": ("accept", "accepted", "accepting", "agree", "agreed", "deal", "yes"),
+    "reject": ("reject", "rejected", "rejecting", "decline", "declined", "refuse", "refused", "no", "counter",
+               "counteroffer", "counter-offer", "counter_offer", "propose", "offer"),
+    "walk_away": ("walk_away", "walk away", "walkaway", "walk", "leave", "quit", "john", "outside option", "opt out"),
+}
+
+_FIELD_ALIASES = {
+    "alice_gain": ("alicegain", "alice", "aliceshare", "aliceamount", "alicegets"),
+    "bob_gain": ("bobgain", "bob", "bobshare", "bobamount", "bobgets"),
+    "product_price": ("productprice", "price", "offerprice", "offer", "amount", "counterprice", "counteroffer"),
+}
+_DECISION_KEYS = ("decision", "action", "response", "answer", "choice")
+_MESSAGE_KEYS = ("message", "msg", "text", "note", "comment")
+
+# A money amount: "$1,200.50", "1200", "1.5 million", "12k" (not a percentage).
+_AMOUNT = r"\$?\s*(?<![\d.,])(\d{1,3}(?:,\d{3})+(?:\.\d+)?|\d+(?:\.\d+)?)(?!\d|\.\d)(?:\s*(k|thousand|m|million|mln)\b)?(?!\s*%)"
+_AMOUNT_RE = re.compile(_AMOUNT, re.IGNORECASE)
+_SCALE = {"k": 1e3, "thousand": 1e3, "m": 1e6, "million": 1e6, "mln": 1e6}
+
+
+class ParseError(ValueError):
+    """The reply could not be read; the message says why (and is shown to the model)."""
+
+
+def _norm_key(key: str) -> str:
+    return re.sub(r"[^a-z]", "", key.lower())
+
+
+def to_number(value: Any) -> float | None:
+    """A number from JSON: ints, floats, or strings like ``"$1,200"`` / ``"1.5 million"``."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, (int, float)):
+        return float(value)
+    if isinstance(value, str):
+        match = _AMOUNT_RE.search(value)
+        if match and not re.search(r"[a-z]{3,}", _AMOUNT_RE.sub("", value).lower().replace("usd", "").replace("dollars", "")):
+            return _amount(match)
+    return None
+
+
+def _amount(match: re.Match) -> float:
+    number = float(match.group(1).replace(",", ""))
+    return number * _SCALE.get((match.group(2) or "").lower(), 1.0)
+
+
+def decision_from_word(word: str) -> str | None:
+    w = word.strip().lower().replace("-", "_")
+    for decision, words in DECISION_WORDS.items():
+        if w in words or w.replace("_", " ") in words:
+            return decision
+    return None
+
+
+# ---- stage 1: JSON --------------------------------------------------------------------------
+def _json_candidates(text: str) -> list[str]:
+    """Every balanced ``{...}`` substring, outermost first, in order of appearance."""
+    out, depth, start = [], 0, None
+    for i, ch in enumerate(text):
+        if ch == "{":
+            if depth == 0:
+                start = i
+            depth += 1
+        elif ch == "}" and depth:
+            depth -= 1
+            if depth == 0:
+                out.append(text[start:i + 1])
+    return out
+
+
+def _loads(candidate: str) -> Any:
+    for attempt in (candidate, re.sub(r",\s*}", "}", candidate), re.sub(r",\s*}", "}", candidate.replace("'", '"'))):
+        try:
+            return json.loads(attempt)
+        except json.JSONDecodeError:
+            continue
+    return None
+
+
+def _from_json(obj: dict, offer_fields: Sequence[str]) -> Move | None:
+    keys = {_norm_key(k): v for k, v in obj.items() if isinstance(k, str)}
+    decision = None
+    for k in _DECISION_KEYS:
+        if isinstance(keys.get(k), str):
+            decision = decision_from_word(keys[k])
+            if decision is None:
+                raise ParseError(f"unknown decision {keys[k]!r}: use \"accept\", \"reject\" or \"walk_away\"")
+            break
+    if decision is None:
+        for word in ("accept", "reject", "walkaway"):  # {"accept": true}
+            if keys.get(word) is True:
+                decision = decision_from_word(word)
+    offer: dict[str, float] = {}
+    for name in offer_fields:
+        for alias in (_norm_key(name), *_FIELD_ALIASES[name]):
+            if alias in keys and not isinstance(keys[alias], (dict, list)):
+                number = to_number(keys[alias])
+                if number is None:
+                    raise ParseError(f"{name} must be a number, got {keys[alias]!r}")
+                offer[name] = number
+                break
+    message = next((keys[k] for k in _MESSAGE_KEYS if isinstance(keys.get(k), str)), "")
+    if decision is None and not offer and not message:
+        return None
+    if decision is None and not offer:
+        raise ParseError("the JSON object has neither a decision nor an offer")
+    if offer and len(offer) < len(offer_fields):
+        missing = [f for f in offer_fields if f not in offer]
+        raise ParseError(f"the offer is missing {', '.join(missing)}")
+    return Move(decision, offer or None, message.strip())
+
+
+# ---- stage 2: plain text --------------------------------------------------------------------
+_NEGATED_ACCEPT = re.compile(r"(?:\bnot|n't|\bnever|\bcannot|\bunable to)\s+(?:\w+\s+){0,2}(?:accept|agree)", re.IGNORECASE)
+_ACCEPT = re.compile(r"\b(?:i\s+accept|accept(?:ed)?\b|i\s+agree|agreed|it'?s a deal|deal!|you have a deal)", re.IGNORECASE)
+_REJECT = re.compile(r"\b(?:reject|decline|refuse|counter-?offer|counter)\w*", re.IGNORECASE)
+_WALK = re.compile(r"\b(?:walk(?:ing)?\s+away|sell (?:it |the product )?to john|buy (?:it )?from john|go with john|deal with john|opt out)", re.IGNORECASE)
+
+
+def _text_decision(text: str) -> str | None:
+    if _WALK.search(text):
+        return "walk_away"
+    if _NEGATED_ACCEPT.search(text) or _REJECT.search(text):
+        return "reject"
+    if _ACCEPT.search(text):
+        return "accept"
+    return None
+
+
+# "me" and "you" in a split: "$60 for me", "I keep 60", "$40 to you", "you get 40"
+_ME_AFTER, _ME_BEFORE = r"(?:me|myself)", r"(?:i(?:'ll| will)?\s+(?:get|keep|take|receive|need|want)(?:\s+at\s+least)?)"
+_YOU_AFTER, _YOU_BEFORE = r"(?:you|yourself)", r"(?:you(?:'ll| will)?\s+(?:get|keep|take|receive))"
+
+
+def _text_split(text: str, money: float, speaker: str) -> dict[str, float] | None:
+    """Bargaining gains attributed by name, by me/you, or as a percentage split."""
+    gains: dict[str, float] = {}
+    for role in ("alice", "bob"):
+        m = re.search(rf"\b{role}(?:'s)?(?:[\s_]*(?:gain|gets?|share|receives?|takes?|keeps?|would get|will get|:|=|with|to))*\s*{_AMOUNT}",
+                      text, re.IGNORECASE)
+        if m is None:
+            m = re.search(rf"{_AMOUNT}\s*(?:dollars\s*)?(?:for|to)\s+{role}\b", text, re.IGNORECASE)
+        if m:
+            gains[role] = _amount(m)
+    you = "bob" if speaker == "alice" else "alice"
+    for role, after, before in ((speaker, _ME_AFTER, _ME_BEFORE), (you, _YOU_AFTER, _YOU_BEFORE)):
+        if role in gains:
+            continue
+        m = re.search(rf"{_AMOUNT}\s*(?:dollars\s*)?(?:for|to)\s+{after}\b", text, re.IGNORECASE) or \
+            re.search(rf"\b{before}\s*{_AMOUNT}", text, re.IGNORECASE)
+        if m:
+            gains[role] = _amount(m)
+    if len(gains) == 1:  # one side named: the other gets the rest
+        (role, value), = gains.items()
+        gains["bob" if role == "alice" else "alice"] = money - value
+    if len(gains) == 2:
+        return {"alice_gain": gains["alice"], "bob_gain": gains["bob"]}
+    m = re.search(r"\b(\d{1,3}(?:\.\d+)?)\s*(?:%\s*)?[/-]\s*(\d{1,3}(?:\.\d+)?)\s*%?(?:\s+split)?", text)
+    if m and abs(float(m.group(1)) + float(m.group(2)) - 100) < 1e-9:  # "50/50", "60-40 split": speaker first
+        mine, yours = float(m.group(1)) * money / 100, float(m.group(2)) * money / 100
+        return {"alice_gain": mine, "bob_gain": yours} if speaker == "alice" else {"alice_gain": yours, "bob_gain": mine}
+    return None
+
+
+def _text_price(text: str) -> dict[str, float] | None:
+    """Negotiation: the last money amount written in the text (later amounts answer earlier ones)."""
+    amounts = list(_AMOUNT_RE.finditer(text))
+    dollar = [m for m in amounts if "$" in m.group(0) or m.group(2)]
+    chosen = (dollar or amounts)
+    return {"product_price": _amount(chosen[-1])} if chosen else None
+
+
+def parse_reply(text: str | None, offer_fields: Sequence[str], money: float, speaker: str) -> Move:
+    """The move in a reply (see the module doc); :class:`ParseError` when there is none.
+
+    Args:
+        text: the model's whole output.
+        offer_fields: the game's offer fields (``("alice_gain", "bob_gain")`` or ``("product_price",)``).
+        money: M of the configuration (to complete "I keep $60" and percentage splits).
+        speaker: ``"alice"`` or ``"bob"`` (who "me" and "you" are).
+    """
+    if text is None or not text.strip():
+        raise ParseError("the reply is empty")
+    for candidate in _json_candidates(text):
+        obj = _loads(candidate)
+        if isinstance(obj, dict):
+            move = _from_json(obj, offer_fields)
+            if move is not None:
+                return move
+    decision = _text_decision(text)
+    offer = _text_split(text, money, speaker) if "alice_gain" in offer_fields else _text_price(text)
+    if decision == "accept" or decision == "walk_away":
+        return Move(decision, None, text.strip())
+    if offer is None:
+        if decision == "reject":
+            return Move("reject", None, text.strip())
+        raise ParseError("no JSON object and no offer or decision found in the reply")
+    return Move(decision, offer, text.strip())

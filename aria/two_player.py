@@ -1,0 +1,301 @@
+"""Batched, resumable play of Bargaining and Negotiation (self-play collection and evaluation).
+
+Two seats, Alice and Bob, are each filled by a player: the policy (a local model or an
+OpenAI-compatible endpoint, :class:`PolicyPlayer`), or a scripted opponent
+(:class:`ScriptedPlayer`). The same policy object may fill both seats (self-play). Many games run
+at once: each turn, the live games are grouped by the player to move and every group is one
+batched call. A finished game's slot is refilled from the queue.
+
+A turn (rules: :mod:`aria.games.glee`):
+
+1. the mover's prompt is its system prompt plus the transcript so far (:class:`aria.data.Transcript`,
+   the same renderer that builds training observations);
+2. the reply is parsed (:func:`aria.games.offers.parse_reply`) and checked against the rules; an
+   unreadable or illegal reply is sent back with the reason, up to ``max_reprompts`` times
+   (batched across games), then the turn counts as ``on_invalid``;
+3. the move is applied and the other player sees it as one transcript line (:func:`shown_text`).
+
+Each game is written as one schema-v1 two-player record (:mod:`aria.trajectories`). Turn fields:
+``role``, ``action`` (the reply used, or the last unusable one), ``shown``, ``decision``, ``offer``,
+``round`` (of a new offer), ``message``, ``attempts`` (every unusable reply with its error),
+``forfeit`` (the rule applied when no reply was usable). ``role_rewards`` are the normalised
+payoffs of :func:`aria.games.glee.normalized_rewards`; ``meta`` keeps the configuration, the
+payoffs, the outcome, the winner, who played each seat, and the two system prompts (under the
+original's keys ``player_1_system_prompt`` / ``player_2_system_prompt``).
+
+Resuming: re-running with the same arguments skips the game ids already in the output file.
+A request that still fails after its backend's retries marks the game ``failed``; the others go on.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+from tqdm.auto import tqdm
+
+from aria.data import Transcript
+from aria.games.glee import PLAYERS, GameConfig, Match, Move, config_set, config_to_dict, normalized_rewards, winner
+from aria.games.glee_text import shown_text, system_prompt
+from aria.games.offers import ParseError, parse_reply
+from aria.games.scripted import SCRIPTED_PLAYERS, reply_json
+from aria.llm.base import ChatModel, Completion, Message
+from aria.trajectories import TrajectoryWriter, make_two_player_record
+
+SYSTEM_PROMPT_KEYS = {"alice": "player_1_system_prompt", "bob": "player_2_system_prompt"}
+
+
+# ---- players --------------------------------------------------------------------------------
+@dataclass
+class TurnRequest:
+    key: str  # "<game id>/<role>": one prompt cache per player per game
+    match: Match
+    conversation: list[Message]
+
+
+class PolicyPlayer:
+    """A chat model in a seat: one batched ``generate`` per call."""
+
+    def __init__(self, model: ChatModel):
+        self.model = model
+        self.name = model.name
+
+    def replies(self, requests: Sequence[TurnRequest]) -> list[Completion]:
+        return self.model.generate([r.conversation for r in requests], keys=[r.key for r in requests])
+
+    def release(self, key: str) -> None:
+        self.model.release(key)
+
+
+class ScriptedPlayer:
+    """A scripted opponent (:mod:`aria.games.scripted`) in a seat; it reads the game state, not the text."""
+
+    def __init__(self, game: str, strength: float = 1.0):
+        if game not in SCRIPTED_PLAYERS:
+            raise KeyError(f"no scripted player for {game!r}; known: {sorted(SCRIPTED_PLAYERS)}")
+        self.strategy = SCRIPTED_PLAYERS[game](strength)
+        self.name = self.strategy.name
+
+    def replies(self, requests: Sequence[TurnRequest]) -> list[Completion]:
+        return [Completion(reply_json(self.strategy.move(r.match), r.match.config.messages)) for r in requests]
+
+    def release(self, key: str) -> None:
+        pass
+
+
+# ---- one game ---------------------------------------------------------------------------------
+@dataclass
+class _LiveGame:
+    game_id: str
+    match: Match
+    seats: Mapping[str, Any]  # role -> player
+    prompts: dict[str, str]  # role -> system prompt
+    turns: list[dict] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
+    failed: bool = False
+
+    def record_view(self) -> dict:
+        """What :class:`Transcript` needs to render the next prompt."""
+        return {"game_id": self.game_id, "turns": self.turns + [{"role": self.match.mover}],
+                "meta": {SYSTEM_PROMPT_KEYS[r]: p for r, p in self.prompts.items()}}
+
+
+@dataclass
+class PlaySummary:
+    """What one run did (``played`` excludes games found already done)."""
+
+    total: int
+    already_done: int
+    played: int = 0
+    failed: int = 0
+    deals: int = 0
+    wins: dict[str, int] = field(default_factory=lambda: {"alice": 0, "bob": 0})
+    turns: int = 0
+    reprompts: int = 0
+    seconds: float = 0.0
+
+    def line(self) -> str:
+        done = self.played - self.failed
+        return (f"{self.already_done + done}/{self.total} games done ({self.played} played now, {self.failed} failed), "
+                f"{self.deals} deals, wins alice {self.wins['alice']} / bob {self.wins['bob']} of {done}, "
+                f"{self.turns} turns, {self.reprompts} re-prompts, {self.seconds:.1f}s")
+
+
+def game_id(config: GameConfig, seed: int, index: int) -> str:
+    return f"{config.id}-s{seed}-{index:03d}"
+
+
+def play_two_player(
+    game_cfg: Mapping[str, Any],
+    configs: Sequence[GameConfig],
+    seats: Mapping[str, Any],
+    out_path: str | Path,
+    games_per_config: int = 1,
+    seed: int = 0,
+    batch_size: int = 16,
+    progress: bool = True,
+) -> PlaySummary:
+    """Play ``games_per_config`` games of every configuration into ``out_path`` (module doc).
+
+    Args:
+        game_cfg: ``config/game/<game>.yaml`` as a mapping (prompts, transcript, re-prompt rules).
+        seats: ``{"alice": player, "bob": player}``; one object in both seats is self-play.
+        batch_size: games live at once.
+    """
+    if batch_size < 1 or games_per_config < 1:
+        raise ValueError("batch_size and games_per_config must be at least 1")
+    if set(seats) != set(PLAYERS):
+        raise ValueError(f"seats must name exactly {PLAYERS}, got {sorted(seats)}")
+    transcript = Transcript.from_config(game_cfg)
+    writer = TrajectoryWriter(out_path).open()
+    queue = [(game_id(c, seed, i), c) for c in configs for i in range(games_per_config)]
+    todo = [(gid, c) for gid, c in queue if gid not in writer.done]
+    summary = PlaySummary(total=len(queue), already_done=len(queue) - len(todo))
+    bar = tqdm(total=len(queue), initial=summary.already_done, unit="game", desc=game_cfg["name"],
+               disable=not progress, dynamic_ncols=True)
+    start = time.perf_counter()
+    live: list[_LiveGame] = []
+    try:
+        while todo or live:
+            while todo and len(live) < batch_size:
+                gid, config = todo.pop(0)
+                prompts = {r: system_prompt(config, r, game_cfg["prompts"]) for r in PLAYERS}
+                live.append(_LiveGame(gid, Match(config), seats, prompts))
+            by_player: dict[int, list[_LiveGame]] = {}
+            for g in live:
+                by_player.setdefault(id(g.seats[g.match.mover]), []).append(g)
+            for games in by_player.values():
+                summary.reprompts += _play_turn(game_cfg, transcript, games)
+            summary.turns += len(live)
+            still_live = []
+            for g in live:
+                if not (g.failed or g.match.over):
+                    still_live.append(g)
+                    continue
+                record = _record(game_cfg["name"], g, seed)
+                writer.write(record)
+                for role in PLAYERS:
+                    g.seats[role].release(f"{g.game_id}/{role}")
+                summary.played += 1
+                summary.failed += g.failed
+                if not g.failed:
+                    summary.deals += g.match.outcome == "deal"
+                    if record["meta"]["winner"]:
+                        summary.wins[record["meta"]["winner"]] += 1
+                bar.update(1)
+            live = still_live
+    finally:
+        summary.seconds = time.perf_counter() - start
+        bar.close()
+        writer.close()
+    return summary
+
+
+def _play_turn(game_cfg: Mapping[str, Any], transcript: Transcript, games: Sequence[_LiveGame]) -> int:
+    """One turn of games whose mover is the same player; returns the number of re-prompts."""
+    player = games[0].seats[games[0].match.mover]
+    max_reprompts, on_invalid = int(game_cfg.get("max_reprompts", 2)), game_cfg.get("on_invalid", "reject")
+    requests = []
+    for g in games:
+        view = g.record_view()
+        conversation = [{"role": "user", "content": transcript.render(view, len(view["turns"]) - 1)}]
+        requests.append(TurnRequest(f"{g.game_id}/{g.match.mover}", g.match, conversation))
+    attempts: dict[int, list[dict]] = {id(g): [] for g in games}
+    pending = list(zip(games, requests))
+    reprompts = 0
+    for attempt in range(max_reprompts + 1):
+        if attempt:
+            reprompts += len(pending)
+        completions = player.replies([r for _, r in pending])
+        retry = []
+        for (g, request), completion in zip(pending, completions):
+            if not completion.ok:
+                g.failed = True
+                g.errors.append(f"{g.match.mover} ({player.name}): {completion.error}")
+                continue
+            config = g.match.config
+            try:
+                move = parse_reply(completion.text, config.offer_fields, config.money, g.match.mover)
+                problem = g.match.check(move)
+            except ParseError as err:
+                move, problem = None, str(err)
+            if problem is None:
+                _apply(game_cfg, g, move, completion.text, attempts[id(g)])
+                continue
+            attempts[id(g)].append({"output": completion.text, "error": problem})
+            reprompt = game_cfg["prompts"]["reprompt"].format(error=problem)
+            request.conversation = request.conversation + [{"role": "assistant", "content": completion.text},
+                                                           {"role": "user", "content": reprompt}]
+            retry.append((g, request))
+        pending = retry
+        if not pending:
+            break
+    for g, _ in pending:  # no usable reply: the configured rule
+        tries = attempts[id(g)]
+        role = g.match.mover
+        g.match.forfeit(on_invalid)
+        g.turns.append({"role": role, "action": tries[-1]["output"], "shown": shown_text(g.match.config, None, False, None, game_cfg["prompts"]),
+                        "decision": None, "offer": None, "round": None, "message": "", "attempts": tries,
+                        "forfeit": on_invalid})
+    return reprompts
+
+
+def _apply(game_cfg: Mapping[str, Any], g: _LiveGame, move: Move, text: str, attempts: list[dict]) -> None:
+    role, answered = g.match.mover, g.match.pending is not None
+    g.match.apply(move)
+    applied = g.match.history[-1]
+    shown = shown_text(g.match.config, move, answered, applied["round"], game_cfg["prompts"])
+    g.turns.append({"role": role, "action": text, "shown": shown,
+                    "decision": move.decision or ("reject" if answered and applied["offer"] else None),
+                    "offer": applied["offer"], "round": applied["round"], "message": move.message, "attempts": attempts})
+
+
+def _record(game: str, g: _LiveGame, seed: int) -> dict:
+    match = g.match
+    names = {role: g.seats[role].name for role in PLAYERS}
+    if g.failed:
+        payoffs = rewards = {role: 0.0 for role in PLAYERS}
+        win = None
+    else:
+        payoffs = match.payoffs()
+        rewards = normalized_rewards(payoffs)
+        win = winner(payoffs)
+    meta = {"config_id": match.config.id, "config": config_to_dict(match.config), "outcome": match.outcome,
+            "deal": match.deal, "deal_round": match.deal_round, "walked_away_by": match.walked_away_by,
+            "payoffs": payoffs, "winner": win, "agents": names,
+            **{SYSTEM_PROMPT_KEYS[r]: p for r, p in g.prompts.items()}}
+    model = names["alice"] if names["alice"] == names["bob"] else f"{names['alice']} vs {names['bob']}"
+    return make_two_player_record(game_id=g.game_id, game=game, players=list(PLAYERS), turns=g.turns,
+                                  role_rewards=rewards, model=model, seed=seed,
+                                  status="failed" if g.failed else "finished", errors=g.errors, meta=meta)
+
+
+# ---- building from config ---------------------------------------------------------------------
+def build_player(cfg: Mapping[str, Any], game: str, policy: PolicyPlayer | None = None):
+    """A seat's player from config: ``{name: self}`` (the policy), ``{name: scripted, strength}``,
+    or a policy config (``local`` / ``endpoint``) for a separate model."""
+    options = dict(cfg)
+    kind = options.pop("name")
+    if kind == "self":
+        if policy is None:
+            raise ValueError("opponent 'self' needs a policy")
+        return policy
+    if kind == "scripted":
+        return ScriptedPlayer(game, float(options.get("strength", 1.0)))
+    from aria.rollout import build_policy
+
+    return PolicyPlayer(build_policy({"name": kind, **options}))
+
+
+def collect_two_player_from_config(cfg: Mapping[str, Any]) -> PlaySummary:
+    """Self-play (or policy vs opponent) collection from a Hydra config (``config/collect.yaml``)."""
+    from aria.rollout import build_policy
+
+    game_cfg = cfg["game"]
+    policy = PolicyPlayer(build_policy(cfg["policy"]))
+    opponent = build_player(cfg["opponent"], game_cfg["name"], policy)
+    seats = {"alice": policy, "bob": opponent} if cfg.get("policy_role", "alice") == "alice" else {"alice": opponent, "bob": policy}
+    configs = config_set(game_cfg, cfg["config_set"])
+    return play_two_player(game_cfg, configs, seats, cfg["out"], games_per_config=int(cfg["games_per_config"]),
+                           seed=int(cfg["seed"]), batch_size=int(cfg["batch_size"]), progress=bool(cfg.get("progress", True)))
