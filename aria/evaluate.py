@@ -1,11 +1,16 @@
-"""Evaluation statistics and reports (spec ``aria_method.md`` §6): success rate with a Wilson
-95 % interval, mean turns, share of invalid questions, failed games; ``summary.json`` /
-``summary.md`` per evaluated model, and the paper's Table 2 layout across models."""
+"""Evaluation statistics and reports (spec ``aria_method.md`` §6).
+
+Single-agent games: success rate with a Wilson 95 % interval, mean turns, share of invalid
+questions, failed games. Two-player games: the policy's win rate (its payoff strictly above the
+opponent's) per role and overall with Wilson intervals, tie and deal rates, its mean payoff share
+(the normalised reward of :func:`aria.games.glee.normalized_rewards`, 0.5 on a tie) and the share
+of its turns with no usable reply. ``summary.json`` / ``summary.md`` per evaluated model, and
+the paper's Table 1 / Table 2 layout across models."""
 from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import Iterable, Sequence
+from typing import Iterable, Mapping, Sequence
 
 from aria.io import atomic_write_json, atomic_write_text, read_json
 
@@ -45,8 +50,60 @@ def summarize_games(records: Sequence[dict]) -> dict:
     }
 
 
+def summarize_two_player(games: Mapping[str, Sequence[dict]]) -> dict:
+    """Statistics of the policy in two-player transcripts (schema-v1 two-player records).
+
+    Args:
+        games: the policy's seat (``"alice"`` / ``"bob"``) -> the records of the games it played
+            in that seat; give both seats to get the statistics over both.
+    """
+    pairs = [(role, r) for role, records in games.items() for r in records]
+    finished = [(role, r) for role, r in pairs if r["status"] == "finished"]
+    failed = [r["game_id"] for _, r in pairs if r["status"] != "finished"]
+    wins = ties = deals = turns = unusable = 0
+    shares = []
+    for me, r in finished:
+        winner = r["meta"]["winner"]
+        wins += winner == me
+        ties += winner is None
+        deals += r["meta"]["outcome"] == "deal"
+        shares.append(r["role_rewards"][me])
+        mine = [t for t in r["turns"] if t["role"] == me]
+        turns += len(mine)
+        unusable += sum(1 for t in mine if t.get("forfeit"))
+    n = len(finished)
+    low, high = wilson_interval(wins, n)
+    return {
+        "games": len(pairs), "finished": n, "failed": len(failed), "failed_game_ids": failed,
+        "wins": wins, "ties": ties, "losses": n - wins - ties,
+        "win_rate": wins / n if n else None, "win_rate_ci95": [low, high],
+        "tie_rate": ties / n if n else None, "deal_rate": deals / n if n else None,
+        "mean_payoff_share": sum(shares) / n if n else None,
+        "unusable_reply_share": unusable / turns if turns else None,
+    }
+
+
 def _pct(x: float | None) -> str:
     return "n/a" if x is None else f"{100 * x:.1f}"
+
+
+def _two_player_rows(summary: dict) -> list[str]:
+    rows = []
+    for env, e in summary["environments"].items():
+        if e.get("kind") != "two_player":
+            continue
+        for seat in ("as_alice", "as_bob", "overall"):
+            s = e[seat]
+            low, high = s["win_rate_ci95"]
+            share = "n/a" if s["mean_payoff_share"] is None else f"{s['mean_payoff_share']:.3f}"
+            rows.append(f"| {env} | {seat.replace('_', ' ')} | {s['finished']} | {_pct(s['win_rate'])} | {_pct(low)}-{_pct(high)} | "
+                        f"{_pct(s['tie_rate'])} | {_pct(s['deal_rate'])} | {share} | {_pct(s['unusable_reply_share'])} | {s['failed']} |")
+    if not rows:
+        return []
+    opponents = sorted({e["opponent"] for e in summary["environments"].values() if e.get("kind") == "two_player"})
+    return ["", f"Two-player games against {', '.join(opponents)}:", "",
+            "| environment | policy plays | games | win % | 95% CI | ties % | deals % | mean payoff share | unusable replies % | failed |",
+            "|---|---|---|---|---|---|---|---|---|---|", *rows]
 
 
 def summary_markdown(summary: dict) -> str:
@@ -54,11 +111,15 @@ def summary_markdown(summary: dict) -> str:
              f"seed {summary.get('seed')}", "",
              "| environment | games | success % | 95% CI | mean turns | invalid questions % | failed |",
              "|---|---|---|---|---|---|---|"]
-    for env, s in summary["environments"].items():
+    single = {env: s for env, s in summary["environments"].items() if s.get("kind") != "two_player"}
+    if not single:
+        lines = lines[:4]
+    for env, s in single.items():
         low, high = s["success_rate_ci95"]
         turns = "n/a" if s["mean_turns"] is None else f"{s['mean_turns']:.2f}"
         lines.append(f"| {env} | {s['finished']} | {_pct(s['success_rate'])} | {_pct(low)}-{_pct(high)} | {turns} | "
                      f"{_pct(s['invalid_question_share'])} | {s['failed']} |")
+    lines += _two_player_rows(summary)
     return "\n".join(lines) + "\n"
 
 
@@ -69,12 +130,15 @@ def write_summary(out_dir: str | Path, summary: dict) -> None:
 
 
 def compare_table(folders: Iterable[str | Path]) -> str:
-    """Success rates of several result folders side by side (the paper's Table 2 layout)."""
+    """Success rates (single-agent) and win rates over both seats (two-player) of several result
+    folders side by side (the paper's Table 2 / Table 1 layout)."""
     summaries = [read_json(Path(f) / "summary.json") for f in folders]
     envs: list[str] = []
     for s in summaries:
         envs += [e for e in s["environments"] if e not in envs]
-    lines = ["| model | " + " | ".join(f"{e} success % (95% CI)" for e in envs) + " |",
+    kinds = {e: next(s["environments"][e].get("kind", "single_agent") for s in summaries if e in s["environments"]) for e in envs}
+    metric = {e: "win %" if kinds[e] == "two_player" else "success %" for e in envs}
+    lines = ["| model | " + " | ".join(f"{e} {metric[e]} (95% CI)" for e in envs) + " |",
              "|---|" + "---|" * len(envs)]
     for s in summaries:
         cells = []
@@ -83,8 +147,12 @@ def compare_table(folders: Iterable[str | Path]) -> str:
             if env is None:
                 cells.append("-")
                 continue
-            low, high = env["success_rate_ci95"]
-            cells.append(f"{_pct(env['success_rate'])} ({_pct(low)}-{_pct(high)}), n={env['finished']}"
+            if kinds[e] == "two_player":
+                env = env["overall"]
+                rate, (low, high) = env["win_rate"], env["win_rate_ci95"]
+            else:
+                rate, (low, high) = env["success_rate"], env["success_rate_ci95"]
+            cells.append(f"{_pct(rate)} ({_pct(low)}-{_pct(high)}), n={env['finished']}"
                          + (f", {env['failed']} failed" if env["failed"] else ""))
         lines.append(f"| {s['model']} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"

@@ -299,3 +299,40 @@ def collect_two_player_from_config(cfg: Mapping[str, Any]) -> PlaySummary:
     configs = config_set(game_cfg, cfg["config_set"])
     return play_two_player(game_cfg, configs, seats, cfg["out"], games_per_config=int(cfg["games_per_config"]),
                            seed=int(cfg["seed"]), batch_size=int(cfg["batch_size"]), progress=bool(cfg.get("progress", True)))
+
+
+def evaluate_two_player(
+    game_cfg: Mapping[str, Any],
+    configs: Sequence[GameConfig],
+    policy: PolicyPlayer,
+    opponent: Any,
+    out_dir: str | Path,
+    games_per_config: int,
+    seed: int = 0,
+    batch_size: int = 16,
+    progress: bool = True,
+    echo=print,
+) -> dict:
+    """Win-rate evaluation (spec §6): the policy as Alice, then as Bob, against ``opponent`` on
+    every configuration; transcripts in ``out_dir/as_<role>.jsonl`` (re-running resumes).
+
+    Returns the environment's summary: per seat and over both seats
+    (:func:`aria.evaluate.summarize_two_player`), plus the opponent and the configurations used.
+    """
+    from aria.evaluate import summarize_two_player
+    from aria.games.glee import other
+    from aria.trajectories import read_trajectories
+
+    games: dict[str, list[dict]] = {}
+    for role in PLAYERS:
+        path = Path(out_dir) / f"as_{role}.jsonl"
+        seats = {role: policy, other(role): opponent}
+        run = play_two_player(game_cfg, configs, seats, path, games_per_config=games_per_config, seed=seed,
+                              batch_size=batch_size, progress=progress)
+        echo(f"[eval] {game_cfg['name']} as {role}: {run.line()}")
+        games[role] = list(read_trajectories(path))
+    return {"kind": "two_player", "opponent": opponent.name, "configurations": [c.id for c in configs],
+            "games_per_config": games_per_config,
+            "as_alice": summarize_two_player({"alice": games["alice"]}),
+            "as_bob": summarize_two_player({"bob": games["bob"]}),
+            "overall": summarize_two_player(games)}

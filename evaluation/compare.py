@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Print several evaluation result folders side by side (the paper's Table 2 layout).
 
-    python evaluation/compare.py results/single_agent/base results/single_agent/aria
+    python evaluation/compare.py results/eval/base results/eval/aria
 """
 import sys
 

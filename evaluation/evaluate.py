@@ -1,11 +1,17 @@
 #!/usr/bin/env python3
-"""Evaluate a served model on the single-agent games (spec §6); usually run through eval.sh.
+"""Evaluate a served model (spec §6); usually run through eval.sh.
 
-Checks the server first (one line naming the URL and what /v1/models returned, exit 2), then
-plays ``num_games`` games per environment with the same seeded targets for every model, with
-concurrent requests, appending transcripts to ``out/<env>/transcripts.jsonl`` (re-running
-continues where it stopped), and writes ``out/summary.json`` and ``out/summary.md``. Games whose
-requests kept failing are recorded as failed, counted and listed; the exit status is then 1.
+Checks the server first (one line naming the URL and what /v1/models returned, exit 2), then:
+
+* single-agent games: ``num_games`` games per environment with the same seeded targets for every
+  model, transcripts in ``out/<env>/transcripts.jsonl``;
+* two-player games: the policy as Alice and as Bob against the opponent on every configuration of
+  ``two_player.config_set`` × ``two_player.games_per_config``, transcripts in
+  ``out/<env>/as_alice.jsonl`` / ``as_bob.jsonl``;
+
+with concurrent requests (re-running continues where it stopped), and writes
+``out/summary.json`` and ``out/summary.md``. Games whose requests kept failing are recorded as
+failed, counted and listed; the exit status is then 1.
 """
 import logging
 import sys
@@ -15,13 +21,13 @@ import hydra
 from omegaconf import OmegaConf
 
 from aria.evaluate import summarize_games, write_summary
-from aria.games.base import build_game, load_game_config
+from aria.games.base import build_game, known_games, load_game_config
+from aria.games.glee import config_set
 from aria.games.oracle import build_oracle
 from aria.llm.endpoint import check_server
 from aria.rollout import build_policy, play_games
 from aria.trajectories import read_trajectories
-
-SINGLE_AGENT = ("twenty_questions", "guess_my_city")
+from aria.two_player import PolicyPlayer, build_player, evaluate_two_player
 
 
 @hydra.main(config_path="../config", config_name="eval", version_base="1.3")
@@ -29,12 +35,16 @@ def main(cfg) -> None:
     cfg = OmegaConf.to_container(cfg, resolve=True)
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per request otherwise
     p = cfg["policy"]
-    unknown = [e for e in cfg["envs"] if e not in SINGLE_AGENT]
+    unknown = [e for e in cfg["envs"] if e not in known_games()]
     if unknown:
-        print(f"error: environment(s) {unknown} not supported here (single-agent: {list(SINGLE_AGENT)})", file=sys.stderr)
+        print(f"error: unknown environment(s) {unknown} (known: {known_games()})", file=sys.stderr)
         sys.exit(2)
+    two_player = [e for e in cfg["envs"] if load_game_config(e).get("kind") == "two_player"]
     try:
         check_server(p["base_url"], p.get("api_key"), p["model"])
+        if two_player and cfg["opponent"]["name"] == "endpoint":
+            o = cfg["opponent"]
+            check_server(o["base_url"], o.get("api_key"), o["model"])
     except RuntimeError as err:
         print(f"error: {err}", file=sys.stderr)
         sys.exit(2)
@@ -45,6 +55,14 @@ def main(cfg) -> None:
                "environments": {}}
     for env in cfg["envs"]:
         game_cfg = load_game_config(env)
+        if env in two_player:
+            tp = cfg["two_player"]
+            player = PolicyPlayer(build_policy({**p, "max_tokens": tp["max_tokens"]}))
+            summary["environments"][env] = evaluate_two_player(
+                game_cfg, config_set(game_cfg, tp["config_set"]), player, build_player(cfg["opponent"], env, player),
+                out / env, games_per_config=tp["games_per_config"], seed=cfg["seed"], batch_size=p["concurrency"],
+                progress=cfg["progress"])
+            continue
         transcripts = out / env / "transcripts.jsonl"
         run = play_games(build_game(game_cfg), policy, build_oracle(cfg["oracle"], game_cfg), transcripts,
                          num_games=cfg["num_games"], seed=cfg["seed"], batch_size=p["concurrency"], progress=cfg["progress"])
@@ -53,7 +71,7 @@ def main(cfg) -> None:
     write_summary(out, summary)
     print(f"[eval] wrote {out / 'summary.json'} and {out / 'summary.md'}")
     print((out / "summary.md").read_text())
-    if any(s["failed"] for s in summary["environments"].values()):
+    if any(s.get("overall", s)["failed"] for s in summary["environments"].values()):
         print("[eval] some games failed (listed in summary.json); re-run to retry them", file=sys.stderr)
         sys.exit(1)
 

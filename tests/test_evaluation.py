@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from aria.evaluate import compare_table, summarize_games, wilson_interval
+from aria.evaluate import compare_table, summarize_games, summarize_two_player, wilson_interval
 from aria.trajectories import make_record, read_trajectories
 
 REPO = Path(__file__).resolve().parents[1]
@@ -57,11 +57,12 @@ def test_summary_counts_by_hand():
 
 class ChatServer:
     """An OpenAI-compatible /v1/models + /v1/chat/completions server on 127.0.0.1 that asks one
-    fixed question, after ``delay_s``."""
+    fixed question (or ``reply(prompt)``), after ``delay_s``."""
 
-    def __init__(self, model: str = "test-model", delay_s: float = 0.0):
+    def __init__(self, model: str = "test-model", delay_s: float = 0.0, reply=None):
         server = self
         self.requests = 0
+        reply = reply or (lambda prompt: "Question: Is it alive?")
 
         class Handler(BaseHTTPRequestHandler):
             def log_message(self, *args):
@@ -79,12 +80,13 @@ class ChatServer:
                 self._json({"object": "list", "data": [{"id": model, "object": "model", "owned_by": "test"}]})
 
             def do_POST(self):
-                self.rfile.read(int(self.headers["Content-Length"]))
+                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                content = reply(body["messages"][0]["content"])
                 server.requests += 1
                 time.sleep(delay_s)
                 self._json({"id": "x", "object": "chat.completion", "created": 0, "model": model,
                             "choices": [{"index": 0, "finish_reason": "stop",
-                                         "message": {"role": "assistant", "content": "Question: Is it alive?"}}],
+                                         "message": {"role": "assistant", "content": content}}],
                             "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}})
 
         self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
@@ -145,3 +147,70 @@ def test_interrupted_evaluation_resumes_without_duplicates(tmp_path):
         assert table == compare_table([out, out]) and table.count("| test-model |") == 2 and "0.0 (0.0-49.0), n=4" in table
     finally:
         server.close()
+
+
+def seat_reply(prompt: str) -> str:
+    """A served 'model' for the two-player games: as Alice it proposes, as Bob it accepts."""
+    import re
+
+    seat = re.search(r"(?:playing as|You are) (Alice|Bob)", prompt).group(1)
+    if seat == "Bob":
+        return '{"decision": "accept", "message": "Fine."}'
+    if "divide" in prompt:
+        return 'Here you go: {"alice_gain": 60, "bob_gain": 40, "message": "60/40?"}'
+    return '{"product_price": 140, "message": "A fine product."}'
+
+
+def test_two_player_win_rates_through_eval_sh(tmp_path):
+    """ENVS="bargaining negotiation": the policy plays both seats against the strong scripted
+    opponent on the smoke configurations. Outcomes worked out by hand:
+
+    * bargaining (M=100, δ_A=0.9, δ_B=0.8, 3 rounds): as Alice the policy offers 60/40; Bob needs
+      only c_1 = 8 and accepts, so Alice wins. As Bob it accepts Alice's 92/8 and loses.
+    * negotiation (V_A=100, V_B=150, 3 rounds): as Alice it asks 140; Bob counters at 100.78, the
+      policy asks 140 again, and Bob, in the last round, accepts (surplus 10 >= 0): Alice wins 40
+      to 10. As Bob it accepts Alice's opening price of 150 (surplus 0) and loses.
+    """
+    server = ChatServer(reply=seat_reply)
+    out = tmp_path / "res"
+    try:
+        env = eval_env(server.base_url, out, ENVS="bargaining negotiation", N_PER_CONFIG="2", CONFIG_SET="smoke",
+                       CONCURRENCY="2")
+        done = subprocess.run(["bash", str(REPO / "evaluation/eval.sh"), "progress=false"], env=env,
+                              capture_output=True, text=True)
+        assert done.returncode == 0, done.stderr
+        summary = json.loads((out / "summary.json").read_text())["environments"]
+        for game in ("bargaining", "negotiation"):
+            s = summary[game]
+            assert s["opponent"].startswith("scripted-") and len(s["configurations"]) == 1
+            assert (s["as_alice"]["wins"], s["as_alice"]["finished"], s["as_bob"]["wins"], s["as_bob"]["losses"]) == (2, 2, 0, 2)
+            assert s["overall"]["win_rate"] == 0.5 and s["overall"]["win_rate_ci95"] == pytest.approx(list(wilson_interval(2, 4)))
+            assert s["overall"]["deal_rate"] == 1.0 and s["overall"]["unusable_reply_share"] == 0.0
+            records = {role: list(read_trajectories(out / game / f"as_{role}.jsonl")) for role in ("alice", "bob")}
+            assert s["overall"] == summarize_two_player(records)
+        bargaining_alice = list(read_trajectories(out / "bargaining" / "as_alice.jsonl"))[0]
+        assert bargaining_alice["meta"]["payoffs"] == {"alice": 60.0, "bob": 40.0}
+        assert summary["negotiation"]["as_alice"]["mean_payoff_share"] == pytest.approx(0.8)  # 40 / (40 + 10)
+        md = (out / "summary.md").read_text()
+        assert "| bargaining | as alice | 2 | 100.0 |" in md and "| negotiation | overall | 4 | 50.0 |" in md
+        table = subprocess.run(["bash", str(REPO / "evaluation/eval.sh"), "compare", str(out)],
+                               capture_output=True, text=True, check=True).stdout
+        assert "bargaining win % (95% CI)" in table and "50.0 (15.0-85.0), n=4" in table
+    finally:
+        server.close()
+
+
+def test_two_player_summary_by_hand():
+    def record(winner, outcome, share_alice, forfeits=0):
+        turns = [{"role": "alice", "action": "x", **({"forfeit": "reject"} if i < forfeits else {})} for i in range(2)]
+        turns += [{"role": "bob", "action": "y"}]
+        return {"game_id": f"g{winner}{outcome}{share_alice}", "status": "finished", "turns": turns,
+                "role_rewards": {"alice": share_alice, "bob": 1 - share_alice},
+                "meta": {"winner": winner, "outcome": outcome}}
+    games = [record("alice", "deal", 0.7), record(None, "no_deal", 0.5, forfeits=2), record("bob", "deal", 0.2, forfeits=1)]
+    s = summarize_two_player({"alice": games})
+    assert (s["wins"], s["ties"], s["losses"], s["finished"]) == (1, 1, 1, 3)
+    assert s["deal_rate"] == pytest.approx(2 / 3) and s["mean_payoff_share"] == pytest.approx((0.7 + 0.5 + 0.2) / 3)
+    assert s["unusable_reply_share"] == pytest.approx(3 / 6)
+    s = summarize_two_player({"bob": games})
+    assert (s["wins"], s["losses"]) == (1, 1) and s["mean_payoff_share"] == pytest.approx((0.3 + 0.5 + 0.8) / 3)
