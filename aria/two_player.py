@@ -235,20 +235,19 @@ def _play_turn(game_cfg: Mapping[str, Any], transcript: Transcript, games: Seque
         tries = attempts[id(g)]
         role = g.match.mover
         g.match.forfeit(on_invalid)
-        g.turns.append({"role": role, "action": tries[-1]["output"], "shown": shown_text(g.match.config, None, False, None, game_cfg["prompts"]),
-                        "decision": None, "offer": None, "round": None, "message": "", "attempts": tries,
-                        "forfeit": on_invalid})
+        g.turns.append({"role": role, "action": tries[-1]["output"], "shown": shown_text(g.match.config, None, "", game_cfg["prompts"]),
+                        "decision": g.match.history[-1]["decision"], "offer": None, "round": None, "message": "",
+                        "attempts": tries, "forfeit": on_invalid})
     return reprompts
 
 
 def _apply(game_cfg: Mapping[str, Any], g: _LiveGame, move: Move, text: str, attempts: list[dict]) -> None:
-    role, answered = g.match.mover, g.match.pending is not None
+    role = g.match.mover
     g.match.apply(move)
     applied = g.match.history[-1]
-    shown = shown_text(g.match.config, move, answered, applied["round"], game_cfg["prompts"])
-    g.turns.append({"role": role, "action": text, "shown": shown,
-                    "decision": move.decision or ("reject" if answered and applied["offer"] else None),
-                    "offer": applied["offer"], "round": applied["round"], "message": move.message, "attempts": attempts})
+    g.turns.append({"role": role, "action": text, "shown": shown_text(g.match.config, applied, move.message, game_cfg["prompts"]),
+                    "decision": applied["decision"], "offer": applied["offer"], "round": applied["round"],
+                    "message": move.message, "attempts": attempts})
 
 
 def _record(game: str, g: _LiveGame, seed: int) -> dict:

@@ -33,7 +33,8 @@ from aria.two_player import PolicyPlayer, build_player, evaluate_two_player
 @hydra.main(config_path="../config", config_name="eval", version_base="1.3")
 def main(cfg) -> None:
     cfg = OmegaConf.to_container(cfg, resolve=True)
-    logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per request otherwise
+    for client_logger in ("httpx", "httpx2"):  # the openai client's HTTP layer (httpx2 from openai 3)
+        logging.getLogger(client_logger).setLevel(logging.WARNING)  # one line per request otherwise
     p = cfg["policy"]
     unknown = [e for e in cfg["envs"] if e not in known_games()]
     if unknown:

@@ -82,6 +82,19 @@ TABLE = [
     ("", BAR, "alice", 100, ParseError),
     ("asdf qwerty ;;; {{{", BAR, "bob", 100, ParseError),
     ("Question: Is it a fruit?", BAR, "alice", 100, ParseError),
+    # --- rambles with decision words inside: no decision (written by the embedded 135M model at
+    # temperature 1 in an evaluation run; an early parser read them as acceptances) ------------
+    ("Sorry, unfortunately, but are you ready for this. We are teaser strategy for you, 2 some things to say and two "
+     "for a outcome another day. But you agreed so much more than you gave yourself.", BAR, "alice", 100, ParseError),
+    ("To accept my offer: You will be requested to accept my money. You can accept anything and come to my table.",
+     BAR, "alice", 100, ParseError),
+    ("This is my best offer and gives a resolution to the problem regarding the second round. Had to accept the "
+     "proposal that has you and going to chambers.", BAR, "alice", 100, ParseError),
+    ("1. Respond: Accepting Offer 1, and 2 additional agreed upon what you each would have made if you made it.",
+     BAR, "alice", 100, ParseError),
+    ("Yes, I'd like to propose $60 for me and $40 for you.", BAR, "alice", 100, (None, split(60, 40))),
+    ("I'll accept that.", NEG, "bob", 100, ("accept", None)),
+    ("Accepted.", BAR, "bob", 100, ("accept", None)),
 ]
 
 
@@ -99,7 +112,7 @@ def test_parser_table(text, fields, speaker, money, expected):
 
 def test_table_is_large_and_varied():
     assert len(TABLE) >= 40
-    assert sum(row[-1] is ParseError for row in TABLE) >= 8
+    assert sum(row[-1] is ParseError for row in TABLE) >= 12
 
 
 def test_json_message_is_kept_and_text_replies_keep_their_text():

@@ -233,3 +233,10 @@ def test_config_sets():
     assert len({c.id for c in config_set(negotiation, "grid")}) == 576
     with pytest.raises(KeyError, match="no config set"):
         config_set(bargaining, "nope")
+
+
+def test_history_records_what_a_reply_did_to_the_offer_on_the_table():
+    m = play(Match(BargainingConfig(100, 0.9, 0.9, 12)), Move("reject", split(60, 40)))  # {"decision": "propose", ...}
+    assert m.history[-1] == {"role": "alice", "decision": None, "offer": split(60, 40), "round": 1}
+    play(m, Move(None, split(50, 50)))  # a bare counter-offer rejects the offer on the table
+    assert m.history[-1] == {"role": "bob", "decision": "reject", "offer": split(50, 50), "round": 2}

@@ -214,7 +214,7 @@ class Match:
     deal_round: int | None = None
     deal: dict[str, float] | None = None
     walked_away_by: str | None = None
-    history: list[dict] = field(default_factory=list)  # applied moves: {role, decision, offer, round}
+    history: list[dict] = field(default_factory=list)  # applied moves: {role, decision, offer (new), round (of the new offer)}
 
     @property
     def over(self) -> bool:
@@ -269,6 +269,9 @@ class Match:
 
     def _apply(self, move: Move) -> None:
         role, round_ = self.mover, None
+        # what the reply did to the offer on the table: a new offer rejects it; with nothing on
+        # the table there is nothing to reject
+        decision = move.decision if move.decision in ("accept", "walk_away") else ("reject" if self.pending else None)
         if move.decision == "accept":
             self.outcome, self.deal, self.deal_round = "deal", dict(self.pending), self.pending_round
         elif move.decision == "walk_away":
@@ -278,7 +281,7 @@ class Match:
             self.pending, self.pending_round = {k: float(move.offer[k]) for k in self.config.offer_fields}, round_
         else:
             self.pending = self.pending_round = None
-        self.history.append({"role": role, "decision": move.decision,
+        self.history.append({"role": role, "decision": decision,
                              "offer": None if round_ is None else dict(self.pending), "round": round_})
         self.turn += 1
         if self.outcome is None and self.pending is None and not self.can_offer:

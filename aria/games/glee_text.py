@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-from aria.games.glee import BargainingConfig, GameConfig, Move, NegotiationConfig, other
+from aria.games.glee import BargainingConfig, GameConfig, NegotiationConfig, other
 
 
 def money_text(x: float, sign: str = "$") -> str:
@@ -57,24 +57,23 @@ def offer_text(config: GameConfig, offer: Mapping[str, float], round_: int, prom
     return prompts["shown"]["offer"].format(round=round_, max_rounds=config.max_rounds, **values)
 
 
-def shown_text(config: GameConfig, move: Move | None, answered: bool, round_: int | None,
-               prompts: Mapping[str, Any]) -> str:
+def shown_text(config: GameConfig, applied: Mapping[str, Any] | None, message: str, prompts: Mapping[str, Any]) -> str:
     """One transcript line's text (module doc).
 
     Args:
-        move: the move played, or None when the player gave no usable reply.
-        answered: whether an offer was on the table (a new offer then also rejects it).
-        round_: the round of the new offer, if the move made one.
+        applied: the move as the rules applied it (an entry of :attr:`Match.history`: the
+            decision on the offer on the table, the new offer and its round), or None when the
+            player gave no usable reply.
+        message: the player's free-text message (shown only when messages are relayed).
     """
     shown = prompts["shown"]
-    if move is None:
+    if applied is None:
         return shown["no_reply"]
     parts = []
-    decision = move.decision or ("reject" if answered and move.offer is not None else None)
-    if decision is not None:
-        parts.append(shown[decision])
-    if config.messages and move.message and decision not in ("accept", "walk_away"):
-        parts.append(move.message.strip())
-    if round_ is not None and move.offer is not None:
-        parts.append(offer_text(config, move.offer, round_, prompts))
+    if applied["decision"] is not None:
+        parts.append(shown[applied["decision"]])
+    if config.messages and message and applied["decision"] not in ("accept", "walk_away"):
+        parts.append(message.strip())
+    if applied["offer"] is not None:
+        parts.append(offer_text(config, applied["offer"], applied["round"], prompts))
     return " ".join(parts) if parts else shown["no_reply"]

@@ -139,18 +139,25 @@ def _from_json(obj: dict, offer_fields: Sequence[str]) -> Move | None:
 
 
 # ---- stage 2: plain text --------------------------------------------------------------------
-_NEGATED_ACCEPT = re.compile(r"(?:\bnot|n't|\bnever|\bcannot|\bunable to)\s+(?:\w+\s+){0,2}(?:accept|agree)", re.IGNORECASE)
-_ACCEPT = re.compile(r"\b(?:i\s+accept|accept(?:ed)?\b|i\s+agree|agreed|it'?s a deal|deal!|you have a deal)", re.IGNORECASE)
-_REJECT = re.compile(r"\b(?:reject|decline|refuse|counter-?offer|counter)\w*", re.IGNORECASE)
+# A decision in plain text must be stated by the speaker, near the start of the reply: "I accept",
+# "I'll reject", "Deal!", "Accepted." as its first word. A word such as "accept" or "agreed"
+# somewhere inside a ramble is not a decision (small models write such rambles; reading them as
+# acceptances would end games on text nobody meant as a move).
+_DECISION_WINDOW = 200  # characters from the start of the reply searched for a decision
+_I = r"\bi(?:'ll|'d|\s+(?:will|would|shall|do|must|hereby|have to))?\s+(?:(?:like|want|have|need) to\s+)?"
+_NEGATED_ACCEPT = re.compile(rf"\bi(?:\s+\w+){{0,2}}?\s*(?:can't|cannot|can not|won't|will not|don't|do not|am not able to|am unable to|must not)\s+(?:\w+\s+)?(?:accept|agree)", re.IGNORECASE)
+_ACCEPT = re.compile(rf"(?:{_I}(?:accept|agree)\b|^\W*(?:accept(?:ed)?|agreed|deal|it'?s a deal)\b|\byou have a deal\b)", re.IGNORECASE)
+_REJECT = re.compile(rf"(?:{_I}(?:reject|decline|refuse|counter)|^\W*(?:reject(?:ed)?|declined?|no deal|no)\b|\bcounter-?offer\b)", re.IGNORECASE)
 _WALK = re.compile(r"\b(?:walk(?:ing)?\s+away|sell (?:it |the product )?to john|buy (?:it )?from john|go with john|deal with john|opt out)", re.IGNORECASE)
 
 
 def _text_decision(text: str) -> str | None:
-    if _WALK.search(text):
+    head = text.strip()[:_DECISION_WINDOW]
+    if _WALK.search(head):
         return "walk_away"
-    if _NEGATED_ACCEPT.search(text) or _REJECT.search(text):
+    if _NEGATED_ACCEPT.search(head) or _REJECT.search(head):
         return "reject"
-    if _ACCEPT.search(text):
+    if _ACCEPT.search(head):
         return "accept"
     return None
 
