@@ -214,3 +214,28 @@ def test_two_player_summary_by_hand():
     assert s["unusable_reply_share"] == pytest.approx(3 / 6)
     s = summarize_two_player({"bob": games})
     assert (s["wins"], s["losses"]) == (1, 1) and s["mean_payoff_share"] == pytest.approx((0.3 + 0.5 + 0.8) / 3)
+
+
+def test_two_player_opponent_behind_an_endpoint(tmp_path):
+    """OPPONENT=<url>: the opponent is another served model (the same test server here): as Alice
+    the policy proposes 60/40 and the opponent accepts; as Bob it accepts the opponent's 60/40."""
+    server = ChatServer(reply=seat_reply)
+    out = tmp_path / "res"
+    try:
+        env = eval_env(server.base_url, out, ENVS="bargaining", N_PER_CONFIG="1", CONFIG_SET="smoke",
+                       OPPONENT=server.base_url, OPPONENT_MODEL="test-model")
+        done = subprocess.run(["bash", str(REPO / "evaluation/eval.sh"), "progress=false"], env=env,
+                              capture_output=True, text=True)
+        assert done.returncode == 0, done.stderr
+        s = json.loads((out / "summary.json").read_text())["environments"]["bargaining"]
+        assert s["opponent"] == "test-model"
+        assert (s["as_alice"]["wins"], s["as_bob"]["losses"]) == (1, 1)
+        as_bob = next(read_trajectories(out / "bargaining" / "as_bob.jsonl"))
+        assert as_bob["meta"]["payoffs"] == {"alice": 60.0, "bob": 40.0} and as_bob["model"] == "test-model"
+        # an opponent URL that does not answer is one line, before any game
+        env["OPPONENT"] = "http://127.0.0.1:9/v1"
+        done = subprocess.run(["bash", str(REPO / "evaluation/eval.sh")], env={**env, "OUT": str(tmp_path / "x")},
+                              capture_output=True, text=True)
+        assert done.returncode == 2 and "http://127.0.0.1:9/v1/models" in done.stderr.strip().splitlines()[-1]
+    finally:
+        server.close()
