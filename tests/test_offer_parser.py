@@ -95,6 +95,14 @@ TABLE = [
     ("Yes, I'd like to propose $60 for me and $40 for you.", BAR, "alice", 100, (None, split(60, 40))),
     ("I'll accept that.", NEG, "bob", 100, ("accept", None)),
     ("Accepted.", BAR, "bob", 100, ("accept", None)),
+    # numbers inside rambles are not prices (the same evaluation run, Negotiation) -----------
+    ("Quantitative: https://_{refrole_brail_62_7311133CABEK_07_2001} {a_combination_binary}\nQuantitative: 3.14\n"
+     "This quantitiy is an alternative to Agoraphobia and metaphor.", NEG, "alice", 100, ParseError),
+    ("dogs.therese_python/santasabug said:\nIreland took all of my gold.\nPass it on to the pope.\n#Arizona has 4 "
+     "hospital room colors. \n#Three of them are blue.", NEG, "alice", 100, ParseError),
+    ("I was born in 1990 and I have 3 cats.", NEG, "bob", 100, ParseError),
+    ("I can pay 102 for it.", NEG, "bob", 100, (None, price(102))),
+    ("1200 dollars is my price", NEG, "alice", 1000, (None, price(1200))),
 ]
 
 

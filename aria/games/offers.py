@@ -197,12 +197,24 @@ def _text_split(text: str, money: float, speaker: str) -> dict[str, float] | Non
     return None
 
 
+_PRICE_CUE = re.compile(r"\b(?:price(?:\s+of)?|offer(?:\s+of)?|pay|for|at|about)\W{0,3}$", re.IGNORECASE)
+
+
 def _text_price(text: str) -> dict[str, float] | None:
-    """Negotiation: the last money amount written in the text (later amounts answer earlier ones)."""
+    """Negotiation: the last amount that is money by its form or its place.
+
+    In order: the last amount written as money ("$9,500", "12k", "1.5 million"); a reply that is
+    only a number; the last amount right after a price word ("a price of 95", "I can pay 102").
+    A number anywhere else (a date, a list item, a count in a ramble) is not an offer.
+    """
     amounts = list(_AMOUNT_RE.finditer(text))
-    dollar = [m for m in amounts if "$" in m.group(0) or m.group(2)]
-    chosen = (dollar or amounts)
-    return {"product_price": _amount(chosen[-1])} if chosen else None
+    money = [m for m in amounts if "$" in m.group(0) or m.group(2) or re.match(r"\s*dollars?\b", text[m.end():], re.IGNORECASE)]
+    if money:
+        return {"product_price": _amount(money[-1])}
+    if len(amounts) == 1 and amounts[0].group(0).strip() == text.strip().rstrip(".!"):
+        return {"product_price": _amount(amounts[0])}
+    cued = [m for m in amounts if _PRICE_CUE.search(text[max(0, m.start() - 12):m.start()])]
+    return {"product_price": _amount(cued[-1])} if cued else None
 
 
 def parse_reply(text: str | None, offer_fields: Sequence[str], money: float, speaker: str) -> Move:
