@@ -141,7 +141,16 @@ def latest_checkpoint(output_dir: Path) -> Path | None:
 
 
 class OfflineTrainer:
-    """Offline REINFORCE; ``cfg`` is the resolved Hydra config (see ``config/default.yaml``)."""
+    """Offline REINFORCE; ``cfg`` is the resolved Hydra config (see ``config/default.yaml``).
+
+    What is specific to the policy sits in four methods, which the reward-model trainer
+    (:mod:`aria.trainers.reward_model`) overrides: :meth:`select_samples`, :meth:`load_model`,
+    :meth:`encode` and :meth:`micro_loss`; :meth:`after_training` runs before the final save.
+    The loop, accumulation, logging, checkpoints and resume are shared.
+    """
+
+    #: losses by name (config ``loss.name``)
+    losses: dict[str, Callable[..., torch.Tensor]] = LOSSES
 
     def __init__(self, cfg: dict, on_step: Callable[[int], None] | None = None):
         from accelerate import Accelerator
@@ -160,21 +169,10 @@ class OfflineTrainer:
 
         # Data: read and check everything before the model is even loaded.
         self.train_path = cfg["data"]["train_file"]
-        self.samples = read_training_set(self.train_path)
-        check_samples(self.samples, self.train_path)
-        limit = cfg["data"].get("max_samples")
-        if limit and limit < len(self.samples):  # a seeded subset, in file order (small CPU runs)
-            keep = np.sort(np.random.default_rng(cfg["seed"]).choice(len(self.samples), size=limit, replace=False))
-            self.samples = [self.samples[i] for i in keep]
+        self.samples = self.select_samples(read_training_set(self.train_path))
 
-        m = cfg["model"]
-        self.tokenizer, model = load_policy(m["path"], m.get("dtype", "float32"), m["lora"] if m["lora"]["enabled"] else None,
-                                            m.get("gradient_checkpointing", False))
-        self.encoded: list[EncodedSample] = [
-            encode_sample(self.tokenizer, s["observation"], s["action"], cfg["data"]["max_prompt_tokens"],
-                          cfg["data"]["append_eos"], cfg["data"].get("system_prompt"))
-            for s in self.samples
-        ]
+        self.tokenizer, model = self.load_model(cfg["model"])
+        self.encoded: list[EncodedSample] = [self.encode(s) for s in self.samples]
         self.rewards = torch.tensor([float(s["reward"]) for s in self.samples])
         # What a checkpoint was trained on: resuming on other data would silently mix two runs.
         self.data_digest = hashlib.sha256(json.dumps(
@@ -203,8 +201,40 @@ class OfflineTrainer:
             ds["gradient_clipping"] = t["max_grad_norm"] or 0.0
         self.model, self.optimizer = self.accelerator.prepare(model, optimizer)
         self.scheduler = scheduler
-        self.loss_fn = LOSSES[cfg["loss"]["name"]]
+        if cfg["loss"]["name"] not in self.losses:
+            raise KeyError(f"unknown loss {cfg['loss']['name']!r}; registered: {sorted(self.losses)}")
+        self.loss_fn = self.losses[cfg["loss"]["name"]]
+        self.loss_options = dict(cfg["loss"].get(cfg["loss"]["name"]) or {})  # the section named like the loss
         self.state = TrainState()
+
+    # ---- what is specific to the model being trained ----
+    def select_samples(self, samples: list[dict]) -> list[dict]:
+        """The samples to train on: all of them, checked, or a seeded subset of ``data.max_samples``."""
+        check_samples(samples, self.train_path)
+        limit = self.cfg["data"].get("max_samples")
+        if limit and limit < len(samples):  # a seeded subset, in file order (small CPU runs)
+            keep = np.sort(np.random.default_rng(self.cfg["seed"]).choice(len(samples), size=limit, replace=False))
+            samples = [samples[i] for i in keep]
+        return samples
+
+    def load_model(self, m: dict):
+        """(tokenizer, model) from the ``model`` config section."""
+        return load_policy(m["path"], m.get("dtype", "float32"), m["lora"] if m["lora"]["enabled"] else None,
+                           m.get("gradient_checkpointing", False))
+
+    def encode(self, sample: dict) -> EncodedSample:
+        d = self.cfg["data"]
+        return encode_sample(self.tokenizer, sample["observation"], sample["action"], d["max_prompt_tokens"],
+                             d["append_eos"], d.get("system_prompt"))
+
+    def micro_loss(self, batch: dict[str, torch.Tensor], indices: list[int]) -> torch.Tensor:
+        """The loss of one micro-batch: REINFORCE on the summed action log-probs."""
+        logp = action_logprobs(self.model, batch)
+        return self.loss_fn(logp, self.rewards[indices].to(logp.device), **self.loss_options)
+
+    def after_training(self) -> dict:
+        """Runs after the last step, before the final save; its result joins :meth:`train`'s."""
+        return {}
 
     # ---- schedule helpers ----
     def _warmup_steps(self) -> int:
@@ -242,8 +272,7 @@ class OfflineTrainer:
                 items = [self.encoded[i] for i in indices]
                 batch = {k: v.to(acc.device) for k, v in collate(items, self.tokenizer.pad_token_id).items()}
                 with acc.accumulate(self.model):
-                    logp = action_logprobs(self.model, batch)
-                    loss = self.loss_fn(logp, self.rewards[indices].to(acc.device), **self.cfg["loss"]["options"])
+                    loss = self.micro_loss(batch, indices)
                     acc.backward(loss)
                     if acc.sync_gradients and t["max_grad_norm"]:
                         grad_norm = acc.clip_grad_norm_(self.model.parameters(), t["max_grad_norm"])
@@ -271,10 +300,11 @@ class OfflineTrainer:
             self.state.epoch += 1
             self.state.micro = 0
         bar.close()
+        extra = self.after_training()
         final = self.save_final()
         if log_cfg["report_to"]:
             acc.end_training()
-        return {"steps": self.state.step, "resumed_from": str(resumed) if resumed else None, "final": str(final), **last}
+        return {"steps": self.state.step, "resumed_from": str(resumed) if resumed else None, "final": str(final), **last, **extra}
 
     def _log(self, window: dict, metrics_path: Path, bar) -> dict:
         acc = self.accelerator

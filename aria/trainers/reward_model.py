@@ -1,0 +1,181 @@
+"""Pointwise reward model (spec ``aria_method.md`` §5, online ARIA): (observation, action) -> one
+number, trained on the aggregated-reward training set.
+
+The model is a transformers sequence-classification model with one output
+(``AutoModelForSequenceClassification``, ``num_labels=1``; the paper used Llama-3.1-8B-Instruct
+with a scalar head, the original fully fine-tuned it). A sample is encoded exactly like a policy
+sample, chat-templated prompt then action (:func:`aria.policy.encode_sample`), padded on the
+right; the head reads the last token that is not padding.
+
+The loss is the original's weighted MSE (:func:`weighted_mse_loss`):
+
+    L = (1/B) Σ_i w_i (s_i − r_i)²,   w_i = 2.0 if r_i < 0.01 or r_i > 0.8,
+                                        0.5 if |r_i − 0.5| ≤ 0.05,  1.0 otherwise
+
+(the extreme targets count double, the uninformative middle counts half; every threshold is a
+config option). A held-out split (``data.eval_fraction``, whole games kept together so that no
+game's steps sit on both sides) gives the evaluation loss and the Pearson and Spearman
+correlations of scores with targets, written to ``output_dir/eval.json`` and ``metrics.jsonl``.
+
+Everything else (micro-batches, accumulation, clipping, schedules, LoRA or full fine-tuning,
+checkpoints, exact resume, ``accelerate launch``) is the offline trainer's
+(:class:`aria.trainers.offline.OfflineTrainer`), of which this is a subclass.
+"""
+from __future__ import annotations
+
+import json
+from typing import Any, Callable, Sequence
+
+import numpy as np
+import torch
+
+from aria.io import DataError, atomic_write_json
+from aria.policy import EncodedSample, collate, encode_sample
+from aria.trainers.offline import OfflineTrainer, check_samples
+
+
+# ---- the loss ------------------------------------------------------------------------------------
+def mse_weights(target: torch.Tensor, extreme_weight: float = 2.0, low: float = 0.01, high: float = 0.8,
+                middle_weight: float = 0.5, middle: float = 0.5, middle_halfwidth: float = 0.05) -> torch.Tensor:
+    """Per-sample weights of the original's weighted MSE (module doc); extremes win over the middle."""
+    w = torch.ones_like(target)
+    w = torch.where((target - middle).abs() <= middle_halfwidth, torch.full_like(target, middle_weight), w)
+    return torch.where((target < low) | (target > high), torch.full_like(target, extreme_weight), w)
+
+
+def weighted_mse_loss(score: torch.Tensor, target: torch.Tensor, **weights: float) -> torch.Tensor:
+    """mean_i w_i (s_i − r_i)²; ``score`` and ``target`` are [B]; ``weights`` go to :func:`mse_weights`."""
+    target = target.to(score.dtype)
+    return (mse_weights(target, **weights) * (score - target) ** 2).mean()
+
+
+def mse_loss(score: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    return ((score - target.to(score.dtype)) ** 2).mean()
+
+
+#: Reward-model losses by name (config ``loss.name``).
+RM_LOSSES: dict[str, Callable[..., torch.Tensor]] = {"weighted_mse": weighted_mse_loss, "mse": mse_loss}
+
+
+# ---- data -----------------------------------------------------------------------------------------
+def held_out_split(samples: Sequence[dict], fraction: float, seed: int) -> tuple[list[dict], list[dict]]:
+    """(train, held out): a seeded ``fraction`` of the games (by ``game_id``; a sample without one
+    is its own game) goes to the held-out side, all of each game's steps together."""
+    if not 0 <= fraction < 1:
+        raise ValueError(f"eval_fraction must lie in [0, 1), got {fraction}")
+    games = list(dict.fromkeys(s.get("game_id", f"#{i}") for i, s in enumerate(samples)))
+    n_eval = int(round(fraction * len(games)))
+    if fraction > 0 and n_eval == 0 and len(games) > 1:
+        n_eval = 1
+    held = set(np.random.default_rng(seed).permutation(len(games))[:n_eval].tolist())
+    held_games = {games[i] for i in held}
+    train, evaluation = [], []
+    for i, s in enumerate(samples):
+        (evaluation if s.get("game_id", f"#{i}") in held_games else train).append(s)
+    return train, evaluation
+
+
+# ---- the model ------------------------------------------------------------------------------------
+def load_reward_model(model_path: str, dtype: str = "float32", lora: dict[str, Any] | None = None,
+                      gradient_checkpointing: bool = False):
+    """Tokenizer and a one-output sequence-classification model from a local folder (a causal-LM
+    checkpoint gets a new, randomly initialised scalar head; ``"embedded"`` = SmolLM2-135M-Instruct).
+    With ``lora``, a peft adapter on the given modules, the head trained in full."""
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+    from aria.llm.embedded import resolve_model_path
+
+    path = resolve_model_path(model_path)
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    model = AutoModelForSequenceClassification.from_pretrained(path, num_labels=1, dtype=getattr(torch, dtype))
+    model.config.pad_token_id = tokenizer.pad_token_id  # the head reads the last non-padding token
+    if gradient_checkpointing:
+        model.gradient_checkpointing_enable()
+    if lora:
+        from peft import LoraConfig, get_peft_model
+
+        model = get_peft_model(model, LoraConfig(r=lora["r"], lora_alpha=lora["alpha"], lora_dropout=lora.get("dropout", 0.0),
+                                                 target_modules=list(lora["target_modules"]), task_type="SEQ_CLS"))
+    return tokenizer, model
+
+
+def reward_scores(model, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+    """The model's score of every sample in a right-padded batch: shape [B], float32."""
+    return model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits[:, 0].float()
+
+
+@torch.no_grad()
+def score_encoded(model, encoded: Sequence[EncodedSample], pad_id: int, batch_size: int = 16,
+                  device: torch.device | str = "cpu") -> np.ndarray:
+    """Scores of encoded samples, in order, batched by similar length (no gradients)."""
+    was_training = model.training
+    model.eval()
+    order = sorted(range(len(encoded)), key=lambda i: len(encoded[i].input_ids))
+    out = np.zeros(len(encoded), dtype=np.float64)
+    for start in range(0, len(order), batch_size):
+        chunk = order[start : start + batch_size]
+        batch = {k: v.to(device) for k, v in collate([encoded[i] for i in chunk], pad_id).items()}
+        out[chunk] = reward_scores(model, batch).cpu().numpy()
+    model.train(was_training)
+    return out
+
+
+def correlations(score: Sequence[float], target: Sequence[float]) -> dict[str, float | None]:
+    """Pearson and Spearman correlation of scores with targets (None where undefined: constant input)."""
+    from scipy.stats import pearsonr, spearmanr
+
+    score, target = np.asarray(score, dtype=float), np.asarray(target, dtype=float)
+    if len(score) < 2 or np.ptp(score) == 0 or np.ptp(target) == 0:
+        return {"pearson": None, "spearman": None}
+    return {"pearson": float(pearsonr(score, target)[0]), "spearman": float(spearmanr(score, target)[0])}
+
+
+# ---- the trainer -----------------------------------------------------------------------------------
+class RewardModelTrainer(OfflineTrainer):
+    """Weighted-MSE regression of (observation, action) on the aggregated reward (module doc);
+    ``cfg`` is the resolved Hydra config (``config/reward_model.yaml``)."""
+
+    losses = RM_LOSSES
+
+    def select_samples(self, samples: list[dict]) -> list[dict]:
+        check_samples(samples, self.train_path)
+        d = self.cfg["data"]
+        train, self.eval_samples = held_out_split(samples, float(d.get("eval_fraction") or 0.0), self.cfg["seed"])
+        if not train:
+            raise DataError(self.train_path, None, None, "no samples left for training after the held-out split")
+        return super().select_samples(train)
+
+    def load_model(self, m: dict):
+        return load_reward_model(m["path"], m.get("dtype", "float32"), m["lora"] if m["lora"]["enabled"] else None,
+                                 m.get("gradient_checkpointing", False))
+
+    def encode(self, sample: dict) -> EncodedSample:
+        d = self.cfg["data"]
+        return encode_sample(self.tokenizer, sample["observation"], sample["action"], d["max_prompt_tokens"],
+                             d["append_eos"], d.get("system_prompt"))
+
+    def micro_loss(self, batch: dict[str, torch.Tensor], indices: list[int]) -> torch.Tensor:
+        score = reward_scores(self.model, batch)
+        return self.loss_fn(score, self.rewards[indices].to(score.device), **self.loss_options)
+
+    def evaluate(self) -> dict:
+        """Loss and correlations on the held-out split (every process scores it; rank 0 writes)."""
+        if not self.eval_samples:
+            return {}
+        encoded = [self.encode(s) for s in self.eval_samples]
+        target = np.array([float(s["reward"]) for s in self.eval_samples])
+        score = score_encoded(self.model, encoded, self.tokenizer.pad_token_id,
+                              self.cfg["train"]["micro_batch_size"], self.accelerator.device)
+        loss = float(self.loss_fn(torch.tensor(score), torch.tensor(target), **self.loss_options))
+        result = {"eval_samples": len(target), "eval_loss": round(loss, 6),
+                  **{f"eval_{k}": (None if v is None else round(v, 4)) for k, v in correlations(score, target).items()}}
+        if self.accelerator.is_main_process:
+            atomic_write_json(self.output_dir / "eval.json", {"step": self.state.step, **result})
+            with open(self.output_dir / "metrics.jsonl", "a", encoding="utf-8") as handle:
+                handle.write(json.dumps({"step": self.state.step, **result}) + "\n")
+        return result
+
+    def after_training(self) -> dict:
+        return self.evaluate()
