@@ -21,6 +21,7 @@ setup(
         "sentence-transformers>=3.0",
         "scikit-learn>=1.3",
         "openai>=1.0",
+        "requests",  # the reward-model scoring client
         "datasets>=3.0",
         "peft>=0.13",
         "safetensors",

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Callable
 
 from aria.io import atomic_write_json, atomic_write_text, read_json
-from aria.resources import REPO_ROOT
+from aria.resources import REPO_ROOT, compose_config
 
 Printer = Callable[[str], None]
 
@@ -39,18 +39,11 @@ class Timer:
         return result
 
 
-def _compose(name: str, overrides: list[str]) -> dict:
-    from hydra import compose
-    from omegaconf import OmegaConf
-
-    return OmegaConf.to_container(compose(config_name=name, overrides=overrides), resolve=True)
-
-
 def collect(cfg: dict, game: str, echo: Printer) -> Path:
     from aria.rollout import collect_from_config
 
     out = Path(cfg["run_dir"]) / "trajectories" / f"{game}.jsonl"
-    c = _compose("collect", [f"game={game}", f"num_games={cfg['collect']['num_games']}", f"seed={cfg['seed']}",
+    c = compose_config("collect", [f"game={game}", f"num_games={cfg['collect']['num_games']}", f"seed={cfg['seed']}",
                              f"out={out}", f"policy.model_path={cfg['base_model']}", *cfg["collect"]["overrides"]])
     summary = collect_from_config(c)
     echo(f"[main] collect {game}: {summary.line()}")
@@ -62,7 +55,7 @@ def collect(cfg: dict, game: str, echo: Printer) -> Path:
 def intention(cfg: dict, game: str, trajectories: Path, echo: Printer) -> dict:
     from aria.intention import pipeline
 
-    c = _compose("intention", [f"game={game}", f"input={trajectories}", f"seed={cfg['seed']}",
+    c = compose_config("intention", [f"game={game}", f"input={trajectories}", f"seed={cfg['seed']}",
                                f"run_dir={Path(cfg['run_dir']) / 'intention' / game}", *cfg["intention_overrides"]])
     pipeline.step1_embed_and_cluster(c, echo)
     report = pipeline.step2_select_k(c, echo)
@@ -88,7 +81,7 @@ def train(cfg: dict, echo: Printer) -> Path:
     if (out / "final").is_dir() and marker.is_file() and read_json(marker) == trained_on:
         echo(f"[main] training done before on the same samples: {out / 'final'}")
         return out / "final"
-    result = OfflineTrainer(_compose("reinforce_llm", overrides)).train()
+    result = OfflineTrainer(compose_config("reinforce_llm", overrides)).train()
     atomic_write_json(marker, trained_on)
     echo(f"[main] trained {result['steps']} steps -> {result['final']}")
     return Path(result["final"])

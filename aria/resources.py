@@ -30,3 +30,19 @@ def dataset_file(name: str | os.PathLike) -> Path:
     if path.is_absolute() or path.exists():
         return path
     return dataset_dir() / path
+
+
+def compose_config(name: str, overrides: list[str]) -> dict:
+    """A resolved config of ``config/<name>.yaml`` with Hydra overrides, as a plain dict.
+
+    Inside a Hydra app the app's config search path is used; elsewhere (tests, library calls) the
+    repository's ``config/`` folder.
+    """
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+    from omegaconf import OmegaConf
+
+    if GlobalHydra.instance().is_initialized():
+        return OmegaConf.to_container(compose(config_name=name, overrides=overrides), resolve=True)
+    with initialize_config_dir(config_dir=str(REPO_ROOT / "config"), version_base="1.3"):
+        return OmegaConf.to_container(compose(config_name=name, overrides=overrides), resolve=True)

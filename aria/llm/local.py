@@ -125,9 +125,32 @@ class LocalChatModel:
         device: str = "cpu",
     ):
         path = resolve_model_path(model_path)
-        self.name = name or path.name
-        self.tokenizer = AutoTokenizer.from_pretrained(path)
-        self.model = AutoModelForCausalLM.from_pretrained(path, dtype=resolve_dtype(dtype, device)).to(device).eval()
+        tokenizer = AutoTokenizer.from_pretrained(path)
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=resolve_dtype(dtype, device)).to(device).eval()
+        self._setup(model, tokenizer, name or path.name, max_new_tokens, temperature, top_p, max_prompt_tokens,
+                    reuse_cache, seed, device)
+
+    @classmethod
+    def from_model(cls, model, tokenizer, name: str = "policy", max_new_tokens: int = 48, temperature: float = 1.0,
+                   top_p: float = 1.0, max_prompt_tokens: int = 2048, reuse_cache: bool = True,
+                   seed: int | None = None, device: str | torch.device = "cpu") -> "LocalChatModel":
+        """Generate with a model already in memory (the online trainer's policy, LoRA included).
+
+        The model is used as it is (its dtype, its device, its current weights); the caller puts
+        it in eval mode and calls :meth:`release_all` whenever the weights change, since a kept
+        prompt cache holds keys and values of the old weights. ``seed=None`` leaves torch's
+        generator alone (the trainer owns it).
+        """
+        self = cls.__new__(cls)
+        self._setup(model, tokenizer, name, max_new_tokens, temperature, top_p, max_prompt_tokens, reuse_cache, seed,
+                    str(device))
+        return self
+
+    def _setup(self, model, tokenizer, name, max_new_tokens, temperature, top_p, max_prompt_tokens, reuse_cache,
+               seed, device) -> None:
+        self.name = name
+        self.tokenizer = tokenizer
+        self.model = model
         self.device = device
         self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else self.tokenizer.eos_token_id
         self.max_prompt_tokens = max_prompt_tokens
@@ -145,6 +168,11 @@ class LocalChatModel:
             torch.manual_seed(seed)
 
     # ---- public API -------------------------------------------------------------------
+    def release_all(self) -> None:
+        """Forget every kept prompt cache (after the model's weights changed)."""
+        self._caches.clear()
+        self._last_released = None
+
     def release(self, key: str) -> None:
         entry = self._caches.pop(key, None)
         if entry is not None:

@@ -1,0 +1,507 @@
+"""Online ARIA: REINFORCE with a pointwise reward model as the advantage (spec ``aria_method.md``
+§5; paper §5.3 and App. I.2; single-agent games only).
+
+One story per iteration ``i`` (``config/onlinereinforce_llm.yaml`` names every setting):
+
+1. **Roll out** ``online.rollout_size`` games of every game in ``online.games`` with the current
+   policy, many at once (:func:`aria.rollout.play_games`, the policy's live weights through
+   :meth:`LocalChatModel.from_model`), into ``rollouts/iter-<i>/<game>.rank<r>.jsonl``. These
+   files are the rollout buffer: a refresh reads them, and an interrupted rollout resumes game by
+   game.
+2. **Score** every agent step (observation = the exact prompt the policy saw, action = its reply)
+   with the reward model; the score, through ``online.advantage`` (:data:`ADVANTAGES`), is the
+   step's advantage A.
+3. **Update** the actor: ``online.actor_updates`` optimizer steps, each on
+   ``micro_batch_size × gradient_accumulation_steps`` of the iteration's steps (a seeded order,
+   cycled when the iteration has fewer), with the REINFORCE loss of the offline trainer
+   (``L = −mean(A · Σ_t log π(a_t | observation))``, :func:`aria.trainers.offline.reinforce_loss`).
+4. **Refresh** the reward model every ``online.rm_refresh`` actor steps (paper: 50): pipeline
+   steps 1-4 (:mod:`aria.intention.pipeline`) on the rollouts since the last refresh give an
+   aggregated-reward training set, on which ``scripts/train_rm.py`` retrains the reward model
+   (from the current one, or from the base model, ``reward_model.refresh_from``). Its held-out
+   loss and Pearson/Spearman correlation are logged.
+
+Where the first reward model comes from: ``reward_model.init_path`` (a model trained with
+``scripts/train_rm.sh``), else one trained first on ``reward_model.train_file`` (an offline
+aggregated-reward set), else one trained on iteration 0's own rollouts, aggregated, before they
+are scored.
+
+Checkpoints (every ``online.save_freq`` iterations, ``checkpoints/step-<actor step>/``, written
+under a temporary name and renamed): the policy's trainable tensors and its Hugging Face adapter
+or model, the optimizer, the scheduler, every process's RNG state, and ``trainer_state.json``
+(iterations done, actor steps, the reward model in use and the rollout window of the next
+refresh). The reward models live in ``rm_refresh/step-<n>/``, the rollouts in ``rollouts/``.
+Re-running the same command resumes after the last checkpointed iteration; an interruption at
+an iteration boundary resumes to the same weights as an uninterrupted run (tested).
+
+Several processes (``accelerate launch``): each plays its share of the games with its own copy
+of the policy, scores and trains on its own steps (gradients are averaged by DDP); the main
+process runs the refresh's pipeline steps and the reward-model training, the others wait.
+DeepSpeed ZeRO-3 is not wired into this trainer.
+"""
+from __future__ import annotations
+
+import glob
+import json
+import math
+import shutil
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+import torch
+
+from aria.io import atomic_write_json, read_json
+from aria.policy import action_logprobs, collate, encode_sample, load_policy
+from aria.resources import REPO_ROOT, compose_config
+from aria.trainers.offline import LOSSES, _rng_state, _set_rng_state, latest_checkpoint, resolve_mixed_precision
+
+
+# ---- advantages ------------------------------------------------------------------------------
+def rm_score(scores: np.ndarray) -> np.ndarray:
+    """The reward model's score itself (the paper: the score is the advantage)."""
+    return scores
+
+
+def rm_score_centered(scores: np.ndarray) -> np.ndarray:
+    """The score minus the mean score of the iteration's steps (a batch baseline)."""
+    return scores - scores.mean() if len(scores) else scores
+
+
+#: Advantage estimators by name (config ``online.advantage``): scores [N] -> advantages [N].
+ADVANTAGES: dict[str, Callable[[np.ndarray], np.ndarray]] = {"rm_score": rm_score, "rm_score_centered": rm_score_centered}
+
+
+# ---- the actor's batches ------------------------------------------------------------------------
+def update_batches(n: int, updates: int, batch_size: int, micro_batch_size: int, seed: int | list[int],
+                   lengths: list[int] | None = None) -> list[list[list[int]]]:
+    """Sample indices for ``updates`` optimizer steps of ``batch_size`` samples each, split into
+    micro-batches of ``micro_batch_size``: a seeded permutation of ``0..n-1``, cycled (a fresh
+    permutation each pass) when ``n < updates · batch_size``. Within a step, samples are sorted by
+    ``lengths`` before the split, so a micro-batch holds similar lengths (little padding).
+    Returns ``[update][micro-batch][sample index]``."""
+    if n == 0:
+        return []
+    rng = np.random.default_rng(seed)
+    order: list[int] = []
+    while len(order) < updates * batch_size:
+        order += rng.permutation(n).tolist()
+    steps = []
+    for u in range(updates):
+        chunk = order[u * batch_size : (u + 1) * batch_size]
+        if lengths is not None:
+            chunk = sorted(chunk, key=lambda i: (-lengths[i], i))
+        steps.append([chunk[j : j + micro_batch_size] for j in range(0, batch_size, micro_batch_size)])
+    return steps
+
+
+@dataclass
+class OnlineState:
+    iteration: int = 0          # iterations finished
+    step: int = 0               # actor optimizer steps done
+    rm_path: str | None = None  # the reward model in use
+    rm_step: int | None = None  # actor step of the last refresh (None: not refreshed by this run yet)
+    window_start: int = 0       # first iteration whose rollouts the next refresh aggregates
+
+
+class OnlineTrainer:
+    """Online ARIA (module doc); ``cfg`` is the resolved config ``config/onlinereinforce_llm.yaml``.
+
+    ``on_iteration(i)`` is called after iteration ``i`` is checkpointed (tests use it to interrupt).
+    """
+
+    def __init__(self, cfg: dict, on_iteration: Callable[[int], None] | None = None):
+        from accelerate import Accelerator
+        from accelerate.utils import set_seed
+        from transformers import get_scheduler
+
+        from aria.games.base import build_game, load_game_config
+        from aria.games.oracle import build_oracle
+        from aria.reward_service import build_scorer
+
+        self.cfg, self.on_iteration = cfg, on_iteration
+        t, o = cfg["train"], cfg["online"]
+        self.output_dir = Path(cfg["output_dir"])
+        self.accelerator = Accelerator(gradient_accumulation_steps=t["gradient_accumulation_steps"],
+                                       mixed_precision=resolve_mixed_precision(t["mixed_precision"]),
+                                       cpu=cfg.get("device") == "cpu", step_scheduler_with_optimizer=False)
+        set_seed(cfg["seed"])
+        if o["advantage"] not in ADVANTAGES:
+            raise KeyError(f"unknown advantage {o['advantage']!r}; registered: {sorted(ADVANTAGES)}")
+        if cfg["loss"]["name"] not in LOSSES:
+            raise KeyError(f"unknown loss {cfg['loss']['name']!r}; registered: {sorted(LOSSES)}")
+        self.advantage = ADVANTAGES[o["advantage"]]
+        self.loss_fn = LOSSES[cfg["loss"]["name"]]
+        self.loss_options = dict(cfg["loss"].get(cfg["loss"]["name"]) or {})
+
+        # The games and their oracle (single-agent games only: online ARIA is not defined for two players).
+        self.games = {}
+        for name in o["games"]:
+            game_cfg = load_game_config(name)
+            if game_cfg.get("kind") == "two_player":
+                raise ValueError(f"online ARIA plays single-agent games; {name!r} is a two-player game")
+            self.games[name] = (game_cfg, build_game(game_cfg), build_oracle(cfg["oracle"], game_cfg))
+
+        m = cfg["model"]
+        self.tokenizer, model = load_policy(m["path"], m.get("dtype", "float32"), m["lora"] if m["lora"]["enabled"] else None,
+                                            m.get("gradient_checkpointing", False))
+        self.total_steps = o["iterations"] * o["actor_updates"]
+        params = [p for p in model.parameters() if p.requires_grad]
+        optimizer_cls = {"adamw": torch.optim.AdamW, "adam": torch.optim.Adam}[t["optimizer"]]
+        optimizer = optimizer_cls(params, lr=t["lr"], betas=tuple(t["betas"]), eps=t["eps"], weight_decay=t["weight_decay"])
+        warmup = int(t["warmup_steps"]) if t.get("warmup_steps") else int(math.ceil(t["warmup_ratio"] * self.total_steps))
+        self.scheduler = get_scheduler(t["lr_scheduler"], optimizer, num_warmup_steps=warmup,
+                                       num_training_steps=self.total_steps)
+        self.model, self.optimizer = self.accelerator.prepare(model, optimizer)
+        self.scorer = build_scorer(cfg["reward_model"], str(self.accelerator.device))
+        self.state = OnlineState()
+        self._rng_to_restore: dict | None = None  # set by resume()
+
+    # ---- 1. rollouts --------------------------------------------------------------------------
+    def rollout_file(self, iteration: int, game: str, rank: int) -> Path:
+        return self.output_dir / "rollouts" / f"iter-{iteration:05d}" / f"{game}.rank{rank}.jsonl"
+
+    def rollout(self, iteration: int) -> list[dict]:
+        """Play this process's share of the iteration's games with the current weights; returns the
+        finished records (failed games are kept in the file, not trained on)."""
+        from aria.llm.local import LocalChatModel
+        from aria.rollout import play_games
+        from aria.trajectories import read_trajectories
+
+        acc, o, r = self.accelerator, self.cfg["online"], self.cfg["rollout"]
+        per_process = math.ceil(o["rollout_size"] / acc.num_processes)
+        model = acc.unwrap_model(self.model)
+        policy = LocalChatModel.from_model(model, self.tokenizer, name=f"online-iter{iteration}",
+                                           max_new_tokens=r["max_new_tokens"], temperature=r["temperature"],
+                                           top_p=r["top_p"], max_prompt_tokens=r["max_prompt_tokens"],
+                                           reuse_cache=r["reuse_cache"], device=acc.device)
+        records = []
+        model.eval()
+        try:
+            with acc.autocast():
+                for name, (_, game, oracle) in self.games.items():
+                    path = self.rollout_file(iteration, name, acc.process_index)
+                    # seed + iteration · processes + rank: distinct targets and game ids everywhere
+                    seed = self.cfg["seed"] + iteration * acc.num_processes + acc.process_index
+                    summary = play_games(game, policy, oracle, path, per_process, seed=seed,
+                                         batch_size=o["rollout_batch_size"], system_prompt=r.get("system_prompt"),
+                                         progress=self.cfg["logging"].get("progress", True) and acc.is_local_main_process)
+                    if summary.failed:
+                        print(f"[online] iteration {iteration}: {summary.failed} {name} game(s) failed; see {path}",
+                              file=sys.stderr)
+                    records += [rec for rec in read_trajectories(path) if rec["status"] == "finished"]
+        finally:
+            policy.release_all()
+            model.train()
+        return records
+
+    def step_samples(self, records: list[dict]) -> list[dict]:
+        """Every agent step of the records as ``{observation, action, game, game_id, turn}``; the
+        observation is the prompt the policy saw (the same text a training set holds)."""
+        samples = []
+        for record in records:
+            game = self.games[record["game"]][1]
+            for i, turn in enumerate(record["turns"]):
+                samples.append({"observation": game.prompt_before_turn(record["turns"], i), "action": turn["action"],
+                                "game": record["game"], "game_id": record["game_id"], "turn": i})
+        return samples
+
+    # ---- 3. the actor update ------------------------------------------------------------------
+    def actor_update(self, samples: list[dict], advantages: np.ndarray, iteration: int) -> dict:
+        """``online.actor_updates`` REINFORCE steps on this iteration's steps (module doc)."""
+        acc, t, d = self.accelerator, self.cfg["train"], self.cfg["data"]
+        updates = self.cfg["online"]["actor_updates"]
+        batch_size = t["micro_batch_size"] * t["gradient_accumulation_steps"]
+        encoded = [encode_sample(self.tokenizer, s["observation"], s["action"], d["max_prompt_tokens"], d["append_eos"],
+                                 d.get("system_prompt")) for s in samples]
+        adv = torch.tensor(advantages, dtype=torch.float32)
+        plan = update_batches(len(encoded), updates, batch_size, t["micro_batch_size"],
+                              seed=[self.cfg["seed"], iteration, acc.process_index],
+                              lengths=[len(e.input_ids) for e in encoded])
+        losses, grad_norms = [], []
+        self.model.train()
+        for micro_batches in plan:
+            step_loss = 0.0
+            for indices in micro_batches:
+                batch = {k: v.to(acc.device) for k, v in collate([encoded[i] for i in indices], self.tokenizer.pad_token_id).items()}
+                with acc.accumulate(self.model):  # the prepared model runs under mixed precision itself
+                    logp = action_logprobs(self.model, batch)
+                    loss = self.loss_fn(logp, adv[indices].to(logp.device), **self.loss_options)
+                    acc.backward(loss)
+                    if acc.sync_gradients and t["max_grad_norm"]:
+                        grad_norms.append(float(acc.clip_grad_norm_(self.model.parameters(), t["max_grad_norm"])))
+                    self.optimizer.step()
+                    if acc.sync_gradients:
+                        self.scheduler.step()
+                    self.optimizer.zero_grad()
+                step_loss += float(loss.detach()) / len(micro_batches)
+            losses.append(step_loss)
+            self.state.step += 1
+        if not plan:  # no steps this iteration (every game failed): keep the step count and schedule in line
+            for _ in range(updates):
+                self.scheduler.step()
+            self.state.step += updates
+        out = {"loss": float(np.mean(losses)) if losses else None, "lr": self.scheduler.get_last_lr()[0]}
+        if grad_norms:
+            out["grad_norm"] = float(np.mean(grad_norms))
+        return out
+
+    # ---- 4. the reward model ---------------------------------------------------------------------
+    def aggregate_rollouts(self, iterations: range, run_dir: Path) -> Path:
+        """Pipeline steps 1-4 on the rollouts of ``iterations``, per game; the games' samples
+        together in ``run_dir/train.json`` (main process only)."""
+        from aria.intention import pipeline
+        from aria.io import atomic_write_json as write
+
+        samples = []
+        quiet = (lambda line: None) if not self.cfg["logging"].get("progress", True) else print
+        for name in self.games:
+            files = sorted(f for i in iterations for f in glob.glob(str(self.rollout_file(i, name, 0)).replace(".rank0.", ".rank*.")))
+            c = compose_config("intention", [f"game={name}", f"input=[{','.join(files)}]", f"run_dir={run_dir / name}",
+                                             f"seed={self.cfg['seed']}", *self.cfg["online"]["intention_overrides"]])
+            pipeline.step1_embed_and_cluster(c, quiet)
+            pipeline.step2_select_k(c, quiet)
+            pipeline.step3_apply_labels(c, quiet)
+            samples += read_json(pipeline.step4_build_training_set(c, quiet))
+        write(run_dir / "train.json", samples, indent=1)
+        return run_dir / "train.json"
+
+    def train_reward_model(self, train_file: Path, out_dir: Path) -> dict:
+        """Train the reward model on ``train_file`` with ``scripts/train_rm.py`` in a child process
+        (its own accelerate state and memory; ``reward_model.train_command`` may launch it on other
+        devices), starting from the current reward model or the base; returns its ``eval.json``."""
+        rm = self.cfg["reward_model"]
+        start = self.state.rm_path if (rm["refresh_from"] == "current" and self.state.rm_path) else rm["base_path"]
+        command = list(rm["train_command"] or [sys.executable, str(REPO_ROOT / "scripts" / "train_rm.py")])
+        command += [f"data.train_file={Path(train_file).resolve()}", f"model.path={start}",
+                    f"output_dir={Path(out_dir).resolve()}", f"seed={self.cfg['seed']}",
+                    f"data.max_prompt_tokens={rm['max_prompt_tokens']}", *rm["train_overrides"]]
+        log_path = out_dir.parent / "train_rm.log"
+        out_dir.parent.mkdir(parents=True, exist_ok=True)
+        with open(log_path, "w", encoding="utf-8") as log_file:
+            done = subprocess.run(command, stdout=log_file, stderr=subprocess.STDOUT, cwd=REPO_ROOT)
+        if done.returncode != 0:
+            tail = log_path.read_text(errors="replace")[-3000:]
+            raise RuntimeError(f"reward-model training failed (exit {done.returncode}); log {log_path}:\n{tail}")
+        eval_path = out_dir / "eval.json"
+        return read_json(eval_path) if eval_path.is_file() else {}
+
+    def refresh_reward_model(self, upto: int | None = None, train_file: str | None = None) -> dict:
+        """Retrain the reward model: on ``train_file`` as given, or on the aggregated rollouts of
+        iterations ``window_start..upto`` (skipped when there are none: the last refresh already
+        used them); then every process loads it. Returns what is logged."""
+        from aria.reward_service import merge_if_adapter
+
+        acc = self.accelerator
+        if train_file is None and upto < self.state.window_start:
+            return {"skipped": f"no rollouts since the last refresh (iterations {self.state.window_start}..{upto})"}
+        run_dir = self.output_dir / "rm_refresh" / f"step-{self.state.step:06d}"
+        final = run_dir / "reward_model" / "final"
+        info: dict = {}
+        if acc.is_main_process:
+            shutil.rmtree(run_dir, ignore_errors=True)  # a refresh cut short before the checkpoint is redone whole
+            start = time.perf_counter()
+            if train_file is None:
+                window = self.cfg["online"]["refresh_window"]
+                first = self.state.window_start if not window else max(self.state.window_start, upto - window + 1)
+                train_file = self.aggregate_rollouts(range(first, upto + 1), run_dir)
+                info["rm_window"] = [first, upto]
+            evaluation = self.train_reward_model(Path(train_file), run_dir / "reward_model")
+            info.update({k: v for k, v in evaluation.items() if k != "step"})
+            info["rm_train_samples"] = len(read_json(train_file))
+            info["rm_seconds"] = round(time.perf_counter() - start, 1)
+            merge_if_adapter(final)
+            atomic_write_json(run_dir / "refresh.json", info)
+        acc.wait_for_everyone()
+        self.state.rm_path = str(final)
+        self.state.rm_step = self.state.step
+        self.state.window_start = (upto + 1) if upto is not None else self.state.window_start
+        self.scorer.load(final)
+        return read_json(run_dir / "refresh.json") if not info else info
+
+    def _due_for_refresh(self, steps_before: int) -> bool:
+        every = self.cfg["online"]["rm_refresh"]
+        return bool(every) and self.state.step // every > steps_before // every
+
+    # ---- the loop ------------------------------------------------------------------------------
+    def train(self) -> dict:
+        acc, o, rm = self.accelerator, self.cfg["online"], self.cfg["reward_model"]
+        resumed = self.resume()
+        if self.state.rm_path is None and rm["init_path"]:
+            self.state.rm_path = str(rm["init_path"])
+        if self.state.rm_path is not None:
+            self.scorer.load(self.state.rm_path)
+        elif rm["train_file"]:
+            self.refresh_reward_model(train_file=rm["train_file"])
+        if self._rng_to_restore is not None:
+            _set_rng_state(self._rng_to_restore)
+            self._rng_to_restore = None
+        metrics_path = self.output_dir / "metrics.jsonl"
+        last: dict = {}
+        while self.state.iteration < o["iterations"]:
+            i = self.state.iteration
+            record = {"iteration": i}
+            start = time.perf_counter()
+            records = self.rollout(i)
+            record.update(self._rollout_stats(records))
+            record["rollout_seconds"] = round(time.perf_counter() - start, 1)
+            if self.state.rm_path is None:  # no reward model yet: the first one learns from these rollouts
+                record["rm_refresh"] = self.refresh_reward_model(upto=i)
+
+            start = time.perf_counter()
+            samples = self.step_samples(records)
+            scores = self.scorer.score(samples)
+            advantages = self.advantage(scores)
+            record["score_seconds"] = round(time.perf_counter() - start, 1)
+            record.update(_stats("score", scores))
+
+            start = time.perf_counter()
+            steps_before = self.state.step
+            record.update(self.actor_update(samples, advantages, i))
+            record["update_seconds"] = round(time.perf_counter() - start, 1)
+            record["step"] = self.state.step
+            if self._due_for_refresh(steps_before):
+                record["rm_refresh"] = self.refresh_reward_model(upto=i)
+
+            self.state.iteration += 1
+            if acc.is_main_process:
+                metrics_path.parent.mkdir(parents=True, exist_ok=True)
+                with open(metrics_path, "a", encoding="utf-8") as handle:
+                    handle.write(json.dumps(record) + "\n")
+                print(_summary_line(record), flush=True)
+            if self.state.iteration % o["save_freq"] == 0 or self.state.iteration == o["iterations"]:
+                self.save_checkpoint()
+            last = record
+            if self.on_iteration:
+                self.on_iteration(i)
+        final = self.save_final()
+        return {"iterations": self.state.iteration, "steps": self.state.step, "final": str(final),
+                "reward_model": self.state.rm_path, "resumed_from": str(resumed) if resumed else None, "last": last}
+
+    def _rollout_stats(self, records: list[dict]) -> dict:
+        """Success and turns per game, summed over processes."""
+        acc = self.accelerator
+        out = {}
+        for name in self.games:
+            mine = [r for r in records if r["game"] == name]
+            counts = torch.tensor([len(mine), sum(r["success"] for r in mine), sum(r["num_turns"] for r in mine)],
+                                  dtype=torch.float64, device=acc.device)
+            games, wins, turns = acc.reduce(counts, reduction="sum").tolist()
+            out[f"{name}/games"] = int(games)
+            out[f"{name}/success_rate"] = round(wins / games, 4) if games else None
+            out[f"{name}/mean_turns"] = round(turns / games, 2) if games else None
+        return out
+
+    # ---- checkpoints -----------------------------------------------------------------------------
+    def save_checkpoint(self) -> Path:
+        from safetensors.torch import save_file
+
+        acc = self.accelerator
+        final = self.output_dir / "checkpoints" / f"step-{self.state.step}"
+        tmp = final.with_name(final.name + ".tmp")
+        if acc.is_main_process:
+            shutil.rmtree(tmp, ignore_errors=True)
+            tmp.mkdir(parents=True)
+        acc.wait_for_everyone()
+        torch.save(_rng_state(), tmp / f"rng_state_{acc.process_index}.pt")
+        if acc.is_main_process:
+            model = acc.unwrap_model(self.model)
+            model.save_pretrained(tmp / "model", safe_serialization=True)
+            self.tokenizer.save_pretrained(tmp / "model")
+            save_file({n: p.detach().cpu().contiguous() for n, p in model.named_parameters() if p.requires_grad},
+                      str(tmp / "trainable.safetensors"))
+            torch.save(self.optimizer.state_dict(), tmp / "optimizer.pt")
+            torch.save(self.scheduler.state_dict(), tmp / "scheduler.pt")
+        acc.wait_for_everyone()
+        if acc.is_main_process:
+            atomic_write_json(tmp / "trainer_state.json", {**asdict(self.state), "world_size": acc.num_processes,
+                                                           "total_steps": self.total_steps})
+            shutil.rmtree(final, ignore_errors=True)
+            tmp.rename(final)
+            keep = self.cfg["train"].get("keep_checkpoints")
+            folders = sorted((p for p in final.parent.glob("step-*") if not p.name.endswith(".tmp")),
+                             key=lambda p: int(p.name.split("-")[1]))
+            for old in folders[:-keep] if keep else []:
+                shutil.rmtree(old, ignore_errors=True)
+        acc.wait_for_everyone()
+        return final
+
+    def resume(self) -> Path | None:
+        from safetensors.torch import load_file
+
+        checkpoint = latest_checkpoint(self.output_dir)
+        if checkpoint is None:
+            return None
+        saved = read_json(checkpoint / "trainer_state.json")
+        if saved["world_size"] != self.accelerator.num_processes or saved["total_steps"] != self.total_steps:
+            raise ValueError(f"{checkpoint} was written by {saved['world_size']} process(es) for {saved['total_steps']} "
+                             f"actor steps; this run has {self.accelerator.num_processes} and {self.total_steps}: "
+                             f"use a new output_dir, or delete {checkpoint.parent} to start over")
+        model = self.accelerator.unwrap_model(self.model)
+        params = dict(model.named_parameters())
+        with torch.no_grad():
+            for name, value in load_file(str(checkpoint / "trainable.safetensors")).items():
+                params[name].copy_(value.to(params[name].device))
+        self.optimizer.load_state_dict(torch.load(checkpoint / "optimizer.pt", map_location="cpu", weights_only=False))
+        self.scheduler.load_state_dict(torch.load(checkpoint / "scheduler.pt", map_location="cpu", weights_only=False))
+        # Restored in train(), after the reward model is loaded, so that loading it draws nothing
+        # from the generators the rollouts sample with.
+        self._rng_to_restore = torch.load(checkpoint / f"rng_state_{self.accelerator.process_index}.pt", weights_only=False)
+        self.state = OnlineState(**{k: saved[k] for k in asdict(OnlineState())})
+        metrics = self.output_dir / "metrics.jsonl"
+        if self.accelerator.is_main_process and metrics.is_file():  # iterations after the checkpoint are redone
+            from aria.io import atomic_write_text
+
+            kept = [line for line in metrics.read_text().splitlines() if json.loads(line)["iteration"] < self.state.iteration]
+            atomic_write_text(metrics, "".join(line + "\n" for line in kept))
+        # Rollouts of iterations after the checkpoint were played with weights the resumed run
+        # does not have: they are played again.
+        for folder in (self.output_dir / "rollouts").glob("iter-*"):
+            if int(folder.name.split("-")[1]) >= self.state.iteration and self.accelerator.is_main_process:
+                shutil.rmtree(folder, ignore_errors=True)
+        self.accelerator.wait_for_everyone()
+        if self.accelerator.is_main_process:
+            print(f"[online] resumed from {checkpoint} (iteration {self.state.iteration}, step {self.state.step})")
+        return checkpoint
+
+    def save_final(self) -> Path:
+        acc = self.accelerator
+        out = self.output_dir / "final"
+        acc.wait_for_everyone()
+        if acc.is_main_process:
+            tmp = out.with_name("final.tmp")
+            shutil.rmtree(tmp, ignore_errors=True)
+            acc.unwrap_model(self.model).save_pretrained(tmp, safe_serialization=True)
+            self.tokenizer.save_pretrained(tmp)
+            atomic_write_json(tmp / "aria_training.json", {"iterations": self.state.iteration, "steps": self.state.step,
+                                                           "reward_model": self.state.rm_path, "config": self.cfg})
+            shutil.rmtree(out, ignore_errors=True)
+            tmp.rename(out)
+        acc.wait_for_everyone()
+        return out
+
+
+def _stats(prefix: str, values: np.ndarray) -> dict:
+    if len(values) == 0:
+        return {f"{prefix}_n": 0}
+    return {f"{prefix}_n": int(len(values)), f"{prefix}_mean": round(float(values.mean()), 6),
+            f"{prefix}_std": round(float(values.std()), 6), f"{prefix}_min": round(float(values.min()), 6),
+            f"{prefix}_max": round(float(values.max()), 6)}
+
+
+def _summary_line(record: dict) -> str:
+    parts = [f"[online] iteration {record['iteration']} (step {record['step']})"]
+    parts += [f"{k.split('/')[0]} success {v:.3f}" for k, v in record.items() if k.endswith("/success_rate") and v is not None]
+    if "score_mean" in record:
+        parts.append(f"RM score {record['score_mean']:.4f}±{record['score_std']:.4f} over {record['score_n']} steps")
+    if record.get("loss") is not None:
+        parts.append(f"loss {record['loss']:.4f}")
+    refresh = record.get("rm_refresh")
+    if refresh:
+        parts.append(f"RM refreshed on {refresh.get('rm_train_samples')} samples "
+                     f"(held-out Pearson {refresh.get('eval_pearson')}, Spearman {refresh.get('eval_spearman')})")
+    return "; ".join(parts)

@@ -1,0 +1,30 @@
+#!/usr/bin/env python3
+"""Online ARIA (spec §5): roll out, score with the reward model, REINFORCE, refresh the reward model.
+
+    python scripts/run_online.py --config-name onlinereinforce_llm [online.iterations=...] [online_scale=paper ...]
+    accelerate launch --config_file config/accelerate/cpu_2proc.yaml scripts/run_online.py --config-name onlinereinforce_llm
+
+Re-running the same command resumes after the last checkpointed iteration.
+"""
+import sys
+
+import hydra
+from omegaconf import OmegaConf
+
+from aria.io import DataError
+from aria.trainers.online import OnlineTrainer
+
+
+@hydra.main(config_path="../config", config_name="onlinereinforce_llm", version_base="1.3")
+def main(cfg) -> None:
+    try:
+        result = OnlineTrainer(OmegaConf.to_container(cfg, resolve=True)).train()
+    except DataError as err:
+        print(f"error: {err}", file=sys.stderr)
+        sys.exit(2)
+    print(f"[online] {result['iterations']} iterations, {result['steps']} actor steps; final policy in {result['final']}; "
+          f"reward model {result['reward_model']}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,231 @@
+"""Online ARIA (aria/trainers/online.py) and reward-model scoring in process and over HTTP
+(aria/reward_service.py), on tiny random models built in the tests.
+
+The tiny policy's replies are gibberish, so its games are all lost and every aggregated reward
+is 0; these tests check the loop's mechanics (rollout -> score -> update -> refresh ->
+checkpoint -> resume), not learning. Learning of the reward model itself is tested in
+test_reward_model.py.
+"""
+from __future__ import annotations
+
+import json
+import threading
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from aria.resources import compose_config
+from aria.reward_service import HttpScorer, InProcessScorer, ScoringError, make_server, merge_if_adapter
+from aria.trainers.online import ADVANTAGES, OnlineTrainer, update_batches
+
+
+def online_config(tmp_path: Path, model_dir: Path, sentence_dir: Path, *overrides: str) -> dict:
+    return compose_config("onlinereinforce_llm", [
+        f"model.path={model_dir}", f"output_dir={tmp_path / 'online'}", "device=cpu", "train.mixed_precision=no",
+        "train.micro_batch_size=4", "train.gradient_accumulation_steps=2", "train.lr=1e-2",
+        "online.rollout_size=3", "online.rollout_batch_size=3", "online.actor_updates=2", "online.iterations=1",
+        "online.rm_refresh=2", "rollout.max_new_tokens=6", "logging.progress=false",
+        f"online.intention_overrides=['embedder.model={sentence_dir}','clustering.k_max=4']",
+        "reward_model.train_overrides=['device=cpu','train.mixed_precision=no','train.epochs=1','train.micro_batch_size=8',"
+        "'train.gradient_accumulation_steps=1','data.eval_fraction=0.34']",
+        *overrides])
+
+
+def trainable(trainer: OnlineTrainer) -> dict[str, torch.Tensor]:
+    model = trainer.accelerator.unwrap_model(trainer.model)
+    return {n: p.detach().clone() for n, p in model.named_parameters() if p.requires_grad}
+
+
+def test_update_batches_cycle_a_seeded_order_and_sort_by_length():
+    plan = update_batches(5, updates=3, batch_size=4, micro_batch_size=2, seed=[0, 1], lengths=[5, 1, 4, 2, 3])
+    assert [len(step) for step in plan] == [2, 2, 2] and all(len(mb) == 2 for step in plan for mb in step)
+    flat = [i for step in plan for mb in step for i in mb]
+    assert sorted(flat[:5]) == [0, 1, 2, 3, 4]  # the first pass covers every sample once
+    lengths = [5, 1, 4, 2, 3]
+    for step in plan:  # longest first within a step
+        order = [i for mb in step for i in mb]
+        assert [lengths[i] for i in order] == sorted((lengths[i] for i in order), reverse=True)
+    assert plan == update_batches(5, 3, 4, 2, seed=[0, 1], lengths=lengths)
+    assert update_batches(0, 3, 4, 2, seed=0) == []
+
+
+def test_advantages_by_hand():
+    scores = np.array([0.2, 0.6, 1.0])
+    assert ADVANTAGES["rm_score"](scores).tolist() == [0.2, 0.6, 1.0]
+    assert ADVANTAGES["rm_score_centered"](scores) == pytest.approx([-0.4, 0.0, 0.4])
+
+
+def test_one_iteration_end_to_end_with_a_reward_model_refresh(tmp_path, tiny_model_dir, tiny_sentence_model_dir):
+    # The first reward model learns from an offline aggregated-reward set (reward_model.train_file).
+    offline = [{"observation": f"Question {i}: Is it an animal?", "action": "Question: Is it a fruit?" if i % 2 else "Yes.",
+                "reward": float(i % 2), "game_id": f"g{i // 2}", "turn": i % 2} for i in range(12)]
+    (tmp_path / "offline.json").write_text(json.dumps(offline))
+    cfg = online_config(tmp_path, tiny_model_dir, tiny_sentence_model_dir, f"reward_model.train_file={tmp_path / 'offline.json'}")
+    trainer = OnlineTrainer(cfg)
+    before = trainable(trainer)
+    result = trainer.train()
+    out = tmp_path / "online"
+    assert result["iterations"] == 1 and result["steps"] == 2
+
+    # The rollout buffer: 3 finished games of the iteration, in the trajectory schema.
+    games = [json.loads(line) for line in (out / "rollouts" / "iter-00000" / "twenty_questions.rank0.jsonl").read_text().splitlines()]
+    assert len(games) == 3 and all(g["status"] == "finished" for g in games)
+    steps = sum(g["num_turns"] for g in games)
+
+    # The first reward model was trained on the offline set; the refresh due at step 2
+    # (rm_refresh=2) trained the next one from it on iteration 0's rollouts, aggregated.
+    first = json.loads((out / "rm_refresh" / "step-000000" / "refresh.json").read_text())
+    second = json.loads((out / "rm_refresh" / "step-000002" / "refresh.json").read_text())
+    assert first["rm_train_samples"] == 12 and "rm_window" not in first
+    assert second["rm_train_samples"] == steps and second["rm_window"] == [0, 0] and "eval_loss" in second
+    train_rm_args = json.loads((out / "rm_refresh" / "step-000002" / "reward_model" / "final" / "aria_training.json").read_text())
+    assert train_rm_args["config"]["model"]["path"] == str(out / "rm_refresh" / "step-000000" / "reward_model" / "final")
+    assert result["reward_model"] == str(out / "rm_refresh" / "step-000002" / "reward_model" / "final")
+    # Steps 1-4 ran on the rollouts (labels, selection, training set) in the refresh's folder.
+    assert (out / "rm_refresh" / "step-000002" / "twenty_questions" / "selection.json").is_file()
+
+    # One metrics line: rollout success, RM scores of every step, the update, the refresh.
+    (metrics,) = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert metrics["twenty_questions/games"] == 3 and metrics["twenty_questions/success_rate"] == 0.0
+    assert metrics["score_n"] == steps and metrics["step"] == 2 and metrics["loss"] is not None
+    assert metrics["rm_refresh"]["rm_train_samples"] == steps
+
+    # The scores the update used are the first reward model's on those steps.
+    scorer = InProcessScorer(out / "rm_refresh" / "step-000000" / "reward_model" / "final", 512)
+    scores = scorer.score(trainer.step_samples(games))
+    assert metrics["score_mean"] == pytest.approx(float(scores.mean()), abs=1e-5)
+
+    # The actor moved, and the final adapter and a checkpoint were written.
+    after = trainable(trainer)
+    assert any(not torch.equal(before[k], after[k]) for k in before)
+    assert (out / "final" / "adapter_config.json").is_file()
+    assert (out / "checkpoints" / "step-2" / "trainer_state.json").is_file()
+
+
+def test_interrupted_run_resumes_to_the_same_weights(tmp_path, tiny_model_dir, tiny_sentence_model_dir):
+    # No reward model is given: the first one learns from iteration 0's own rollouts, aggregated.
+    common = ["online.iterations=2", "online.rm_refresh=0"]
+    full_cfg = online_config(tmp_path / "full", tiny_model_dir, tiny_sentence_model_dir, *common)
+    OnlineTrainer(full_cfg).train()
+
+    class Interrupt(Exception):
+        pass
+
+    def stop_after_first(iteration):
+        if iteration == 0:
+            raise Interrupt
+
+    cut_cfg = online_config(tmp_path / "cut", tiny_model_dir, tiny_sentence_model_dir, *common)
+    with pytest.raises(Interrupt):
+        OnlineTrainer(cut_cfg, on_iteration=stop_after_first).train()
+    # A half-played next iteration left behind is played again with the restored state.
+    stale = tmp_path / "cut" / "online" / "rollouts" / "iter-00001" / "twenty_questions.rank0.jsonl"
+    stale.parent.mkdir(parents=True)
+    stale.write_text("{not a finished game\n")
+    resumed = OnlineTrainer(cut_cfg).train()
+    assert resumed["resumed_from"].endswith("step-2") and resumed["iterations"] == 2 and resumed["steps"] == 4
+
+    a = load_file(str(tmp_path / "full" / "online" / "final" / "adapter_model.safetensors"))
+    b = load_file(str(tmp_path / "cut" / "online" / "final" / "adapter_model.safetensors"))
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    lines = [json.loads(x) for x in (tmp_path / "cut" / "online" / "metrics.jsonl").read_text().splitlines()]
+    assert [m["iteration"] for m in lines] == [0, 1]
+    full_lines = [json.loads(x) for x in (tmp_path / "full" / "online" / "metrics.jsonl").read_text().splitlines()]
+    assert [m["score_mean"] for m in lines] == [m["score_mean"] for m in full_lines]
+    assert lines[0]["rm_refresh"]["rm_window"] == [0, 0] and "rm_refresh" not in lines[1]
+
+
+@pytest.fixture(scope="module")
+def rm_dirs(tmp_path_factory, tiny_model_dir):
+    """Two fixed reward models (a scalar head on the tiny Llama, saved once so that every load
+    gives the same weights)."""
+    from aria.trainers.reward_model import load_reward_model
+
+    folders = []
+    for seed in (0, 1):
+        torch.manual_seed(seed)
+        tokenizer, model = load_reward_model(str(tiny_model_dir))
+        folder = tmp_path_factory.mktemp(f"rm{seed}")
+        model.save_pretrained(folder)
+        tokenizer.save_pretrained(folder)
+        folders.append(folder)
+    return folders
+
+
+SAMPLES = [{"observation": "Let's play a game. Question: Is it an animal?", "action": "Question: Is it a fruit?"},
+           {"observation": "Here is the game history:", "action": "Yes."},
+           {"observation": "Guess the object. " * 5, "action": "Question: Is it big?"}]
+
+
+def test_http_scoring_service_matches_in_process_scores(rm_dirs):
+    local = InProcessScorer(rm_dirs[0], 512, batch_size=2)
+    expected = local.score(SAMPLES)
+    server = make_server(InProcessScorer(rm_dirs[0], 512), port=0)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        client = HttpScorer(f"http://127.0.0.1:{server.server_address[1]}", timeout=30, retries=0, batch_size=2)
+        assert client.score(SAMPLES) == pytest.approx(expected, abs=1e-6)  # two requests of 2 and 1 samples
+        assert client.health() == {"model": str(rm_dirs[0]), "scored": 3}
+        client.load(rm_dirs[1])  # what the online trainer does after a refresh
+        assert client.score(SAMPLES) == pytest.approx(InProcessScorer(rm_dirs[1], 512).score(SAMPLES), abs=1e-6)
+        with pytest.raises(ScoringError, match=r"samples\[1\]\.action"):
+            client._request("POST", "/score", {"samples": [SAMPLES[0], {"observation": "o"}]})
+        with pytest.raises(ScoringError, match="not a folder"):
+            client._request("POST", "/load", {"path": "/no/such/model"})
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_http_scorer_names_an_unreachable_service():
+    client = HttpScorer("http://127.0.0.1:9", timeout=2, retries=1, backoff=0.01)
+    with pytest.raises(ScoringError, match=r"http://127.0.0.1:9/score: no answer after 2 attempt\(s\)"):
+        client.score(SAMPLES)
+
+
+def test_online_loop_scores_through_the_http_service(tmp_path, tiny_model_dir, tiny_sentence_model_dir, rm_dirs):
+    server = make_server(InProcessScorer(rm_dirs[0], 512), port=0)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    url = f"http://127.0.0.1:{server.server_address[1]}"
+    try:
+        cfg = online_config(tmp_path, tiny_model_dir, tiny_sentence_model_dir, "online.rm_refresh=0",
+                            "reward_model.serve.name=http", f"reward_model.serve.url={url}",
+                            f"reward_model.init_path={rm_dirs[0]}")
+        result = OnlineTrainer(cfg).train()
+        health = HttpScorer(url).health()
+    finally:
+        server.shutdown()
+        server.server_close()
+    (metrics,) = [json.loads(x) for x in (tmp_path / "online" / "metrics.jsonl").read_text().splitlines()]
+    assert health["model"] == str(rm_dirs[0]) and health["scored"] == metrics["score_n"] > 0
+    assert result["reward_model"] == str(rm_dirs[0]) and not (tmp_path / "online" / "rm_refresh").exists()
+
+
+def test_merge_if_adapter_makes_a_full_reward_model(tmp_path, tiny_model_dir):
+    from peft import LoraConfig, get_peft_model
+
+    from aria.trainers.reward_model import load_reward_model
+
+    tokenizer, model = load_reward_model(str(tiny_model_dir))
+    base = tmp_path / "base"
+    model.save_pretrained(base)
+    tokenizer.save_pretrained(base)
+    torch.manual_seed(3)
+    peft_model = get_peft_model(model, LoraConfig(r=2, lora_alpha=4, target_modules=["q_proj"], task_type="SEQ_CLS",
+                                                  init_lora_weights=False))
+    final = tmp_path / "final"
+    peft_model.save_pretrained(final)
+    # the adapter records where its base is
+    config_path = final / "adapter_config.json"
+    config_path.write_text(json.dumps({**json.loads(config_path.read_text()), "base_model_name_or_path": str(base)}))
+    tokenizer.save_pretrained(final)
+    adapter_scores = InProcessScorer(final, 512).score(SAMPLES)
+    assert merge_if_adapter(final) == final
+    assert not (final / "adapter_config.json").exists() and (tmp_path / "final.adapter" / "adapter_config.json").is_file()
+    assert InProcessScorer(final, 512).score(SAMPLES) == pytest.approx(adapter_scores, abs=1e-5)
+    assert not np.allclose(adapter_scores, InProcessScorer(base, 512).score(SAMPLES))
