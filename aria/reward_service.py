@@ -60,8 +60,6 @@ def check_pairs(samples: Any) -> list[dict]:
 def load_scoring_model(model_dir: str | Path, dtype: str = "float32", device: str = "cpu"):
     """(tokenizer, model) of a trained reward model in eval mode: a full sequence-classification
     folder, or a LoRA adapter folder (merged into its base for scoring)."""
-    import torch
-
     from aria.trainers.reward_model import load_reward_model
 
     model_dir = Path(model_dir)

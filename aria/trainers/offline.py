@@ -29,7 +29,6 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-import os
 import random
 import shutil
 import time
@@ -333,21 +332,9 @@ class OfflineTrainer:
 
         return self.accelerator.distributed_type == DistributedType.DEEPSPEED
 
-    def _trainable_state(self) -> dict[str, torch.Tensor]:
-        model = self.accelerator.unwrap_model(self.model)
-        return {n: p.detach().cpu().contiguous() for n, p in model.named_parameters() if p.requires_grad}
-
     def save_checkpoint(self) -> Path:
-        from safetensors.torch import save_file
-
         acc = self.accelerator
-        final = self.output_dir / "checkpoints" / f"step-{self.state.step}"
-        tmp = final.with_name(final.name + ".tmp")
-        if acc.is_main_process:
-            shutil.rmtree(tmp, ignore_errors=True)
-            tmp.mkdir(parents=True)
-        acc.wait_for_everyone()
-        torch.save(_rng_state(), tmp / f"rng_state_{acc.process_index}.pt")
+        tmp, final = begin_checkpoint(acc, self.output_dir, self.state.step)
         if self._deepspeed:
             # ZeRO-3 shards parameters and optimizer state: accelerate gathers and saves them.
             # (Written from accelerate's documentation; not exercised on the CPU test machines.)
@@ -355,35 +342,15 @@ class OfflineTrainer:
             state_dict = acc.get_state_dict(self.model)
             if acc.is_main_process:
                 acc.unwrap_model(self.model).save_pretrained(tmp / "model", state_dict=state_dict, safe_serialization=True)
+                self.tokenizer.save_pretrained(tmp / "model")
+                torch.save(self.scheduler.state_dict(), tmp / "scheduler.pt")
         elif acc.is_main_process:
-            acc.unwrap_model(self.model).save_pretrained(tmp / "model", safe_serialization=True)
-            save_file(self._trainable_state(), str(tmp / "trainable.safetensors"))
-            torch.save(self.optimizer.state_dict(), tmp / "optimizer.pt")
-        if acc.is_main_process:
-            self.tokenizer.save_pretrained(tmp / "model")
-            torch.save(self.scheduler.state_dict(), tmp / "scheduler.pt")
-        acc.wait_for_everyone()
-        if acc.is_main_process:
-            atomic_write_json(tmp / "trainer_state.json", {**self.state.__dict__, "world_size": acc.num_processes,
-                                                           "total_steps": self.total_steps, "data_digest": self.data_digest})
-            shutil.rmtree(final, ignore_errors=True)
-            tmp.rename(final)
-            self._prune_checkpoints()
-        acc.wait_for_everyone()
-        return final
-
-    def _prune_checkpoints(self) -> None:
-        keep = self.cfg["train"].get("keep_checkpoints")
-        if not keep:
-            return
-        folders = sorted((p for p in (self.output_dir / "checkpoints").glob("step-*") if not p.name.endswith(".tmp")),
-                         key=lambda p: int(p.name.split("-")[1]))
-        for old in folders[:-keep]:
-            shutil.rmtree(old, ignore_errors=True)
+            save_plain_state(tmp, acc.unwrap_model(self.model), self.tokenizer, self.optimizer, self.scheduler)
+        return finish_checkpoint(acc, tmp, final, {**self.state.__dict__, "world_size": acc.num_processes,
+                                                   "total_steps": self.total_steps, "data_digest": self.data_digest},
+                                 self.cfg["train"].get("keep_checkpoints"))
 
     def resume(self) -> Path | None:
-        from safetensors.torch import load_file
-
         checkpoint = latest_checkpoint(self.output_dir)
         if checkpoint is None:
             return None
@@ -396,21 +363,13 @@ class OfflineTrainer:
                              f"use a new output_dir, or delete {checkpoint.parent} to start over")
         if self._deepspeed:
             self.accelerator.load_state(str(checkpoint / "accelerate_state"))
+            self.scheduler.load_state_dict(torch.load(checkpoint / "scheduler.pt", map_location="cpu", weights_only=False))
         else:
-            model = self.accelerator.unwrap_model(self.model)
-            tensors = load_file(str(checkpoint / "trainable.safetensors"))
-            params = dict(model.named_parameters())
-            with torch.no_grad():
-                for name, value in tensors.items():
-                    params[name].copy_(value.to(params[name].device))
-            self.optimizer.load_state_dict(torch.load(checkpoint / "optimizer.pt", map_location="cpu", weights_only=False))
-        self.scheduler.load_state_dict(torch.load(checkpoint / "scheduler.pt", map_location="cpu", weights_only=False))
-        _set_rng_state(torch.load(checkpoint / f"rng_state_{self.accelerator.process_index}.pt", weights_only=False))
+            load_plain_state(checkpoint, self.accelerator.unwrap_model(self.model), self.optimizer, self.scheduler)
+        _set_rng_state(load_rng_state(checkpoint, self.accelerator.process_index))
         self.state = TrainState(step=state["step"], epoch=state["epoch"], micro=state["micro"])
-        metrics = self.output_dir / "metrics.jsonl"
-        if self.accelerator.is_main_process and metrics.is_file():  # steps after the checkpoint are redone
-            kept = [line for line in metrics.read_text().splitlines() if json.loads(line)["step"] <= self.state.step]
-            atomic_write_text(metrics, "".join(line + "\n" for line in kept))
+        if self.accelerator.is_main_process:  # steps after the checkpoint are redone
+            trim_metrics(self.output_dir / "metrics.jsonl", lambda line: line["step"] <= self.state.step)
         if self.state.micro >= self.micro_per_epoch:  # saved at the very end of an epoch
             self.state = TrainState(step=self.state.step, epoch=self.state.epoch + 1, micro=0)
         if self.accelerator.is_main_process:
@@ -433,6 +392,72 @@ class OfflineTrainer:
             tmp.rename(out)
         acc.wait_for_everyone()
         return out
+
+
+# ---- checkpoint files, shared by the trainers -------------------------------------------------------
+def begin_checkpoint(accelerator, output_dir: Path, step: int) -> tuple[Path, Path]:
+    """(temporary folder, final folder) of the checkpoint at ``step``; every process has saved
+    its RNG state into the temporary folder when this returns."""
+    final = output_dir / "checkpoints" / f"step-{step}"
+    tmp = final.with_name(final.name + ".tmp")
+    if accelerator.is_main_process:
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+    accelerator.wait_for_everyone()
+    torch.save(_rng_state(), tmp / f"rng_state_{accelerator.process_index}.pt")
+    return tmp, final
+
+
+def save_plain_state(folder: Path, model, tokenizer, optimizer, scheduler) -> None:
+    """The Hugging Face model (adapter or full) in ``model/``, the exact trainable tensors, the
+    optimizer and the scheduler (main process; not under DeepSpeed)."""
+    from safetensors.torch import save_file
+
+    model.save_pretrained(folder / "model", safe_serialization=True)
+    tokenizer.save_pretrained(folder / "model")
+    trainable = {n: p.detach().cpu().contiguous() for n, p in model.named_parameters() if p.requires_grad}
+    save_file(trainable, str(folder / "trainable.safetensors"))
+    torch.save(optimizer.state_dict(), folder / "optimizer.pt")
+    torch.save(scheduler.state_dict(), folder / "scheduler.pt")
+
+
+def finish_checkpoint(accelerator, tmp: Path, final: Path, state: dict, keep: int | None) -> Path:
+    """Write ``trainer_state.json``, rename the folder to its final name (a checkpoint exists only
+    once complete) and keep the newest ``keep`` checkpoints."""
+    accelerator.wait_for_everyone()
+    if accelerator.is_main_process:
+        atomic_write_json(tmp / "trainer_state.json", state)
+        shutil.rmtree(final, ignore_errors=True)
+        tmp.rename(final)
+        folders = sorted((p for p in final.parent.glob("step-*") if not p.name.endswith(".tmp")),
+                         key=lambda p: int(p.name.split("-")[1]))
+        for old in folders[:-keep] if keep else []:
+            shutil.rmtree(old, ignore_errors=True)
+    accelerator.wait_for_everyone()
+    return final
+
+
+def load_plain_state(checkpoint: Path, model, optimizer, scheduler) -> None:
+    """Inverse of :func:`save_plain_state`: trainable tensors, optimizer and scheduler."""
+    from safetensors.torch import load_file
+
+    params = dict(model.named_parameters())
+    with torch.no_grad():
+        for name, value in load_file(str(checkpoint / "trainable.safetensors")).items():
+            params[name].copy_(value.to(params[name].device))
+    optimizer.load_state_dict(torch.load(checkpoint / "optimizer.pt", map_location="cpu", weights_only=False))
+    scheduler.load_state_dict(torch.load(checkpoint / "scheduler.pt", map_location="cpu", weights_only=False))
+
+
+def load_rng_state(checkpoint: Path, rank: int) -> dict:
+    return torch.load(checkpoint / f"rng_state_{rank}.pt", weights_only=False)
+
+
+def trim_metrics(path: Path, keep: Callable[[dict], bool]) -> None:
+    """Drop the metric lines of work a resumed run redoes."""
+    if path.is_file():
+        kept = [line for line in path.read_text().splitlines() if keep(json.loads(line))]
+        atomic_write_text(path, "".join(line + "\n" for line in kept))
 
 
 def _plain_batches(n: int, batch_size: int, seed: int, epoch: int) -> list[list[int]]:

@@ -58,7 +58,10 @@ import torch
 from aria.io import atomic_write_json, read_json
 from aria.policy import action_logprobs, collate, encode_sample, load_policy
 from aria.resources import REPO_ROOT, compose_config
-from aria.trainers.offline import LOSSES, _rng_state, _set_rng_state, latest_checkpoint, resolve_mixed_precision
+from aria.trainers.offline import (
+    LOSSES, _set_rng_state, begin_checkpoint, finish_checkpoint, latest_checkpoint, load_plain_state, load_rng_state,
+    resolve_mixed_precision, save_plain_state, trim_metrics,
+)
 
 
 # ---- advantages ------------------------------------------------------------------------------
@@ -398,41 +401,15 @@ class OnlineTrainer:
 
     # ---- checkpoints -----------------------------------------------------------------------------
     def save_checkpoint(self) -> Path:
-        from safetensors.torch import save_file
-
         acc = self.accelerator
-        final = self.output_dir / "checkpoints" / f"step-{self.state.step}"
-        tmp = final.with_name(final.name + ".tmp")
+        tmp, final = begin_checkpoint(acc, self.output_dir, self.state.step)
         if acc.is_main_process:
-            shutil.rmtree(tmp, ignore_errors=True)
-            tmp.mkdir(parents=True)
-        acc.wait_for_everyone()
-        torch.save(_rng_state(), tmp / f"rng_state_{acc.process_index}.pt")
-        if acc.is_main_process:
-            model = acc.unwrap_model(self.model)
-            model.save_pretrained(tmp / "model", safe_serialization=True)
-            self.tokenizer.save_pretrained(tmp / "model")
-            save_file({n: p.detach().cpu().contiguous() for n, p in model.named_parameters() if p.requires_grad},
-                      str(tmp / "trainable.safetensors"))
-            torch.save(self.optimizer.state_dict(), tmp / "optimizer.pt")
-            torch.save(self.scheduler.state_dict(), tmp / "scheduler.pt")
-        acc.wait_for_everyone()
-        if acc.is_main_process:
-            atomic_write_json(tmp / "trainer_state.json", {**asdict(self.state), "world_size": acc.num_processes,
-                                                           "total_steps": self.total_steps})
-            shutil.rmtree(final, ignore_errors=True)
-            tmp.rename(final)
-            keep = self.cfg["train"].get("keep_checkpoints")
-            folders = sorted((p for p in final.parent.glob("step-*") if not p.name.endswith(".tmp")),
-                             key=lambda p: int(p.name.split("-")[1]))
-            for old in folders[:-keep] if keep else []:
-                shutil.rmtree(old, ignore_errors=True)
-        acc.wait_for_everyone()
-        return final
+            save_plain_state(tmp, acc.unwrap_model(self.model), self.tokenizer, self.optimizer, self.scheduler)
+        return finish_checkpoint(acc, tmp, final, {**asdict(self.state), "world_size": acc.num_processes,
+                                                   "total_steps": self.total_steps},
+                                 self.cfg["train"].get("keep_checkpoints"))
 
     def resume(self) -> Path | None:
-        from safetensors.torch import load_file
-
         checkpoint = latest_checkpoint(self.output_dir)
         if checkpoint is None:
             return None
@@ -441,28 +418,17 @@ class OnlineTrainer:
             raise ValueError(f"{checkpoint} was written by {saved['world_size']} process(es) for {saved['total_steps']} "
                              f"actor steps; this run has {self.accelerator.num_processes} and {self.total_steps}: "
                              f"use a new output_dir, or delete {checkpoint.parent} to start over")
-        model = self.accelerator.unwrap_model(self.model)
-        params = dict(model.named_parameters())
-        with torch.no_grad():
-            for name, value in load_file(str(checkpoint / "trainable.safetensors")).items():
-                params[name].copy_(value.to(params[name].device))
-        self.optimizer.load_state_dict(torch.load(checkpoint / "optimizer.pt", map_location="cpu", weights_only=False))
-        self.scheduler.load_state_dict(torch.load(checkpoint / "scheduler.pt", map_location="cpu", weights_only=False))
+        load_plain_state(checkpoint, self.accelerator.unwrap_model(self.model), self.optimizer, self.scheduler)
         # Restored in train(), after the reward model is loaded, so that loading it draws nothing
         # from the generators the rollouts sample with.
-        self._rng_to_restore = torch.load(checkpoint / f"rng_state_{self.accelerator.process_index}.pt", weights_only=False)
+        self._rng_to_restore = load_rng_state(checkpoint, self.accelerator.process_index)
         self.state = OnlineState(**{k: saved[k] for k in asdict(OnlineState())})
-        metrics = self.output_dir / "metrics.jsonl"
-        if self.accelerator.is_main_process and metrics.is_file():  # iterations after the checkpoint are redone
-            from aria.io import atomic_write_text
-
-            kept = [line for line in metrics.read_text().splitlines() if json.loads(line)["iteration"] < self.state.iteration]
-            atomic_write_text(metrics, "".join(line + "\n" for line in kept))
-        # Rollouts of iterations after the checkpoint were played with weights the resumed run
-        # does not have: they are played again.
-        for folder in (self.output_dir / "rollouts").glob("iter-*"):
-            if int(folder.name.split("-")[1]) >= self.state.iteration and self.accelerator.is_main_process:
-                shutil.rmtree(folder, ignore_errors=True)
+        if self.accelerator.is_main_process:  # iterations after the checkpoint are redone, and so are
+            # their rollouts, which were played with weights the resumed run does not have
+            trim_metrics(self.output_dir / "metrics.jsonl", lambda line: line["iteration"] < self.state.iteration)
+            for folder in (self.output_dir / "rollouts").glob("iter-*"):
+                if int(folder.name.split("-")[1]) >= self.state.iteration:
+                    shutil.rmtree(folder, ignore_errors=True)
         self.accelerator.wait_for_everyone()
         if self.accelerator.is_main_process:
             print(f"[online] resumed from {checkpoint} (iteration {self.state.iteration}, step {self.state.step})")
