@@ -229,3 +229,36 @@ def test_merge_if_adapter_makes_a_full_reward_model(tmp_path, tiny_model_dir):
     assert not (final / "adapter_config.json").exists() and (tmp_path / "final.adapter" / "adapter_config.json").is_file()
     assert InProcessScorer(final, 512).score(SAMPLES) == pytest.approx(adapter_scores, abs=1e-5)
     assert not np.allclose(adapter_scores, InProcessScorer(base, 512).score(SAMPLES))
+
+
+def test_two_processes_share_the_games_and_refresh_once(tmp_path, tiny_model_dir, tiny_sentence_model_dir, rm_dirs):
+    """accelerate launch with two CPU processes (torchrun, gloo): each plays its share of the
+    games; the main process aggregates both shares for the refresh while the other waits."""
+    import os
+    import subprocess
+    import sys
+
+    from aria.resources import REPO_ROOT
+
+    out = tmp_path / "online"
+    done = subprocess.run(
+        [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(REPO_ROOT / "config/accelerate/cpu_2proc.yaml"),
+         str(REPO_ROOT / "scripts/run_online.py"), f"model.path={tiny_model_dir}", f"output_dir={out}", "device=cpu",
+         "train.mixed_precision=no", "train.micro_batch_size=2", "train.gradient_accumulation_steps=2",
+         "online.rollout_size=4", "online.rollout_batch_size=2", "online.actor_updates=1", "online.iterations=1",
+         "online.rm_refresh=1", "rollout.max_new_tokens=6", "logging.progress=false", f"reward_model.init_path={rm_dirs[0]}",
+         f"online.intention_overrides=['embedder.model={tiny_sentence_model_dir}','clustering.k_max=4']",
+         "reward_model.train_overrides=['device=cpu','train.mixed_precision=no','train.epochs=1',"
+         "'train.micro_batch_size=8','train.gradient_accumulation_steps=1','data.eval_fraction=0.25']"],
+        capture_output=True, text=True, cwd=tmp_path, env={**os.environ, "OMP_NUM_THREADS": "1"}, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    shares = [[json.loads(x) for x in (out / "rollouts" / "iter-00000" / f"twenty_questions.rank{r}.jsonl").read_text().splitlines()]
+              for r in (0, 1)]
+    assert [len(s) for s in shares] == [2, 2]
+    assert not {g["game_id"] for g in shares[0]} & {g["game_id"] for g in shares[1]}
+    steps = sum(g["num_turns"] for s in shares for g in s)
+    (metrics,) = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    assert metrics["twenty_questions/games"] == 4 and metrics["step"] == 1
+    assert metrics["rm_refresh"]["rm_train_samples"] == steps  # both processes' rollouts, aggregated together
+    state = json.loads((out / "checkpoints" / "step-1" / "trainer_state.json").read_text())
+    assert state["world_size"] == 2 and state["rm_path"] == str(out / "rm_refresh" / "step-000001" / "reward_model" / "final")

@@ -41,9 +41,9 @@ DeepSpeed ZeRO-3 is not wired into this trainer.
 """
 from __future__ import annotations
 
-import glob
 import json
 import math
+import os
 import shutil
 import subprocess
 import sys
@@ -62,6 +62,19 @@ from aria.trainers.offline import (
     LOSSES, _set_rng_state, begin_checkpoint, finish_checkpoint, latest_checkpoint, load_plain_state, load_rng_state,
     resolve_mixed_precision, save_plain_state, trim_metrics,
 )
+
+
+#: Variables through which torchrun and accelerate tell a process it belongs to a launched group.
+_LAUNCHER_VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE",
+                       "ROLE_RANK", "ROLE_WORLD_SIZE", "ROLE_NAME", "MASTER_ADDR", "MASTER_PORT")
+
+
+def standalone_env() -> dict[str, str]:
+    """This process's environment without what makes a child join the launched process group: a
+    reward-model training started from the main process of a multi-process run would otherwise
+    wait for ranks that never come."""
+    return {k: v for k, v in os.environ.items()
+            if k not in _LAUNCHER_VARIABLES and not k.startswith(("TORCHELASTIC_", "ACCELERATE_"))}
 
 
 # ---- advantages ------------------------------------------------------------------------------
@@ -258,19 +271,18 @@ class OnlineTrainer:
         """Pipeline steps 1-4 on the rollouts of ``iterations``, per game; the games' samples
         together in ``run_dir/train.json`` (main process only)."""
         from aria.intention import pipeline
-        from aria.io import atomic_write_json as write
 
         samples = []
         quiet = (lambda line: None) if not self.cfg["logging"].get("progress", True) else print
         for name in self.games:
-            files = sorted(f for i in iterations for f in glob.glob(str(self.rollout_file(i, name, 0)).replace(".rank0.", ".rank*.")))
+            files = [str(f) for i in iterations for f in sorted(self.rollout_file(i, name, 0).parent.glob(f"{name}.rank*.jsonl"))]
             c = compose_config("intention", [f"game={name}", f"input=[{','.join(files)}]", f"run_dir={run_dir / name}",
                                              f"seed={self.cfg['seed']}", *self.cfg["online"]["intention_overrides"]])
             pipeline.step1_embed_and_cluster(c, quiet)
             pipeline.step2_select_k(c, quiet)
             pipeline.step3_apply_labels(c, quiet)
             samples += read_json(pipeline.step4_build_training_set(c, quiet))
-        write(run_dir / "train.json", samples, indent=1)
+        atomic_write_json(run_dir / "train.json", samples, indent=1)
         return run_dir / "train.json"
 
     def train_reward_model(self, train_file: Path, out_dir: Path) -> dict:
@@ -286,7 +298,7 @@ class OnlineTrainer:
         log_path = out_dir.parent / "train_rm.log"
         out_dir.parent.mkdir(parents=True, exist_ok=True)
         with open(log_path, "w", encoding="utf-8") as log_file:
-            done = subprocess.run(command, stdout=log_file, stderr=subprocess.STDOUT, cwd=REPO_ROOT)
+            done = subprocess.run(command, stdout=log_file, stderr=subprocess.STDOUT, cwd=REPO_ROOT, env=standalone_env())
         if done.returncode != 0:
             tail = log_path.read_text(errors="replace")[-3000:]
             raise RuntimeError(f"reward-model training failed (exit {done.returncode}); log {log_path}:\n{tail}")
