@@ -262,3 +262,17 @@ def test_two_processes_share_the_games_and_refresh_once(tmp_path, tiny_model_dir
     assert metrics["rm_refresh"]["rm_train_samples"] == steps  # both processes' rollouts, aggregated together
     state = json.loads((out / "checkpoints" / "step-1" / "trainer_state.json").read_text())
     assert state["world_size"] == 2 and state["rm_path"] == str(out / "rm_refresh" / "step-000001" / "reward_model" / "final")
+
+
+def test_paper_preset_is_table_4():
+    cfg = compose_config("onlinereinforce_llm", ["online_scale=paper", "model.path=/models/llama-3-8b-instruct"])
+    o, t = cfg["online"], cfg["train"]
+    assert (o["rollout_size"], o["actor_updates"], o["iterations"], o["rm_refresh"]) == (32, 10, 150, 50)
+    assert t["lr"] == 3e-6 and t["micro_batch_size"] * t["gradient_accumulation_steps"] * 8 == 64  # on 8 GPUs
+    assert cfg["model"]["lora"]["r"] == 8 and cfg["model"]["lora"]["alpha"] == 16
+    assert cfg["model"]["lora"]["target_modules"] == ["q_proj", "k_proj", "v_proj"]
+    rm = compose_config("reward_model", ["model.path=/models/llama-3.1-8b-instruct", *cfg["reward_model"]["train_overrides"]])
+    assert rm["train"]["lr"] == 2e-5 and rm["train"]["epochs"] == 3
+    assert rm["train"]["micro_batch_size"] * rm["train"]["gradient_accumulation_steps"] == 64
+    cpu = compose_config("onlinereinforce_llm", [])
+    assert cpu["model"]["path"] == "embedded" and cpu["online"]["games"] == ["twenty_questions"]
