@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""Evaluate a served model (spec §6); usually run through eval.sh.
+"""Evaluate a served model (spec §6); usually run through eval.sh. ``policy=local`` plays a local
+transformers model instead (no server): ``python evaluation/evaluate.py policy=local out=DIR ...``.
 
 Checks the server first (one line naming the URL and what /v1/models returned, exit 2), then:
 
@@ -36,13 +37,19 @@ def main(cfg) -> None:
     for client_logger in ("httpx", "httpx2"):  # the openai client's HTTP layer (httpx2 from openai 3)
         logging.getLogger(client_logger).setLevel(logging.WARNING)  # one line per request otherwise
     p = cfg["policy"]
+    # A served model (the usual case) or a local transformers model (policy=local: no server, the
+    # same games and summaries; for a quick look at a small model on a CPU).
+    served = p["name"] == "endpoint"
+    reply_tokens = "max_tokens" if served else "max_new_tokens"
+    batch_size = cfg["batch_size"] or (p["concurrency"] if served else 16)
     unknown = [e for e in cfg["envs"] if e not in known_games()]
     if unknown:
         print(f"error: unknown environment(s) {unknown} (known: {known_games()})", file=sys.stderr)
         sys.exit(2)
     two_player = [e for e in cfg["envs"] if load_game_config(e).get("kind") == "two_player"]
     try:
-        check_server(p["base_url"], p.get("api_key"), p["model"])
+        if served:
+            check_server(p["base_url"], p.get("api_key"), p["model"])
         if two_player and cfg["opponent"]["name"] == "endpoint":
             o = cfg["opponent"]
             check_server(o["base_url"], o.get("api_key"), o["model"])
@@ -51,22 +58,22 @@ def main(cfg) -> None:
         sys.exit(2)
     out = Path(cfg["out"])
     policy = build_policy(p)
-    summary = {"model": p["model"], "base_url": p["base_url"], "oracle": cfg["oracle"]["name"], "seed": cfg["seed"],
-               "num_games": cfg["num_games"], "sampling": {k: p.get(k) for k in ("temperature", "top_p", "max_tokens")},
-               "environments": {}}
+    summary = {"model": p["model"] if served else p["model_path"], "base_url": p.get("base_url"),
+               "oracle": cfg["oracle"]["name"], "seed": cfg["seed"], "num_games": cfg["num_games"],
+               "sampling": {k: p.get(k) for k in ("temperature", "top_p", reply_tokens)}, "environments": {}}
     for env in cfg["envs"]:
         game_cfg = load_game_config(env)
         if env in two_player:
             tp = cfg["two_player"]
-            player = PolicyPlayer(build_policy({**p, "max_tokens": tp["max_tokens"]}))
+            player = PolicyPlayer(build_policy({**p, reply_tokens: tp["max_tokens"]}))
             summary["environments"][env] = evaluate_two_player(
                 game_cfg, config_set(game_cfg, tp["config_set"]), player, build_player(cfg["opponent"], env, player),
-                out / env, games_per_config=tp["games_per_config"], seed=cfg["seed"], batch_size=p["concurrency"],
+                out / env, games_per_config=tp["games_per_config"], seed=cfg["seed"], batch_size=batch_size,
                 progress=cfg["progress"])
             continue
         transcripts = out / env / "transcripts.jsonl"
         run = play_games(build_game(game_cfg), policy, build_oracle(cfg["oracle"], game_cfg), transcripts,
-                         num_games=cfg["num_games"], seed=cfg["seed"], batch_size=p["concurrency"], progress=cfg["progress"])
+                         num_games=cfg["num_games"], seed=cfg["seed"], batch_size=batch_size, progress=cfg["progress"])
         print(f"[eval] {env}: {run.line()}")
         summary["environments"][env] = summarize_games(list(read_trajectories(transcripts)))
     write_summary(out, summary)

@@ -239,3 +239,23 @@ def test_two_player_opponent_behind_an_endpoint(tmp_path):
         assert done.returncode == 2 and "http://127.0.0.1:9/v1/models" in done.stderr.strip().splitlines()[-1]
     finally:
         server.close()
+
+
+def test_local_policy_evaluation_needs_no_server(tmp_path, tiny_model_dir):
+    """policy=local plays a local transformers model through the same two-player harness: both
+    seats of every configuration, summaries recomputed from the transcripts."""
+    import sys
+
+    out = tmp_path / "local"
+    done = subprocess.run(
+        [sys.executable, str(REPO / "evaluation/evaluate.py"), "policy=local", f"policy.model_path={tiny_model_dir}",
+         "envs=[bargaining]", "two_player.config_set=smoke", "two_player.games_per_config=2", "two_player.max_tokens=8",
+         f"out={out}", "progress=false", "batch_size=3"],
+        capture_output=True, text=True, cwd=tmp_path, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["model"] == str(tiny_model_dir) and summary["base_url"] is None
+    env = summary["environments"]["bargaining"]
+    games = {role: list(read_trajectories(out / "bargaining" / f"as_{role}.jsonl")) for role in ("alice", "bob")}
+    assert [len(games["alice"]), len(games["bob"])] == [2, 2]  # 1 smoke configuration x 2 games per seat
+    assert env["overall"] == summarize_two_player(games)
