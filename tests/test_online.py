@@ -276,3 +276,25 @@ def test_paper_preset_is_table_4():
     assert rm["train"]["micro_batch_size"] * rm["train"]["gradient_accumulation_steps"] == 64
     cpu = compose_config("onlinereinforce_llm", [])
     assert cpu["model"]["path"] == "embedded" and cpu["online"]["games"] == ["twenty_questions"]
+
+
+def test_rollout_copy_has_the_live_policy_weights(tmp_path, tiny_model_dir, tiny_sentence_model_dir):
+    """After an update, the inference copy (rollout.dtype) computes what the LoRA policy computes,
+    and syncing leaves the policy's own weights untouched."""
+    from aria.trainers.online import sync_weights
+
+    cfg = online_config(tmp_path, tiny_model_dir, tiny_sentence_model_dir, "rollout.dtype=float32")
+    trainer = OnlineTrainer(cfg)
+    policy = trainer.accelerator.unwrap_model(trainer.model)
+    samples = [{"observation": "Is it an animal?", "action": "Question: Is it a fruit?"}] * 4
+    trainer.actor_update(samples, np.array([1.0, -1.0, 0.5, 2.0]), iteration=0)
+    before = {n: p.detach().clone() for n, p in policy.named_parameters()}
+    copy = trainer.rollout_model()
+    ids = torch.tensor([[5, 17, 40, 3, 99, 12]])
+    with torch.no_grad():
+        expected = policy(input_ids=ids).logits
+        got = copy(input_ids=ids).logits
+    assert torch.allclose(got, expected, atol=1e-4) and not torch.allclose(got, type(copy).from_pretrained(tiny_model_dir)(input_ids=ids).logits, atol=1e-3)
+    assert all(torch.equal(before[n], p) for n, p in policy.named_parameters())
+    with pytest.raises(Exception):
+        sync_weights(policy, torch.nn.Linear(2, 2))  # a copy of another architecture is refused

@@ -115,6 +115,32 @@ def update_batches(n: int, updates: int, batch_size: int, micro_batch_size: int,
     return steps
 
 
+@torch.no_grad()
+def sync_weights(policy, copy) -> None:
+    """Set the inference ``copy`` (a plain causal LM, any dtype) to the live ``policy``'s weights:
+    for a peft LoRA policy, each adapted layer's ``W + ΔW`` (computed aside: the policy's own
+    weights are never merged and unmerged, which would round them); every other parameter as it
+    is. Names follow the base model's."""
+    from peft import PeftModel
+    from peft.tuners.lora import LoraLayer
+
+    base = policy.get_base_model() if isinstance(policy, PeftModel) else policy
+    targets = dict(copy.named_parameters())
+    adapted = set()
+    for name, module in base.named_modules():
+        if isinstance(module, LoraLayer) and not module.merged:
+            weight = module.get_base_layer().weight
+            for adapter in module.active_adapters:
+                weight = weight + module.get_delta_weight(adapter)
+            targets[f"{name}.weight"].copy_(weight)
+            adapted.add(f"{name}.weight")
+    for name, param in base.named_parameters():
+        plain = name.replace(".base_layer.", ".")
+        if "lora_" in name or plain in adapted:
+            continue
+        targets[plain].copy_(param)
+
+
 @dataclass
 class OnlineState:
     iteration: int = 0          # iterations finished
@@ -176,10 +202,33 @@ class OnlineTrainer:
         self.scorer = build_scorer(cfg["reward_model"], str(self.accelerator.device))
         self.state = OnlineState()
         self._rng_to_restore: dict | None = None  # set by resume()
+        self._rollout_copy = None  # the inference copy of the policy (rollout.dtype), made on first use
 
     # ---- 1. rollouts --------------------------------------------------------------------------
     def rollout_file(self, iteration: int, game: str, rank: int) -> Path:
         return self.output_dir / "rollouts" / f"iter-{iteration:05d}" / f"{game}.rank{rank}.jsonl"
+
+    def rollout_model(self):
+        """The model the rollouts generate with: the live policy itself (``rollout.dtype: null``), or
+        an inference copy in ``rollout.dtype`` whose weights are set from the live policy now
+        (:func:`sync_weights`). A bfloat16 copy decodes much faster on hardware with native
+        bfloat16 than the float32 master weights under autocast."""
+        policy = self.accelerator.unwrap_model(self.model)
+        dtype = self.cfg["rollout"].get("dtype")
+        if not dtype:
+            return policy
+        if self._rollout_copy is None:
+            from transformers import AutoModelForCausalLM
+
+            from aria.llm.embedded import resolve_model_path
+            from aria.llm.local import resolve_dtype
+
+            device = str(self.accelerator.device)
+            self._rollout_copy = AutoModelForCausalLM.from_pretrained(
+                resolve_model_path(self.cfg["model"]["path"]), dtype=resolve_dtype(dtype, device)).to(device).eval()
+            self._rollout_copy.requires_grad_(False)
+        sync_weights(policy, self._rollout_copy)
+        return self._rollout_copy
 
     def rollout(self, iteration: int) -> list[dict]:
         """Play this process's share of the iteration's games with the current weights; returns the
@@ -190,7 +239,7 @@ class OnlineTrainer:
 
         acc, o, r = self.accelerator, self.cfg["online"], self.cfg["rollout"]
         per_process = math.ceil(o["rollout_size"] / acc.num_processes)
-        model = acc.unwrap_model(self.model)
+        model = self.rollout_model()
         policy = LocalChatModel.from_model(model, self.tokenizer, name=f"online-iter{iteration}",
                                            max_new_tokens=r["max_new_tokens"], temperature=r["temperature"],
                                            top_p=r["top_p"], max_prompt_tokens=r["max_prompt_tokens"],
