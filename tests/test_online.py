@@ -278,7 +278,7 @@ def test_paper_preset_is_table_4():
     assert cpu["model"]["path"] == "embedded" and cpu["online"]["games"] == ["twenty_questions"]
     # the preset's values win over the base config's
     assert (cpu["online"]["iterations"], cpu["online"]["rollout_size"], cpu["online"]["actor_updates"]) == (4, 16, 2)
-    assert cpu["rollout"]["dtype"] == "auto" and "data.max_samples=256" in cpu["reward_model"]["train_overrides"]
+    assert cpu["rollout"]["dtype"] == "auto" and "data.max_samples=128" in cpu["reward_model"]["train_overrides"]
 
 
 def test_rollout_copy_has_the_live_policy_weights(tmp_path, tiny_model_dir, tiny_sentence_model_dir):
