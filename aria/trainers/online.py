@@ -146,7 +146,6 @@ class OnlineState:
     iteration: int = 0          # iterations finished
     step: int = 0               # actor optimizer steps done
     rm_path: str | None = None  # the reward model in use
-    rm_step: int | None = None  # actor step of the last refresh (None: not refreshed by this run yet)
     window_start: int = 0       # first iteration whose rollouts the next refresh aggregates
 
 
@@ -382,7 +381,6 @@ class OnlineTrainer:
             atomic_write_json(run_dir / "refresh.json", info)
         acc.wait_for_everyone()
         self.state.rm_path = str(final)
-        self.state.rm_step = self.state.step
         self.state.window_start = (upto + 1) if upto is not None else self.state.window_start
         self.scorer.load(final)
         return read_json(run_dir / "refresh.json") if not info else info
