@@ -92,6 +92,10 @@ TABLE = [
      "proposal that has you and going to chambers.", BAR, "alice", 100, ParseError),
     ("1. Respond: Accepting Offer 1, and 2 additional agreed upon what you each would have made if you made it.",
      BAR, "alice", 100, ParseError),
+    ("Remember the puzzle about inflation? Even a single round has a payoff of 80%, and it continues to add to "
+     "its payoff: \n* 1 to Alice's proposal accepts; \n* \n* \n\nThis form of money has a \"flip\" effect",
+     BAR, "alice", 1000000, ParseError),  # a possessive names no share (an early parser read "Alice gets 1")
+    ("I offer 60 to Alice and the rest to Bob.", BAR, "bob", 100, (None, split(60, 40))),
     ("Yes, I'd like to propose $60 for me and $40 for you.", BAR, "alice", 100, (None, split(60, 40))),
     ("I'll accept that.", NEG, "bob", 100, ("accept", None)),
     ("Accepted.", BAR, "bob", 100, ("accept", None)),

@@ -174,7 +174,8 @@ def _text_split(text: str, money: float, speaker: str) -> dict[str, float] | Non
         m = re.search(rf"\b{role}(?:'s)?(?:[\s_]*(?:gain|gets?|share|receives?|takes?|keeps?|would get|will get|:|=|with|to))*\s*{_AMOUNT}",
                       text, re.IGNORECASE)
         if m is None:
-            m = re.search(rf"{_AMOUNT}\s*(?:dollars\s*)?(?:for|to)\s+{role}\b", text, re.IGNORECASE)
+            # "60 to Alice", but not "1 to Alice's proposal" (a possessive names no share)
+            m = re.search(rf"{_AMOUNT}\s*(?:dollars\s*)?(?:for|to)\s+{role}\b(?!['’]s)", text, re.IGNORECASE)
         if m:
             gains[role] = _amount(m)
     you = "bob" if speaker == "alice" else "alice"
