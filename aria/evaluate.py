@@ -101,7 +101,10 @@ def _two_player_rows(summary: dict) -> list[str]:
     if not rows:
         return []
     opponents = sorted({e["opponent"] for e in summary["environments"].values() if e.get("kind") == "two_player"})
-    return ["", f"Two-player games against {', '.join(opponents)}:", "",
+    setup = summary.get("two_player")
+    measured = (f" ({setup['config_set']}, {setup['games_per_config']} per configuration and seat, "
+                f"replies up to {setup['max_tokens']} tokens)") if setup else ""
+    return ["", f"Two-player games{measured} against {', '.join(opponents)}:", "",
             "| environment | policy plays | games | win % | 95% CI | ties % | deals % | mean payoff share | unusable replies % | failed |",
             "|---|---|---|---|---|---|---|---|---|---|", *rows]
 

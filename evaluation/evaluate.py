@@ -61,6 +61,9 @@ def main(cfg) -> None:
     summary = {"model": p["model"] if served else p["model_path"], "base_url": p.get("base_url"),
                "oracle": cfg["oracle"]["name"], "seed": cfg["seed"], "num_games": cfg["num_games"],
                "sampling": {k: p.get(k) for k in ("temperature", "top_p", reply_tokens)}, "environments": {}}
+    if two_player:  # what the win rates were measured under (reply length matters a lot to a small model)
+        summary["two_player"] = {**{k: cfg["two_player"][k] for k in ("config_set", "games_per_config", "max_tokens")},
+                                 "opponent": cfg["opponent"]}
     for env in cfg["envs"]:
         game_cfg = load_game_config(env)
         if env in two_player:

@@ -179,7 +179,10 @@ def test_two_player_win_rates_through_eval_sh(tmp_path):
         done = subprocess.run(["bash", str(REPO / "evaluation/eval.sh"), "progress=false"], env=env,
                               capture_output=True, text=True)
         assert done.returncode == 0, done.stderr
-        summary = json.loads((out / "summary.json").read_text())["environments"]
+        written = json.loads((out / "summary.json").read_text())
+        assert (written["two_player"]["config_set"], written["two_player"]["games_per_config"],
+                written["two_player"]["max_tokens"], written["two_player"]["opponent"]["strength"]) == ("smoke", 2, 160, 1.0)
+        summary = written["environments"]
         for game in ("bargaining", "negotiation"):
             s = summary[game]
             assert s["opponent"].startswith("scripted-") and len(s["configurations"]) == 1
@@ -192,6 +195,7 @@ def test_two_player_win_rates_through_eval_sh(tmp_path):
         assert bargaining_alice["meta"]["payoffs"] == {"alice": 60.0, "bob": 40.0}
         assert summary["negotiation"]["as_alice"]["mean_payoff_share"] == pytest.approx(0.8)  # 40 / (40 + 10)
         md = (out / "summary.md").read_text()
+        assert "Two-player games (smoke, 2 per configuration and seat, replies up to 160 tokens) against" in md
         assert "| bargaining | as alice | 2 | 100.0 |" in md and "| negotiation | overall | 4 | 50.0 |" in md
         table = subprocess.run(["bash", str(REPO / "evaluation/eval.sh"), "compare", str(out)],
                                capture_output=True, text=True, check=True).stdout
