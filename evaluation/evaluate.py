@@ -63,7 +63,7 @@ def main(cfg) -> None:
                "sampling": {k: p.get(k) for k in ("temperature", "top_p", reply_tokens)}, "environments": {}}
     if two_player:  # what the win rates were measured under (reply length matters a lot to a small model)
         summary["two_player"] = {**{k: cfg["two_player"][k] for k in ("config_set", "games_per_config", "max_tokens")},
-                                 "opponent": cfg["opponent"]}
+                                 "opponent": {k: v for k, v in cfg["opponent"].items() if k != "api_key"}}  # no secrets in results
     for env in cfg["envs"]:
         game_cfg = load_game_config(env)
         if env in two_player:

@@ -227,11 +227,14 @@ def test_two_player_opponent_behind_an_endpoint(tmp_path):
     out = tmp_path / "res"
     try:
         env = eval_env(server.base_url, out, ENVS="bargaining", N_PER_CONFIG="1", CONFIG_SET="smoke",
-                       OPPONENT=server.base_url, OPPONENT_MODEL="test-model")
+                       OPPONENT=server.base_url, OPPONENT_MODEL="test-model", OPENAI_API_KEY="secret-key")
         done = subprocess.run(["bash", str(REPO / "evaluation/eval.sh"), "progress=false"], env=env,
                               capture_output=True, text=True)
         assert done.returncode == 0, done.stderr
-        s = json.loads((out / "summary.json").read_text())["environments"]["bargaining"]
+        written = json.loads((out / "summary.json").read_text())
+        assert written["two_player"]["opponent"]["model"] == "test-model"
+        assert "api_key" not in written["two_player"]["opponent"] and "secret-key" not in json.dumps(written)
+        s = written["environments"]["bargaining"]
         assert s["opponent"] == "test-model"
         assert (s["as_alice"]["wins"], s["as_bob"]["losses"]) == (1, 1)
         as_bob = next(read_trajectories(out / "bargaining" / "as_bob.jsonl"))
