@@ -15,6 +15,10 @@ import pytest
 
 from aria.games.base import load_game, load_game_config
 
+# Verbatim samples of the original release's data formats (copied from the project's shared
+# data, so that a clone alone runs every test)
+ORIGINAL_SAMPLES = Path(__file__).resolve().parent / "data" / "original"
+
 CHATML = (
     "{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n{% endfor %}"
     "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"

@@ -2,7 +2,7 @@
 
 Fixtures are small hand-written files in the originals' formats; the expected records were worked
 out by hand from the rules in the importers' module doc. The released ARIA training sample in
-``shared/data`` checks :func:`parse_history` against the games' prompt rendering.
+``tests/data/original`` checks :func:`parse_history` against the games' prompt rendering.
 """
 from __future__ import annotations
 
@@ -18,11 +18,11 @@ from aria.games.base import load_game
 from aria.importers import IMPORTERS, import_file, parse_history, split_line
 from aria.io import DataError
 from aria.trajectories import read_trajectories, validate_record
+from conftest import ORIGINAL_SAMPLES
 
 REPO = Path(__file__).resolve().parents[1]
 SCRIPT = REPO / "scripts" / "import_trajectories.py"
-SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
-TRAINING_SAMPLE = SHARED_DATA / "aria_sample_actor_reinforce_llama3-8b_single.json"
+TRAINING_SAMPLE = ORIGINAL_SAMPLES / "aria_sample_actor_reinforce_llama3-8b_single.json"
 
 # ---- fixtures in the original formats ---------------------------------------------------
 TQ_MSGS = [
@@ -314,8 +314,6 @@ def test_parse_history_inverts_render(games):
 
 
 def test_parse_history_reproduces_released_training_prompts(games):
-    if not TRAINING_SAMPLE.is_file():
-        pytest.skip(f"shared data not found at {TRAINING_SAMPLE}")
     samples = json.loads(TRAINING_SAMPLE.read_text(encoding="utf-8"))
     game_by_first_line = {
         "Let's play a game of Twenty Questions.": games["twenty_questions"],

@@ -20,10 +20,10 @@ from aria.intention import pipeline
 from aria.io import DataError
 from aria.rollout import game_id, play_games
 from aria.trajectories import make_record, write_trajectories
-from conftest import ScriptedPolicy
+from conftest import ORIGINAL_SAMPLES, ScriptedPolicy
 
 REPO = Path(__file__).resolve().parents[1]
-NEGOTIATION = REPO.parent / "shared/data/aria_sample_llama3-8b_negotiation_embedding_msgs.jsonl"
+NEGOTIATION = ORIGINAL_SAMPLES / "aria_sample_llama3-8b_negotiation_embedding_msgs.jsonl"
 OUTPUTS = ("utterances.json", "embeddings.npz", "labels.npz", "selection.json", "labelled.jsonl", "train.json")
 
 
@@ -40,8 +40,6 @@ def run_all(cfg: dict, echo=lambda line: None) -> None:
 
 @pytest.fixture(scope="module")
 def negotiation_trajectories(tmp_path_factory) -> Path:
-    if not NEGOTIATION.is_file():
-        pytest.fail(f"the shared sample {NEGOTIATION} is missing")
     out = tmp_path_factory.mktemp("negotiation") / "games.jsonl"
     import_file(NEGOTIATION, "aria_two_player", "negotiation", out_path=out)
     return out

@@ -17,10 +17,10 @@ from aria.games.base import load_game_config
 from aria.importers import import_file
 from aria.io import DataError
 from aria.trajectories import read_trajectories
+from conftest import ORIGINAL_SAMPLES
 
-SHARED = Path(__file__).resolve().parents[2] / "shared" / "data"
-NEGOTIATION = SHARED / "aria_sample_llama3-8b_negotiation_embedding_msgs.jsonl"
-MULTI_SAMPLE = SHARED / "aria_sample_actor_reinforce_llama3-8b_multi.json"
+NEGOTIATION = ORIGINAL_SAMPLES / "aria_sample_llama3-8b_negotiation_embedding_msgs.jsonl"
+MULTI_SAMPLE = ORIGINAL_SAMPLES / "aria_sample_actor_reinforce_llama3-8b_multi.json"
 
 GAME = {"player_1_name": "Alice", "player_2_name": "Bob", "player_1_system_prompt": "\nYou are Alice.\n",
         "player_2_system_prompt": "\nYou are Bob.\n", "alice_reward": 0.75, "bob_reward": 0.25,
