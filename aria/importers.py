@@ -5,13 +5,30 @@ file, the line or sample, and the field of the first problem) and returns record
 :func:`aria.trajectories.make_record`, ``source`` set to the format name. :data:`IMPORTERS` maps
 the format names to the importers and :func:`import_file` picks one by name.
 
-Common rules. Per-turn rewards follow the schema: −1 per turn and 0 on the winning turn (the last
-turn of a won game). Both originals store the agent's bare question; the turn's ``action`` is
-rebuilt as ``"Question: <text>"`` (the output format this project's prompt asks for, and the form
-of ARIA's own training actions), so :meth:`QuestionGame.extract_question` recovers the
-question exactly as for a collected game. Targets are mapped to the game's canonical name when
-any given name (or, for ``"City, Country"``, the part before the comma) is a target name or alias;
-an unknown name is kept as written; no name gives ``null``.
+Common rules of the single-agent importers. Files are taken whole: nothing in a game's content
+stops an import except a malformed field.
+
+* **Questions.** Both originals store the agent's output; the turn's ``action`` is rebuilt as
+  ``"Question: <text>"`` (the output format this project's prompt asks for, and the form of ARIA's
+  own training actions), and the question is read out of it by the one extractor of play
+  (:func:`aria.games.text.extract_question`), so a multi-line output ("Based on the information
+  provided, my next question would be:\n\nIs your hometown Dalian?") yields its question.
+* **Targets.** A name (or, for ``"city,country"``, the part before the comma) is mapped to the
+  game's canonical target when it equals a target name or alias after folding case, accents,
+  quotes and punctuation ("Bogotá,Colombia" is Bogota). A name outside the game's list ("Mexico
+  City") is kept as the game's target, with its other variants as aliases; ``meta.target_in_game``
+  says which. No name gives ``null``.
+* **Success** (``success_from``): ``"rule"`` (default) applies this project's win rule
+  (:meth:`QuestionGame.is_win`, whole phrases, folded) to the last question, with the target's
+  name and variants, also for targets outside the list. ``"dataset"`` takes the file's own flag
+  instead (``correct``, ``done`` or ``reward``, per format). Both verdicts are kept in ``meta``
+  (``rule_success``, ``dataset_success`` and ``dataset_success_field``) and
+  :func:`import_summary` counts where they disagree. A game without a target is decided by the
+  file's flag (``meta.success_source`` says so); with neither, the import fails on that game.
+  Files' flags are not trusted by default because they were computed by other rules: in one
+  public Guess My City set, ``done`` came from a substring test that missed accents, so a game
+  ending "Is the city you are from Bogotá?" / "Yes, ..." has ``done: false``.
+* **Rewards** follow the schema: −1 per turn and 0 on the last turn of a won game.
 
 ``aria_msgs`` — ARIA's single-agent logs ``llama3-8b_{game}_msgs.jsonl``, one game per line::
 
@@ -30,16 +47,16 @@ the game's return); ``evaluation/twenty_questions.py`` and ``evaluation/guess_my
 (``_step``: reward −1, or 0 when the question wins, which ends the game; the target lives in
 ``curr_word``, and ``evaluation/main.py`` logs it as ``curr_world``).
 
-* ``reward`` is required; success comes from it, never from the win rule (ARIA's rule differs
-  from ours, and the file says what happened). A number is the environment's last-step reward:
-  0 = the last question won, −1 = not won. That reading is what ``reward + 1`` in
+* ``reward`` is required and is the file's success flag (``success_from="dataset"``). A number is
+  the environment's last-step reward: 0 = the last question won, −1 = not won. That reading is what ``reward + 1`` in
   ``reward_utils.py`` needs, and the released training sample's rewards lie in [0, 0.95] (a sum of
   per-turn rewards would make most of them negative). A list is one reward per action, each 0 or
   −1, with 0 allowed only on the last turn; success is "the last one is 0". Other values are an
   error rather than a guess.
-* ``obs`` has one answer per action, or one fewer when the game was won (the winning question
-  went unanswered); that turn's observation is then the game's ``win_answer`` and ``meta``
-  records ``last_observation_filled``.
+* ``obs`` (or ``next_observations``, the key of the release's Guess My City logs) has one answer
+  per action, or one fewer when the file says the game was won (the winning question went
+  unanswered); that turn's observation is then the game's ``win_answer`` and ``meta`` records
+  ``last_observation_filled``.
 * An action that already starts with ``Question:`` is kept as it is.
 * ``game_id`` is the file's own ``game_id`` (string or integer) when present, else
   ``f"{file stem}-{line:06d}"``; a repeated id is an error.
@@ -62,9 +79,10 @@ turns").
   Guess My City the free-form answer sentence). A line without ``"? "`` is split when it ends
   with a space and a fixed answer (``Yes.``, ``No.`` or the game's invalid-question answer), so
   "Tell me the word. Invalid Question." splits too; any other line is an error.
-* Success is ``correct`` when present (an explicit signal). A file with only ``done`` says only
-  that the episode ended, so success is then decided by this project's win rule,
-  :meth:`QuestionGame.is_win` on the last question, which needs ``word`` to name a known target.
+* The file's success flag is ``correct`` when present, else ``done``. In ArCHer's environment
+  ``done`` means "won *or* out of turns", in LMRL-Gym's city data "guessed": read it with
+  ``success_from="dataset"`` only for files where it means a win. ``word`` is a name, a list of
+  variants, or ``"city,country"``.
 * ``game_id`` is ``f"{file stem}-{sample index:06d}"``.
 
 ``aria_two_player`` — ARIA's two-player logs ``llama3-8b_{bargaining,negotiation}_embedding_msgs.jsonl``,
@@ -93,10 +111,12 @@ import json
 import math
 import os
 import re
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
 from aria.games.base import QuestionGame, load_game
+from aria.games.text import normalize
 from aria.io import DataError, iter_jsonl, read_json, require
 from aria.trajectories import make_record, make_two_player_record, write_trajectories
 
@@ -109,7 +129,7 @@ FIXED_ANSWERS = ("Yes.", "No.")
 _HISTORY_HEADER = "Here is the game history:\n"
 _HISTORY_TURN = re.compile(r"Question: (.*)\nAnswer: (.*)\n\n")
 
-Importer = Callable[[Path, QuestionGame], list[dict]]
+Importer = Callable[[Path, QuestionGame, str], list[dict]]  # (file, game, success_from) -> records
 
 
 # ---- games ------------------------------------------------------------------------------
@@ -137,24 +157,97 @@ def _is_number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
-# ---- targets and turns ------------------------------------------------------------------
+# ---- targets and success ----------------------------------------------------------------
+#: Where a single-agent game's success comes from (see the module doc).
+SUCCESS_SOURCES = ("rule", "dataset")
+
+
+@dataclass(frozen=True)
+class ResolvedTarget:
+    """A game's target as imported: the name, its other variants, whether the game lists it."""
+
+    name: str | None
+    aliases: tuple[str, ...] = ()
+    in_game: bool = False
+
+
+def _city_part(name: str) -> str:
+    return name.split(",")[0].strip()
+
+
 def _canonical_target(game: QuestionGame, name: str) -> str | None:
-    """The game's canonical name for ``name`` (or for the city part of "City, Country")."""
-    wanted = {name.strip().lower(), name.split(",")[0].strip().lower()}
+    """The game's canonical name for ``name`` (or for the city part of "city,country"), folded."""
+    wanted = {normalize(name), normalize(_city_part(name))} - {""}
     for target in game.targets:
-        if any(alias.lower() in wanted for alias in target.names):
+        if any(normalize(alias) in wanted for alias in target.names):
             return target.name
     return None
 
 
-def resolve_target(game: QuestionGame, raw: str | list[str] | None) -> str | None:
-    """Canonical target for a name or a list of variant names; else the first name as given."""
+def resolve_target(game: QuestionGame, raw: str | list[str] | None) -> ResolvedTarget:
+    """The canonical target for a name or a list of variant names; else the first name as given."""
     names = [raw] if isinstance(raw, str) else list(raw or [])
     for name in names:
         canonical = _canonical_target(game, name)
         if canonical is not None:
-            return canonical
-    return names[0].strip() if names else None
+            return ResolvedTarget(canonical, (), True)
+    if not names or not _city_part(names[0]):
+        return ResolvedTarget(None)
+    variants = list(dict.fromkeys(_city_part(n) for n in names if _city_part(n)))
+    return ResolvedTarget(variants[0], tuple(variants[1:]), False)
+
+
+def decide_success(game: QuestionGame, target: ResolvedTarget, last_output: str, flag: bool | None, flag_field: str,
+                   success_from: str, path: Path, line: int | None, where: str = "") -> tuple[bool, dict]:
+    """The game's success by ``success_from`` and the ``meta`` fields that record both verdicts.
+
+    ``flag`` is the file's own success flag (None when the file has none) read from ``flag_field``.
+    """
+    if success_from not in SUCCESS_SOURCES:
+        raise ValueError(f"unknown success source {success_from!r} (known: {', '.join(SUCCESS_SOURCES)})")
+    meta: dict[str, Any] = {}
+    rule = None
+    if target.name is not None:
+        rule = game.is_win(game.extract_question(as_action(last_output)), target.name, target.aliases)
+        meta["rule_success"] = rule
+        meta["target_in_game"] = target.in_game
+    if flag is not None:
+        meta["dataset_success"] = flag
+        meta["dataset_success_field"] = flag_field
+    if success_from == "rule" and rule is not None:
+        meta["success_source"] = "rule"
+        return rule, meta
+    if flag is None:
+        problem = "missing: the game has no target to apply the win rule to" if rule is None else "missing"
+        raise DataError(path, line, f"{where}{flag_field}", f"{problem} (success comes from the file's flag)")
+    meta["success_source"] = "dataset" if success_from == "dataset" else "dataset (no target for the win rule)"
+    return flag, meta
+
+
+def import_summary(records: list[dict]) -> str:
+    """One line on imported single-agent games: wins by each rule, disagreements, unknown targets."""
+    n = len(records)
+    if not n:
+        return "0 games"
+    meta = [r.get("meta", {}) for r in records]
+    wins = sum(r["success"] for r in records)
+    by_rule = [m["rule_success"] for m in meta if "rule_success" in m]
+    by_flag = [m["dataset_success"] for m in meta if "dataset_success" in m]
+    fields = sorted({m["dataset_success_field"] for m in meta if "dataset_success_field" in m})
+    flag_name = "/".join(f"'{f}'" for f in fields) or "flag"
+    sources = sorted({m.get("success_source", "rule") for m in meta})
+    parts = [f"{n} games; success from {' and '.join(sources)}: {wins}/{n} won ({wins / n:.1%})"]
+    if by_rule:
+        parts.append(f"win rule: {sum(by_rule)}/{len(by_rule)} won")
+    if by_flag:
+        parts.append(f"the file's {flag_name}: {sum(by_flag)}/{len(by_flag)} won")
+    both = [m for m in meta if "rule_success" in m and "dataset_success" in m]
+    if both:
+        parts.append(f"the two disagree on {sum(m['rule_success'] != m['dataset_success'] for m in both)} of {len(both)} games")
+    outside = sum(m.get("target_in_game") is False for m in meta)
+    no_target = sum(r["target"] is None for r in records)
+    parts.append(f"{outside} targets outside the game's list" + (f", {no_target} games without a target" if no_target else ""))
+    return "; ".join(parts)
 
 
 def as_action(text: str) -> str:
@@ -191,8 +284,8 @@ def _check_step_reward(value: Any, path: Path, line: int, field: str) -> None:
         raise DataError(path, line, field, f"expected 0 (won) or -1 (not won), got {value!r}")
 
 
-def _aria_success(obj: dict, num_actions: int, path: Path, line: int) -> bool:
-    """Success from ``reward``: a last-step reward (0 = won) or a list of per-turn rewards."""
+def _aria_flag(obj: dict, num_actions: int, path: Path, line: int) -> bool:
+    """The file's success flag from ``reward``: a last-step reward (0 = won) or per-turn rewards."""
     reward = require(obj, "reward", (int, float, list), path, line)
     if not isinstance(reward, list):
         _check_step_reward(reward, path, line, "reward")
@@ -206,18 +299,19 @@ def _aria_success(obj: dict, num_actions: int, path: Path, line: int) -> bool:
     return reward[-1] == 0
 
 
-def _aria_observations(obj: dict, num_actions: int, success: bool, game: QuestionGame, path: Path, line: int) -> list[str]:
+def _aria_observations(obj: dict, num_actions: int, won: bool, game: QuestionGame, path: Path, line: int) -> list[str]:
     """One answer per action; a won game's unanswered last question gets the game's win answer."""
-    observations = _field(obj, "obs", list, path, line, "")
+    key = "obs" if "obs" in obj or "next_observations" not in obj else "next_observations"
+    observations = _field(obj, key, list, path, line, "")
     for i, value in enumerate(observations):
         if not isinstance(value, str):
-            raise DataError(path, line, f"obs[{i}]", f"expected a string, got {type(value).__name__}")
+            raise DataError(path, line, f"{key}[{i}]", f"expected a string, got {type(value).__name__}")
     if len(observations) == num_actions:
         return observations
-    if len(observations) == num_actions - 1 and success:
+    if len(observations) == num_actions - 1 and won:
         return [*observations, game.win_answer]
     raise DataError(
-        path, line, "obs",
+        path, line, key,
         f"has {len(observations)} answers for {num_actions} actions "
         f"(expected {num_actions}, or {num_actions - 1} when the last action won)",
     )
@@ -246,27 +340,34 @@ def _aria_game_id(obj: dict, path: Path, line: int) -> str:
     return str(value)
 
 
-def _aria_target(obj: dict, game: QuestionGame, path: Path, line: int) -> str | None:
+def _aria_target(obj: dict, game: QuestionGame, path: Path, line: int) -> tuple[ResolvedTarget, Any]:
     key = next((k for k in ARIA_TARGET_KEYS if k in obj), None)
     if key is None or obj[key] is None:
-        return None
+        return ResolvedTarget(None), None
     raw = obj[key]
     if not (isinstance(raw, str) or (isinstance(raw, list) and raw and all(isinstance(n, str) for n in raw))):
         raise DataError(path, line, key, "expected a name or a non-empty list of names")
-    return resolve_target(game, raw)
+    return resolve_target(game, raw), raw
 
 
-def _aria_record(obj: dict, game: QuestionGame, path: Path, line: int) -> dict:
+def _target_meta(target: ResolvedTarget, raw: Any) -> dict:
+    """The file's own target value, when it says more than the name kept."""
+    return {"source_target": raw} if raw is not None and raw not in (target.name, [target.name]) else {}
+
+
+def _aria_record(obj: dict, game: QuestionGame, path: Path, line: int, success_from: str) -> dict:
     actions = _string_list(obj, "actions", path, line)
-    success = _aria_success(obj, len(actions), path, line)
-    observations = _aria_observations(obj, len(actions), success, game, path, line)
-    meta: dict[str, Any] = {"source_line": line}
-    if len(obj["obs"]) < len(actions):
+    flag = _aria_flag(obj, len(actions), path, line)
+    observations = _aria_observations(obj, len(actions), flag, game, path, line)
+    target, raw = _aria_target(obj, game, path, line)
+    success, verdicts = decide_success(game, target, actions[-1], flag, "reward", success_from, path, line)
+    meta: dict[str, Any] = {"source_line": line, **verdicts, **_target_meta(target, raw)}
+    if len(observations) > len(obj.get("obs", obj.get("next_observations", []))):
         meta["last_observation_filled"] = True
     return make_record(
         game_id=_aria_game_id(obj, path, line),
         game=game.name,
-        target=_aria_target(obj, game, path, line),
+        target=target.name,
         turns=build_turns(game, actions, observations, success, _aria_embeddings(obj, len(actions), path, line)),
         success=success,
         source="aria_msgs",
@@ -274,12 +375,12 @@ def _aria_record(obj: dict, game: QuestionGame, path: Path, line: int) -> dict:
     )
 
 
-def import_aria_msgs(path: Path, game: QuestionGame) -> list[dict]:
+def import_aria_msgs(path: Path, game: QuestionGame, success_from: str = "rule") -> list[dict]:
     """Records from an ARIA ``llama3-8b_{game}_msgs.jsonl`` file (see the module doc)."""
     records: list[dict] = []
     seen: dict[str, int] = {}
     for line, obj in iter_jsonl(path):
-        record = _aria_record(obj, game, path, line)
+        record = _aria_record(obj, game, path, line, success_from)
         if record["game_id"] in seen:
             raise DataError(path, line, "game_id", f"{record['game_id']!r} already on line {seen[record['game_id']]}")
         seen[record["game_id"]] = line
@@ -323,47 +424,41 @@ def _archer_word(sample: dict, path: Path, where: str) -> str | list[str]:
     return word
 
 
-def _archer_success(sample: dict, game: QuestionGame, last_question: str, target: str | None, path: Path, where: str) -> bool:
-    """``correct`` when given; with only ``done`` (episode ended), the win rule on the last question."""
-    if "correct" not in sample and "done" not in sample:
-        raise DataError(path, None, f"{where}correct", "missing (and no 'done' to apply the win rule to)")
-    if "correct" in sample:
-        return _field(sample, "correct", bool, path, None, where)
-    _field(sample, "done", bool, path, None, where)
-    if target is None or _canonical_target(game, target) != target:
-        raise DataError(
-            path, None, f"{where}word",
-            f"{target!r} is not a {game.name} target, so the win rule cannot decide success "
-            "(the sample has 'done', not 'correct')",
-        )
-    return game.is_win(game.extract_question(as_action(last_question)), target)
+def _archer_flag(sample: dict, path: Path, where: str) -> tuple[bool | None, str]:
+    """The file's own success flag: ``correct`` when present, else ``done``, else None."""
+    for key in ("correct", "done"):
+        if key in sample:
+            return _field(sample, key, bool, path, None, where), key
+    return None, "correct"
 
 
-def _archer_record(sample: Any, index: int, game: QuestionGame, path: Path) -> dict:
+def _archer_record(sample: Any, index: int, game: QuestionGame, path: Path, success_from: str) -> dict:
     where = f"[{index}]."
     if not isinstance(sample, dict):
         raise DataError(path, None, f"[{index}]", f"expected an object, got {type(sample).__name__}")
     pairs = _archer_pairs(sample, game, path, where)
-    target = resolve_target(game, _archer_word(sample, path, where))
-    success = _archer_success(sample, game, pairs[-1][0], target, path, where)
+    raw = _archer_word(sample, path, where)
+    target = resolve_target(game, raw)
+    flag, flag_field = _archer_flag(sample, path, where)
+    success, verdicts = decide_success(game, target, pairs[-1][0], flag, flag_field, success_from, path, None, where)
     questions, answers = [q for q, _ in pairs], [a for _, a in pairs]
     return make_record(
         game_id=f"{path.stem}-{index:06d}",
         game=game.name,
-        target=target,
+        target=target.name,
         turns=build_turns(game, questions, answers, success),
         success=success,
         source="archer",
-        meta={"source_index": index},
+        meta={"source_index": index, **verdicts, **_target_meta(target, raw)},
     )
 
 
-def import_archer(path: Path, game: QuestionGame) -> list[dict]:
+def import_archer(path: Path, game: QuestionGame, success_from: str = "rule") -> list[dict]:
     """Records from an LMRL-Gym / ArCHer conversation JSON list (see the module doc)."""
     data = read_json(path)
     if not isinstance(data, list):
         raise DataError(path, None, None, f"expected a JSON list of conversations, got {type(data).__name__}")
-    return [_archer_record(sample, i, game, path) for i, sample in enumerate(data)]
+    return [_archer_record(sample, i, game, path, success_from) for i, sample in enumerate(data)]
 
 
 # ---- registry ---------------------------------------------------------------------------
@@ -458,16 +553,20 @@ def import_file(
     fmt: str,
     game: str | QuestionGame,
     out_path: str | os.PathLike | None = None,
+    success_from: str = "rule",
 ) -> list[dict]:
     """Import ``path`` with the importer named ``fmt``; write the records to ``out_path`` if given.
 
-    ``game`` is a game name (its config is loaded) or a built :class:`QuestionGame`. The output is
-    validated and written atomically by :func:`aria.trajectories.write_trajectories`.
+    ``game`` is a game name (its config is loaded) or a built :class:`QuestionGame`;
+    ``success_from`` is ``"rule"`` or ``"dataset"`` for single-agent games (see the module doc).
+    The output is validated and written atomically by :func:`aria.trajectories.write_trajectories`.
     """
+    if success_from not in SUCCESS_SOURCES:
+        raise ValueError(f"unknown success source {success_from!r} (known: {', '.join(SUCCESS_SOURCES)})")
     if fmt in TWO_PLAYER_IMPORTERS:
         records = TWO_PLAYER_IMPORTERS[fmt](Path(path), game if isinstance(game, str) else game.name)
     elif fmt in IMPORTERS:
-        records = IMPORTERS[fmt](Path(path), load_game(game) if isinstance(game, str) else game)
+        records = IMPORTERS[fmt](Path(path), load_game(game) if isinstance(game, str) else game, success_from)
     else:
         raise ValueError(f"unknown format {fmt!r} (known: {', '.join(sorted([*IMPORTERS, *TWO_PLAYER_IMPORTERS]))})")
     if out_path is not None:

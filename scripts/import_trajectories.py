@@ -3,8 +3,11 @@
 
     python scripts/import_trajectories.py --format aria_msgs --game twenty_questions IN.jsonl OUT.jsonl
 
-Prints how many games were imported and their success rate. Bad input prints one line naming the
-file, line (or sample) and field, and exits with status 2; nothing is written then.
+Prints one summary line: games, wins by this project's win rule and by the file's own flag, how
+many games the two disagree on, and targets outside the game's list. ``--success-from rule``
+(default) decides success by the win rule, ``--success-from dataset`` by the file's flag. Bad input
+prints one line naming the file, line (or sample) and field, and exits with status 2; nothing is
+written then.
 """
 from __future__ import annotations
 
@@ -13,7 +16,7 @@ import sys
 from pathlib import Path
 
 from aria.games.base import known_games
-from aria.importers import IMPORTERS, TWO_PLAYER_IMPORTERS, import_file
+from aria.importers import IMPORTERS, SUCCESS_SOURCES, TWO_PLAYER_IMPORTERS, import_file, import_summary
 from aria.io import DataError
 
 
@@ -21,6 +24,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--format", required=True, choices=sorted([*IMPORTERS, *TWO_PLAYER_IMPORTERS]), help="format of the input file")
     parser.add_argument("--game", required=True, choices=known_games(), help="game the file's games were played in")
+    parser.add_argument("--success-from", choices=SUCCESS_SOURCES, default="rule",
+                        help="single-agent games: decide success by this project's win rule on the last question "
+                             "(default) or by the file's own flag (correct / done / reward)")
     parser.add_argument("input", type=Path, help="file in the original format")
     parser.add_argument("output", type=Path, help="trajectories JSONL to write (replaced atomically)")
     return parser.parse_args(argv)
@@ -29,17 +35,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     try:
-        records = import_file(args.input, args.format, args.game, out_path=args.output)
+        records = import_file(args.input, args.format, args.game, out_path=args.output, success_from=args.success_from)
     except DataError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
     if records and "players" in records[0]:
         print(f"imported {len(records)} two-player games ({args.format}, {args.game}) into {args.output}")
         return 0
-    wins = sum(r["success"] for r in records)
-    rate = f"{wins / len(records):.1%}" if records else "n/a"
-    print(f"imported {len(records)} games ({args.format}, {args.game}) into {args.output}; "
-          f"success rate {rate} ({wins}/{len(records)})")
+    print(f"imported {args.format} ({args.game}) into {args.output}: {import_summary(records)}")
     return 0
 
 

@@ -58,20 +58,67 @@ def test_win_rule_cases_guess_my_city(guess_my_city, question, target, wins):
     assert guess_my_city.is_win(question, target) is wins
 
 
-@pytest.mark.parametrize(
-    "action, question",
-    [
-        ("Question: Is it an animal?", "Is it an animal?"),
-        ("Sure! Here is my question:\nQuestion: Is it red?\nThanks", "Is it red?"),
-        ("question:   Does it have wheels?  ", "Does it have wheels?"),
-        ("Is it an animal?", None),            # no "Question:" marker
-        ("Question:", None),                   # nothing after it
-        ("", None),
-        ("Question: " + "very " * 80 + "long?", None),  # over max_question_chars
-    ],
-)
+# Real-looking model outputs and the question the one extractor reads out of each (play and import).
+EXTRACTION_TABLE = [
+    # the prompt's format
+    ("Question: Is it an animal?", "Is it an animal?"),
+    ("question:   Does it have wheels?  ", "Does it have wheels?"),
+    ("QUESTION: Is it bigger than a breadbox?", "Is it bigger than a breadbox?"),
+    ("**Question:** Is it made of metal?", "Is it made of metal?"),
+    ("Question 3: Does it fly?", "Does it fly?"),
+    # preambles before the marker or before the question
+    ("Sure! Here is my question:\nQuestion: Is it red?\nThanks", "Is it red?"),
+    ("Based on the information provided, my next question would be:\n\nIs your hometown Dalian?", "Is your hometown Dalian?"),
+    ("Question: Based on the information provided, my next question would be:\n\nIs your hometown Dalian?",
+     "Is your hometown Dalian?"),  # an imported output prefixed with "Question: "
+    ("Great, thanks for the answer! Since it is not alive, I will ask:\nQuestion: Is it used in the kitchen?",
+     "Is it used in the kitchen?"),
+    ("Let me think step by step.\n1. It is not alive.\n2. It is man-made.\n\nQuestion: Is it electronic?",
+     "Is it electronic?"),
+    ("Okay, so far we know it's in Europe.\n\nMy next question is: Is your city in Scandinavia?",
+     "Is your city in Scandinavia?"),
+    ("Thanks. Is your city on the coast?", "Is your city on the coast?"),
+    ("Question: Thanks. Is it a tool?", "Is it a tool?"),
+    # numbered lists and several candidates: the last one
+    ("Here are some questions I could ask:\n1. Is it alive?\n2. Is it big?\n3. Is it red?", "Is it red?"),
+    ("- Is it a fruit?\n- Is it a vegetable?", "Is it a vegetable?"),
+    ("Question: Is it a mammal?\nQuestion: Is it a pet?", "Is it a pet?"),  # the last marker counts
+    # quoted questions
+    ('My next question: "Is your city in Europe?"', "Is your city in Europe?"),
+    ('I would ask "Is it a fruit?" next.', "Is it a fruit?"),
+    ("Question: \u201cIs it a musical instrument?\u201d", "Is it a musical instrument?"),
+    ("Question: 'Does it have strings?'", "Does it have strings?"),
+    # several question marks in one sentence run, and question marks in remarks
+    ("Question: Is it big? Like, really big?", "Is it big? Like, really big?"),
+    ("Question: Is it a dog? That would be my guess.", "Is it a dog?"),
+    ("Question: Is it red?\nThis would help me narrow it down.", "Is it red?"),
+    ("Question: Does it have four legs? (This helps separate animals from furniture.)", "Does it have four legs?"),
+    ("Question: Is it used for writing?\nWhy? Because we know it is an office supply.", "Is it used for writing?"),
+    # abbreviations do not end a sentence
+    ("Is it St. Petersburg?", "Is it St. Petersburg?"),
+    ("Question: Is your city in the U.S. or Canada?", "Is your city in the U.S. or Canada?"),
+    ("Interesting. Is your city, e.g. Paris, in France?", "Is your city, e.g. Paris, in France?"),
+    # accents are kept in the question (the win rule folds them)
+    ("Question: Is the city you are from Bogotá?", "Is the city you are from Bogotá?"),
+    # statements and nothing at all
+    ("Question: Tell me the object.", "Tell me the object."),  # a marker's statement goes to the oracle
+    ("I think it is an animal.", None),                        # no marker, no question
+    ("Question:", None),
+    ("", None),
+    ("\n\n", None),
+    ("Question: " + "very " * 80 + "long?", None),  # over max_question_chars
+    ("Is it an animal?", "Is it an animal?"),
+]
+
+
+@pytest.mark.parametrize("action, question", EXTRACTION_TABLE)
 def test_extract_question(twenty_questions, action, question):
     assert twenty_questions.extract_question(action) == question
+
+
+def test_extraction_table_is_large_enough():
+    assert len(EXTRACTION_TABLE) >= 30
+    assert sum("\n" in action for action, _ in EXTRACTION_TABLE) >= 10  # multi-line outputs
 
 
 def test_turn_and_final_rewards(twenty_questions):

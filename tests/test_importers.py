@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from aria.games.base import load_game
-from aria.importers import IMPORTERS, import_file, parse_history, split_line
+from aria.importers import IMPORTERS, import_file, import_summary, parse_history, split_line
 from aria.io import DataError
 from aria.trajectories import read_trajectories, validate_record
 from conftest import ORIGINAL_SAMPLES
@@ -88,7 +88,9 @@ def test_aria_msgs_twenty_questions(tmp_path, games):
             turn("Is it a cat?", "Yes.", 0.0, embedding=[0.5, 0.6]),
         ],
         "num_turns": 3, "success": True, "final_reward": 1.0, "env_return": -2.0,
-        "status": "finished", "errors": [], "source": "aria_msgs", "meta": {"source_line": 1},
+        "status": "finished", "errors": [], "source": "aria_msgs",
+        "meta": {"source_line": 1, "success_source": "rule", "rule_success": True, "target_in_game": True,
+                 "dataset_success": True, "dataset_success_field": "reward", "source_target": ["cat"]},
     }
     # An action already in "Question:" form is kept; "television" maps to the canonical name.
     assert records[1]["turns"] == [
@@ -97,10 +99,11 @@ def test_aria_msgs_twenty_questions(tmp_path, games):
     ]
     assert summary(records[1]) == ("llama3-8b_twenty_questions_msgs-000002", "Television", False, [-1.0, -1.0])
     assert (records[1]["final_reward"], records[1]["env_return"]) == (0.0, -2.0)
-    # Own id, per-turn reward list, unanswered winning question, no target key.
+    # Own id, per-turn reward list, unanswered winning question, no target key: the file's flag decides.
     assert summary(records[2]) == ("own-7", None, True, [-1.0, 0.0])
     assert [t["observation"] for t in records[2]["turns"]] == ["Yes.", "Yes."]
-    assert records[2]["meta"] == {"source_line": 3, "last_observation_filled": True}
+    assert records[2]["meta"] == {"source_line": 3, "last_observation_filled": True, "dataset_success": True,
+                                  "dataset_success_field": "reward", "success_source": "dataset (no target for the win rule)"}
     assert all("embedding" not in t for r in records[1:] for t in r["turns"])
     for record in records:
         validate_record(record)
@@ -133,13 +136,15 @@ def test_archer_twenty_questions(tmp_path, games):
         turn("Is it a large cat?", "Yes.", -1.0),
         turn("Is it a lion?", "Yes.", 0.0),
     ]
-    assert records[0]["meta"] == {"source_index": 0}
+    assert records[0]["meta"] == {"source_index": 0, "success_source": "rule", "rule_success": True, "target_in_game": True,
+                                  "dataset_success": True, "dataset_success_field": "correct"}
     assert [summary(r) for r in records] == [
-        ("convos-000000", "Lion", True, [-1.0, -1.0, 0.0]),  # "correct": true
-        ("convos-000001", "Television", False, [-1.0, -1.0]),  # "correct": false
-        ("convos-000002", "Airplane", True, [-1.0, 0.0]),  # "done" only: "plane" wins by the win rule
-        ("convos-000003", "Hammer", False, [-1.0]),  # "done" only: episode ended without a guess
+        ("convos-000000", "Lion", True, [-1.0, -1.0, 0.0]),    # the rule and "correct" agree
+        ("convos-000001", "Television", False, [-1.0, -1.0]),
+        ("convos-000002", "Airplane", True, [-1.0, 0.0]),     # "plane" names Airplane
+        ("convos-000003", "Hammer", False, [-1.0]),           # "done": true, but no guess: the rule says lost
     ]
+    assert [r["meta"]["dataset_success"] for r in records] == [True, False, True, True]
     # A line without "? " ending in the invalid answer is still split.
     assert records[1]["turns"][1] == turn("Tell me the object.", "Invalid Question.", -1.0)
     assert all(r["source"] == "archer" for r in records)
@@ -157,6 +162,61 @@ def test_archer_guess_my_city(tmp_path, games):
         turn("Is your city Seoul?", "Yes, you guessed it! That is my city.", 0.0),
     ]
     validate_record(record)
+
+
+# The shape of a public LLM-played Guess My City set: "done" set by a substring test, cities outside
+# the environment's list, accents, and multi-line outputs whose question follows a preamble.
+GMC_REAL = [
+    {"conversation": ["Is your city in South America? Yes, it is in South America.",
+                      "Is the city you are from Bogotá? Yes, the city I am from is Bogotá."],
+     "done": False, "word": "Bogotá,Colombia"},                       # accents: the file missed this win
+    {"conversation": ["Is your city in Asia? Yes.",
+                      "Based on the information provided, my next question would be:\n\nIs your hometown Dalian? "
+                      "Yes, my hometown is Dalian."],
+     "done": True, "word": "Dalian,China"},                           # the question follows a preamble
+    {"conversation": ["Is your city in the United States? Yes.", "Is your city New York? Yes, it is New York!"],
+     "done": True, "word": "New York,USA"},                           # outside the 91 cities
+    {"conversation": ["Is your city in Asia? No, it is not.", "Is your city in Europe? No."],
+     "done": False, "word": "Mexico City,Mexico"},                    # outside, and lost
+    {"conversation": ["Is it St. Petersburg? Yes, you got it."], "done": True, "word": "St Petersburg,Russia"},
+    {"conversation": ["Is your city Saigon? Yes!"], "done": True, "word": "Ho Chi Minh City,Vietnam"},  # no alias known
+]
+
+
+def test_real_shaped_guess_my_city_file_is_taken_whole(tmp_path, games):
+    path = write_json(tmp_path / "gmc_llm.json", GMC_REAL)
+    records = import_file(path, "archer", games["guess_my_city"])
+
+    assert [r["target"] for r in records] == ["Bogota", "Dalian", "New York", "Mexico City", "St Petersburg",
+                                              "Ho Chi Minh City"]
+    assert [r["meta"]["target_in_game"] for r in records] == [True, True, False, False, False, False]
+    assert [r["success"] for r in records] == [True, True, True, False, True, False]  # the win rule
+    assert [r["meta"]["dataset_success"] for r in records] == [False, True, True, False, True, True]
+    assert records[1]["turns"][1]["question"] == "Is your hometown Dalian?"
+    assert records[0]["turns"][1]["reward"] == 0.0 and records[0]["meta"]["source_target"] == "Bogotá,Colombia"
+    line = import_summary(records)
+    assert "6 games; success from rule: 4/6 won (66.7%)" in line
+    assert "win rule: 4/6 won; the file's 'done': 4/6 won; the two disagree on 2 of 6 games" in line
+    assert "4 targets outside the game's list" in line
+
+    # --success-from dataset: the file's own flag decides; the rule's verdict is still recorded.
+    flagged = import_file(path, "archer", games["guess_my_city"], success_from="dataset")
+    assert [r["success"] for r in flagged] == [False, True, True, False, True, True]
+    assert [r["meta"]["rule_success"] for r in flagged] == [True, True, True, False, True, False]
+    assert all(r["meta"]["success_source"] == "dataset" for r in flagged)
+    with pytest.raises(ValueError, match="unknown success source 'oracle'"):
+        import_file(path, "archer", games["guess_my_city"], success_from="oracle")
+
+
+def test_game_without_target_or_flag_fails_on_that_game(tmp_path, games):
+    path = write_json(tmp_path / "no_signal.json", [GOOD_CONVO, {"lines": ["Is it a cat? Yes."], "word": []}])
+    with pytest.raises(DataError) as info:
+        import_file(path, "archer", games["twenty_questions"])
+    assert_names(info.value, path, None, "[1].word")
+    path = write_json(tmp_path / "no_flag.json", [{"lines": ["Is it a cat? Yes."], "word": "Cat"}])
+    assert import_file(path, "archer", games["twenty_questions"])[0]["success"]  # the rule needs no flag
+    with pytest.raises(DataError, match=r"\[0\]\.correct.*missing"):
+        import_file(path, "archer", games["twenty_questions"], success_from="dataset")
 
 
 def test_split_line_rules(games):
@@ -246,13 +306,12 @@ GOOD_CONVO = {"lines": ["Is it a cat? Yes."], "correct": True, "word": ["Cat"]}
         ([{**GOOD_CONVO, "lines": []}], "[0].lines"),
         ([{**GOOD_CONVO, "lines": ["Is it a cat? Yes.", "cat"]}], "[0].lines[1]"),
         ([{**GOOD_CONVO, "correct": "yes"}], "[0].correct"),
-        ([{"lines": ["Is it a cat? Yes."], "word": ["Cat"]}], "[0].correct"),
+        ([{**GOOD_CONVO, "done": "yes", "correct": None}], "[0].correct"),
         ([{**GOOD_CONVO, "word": []}], "[0].word"),
-        ([{"conversation": ["Is it a unicorn? Yes."], "done": True, "word": "Unicorn"}], "[0].word"),
         ([GOOD_CONVO, "Is it a cat? Yes."], "[1]"),
     ],
     ids=["missing-lines", "lines-not-list", "no-lines", "unsplittable-line", "correct-type",
-         "missing-correct", "empty-word", "done-unknown-target", "sample-not-object"],
+         "correct-null", "empty-word", "sample-not-object"],
 )
 def test_archer_bad_input_names_file_sample_field(tmp_path, games, data, field):
     path = write_json(tmp_path / "bad_convos.json", data)
@@ -285,11 +344,23 @@ def test_cli_imports_and_reports(tmp_path):
     result = run_script("--format", "aria_msgs", "--game", "twenty_questions", str(path), str(out))
 
     assert result.returncode == 0, result.stderr
-    assert "imported 3 games" in result.stdout
-    assert "success rate 66.7% (2/3)" in result.stdout
+    assert result.stdout.count("\n") == 1
+    assert "3 games; success from dataset (no target for the win rule) and rule: 2/3 won (66.7%)" in result.stdout
+    assert "win rule: 1/2 won; the file's 'reward': 2/3 won; the two disagree on 0 of 2 games" in result.stdout
     assert [r["game_id"] for r in read_trajectories(out)] == [
         "llama3-8b_twenty_questions_msgs-000001", "llama3-8b_twenty_questions_msgs-000002", "own-7",
     ]
+
+
+def test_cli_success_from_dataset_and_summary_line(tmp_path):
+    path = write_json(tmp_path / "gmc_llm.json", GMC_REAL)
+    out = tmp_path / "out.jsonl"
+    result = run_script("--format", "archer", "--game", "guess_my_city", "--success-from", "dataset", str(path), str(out))
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip().count("\n") == 0
+    assert "6 games; success from dataset: 4/6 won (66.7%); win rule: 4/6 won" in result.stdout
+    assert "the two disagree on 2 of 6 games; 4 targets outside the game's list" in result.stdout
+    assert [r["success"] for r in read_trajectories(out)] == [False, True, True, False, True, True]
 
 
 def test_cli_bad_file_exits_2_with_one_line(tmp_path):

@@ -14,20 +14,16 @@ released training samples with this code and compares them character for charact
 from __future__ import annotations
 
 import random
-import re
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
-from aria.games.text import PhraseIndex
 import yaml
 
+from aria.games.text import PhraseIndex, extract_question
 from aria.io import DataError, read_json
 from aria.resources import REPO_ROOT, dataset_file
 
 GAME_CONFIG_DIR = REPO_ROOT / "config" / "game"
-
-# The agent's question is the text after "Question:" up to the end of that line.
-_QUESTION = re.compile(r"question\s*:\s*(.*)", re.IGNORECASE)
 
 
 @dataclass(frozen=True)
@@ -87,6 +83,8 @@ class QuestionGame:
     single_guess: bool = True
     _index: PhraseIndex = field(init=False, repr=False)
     _by_name: dict[str, Target] = field(init=False, repr=False)
+    _phrases: dict[str, str] = field(init=False, repr=False)
+    _outside: dict[tuple[str, ...], PhraseIndex] = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
         phrases: dict[str, str] = {}
@@ -95,8 +93,10 @@ class QuestionGame:
         for target in self.targets:
             for alias in target.names:
                 phrases[alias] = target.name
+        self._phrases = phrases
         self._index = PhraseIndex.build(phrases)
         self._by_name = {t.name: t for t in self.targets}
+        self._outside = {}
 
     def target(self, name: str) -> Target:
         try:
@@ -106,33 +106,33 @@ class QuestionGame:
 
     # ---- the agent's side -------------------------------------------------------------
     def extract_question(self, action: str) -> str | None:
-        """The question in a model output, or ``None`` when there is no usable one.
+        """The question in a model output (:func:`aria.games.text.extract_question`), or ``None``.
 
-        No ``Question:`` marker, nothing after it, or more than ``max_question_chars``
-        characters all give ``None``; the turn is then answered with ``invalid_answer``.
+        The same rule serves play and import. ``None`` (no question, or one over
+        ``max_question_chars``) is answered with ``invalid_answer``.
         """
-        match = _QUESTION.search(action or "")
-        if not match:
-            return None
-        question = match.group(1).strip()
-        while (inner := _QUESTION.match(question)) is not None:  # "...my question:\nQuestion: Is it red?"
-            question = inner.group(1).strip()
-        if not question or len(question) > self.max_question_chars:
-            return None
-        return question
+        return extract_question(action, self.max_question_chars)
 
     def named_targets(self, question: str) -> list[str]:
         """Distinct targets the question names as whole phrases (decoys removed), in order."""
         return list(dict.fromkeys(k for k in self._index.find(question) if k))
 
-    def is_win(self, question: str | None, target: str) -> bool:
+    def is_win(self, question: str | None, target: str, aliases: Sequence[str] = ()) -> bool:
         """Win rule (spec §6, whole-phrase form): the question names the target or an alias.
 
-        With ``single_guess`` the question must name no other target.
+        With ``single_guess`` the question must name no other target. A target outside the game's
+        list (an imported game's "Mexico City") is matched the same way, by its name and
+        ``aliases`` among the game's own phrases; accents and quotes are folded ("Bogotá").
         """
         if question is None:
             return False
-        named = self.named_targets(question)
+        if target in self._by_name and not aliases:
+            named = self.named_targets(question)
+        else:
+            key = (target, *aliases)
+            if key not in self._outside:
+                self._outside[key] = PhraseIndex.build({**self._phrases, **{name: target for name in key}})
+            named = list(dict.fromkeys(k for k in self._outside[key].find(question) if k))
         if target not in named:
             return False
         return not self.single_guess or len(named) == 1

@@ -12,6 +12,9 @@ import unicodedata
 from dataclasses import dataclass, field
 
 _NON_ALNUM = re.compile(r"[^a-z0-9]+")
+# Quote marks folded to ASCII before matching, so "Xi’an" and "Xi'an" are the same name.
+_QUOTES = str.maketrans({"\u2018": "'", "\u2019": "'", "\u201a": "'", "\u201b": "'", "\u2032": "'", "`": "'",
+                         "\u201c": '"', "\u201d": '"', "\u201e": '"', "\u00ab": '"', "\u00bb": '"'})
 
 
 def normalize(text: str) -> str:
@@ -19,9 +22,13 @@ def normalize(text: str) -> str:
 
     ``"São Paulo's"`` -> ``"sao paulo s"``; ``"Xi'an"`` -> ``"xi an"``.
     """
-    text = unicodedata.normalize("NFKD", text)
-    text = "".join(ch for ch in text if not unicodedata.combining(ch))
-    return _NON_ALNUM.sub(" ", text.lower()).strip()
+    return _NON_ALNUM.sub(" ", fold(text).lower()).strip()
+
+
+def fold(text: str) -> str:
+    """Strip accents and fold typographic quotes: ``"Bogotá’s"`` -> ``"Bogota's"`` (case kept)."""
+    text = unicodedata.normalize("NFKD", text.translate(_QUOTES))
+    return unicodedata.normalize("NFC", "".join(ch for ch in text if not unicodedata.combining(ch)))
 
 
 def tokens(text: str) -> list[str]:
@@ -89,3 +96,88 @@ def contains_phrase(text: str, phrase: str) -> bool:
     """True when ``phrase`` occurs in ``text`` as whole words (after :func:`normalize`)."""
     needle = normalize(phrase)
     return bool(needle) and f" {needle} " in f" {normalize(text)} "
+
+
+# ---- the agent's question in a model output -----------------------------------------------
+# "Question:", "question 3:", "**Question:**", "my next question is:" / "would be:" (the marker the
+# prompts ask for, and the ways models announce it; the last one counts).
+_MARKER = re.compile(r"\bquestion(?:\s*#?\s*\d+|\s+(?:is|would be|will be))?\s*\**\s*[:\uff1a]", re.IGNORECASE)
+# A sentence ends at . ! ? (with closing quotes or brackets) followed by white space.
+_SENTENCE_END = re.compile(r"[.!?]+[\"'*)\]]*\s+")
+# "St. Petersburg", "U.S. or Canada", "e.g. Paris": a full stop that ends an abbreviation, not a sentence.
+_ABBREVIATION = re.compile(r"(?:\b(?:[A-Za-z]\.){1,3}|\b(?:st|mt|ft|mr|mrs|ms|dr|jr|sr|vs|etc|approx|no)\.)$", re.IGNORECASE)
+_QUOTED_QUESTION = re.compile(r"[\"\u201c]([^\"\u201c\u201d\n]{2,}?\?)[\"\u201d]")
+_LINE_DECORATION = re.compile(r"^\s*(?:[-*\u2022>]+|\d+[.)]|\(?[a-z]\))\s+|^\s*[*_]+\s*", re.IGNORECASE)
+_EDGE = "\"'*_ \t\u201c\u201d"
+
+
+def _sentences(line: str) -> list[str]:
+    """The sentences of one line (see :data:`_SENTENCE_END`; abbreviations do not end one)."""
+    out, start = [], 0
+    for match in _SENTENCE_END.finditer(line):
+        head = line[start : match.start() + 1]
+        if match.group().startswith(".") and _ABBREVIATION.search(head):
+            continue
+        out.append(line[start : match.end()].strip())
+        start = match.end()
+    out.append(line[start:].strip())
+    return [s for s in out if s]
+
+
+def _clean(text: str) -> str:
+    return _LINE_DECORATION.sub("", text).strip(_EDGE)
+
+
+def _is_question(sentence: str) -> bool:
+    return sentence.rstrip(_EDGE + ")]").endswith("?")
+
+
+def _last_question_run(line: str) -> str | None:
+    """The last run of consecutive sentences ending in '?' in one line ("Is it big? Like, really big?")."""
+    sentences = _sentences(line)
+    end = max((i for i, s in enumerate(sentences) if _is_question(s)), default=None)
+    if end is None:
+        quoted = _QUOTED_QUESTION.findall(line)  # I would ask "Is it a fruit?" next.
+        return quoted[-1].strip() if quoted else None
+    start = end
+    while start > 0 and _is_question(sentences[start - 1]):
+        start -= 1
+    run = " ".join(sentences[start : end + 1])
+    quoted = _QUOTED_QUESTION.findall(run)  # I would ask "Is it a fruit?"
+    return quoted[-1].strip() if quoted and not run.lstrip(_EDGE).startswith(quoted[-1]) else _clean(run)
+
+
+def extract_question(output: str | None, max_chars: int = 300) -> str | None:
+    """The question in a model's output, for play and for import alike (one rule everywhere).
+
+    1. With a ``Question:`` marker (any case, numbered or in bold, or "my question is:" /
+       "would be:"), only the text after the *last* marker counts (the original's rule). Its
+       first non-empty line is the question when it holds a '?': the last run of sentences
+       ending in '?' in it, so a leading remark ("Thanks. ") and a trailing one ("... This
+       helps.") are dropped.
+    2. Otherwise (no marker, or a marker followed by a preamble), the question is the last run of
+       sentences ending in '?' on the last line that has one, or failing that the last quoted
+       question (I'd ask "Is it red?").
+    3. Otherwise a marker's first non-empty line is taken as it is (a statement the oracle will
+       answer as invalid), and an output with neither a marker nor a '?' has no question.
+
+    Bullets, list numbers, bold and surrounding quotes are stripped. ``None`` also for an empty
+    question or one longer than ``max_chars`` characters (a model that rambles).
+    Tested on a table of real-looking outputs in ``tests/test_games.py``.
+    """
+    text = (output or "").replace("\r\n", "\n").replace("\r", "\n")
+    markers = list(_MARKER.finditer(text))
+    tail = text[markers[-1].end():] if markers else text
+    lines = [line for line in (_clean(raw) for raw in tail.split("\n")) if line]
+    question = None
+    if markers and lines and "?" in lines[0]:
+        question = _last_question_run(lines[0])
+    if question is None:
+        for line in reversed(lines):
+            if (question := _last_question_run(line)) is not None:
+                break
+    if question is None and markers and lines:
+        question = lines[0]
+    if not question or len(question) > max_chars:
+        return None
+    return question
