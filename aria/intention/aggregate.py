@@ -9,8 +9,9 @@ node gets an integer id by :func:`prefix_nodes`, level by level with ``np.unique
 aggregating 30,000 utterances for all 99 values of k takes a few seconds.
 
 The aggregated reward of a step is the mean step return of every step (of the same role) at the
-same node (spec §3, the paper's default and the original's ``q`` mode). ``adv`` mode subtracts
-the mean return at the history node, z-scores and min-max scales to [0, 1].
+same node (spec §3, the paper's default; the release's ``q`` mode is the same mean, of returns
+discounted by its own convention, ``discount="original"`` in :func:`step_returns`). ``adv`` mode
+subtracts the mean return at the history node, z-scores and min-max scales to [0, 1].
 """
 from __future__ import annotations
 
@@ -58,7 +59,7 @@ class StepTable:
 
 
 def discounted_returns(final_reward: np.ndarray, step_index: np.ndarray, num_steps: np.ndarray, gamma: float) -> np.ndarray:
-    """Step returns R_t = γ^(T−t)·R (spec §3).
+    """Step returns R_t = γ^(T−t)·R (spec §3, the paper's convention).
 
     Args:
         final_reward: R of the step's game (and role), shape [n_steps].
@@ -66,12 +67,55 @@ def discounted_returns(final_reward: np.ndarray, step_index: np.ndarray, num_ste
         num_steps: T, the number of steps of that role in that game.
         gamma: discount, 0.95 in the paper and the original code.
     """
+    return step_returns(final_reward, step_index, num_steps, gamma, "paper")
+
+
+def _paper_exponent(t: np.ndarray, num_steps: np.ndarray, rounds: np.ndarray, seat: np.ndarray) -> np.ndarray:
+    return num_steps - t
+
+
+def _original_exponent(t: np.ndarray, num_steps: np.ndarray, rounds: np.ndarray, seat: np.ndarray) -> np.ndarray:
+    """The release's exponents (rhyang2021/ARIA ``reward_aggregation/reward_utils.py``, ``q`` mode).
+
+    Single agent (seat −1): ``min_length - len(sequence)//2`` = T − s with a 0-based turn s = t − 1,
+    i.e. γ^(T−t+1): every reward is γ × the paper's, so the largest is 0.95, as in the released
+    samples. First mover (Alice, seat 0): ``min_length - len(sequence)`` = m − (2s + 1), floored at
+    0, with m = min(#Alice, #Bob) turns. Second mover (Bob, seat 1): no discount.
+    """
+    single = num_steps - t + 1
+    first_mover = np.maximum(rounds - 2 * t + 1, 0)
+    return np.where(seat < 0, single, np.where(seat == 0, first_mover, 0))
+
+
+#: Discount conventions by name (``aggregation.discount``; spec §3 and §7): the exponent e of
+#: R_t = γ^e · R from (t, T, m, seat); t is 1-based among the role's steps, T their number, m the
+#: game's rounds (min over the two players' turns; T for single-agent games), seat −1 for a
+#: single-agent game, else the role's speaking order (0 = first mover).
+DISCOUNTS: dict[str, Callable[[np.ndarray, np.ndarray, np.ndarray, np.ndarray], np.ndarray]] = {
+    "paper": _paper_exponent,
+    "original": _original_exponent,
+}
+
+
+def step_returns(final_reward: np.ndarray, step_index: np.ndarray, num_steps: np.ndarray, gamma: float,
+                 convention: str = "paper", seat: np.ndarray | None = None, rounds: np.ndarray | None = None) -> np.ndarray:
+    """Step returns R_t = γ^e·R under a discount convention of :data:`DISCOUNTS` (shape [n_steps]).
+
+    ``paper`` (default): e = T − t. ``original``: the release's exponents (see
+    :func:`_original_exponent`). ``seat`` defaults to −1 (single agent) and ``rounds`` to T.
+    """
     if not 0.0 < gamma <= 1.0:
         raise ValueError(f"gamma must be in (0, 1], got {gamma}")
-    exponent = np.asarray(num_steps, dtype=np.float64) - np.asarray(step_index, dtype=np.float64)
-    if np.any(exponent < 0):
-        raise ValueError("step_index larger than num_steps")
-    return np.asarray(final_reward, dtype=np.float64) * gamma ** exponent
+    if convention not in DISCOUNTS:
+        raise ValueError(f"unknown discount convention {convention!r}; known: {sorted(DISCOUNTS)}")
+    t = np.asarray(step_index, dtype=np.int64)
+    total = np.asarray(num_steps, dtype=np.int64)
+    if np.any(t < 1) or np.any(t > total):
+        raise ValueError("step_index must lie in 1..num_steps")
+    seat = np.full(len(t), -1, dtype=np.int64) if seat is None else np.asarray(seat, dtype=np.int64)
+    rounds = total if rounds is None else np.asarray(rounds, dtype=np.int64)
+    exponent = DISCOUNTS[convention](t, total, rounds, seat).astype(np.float64)
+    return np.asarray(final_reward, dtype=np.float64) * gamma**exponent
 
 
 def prefix_nodes(table: StepTable, labels: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -27,7 +27,7 @@ from typing import Any, Callable, Iterable, Mapping
 import numpy as np
 
 from aria.games.oracle import normalize_yes_no
-from aria.intention.aggregate import StepTable, discounted_returns
+from aria.intention.aggregate import StepTable, step_returns
 from aria.io import DataError
 
 
@@ -117,6 +117,11 @@ class Corpus:
     precomputed: dict[str, np.ndarray | None] = field(default_factory=dict)
     skipped: list[dict] = field(default_factory=list)
 
+    def text_counts(self, pool: str) -> np.ndarray:
+        """How often each distinct text of ``pool`` occurs (int [n_texts]): the clustering weights."""
+        index = list(self.pools).index(pool)
+        return np.bincount(self.utterance_value[self.utterance_pool == index], minlength=len(self.pools[pool]))
+
     def utterance_labels(self, pool_labels: Mapping[str, np.ndarray]) -> np.ndarray:
         """Labels of every utterance, given one label per distinct text for every pool."""
         labels = self.utterance_value.copy()
@@ -147,8 +152,15 @@ def _check_vector(vector: list, game_id: str, turn: int, dim: int | None) -> np.
     return v
 
 
-def build_corpus(records: Iterable[dict], spec: IntentionSpec, gamma: float = 0.95, use_precomputed: bool = True) -> Corpus:
-    """Flatten games into a :class:`Corpus` (spec §3: step returns R_t = γ^(T−t)·R per role)."""
+def build_corpus(records: Iterable[dict], spec: IntentionSpec, gamma: float = 0.95, use_precomputed: bool = True,
+                 discount: str = "paper") -> Corpus:
+    """Flatten games into a :class:`Corpus` (spec §3: step returns R_t = γ^(T−t)·R per role).
+
+    ``discount`` names the convention of :func:`~aria.intention.aggregate.step_returns`. Under
+    ``original`` a two-player game also keeps the release's shape: it counts m = min(#Alice, #Bob)
+    rounds, and a first mover's turn after the m-th (Alice's last offer that Bob never answered)
+    is not a step (``reward_utils.get_multi_values`` loops over ``range(min_length - 1)``).
+    """
     pools = {p: {} for p in spec.pools}  # pool -> {text: index}
     vectors: dict[str, dict[int, np.ndarray]] = {p: {} for p in spec.pools}
     missing: dict[str, str] = {}  # pool -> first game with a text lacking a precomputed embedding
@@ -157,7 +169,7 @@ def build_corpus(records: Iterable[dict], spec: IntentionSpec, gamma: float = 0.
     channel_index = {r.name: i for i, r in enumerate(spec.channels)}
     role_index = {name: i for i, name in enumerate(spec.trained)}
     u_game, u_pos, u_channel, u_pool, u_value = [], [], [], [], []
-    s_utt, s_role, s_game, s_turn, s_final, s_index, s_count = [], [], [], [], [], [], []
+    s_utt, s_role, s_game, s_turn, s_final, s_index, s_count, s_seat, s_rounds = [], [], [], [], [], [], [], [], []
     game_ids: list[str] = []
     skipped: list[dict] = []
     pool_names = list(pools)
@@ -177,6 +189,12 @@ def build_corpus(records: Iterable[dict], spec: IntentionSpec, gamma: float = 0.
         g = len(game_ids)
         game_ids.append(gid)
         counts = {role: sum(1 for c, *_ in utterances if c == role) for role in spec.trained}
+        seats = {role: (record["players"].index(role) if role in record["players"] else -1) if two_player else -1
+                 for role in spec.trained}
+        rounds = min(sum(1 for c, *_ in utterances if c == p) for p in record["players"]) if two_player \
+            else len(record["turns"])
+        if two_player and discount == "original":
+            counts = {role: min(n, rounds) for role, n in counts.items()}
         seen = {role: 0 for role in spec.trained}
         for position, (channel, text, turn, vector) in enumerate(utterances):
             rule = rules[channel]
@@ -199,7 +217,7 @@ def build_corpus(records: Iterable[dict], spec: IntentionSpec, gamma: float = 0.
                         v = _check_vector(vector, gid, turn, dims.get(rule.pool))
                         dims[rule.pool] = v.size
                         vectors[rule.pool][texts[text]] = v
-            if channel in role_index:
+            if channel in role_index and seen[channel] < counts[channel]:
                 seen[channel] += 1
                 s_utt.append(len(u_game) - 1)
                 s_role.append(role_index[channel])
@@ -207,6 +225,8 @@ def build_corpus(records: Iterable[dict], spec: IntentionSpec, gamma: float = 0.
                 s_turn.append(turn)
                 s_index.append(seen[channel])
                 s_count.append(counts[channel])
+                s_seat.append(seats[channel])
+                s_rounds.append(rounds)
                 s_final.append(_final_reward(record, channel, two_player))
     table = StepTable(
         utterance_game=np.array(u_game, dtype=np.int64),
@@ -214,8 +234,8 @@ def build_corpus(records: Iterable[dict], spec: IntentionSpec, gamma: float = 0.
         utterance_channel=np.array(u_channel, dtype=np.int64),
         step_utterance=np.array(s_utt, dtype=np.int64),
         step_role=np.array(s_role, dtype=np.int64),
-        step_return=discounted_returns(np.array(s_final), np.array(s_index), np.array(s_count), gamma)
-        if s_utt else np.zeros(0),
+        step_return=step_returns(np.array(s_final), np.array(s_index), np.array(s_count), gamma, discount,
+                                 np.array(s_seat), np.array(s_rounds)) if s_utt else np.zeros(0),
     )
     precomputed = {}
     for pool, texts in pools.items():
