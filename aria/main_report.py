@@ -44,13 +44,14 @@ def write_report(cfg: dict, selections: dict[str, dict], eval_dirs: list[Path], 
     lines += [f"| {name} | {seconds:.0f} |" for name, seconds in timings]
     lines += [f"| **total** | **{sum(s for _, s in timings):.0f}** |", "",
               "## Intention space (pipeline steps 1-4)", "",
+              "Both variances are over the same steps: those kept at the chosen k.", "",
               "| game | steps | chosen k | criterion | Var(R) raw returns | Var(R~) at chosen k | reduction |",
               "|---|---|---|---|---|---|---|"]
     for game, s in selections.items():
         k = s["chosen"]["k"]
-        first_k = next(iter(k.values()))
-        var_agg = s["curves"]["variance_aggregated"][s["ks"].index(first_k)]
-        raw = s["variance_raw_step_returns"]
+        at = s["ks"].index(next(iter(k.values())))
+        var_agg = s["variance"]["kept_steps"]["aggregated"][at]
+        raw = s["variance"]["kept_steps"]["raw"][at]
         reduction = f"{100 * (1 - var_agg / raw):.1f} %" if raw and var_agg is not None else "n/a (no reward variance)"
         k_text = ", ".join(f"{p} {v}" for p, v in k.items())
         lines.append(f"| {game} | {s['num_steps']} | {k_text} | {s['chosen']['criterion']} | {raw:.5f} | "

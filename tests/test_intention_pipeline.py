@@ -69,7 +69,9 @@ def test_negotiation_sample_through_the_scripts(tmp_path, negotiation_trajectori
     report = json.loads((run_dir / "selection.json").read_text())
     assert set(report["curves"]) >= {"split_score", "silhouette", "calinski_harabasz", "davies_bouldin",
                                      "variance_aggregated"}
-    assert all(v <= report["variance_raw_step_returns"] + 1e-12 for v in report["curves"]["variance_aggregated"])
+    kept = report["variance"]["kept_steps"]
+    assert all(a <= r + 1e-12 for a, r in zip(kept["aggregated"], kept["raw"])) and report["variance"]["claim"]["holds"]
+    assert all(a <= report["variance"]["all_steps"]["raw"] + 1e-12 for a in report["variance"]["all_steps"]["aggregated"])
     assert (run_dir / "selection.png").stat().st_size > 10_000
 
     from datasets import load_dataset
@@ -413,3 +415,75 @@ def test_a_pool_with_few_distinct_texts_keeps_its_finest_labelling(tmp_path, tin
     labels = np.load(tmp_path / "run" / "labels.npz")
     assert (labels["answers"][2:] == labels["answers"][1]).all()  # k = 4..6 keep k = 3 (three answers)
     assert len(np.unique(labels["answers"][1])) == 3 and len(np.unique(labels["questions"][4])) == 6
+
+
+# ---- issue: variance on one step set, occurrence weights, no model load when cached ---------------
+def test_variance_report_compares_the_same_kept_steps(tmp_path, twenty_questions_games, tiny_sentence_model_dir):
+    """With n_rollout=2 and no first-action samples, Var(R) and Var(R~) are both over the kept steps.
+
+    The expected values come from step 3's labelled games (each kept turn's step return and R~),
+    not from step 2's code.
+    """
+    cfg = tq_config(tmp_path, twenty_questions_games, tiny_sentence_model_dir, "aggregation.n_rollout=2",
+                    "aggregation.include_first_action=false", "selection.fixed_k=4")
+    run_all(cfg)
+    report = json.loads((tmp_path / "selection.json").read_text())
+    at = report["ks"].index(4)
+    turns = [t["intention"] for line in (tmp_path / "labelled.jsonl").read_text().splitlines()
+             for t in json.loads(line)["turns"]]
+    kept = [t for t in turns if t["kept"]]
+    assert 0 < len(kept) < len(turns)
+    variance = report["variance"]
+    assert variance["kept_steps"]["raw"][at] == pytest.approx(np.var([t["step_return"] for t in kept]), abs=1e-12)
+    assert variance["kept_steps"]["aggregated"][at] == pytest.approx(np.var([t["q"] for t in kept]), abs=1e-12)
+    assert variance["all_steps"]["raw"] == pytest.approx(np.var([t["step_return"] for t in turns]), abs=1e-12)
+    assert variance["all_steps"]["aggregated"][at] == pytest.approx(np.var([t["q"] for t in turns]), abs=1e-12)
+    assert variance["kept_steps"]["raw"][at] != pytest.approx(variance["all_steps"]["raw"])  # the sets differ here
+    assert variance["claim"] == {"statement": "Var(R~) <= Var(R) on the steps kept at each k", "holds": True, "violations": []}
+    assert report["curves"]["variance_raw"] == variance["kept_steps"]["raw"]
+
+
+def test_occurrence_weights_reach_the_clustering(tmp_path, twenty_questions_games, tiny_sentence_model_dir, monkeypatch):
+    from aria.intention import cluster
+
+    seen = {}
+    real = cluster.CLUSTERINGS["kmeans"]
+
+    def spy(x, ks, sample_weight=None, **kw):
+        seen["weight"] = sample_weight
+        yield from real(x, ks, sample_weight=sample_weight, **kw)
+
+    monkeypatch.setitem(cluster.CLUSTERINGS, "kmeans", spy)
+    records = [json.loads(line) for line in twenty_questions_games.read_text().splitlines()]
+    summary = pipeline.step1_embed_and_cluster(tq_config(tmp_path / "occ", twenty_questions_games, tiny_sentence_model_dir),
+                                               lambda s: None)
+    texts = summary["pools"]["questions"]["texts"]
+    counts = {t: 0 for t in texts}
+    for record in records:
+        for turn in record["turns"]:
+            counts[turn["action"]] += 1
+    assert seen["weight"].tolist() == [counts[t] for t in texts] and max(counts.values()) > 1
+    assert summary["pools"]["questions"]["occurrences"] == sum(counts.values())
+    pipeline.step1_embed_and_cluster(tq_config(tmp_path / "distinct", twenty_questions_games, tiny_sentence_model_dir,
+                                               "clustering.weight=distinct"), lambda s: None)
+    assert seen["weight"] is None
+
+
+def test_cached_texts_load_no_model_and_cheap_checks_come_first(tmp_path, twenty_questions_games, tiny_sentence_model_dir,
+                                                               monkeypatch):
+    cfg = tq_config(tmp_path, twenty_questions_games, tiny_sentence_model_dir)
+    pipeline.step1_embed_and_cluster(cfg, lambda s: None)
+
+    def no_model(*_):
+        raise AssertionError("the embedding model was loaded")
+
+    monkeypatch.setattr(pipeline, "build_embedder", no_model)
+    echoed = []
+    pipeline.step1_embed_and_cluster({**cfg, "clustering": {**cfg["clustering"], "k_max": 6}}, echoed.append)
+    assert any("0 newly embedded" in line for line in echoed)
+    for bad, message in ((("method", "dbscan"), "clustering.method: unknown 'dbscan'"), (("k_min", 0), "k_min"),
+                         (("weight", "tokens"), "clustering.weight"), (("pca_dim", 0), "clustering.pca_dim")):
+        broken = {**cfg, "run_dir": str(tmp_path / "other"), "clustering": {**cfg["clustering"], bad[0]: bad[1]}}
+        with pytest.raises(ValueError, match=message):
+            pipeline.step1_embed_and_cluster(broken, lambda s: None)
+    assert not (tmp_path / "other").exists()  # refused before reading or embedding anything

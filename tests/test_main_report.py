@@ -20,8 +20,10 @@ def test_report_lists_k_variance_training_and_success(tmp_path):
                    for i in range(2)]
         write_summary(tmp_path / name, {"model": name, "environments": {"twenty_questions": summarize_games(records)}})
         dirs.append(tmp_path / name)
+    # Both variances come from the steps kept at the chosen k (index 1), not from all steps.
     selection = {"chosen": {"k": {"questions": 3}, "criterion": "split_score"}, "ks": [2, 3, 4], "num_steps": 10,
-                 "curves": {"variance_aggregated": [0.01, 0.02, 0.03]}, "variance_raw_step_returns": 0.04}
+                 "variance": {"kept_steps": {"raw": [0.05, 0.04, 0.06], "aggregated": [0.01, 0.02, 0.03]},
+                              "all_steps": {"raw": 0.07, "aggregated": [0.011, 0.021, 0.031]}}}
     cfg = {"games": ["twenty_questions"], "base_model": "embedded", "run_dir": str(run_dir),
            "collect": {"num_games": 2}, "eval": {"num_games": 2}}
     report = write_report(cfg, {"twenty_questions": selection}, dirs, [("collect", 3.0), ("train", 5.0)]).read_text()

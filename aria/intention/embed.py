@@ -49,11 +49,16 @@ def embedded_sentence_model_dir() -> Path:
 class SentenceTransformerEmbedder:
     """A local sentence-transformers model (CPU or GPU)."""
 
+    @staticmethod
+    def model_name(model: str = "embedded", **_: object) -> str:
+        """The name the cache is keyed by, known without loading the model."""
+        return "all-MiniLM-L6-v2" if model in (None, "", "embedded") else Path(model).name
+
     def __init__(self, model: str = "embedded", batch_size: int = 64, device: str = "cpu", normalize: bool = False):
         from sentence_transformers import SentenceTransformer
 
         path = embedded_sentence_model_dir() if model in (None, "", "embedded") else Path(model)
-        self.name = path.name if model not in (None, "", "embedded") else "all-MiniLM-L6-v2"
+        self.name = self.model_name(model)
         self.model = SentenceTransformer(str(path), device=device)
         self.batch_size = batch_size
         self.normalize = normalize
@@ -76,6 +81,10 @@ class OpenAIEmbedder:
         timeout_s / max_retries / retry_base_delay_s: per request; transient failures (connection,
             timeout, 429, 5xx) are retried with exponential backoff, then the error is raised.
     """
+
+    @staticmethod
+    def model_name(model: str = "", **_: object) -> str:
+        return model
 
     def __init__(self, base_url: str, model: str, api_key: str | None = None, batch_size: int = 256,
                  dimensions: int | None = None, timeout_s: float = 60.0, max_retries: int = 5,
@@ -122,12 +131,23 @@ EMBEDDERS: dict[str, Callable[..., Embedder]] = {
 }
 
 
-def build_embedder(cfg: dict) -> Embedder:
-    cfg = dict(cfg)
-    name = cfg.pop("name")
+def _embedder_class(cfg: dict):
+    name = cfg.get("name")
     if name not in EMBEDDERS:
         raise ValueError(f"unknown embedder {name!r} (known: {sorted(EMBEDDERS)})")
-    return EMBEDDERS[name](**cfg)
+    return EMBEDDERS[name]
+
+
+def build_embedder(cfg: dict) -> Embedder:
+    options = {k: v for k, v in cfg.items() if k != "name"}
+    return _embedder_class(cfg)(**options)
+
+
+def embedder_name(cfg: dict) -> str:
+    """The model name of the embedder ``cfg`` describes (the cache key), without building it."""
+    cls = _embedder_class(cfg)
+    namer = getattr(cls, "model_name", None)
+    return namer(**{k: v for k, v in cfg.items() if k != "name"}) if namer else build_embedder(cfg).name
 
 
 def _slug(name: str) -> str:
@@ -156,13 +176,21 @@ class EmbeddingCache:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         atomic_write_bytes(self.path, buffer.getvalue())
 
-    def embed(self, texts: Sequence[str], embedder: Embedder, batch_size: int = 1024,
+    def missing(self, texts: Sequence[str]) -> list[str]:
+        """The distinct texts not in the cache yet, in first-seen order."""
+        return list(dict.fromkeys(t for t in texts if t not in self.vectors))
+
+    def embed(self, texts: Sequence[str], embedder: Embedder | Callable[[], Embedder], batch_size: int = 1024,
               progress: Callable[[int, int], None] | None = None) -> tuple[np.ndarray, int]:
         """Vectors of ``texts`` (float32 [n, dim]) and how many were newly computed.
 
         New texts go to ``embedder`` ``batch_size`` at a time; the cache is saved after each batch.
+        ``embedder`` may be a function that builds it: it is then called only if a text is missing,
+        so a fully cached run never loads the model.
         """
-        todo = list(dict.fromkeys(t for t in texts if t not in self.vectors))
+        todo = self.missing(texts)
+        if todo and not hasattr(embedder, "embed"):
+            embedder = embedder()
         for start in range(0, len(todo), batch_size):
             chunk = todo[start : start + batch_size]
             vectors = embedder.embed(chunk)

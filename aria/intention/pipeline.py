@@ -31,16 +31,10 @@ import numpy as np
 from aria.data import observation_renderer
 from aria.games.base import load_game_config
 from aria.intention.aggregate import aggregate
-from aria.intention.cluster import cluster_all_k, distinct_points, k_range
+from aria.intention.cluster import CLUSTERINGS, cluster_all_k, distinct_points, k_range
 from aria.intention.corpus import Corpus, IntentionSpec, build_corpus
-from aria.intention.embed import EmbeddingCache, build_embedder, text_digest
-from aria.intention.select import (
-    SampledSilhouette,
-    calinski_harabasz,
-    choose_k,
-    davies_bouldin,
-    split_scores,
-)
+from aria.intention.embed import EmbeddingCache, build_embedder, embedder_name, text_digest
+from aria.intention.select import ClusterQuality, choose_k, split_scores
 from aria.io import DataError, atomic_write_bytes, atomic_write_json, atomic_write_jsonl, iter_jsonl, read_json
 from aria.trajectories import read_trajectories
 
@@ -97,8 +91,12 @@ def game_spec(cfg: dict) -> IntentionSpec:
 def load_corpus(cfg: dict) -> tuple[Corpus, list[dict], list[Path]]:
     files = input_files(cfg["input"])
     records = read_inputs(files)
-    corpus = build_corpus(records, game_spec(cfg), gamma=cfg["aggregation"]["gamma"],
-                          use_precomputed=cfg["embedding"]["use_precomputed"])
+    agg = cfg["aggregation"]
+    # The release's adv mode averages undiscounted rewards (reward_utils.py appends the raw reward
+    # unless value_type == 'q'), so its discount convention for adv is gamma = 1.
+    gamma = 1.0 if agg["discount"] == "original" and agg["mode"] == "adv" else agg["gamma"]
+    corpus = build_corpus(records, game_spec(cfg), gamma=gamma, use_precomputed=cfg["embedding"]["use_precomputed"],
+                          discount=agg["discount"])
     if corpus.table.num_steps == 0:
         raise DataError(files[0], None, None, "no agent steps to aggregate (every game empty or failed)")
     return corpus, records, files
@@ -121,10 +119,29 @@ def _load_npz(path: Path) -> dict[str, np.ndarray]:
 
 
 # ---- step 1: preprocess -> embed -> cluster every k -------------------------------------
+#: How the texts of a pool are weighted when clustered (``clustering.weight``).
+WEIGHTS = ("occurrences", "distinct")
+
+
+def check_clustering(clustering: dict) -> None:
+    """Reject a bad clustering section in one line, before anything is read or embedded."""
+    if clustering["method"] not in CLUSTERINGS:
+        raise ValueError(f"clustering.method: unknown {clustering['method']!r} (known: {sorted(CLUSTERINGS)})")
+    k_range(clustering["k_min"], clustering["k_max"], clustering["k_max"])  # raises on a bad range
+    if clustering.get("weight", "occurrences") not in WEIGHTS:
+        raise ValueError(f"clustering.weight: {clustering['weight']!r} is not one of {WEIGHTS}")
+    if not (isinstance(clustering.get("max_iter", 1), int) and clustering.get("max_iter", 1) >= 1):
+        raise ValueError(f"clustering.max_iter: expected an integer >= 1, got {clustering['max_iter']!r}")
+    pca = clustering.get("pca_dim")
+    if pca is not None and not (isinstance(pca, int) and not isinstance(pca, bool) and pca >= 1):
+        raise ValueError(f"clustering.pca_dim: expected null or an integer >= 1, got {pca!r}")
+
+
 def step1_embed_and_cluster(cfg: dict, echo: Printer = print) -> dict:
     run_dir = Path(cfg["run_dir"])
-    corpus, _, files = load_corpus(cfg)
     clustering = cfg["clustering"]
+    check_clustering(clustering)
+    corpus, _, files = load_corpus(cfg)
     settings = {"version": PIPELINE_VERSION, "input": file_digest(files), "pools": {p: text_digest(t) for p, t in corpus.pools.items()},
                 "embedder": cfg["embedder"], "use_precomputed": cfg["embedding"]["use_precomputed"],
                 "clustering": clustering, "seed": cfg["seed"]}
@@ -134,23 +151,29 @@ def step1_embed_and_cluster(cfg: dict, echo: Printer = print) -> dict:
         echo(f"[step 1] up to date: {labels_path}")
         return read_json(summary_path)
 
-    # Embed every distinct text once per pool.
+    # Embed every distinct text once per pool; the model is loaded only if a text is not cached.
     embeddings: dict[str, np.ndarray] = {}
     sources: dict[str, str] = {}
     embedder = None
+
+    def get_embedder():
+        nonlocal embedder
+        if embedder is None:
+            embedder = build_embedder(cfg["embedder"])
+        return embedder
+
     for pool, texts in corpus.pools.items():
         if corpus.precomputed.get(pool) is not None:
             embeddings[pool] = corpus.precomputed[pool]
             sources[pool] = "precomputed (from the trajectories)"
             continue
-        if embedder is None:
-            embedder = build_embedder(cfg["embedder"])
-        cache = EmbeddingCache(run_dir / "embedding_cache", embedder.name)
+        name = embedder_name(cfg["embedder"])
+        cache = EmbeddingCache(run_dir / "embedding_cache", name)
         start = time.perf_counter()
-        embeddings[pool], new = cache.embed(texts, embedder, batch_size=cfg["embedding"]["save_every"],
+        embeddings[pool], new = cache.embed(texts, get_embedder, batch_size=cfg["embedding"]["save_every"],
                                             progress=lambda d, n: echo(f"[step 1] {pool}: embedded {d}/{n} new texts"))
-        sources[pool] = embedder.name
-        echo(f"[step 1] {pool}: {len(texts)} distinct texts, {new} newly embedded with {embedder.name} "
+        sources[pool] = name
+        echo(f"[step 1] {pool}: {len(texts)} distinct texts, {new} newly embedded with {name} "
              f"in {time.perf_counter() - start:.1f}s")
     for pool, x in embeddings.items():
         _check_matrix(corpus, pool, x)
@@ -166,7 +189,8 @@ def step1_embed_and_cluster(cfg: dict, echo: Printer = print) -> dict:
     if partial.get("fingerprint", np.array("")).item() != fingerprint:
         partial = {}
     labels: dict[str, np.ndarray] = {}
-    options = {k: v for k, v in clustering.items() if k not in ("method", "k_min", "k_max")}
+    options = {k: v for k, v in clustering.items() if k not in ("method", "k_min", "k_max", "weight")}
+    by_occurrence = clustering.get("weight", "occurrences") == "occurrences"
     for pool, x in embeddings.items():
         done = {int(k): partial[f"{pool}/{k}"] for k in ks if f"{pool}/{k}" in partial}
         start = time.perf_counter()
@@ -180,7 +204,9 @@ def step1_embed_and_cluster(cfg: dict, echo: Printer = print) -> dict:
                 echo(f"[step 1] {pool}: clustered k={k} ({len([n for n in partial if n.startswith(pool + '/')])}/{len(ks)})")
 
         pool_ks = [k for k in ks if k <= distinct[pool]] or [1]
-        pool_labels = cluster_all_k(x, pool_ks, clustering["method"], seed=cfg["seed"], done=done, on_result=keep, **options)
+        weight = corpus.text_counts(pool) if by_occurrence else None
+        pool_labels = cluster_all_k(x, pool_ks, clustering["method"], seed=cfg["seed"], done=done, on_result=keep,
+                                    sample_weight=weight, **options)
         labels[pool] = np.stack([pool_labels[min(i, len(pool_ks) - 1)] for i in range(len(ks))])
         echo(f"[step 1] {pool}: {clustering['method']} for k={pool_ks[0]}..{pool_ks[-1]} in {time.perf_counter() - start:.1f}s"
              + (f" (only {distinct[pool]} distinct vectors: larger k keep k={pool_ks[-1]})" if pool_ks[-1] < ks[-1] else "")
@@ -194,7 +220,8 @@ def step1_embed_and_cluster(cfg: dict, echo: Printer = print) -> dict:
         "num_utterances": int(len(corpus.table.utterance_game)),
         "skipped": corpus.skipped,
         "pools": {p: {"texts": t, "embedding": sources[p], "dim": int(embeddings[p].shape[1]),
-                      "distinct_vectors": distinct[p]} for p, t in corpus.pools.items()},
+                      "distinct_vectors": distinct[p], "occurrences": int(corpus.text_counts(p).sum())}
+                  for p, t in corpus.pools.items()},
         "ks": ks, "clustering": clustering,
     }
     atomic_write_json(summary_path, summary)
@@ -253,25 +280,31 @@ def step2_select_k(cfg: dict, echo: Printer = print) -> dict:
 
     start = time.perf_counter()
     rewards = np.empty((len(ks), corpus.table.num_steps))
-    q_var, kept_frac = [], []
+    returns = corpus.table.step_return
+    variance: dict[str, list[float]] = {"raw_kept": [], "aggregated_kept": [], "aggregated_all": [], "kept_fraction": []}
     for i in range(len(ks)):
         agg = aggregate(corpus.table, _labels_at(corpus, labels, {p: i for p in pools}), **_agg_args(agg_cfg))
         rewards[i] = agg.reward
-        q_var.append(float(agg.q[agg.kept].var()) if agg.kept.any() else float("nan"))
-        kept_frac.append(float(agg.kept.mean()))
+        # Var(R) and Var(R~) on the same steps: those kept at this k (the n_rollout filter and the
+        # first-action rule keep whole nodes, so R~ is still a conditional mean of R on them).
+        variance["raw_kept"].append(float(returns[agg.kept].var()) if agg.kept.any() else float("nan"))
+        variance["aggregated_kept"].append(float(agg.q[agg.kept].var()) if agg.kept.any() else float("nan"))
+        variance["aggregated_all"].append(float(agg.q.var()))
+        variance["kept_fraction"].append(float(agg.kept.mean()))
     aggregation_s = time.perf_counter() - start
 
     start = time.perf_counter()
     per_pool: dict[str, dict[str, list[float]]] = {}
+    by_occurrence = summary["clustering"].get("weight", "occurrences") == "occurrences"
     for pool in pools:
         x, lab = embeddings[pool], labels[pool]
-        sil = SampledSilhouette(x, selection_cfg["silhouette_sample"], cfg["seed"])
+        quality = ClusterQuality(x, corpus.text_counts(pool) if by_occurrence else None,
+                                 selection_cfg["silhouette_sample"], cfg["seed"])
+        scores = [quality.scores(lab[i]) for i in range(len(ks))]
         per_pool[pool] = {
-            "silhouette": [sil(lab[i]) for i in range(len(ks))],
-            "calinski_harabasz": [calinski_harabasz(x, lab[i]) for i in range(len(ks))],
-            "davies_bouldin": [davies_bouldin(x, lab[i]) for i in range(len(ks))],
+            **{m: [sc[m] for sc in scores] for m in ("silhouette", "calinski_harabasz", "davies_bouldin")},
             "clusters_found": [int(lab[i].max()) + 1 for i in range(len(ks))],
-            "silhouette_sample_size": sil.sample_size,
+            "silhouette_sample_size": quality.sample_size,
         }
     metrics_s = time.perf_counter() - start
     curves = {
@@ -279,7 +312,8 @@ def step2_select_k(cfg: dict, echo: Printer = print) -> dict:
         **{m: np.nanmean([per_pool[p][m] for p in pools], axis=0).tolist() if _any_finite(per_pool, pools, m)
            else [float("nan")] * len(ks) for m in ("silhouette", "calinski_harabasz", "davies_bouldin")},
     }
-    raw_var = float(corpus.table.step_return.var())
+    raw_var_all = float(returns.var())
+    claim = variance_claim(ks, variance["raw_kept"], variance["aggregated_kept"])
     fixed = _fixed_k(selection_cfg, pools)
     choices = {name: _choice_json(choose_k(name, curves, ks, selection_cfg["epsilon"], selection_cfg["tau"]))
                for name in ("split_score", "silhouette", "calinski_harabasz", "davies_bouldin")}
@@ -300,13 +334,22 @@ def step2_select_k(cfg: dict, echo: Printer = print) -> dict:
         "chosen": chosen, "choices_by_criterion": choices,
         "settings": {"aggregation": agg_cfg, "selection": selection_cfg},
         "num_steps": int(corpus.table.num_steps), "num_games": len(corpus.game_ids),
-        "curves": {**curves, "variance_aggregated": q_var, "kept_fraction": kept_frac},
-        "variance_raw_step_returns": raw_var,
+        "curves": {**curves, "variance_raw": variance["raw_kept"], "variance_aggregated": variance["aggregated_kept"],
+                   "kept_fraction": variance["kept_fraction"]},
+        "variance": {
+            "kept_steps": {"raw": variance["raw_kept"], "aggregated": variance["aggregated_kept"]},
+            "all_steps": {"raw": raw_var_all, "aggregated": variance["aggregated_all"]},
+            "claim": claim,
+        },
         "per_pool": per_pool,
         "notes": {
             "split_score": "mean |R~(k+1) - R~(k)| over the agent steps kept at both k (spec §4); the last k has none",
-            "variance_aggregated": "population variance of R~ = Q over the kept steps; Var(R~) <= Var(R) (law of total variance)",
-            "silhouette": "on a seeded sample of silhouette_sample_size texts per pool; pools averaged",
+            "variance_raw": "population variance of the step returns R over the steps kept at each k",
+            "variance_aggregated": "population variance of R~ = Q over the same kept steps; Var(R~) <= Var(R) there "
+                                   "(law of total variance); variance.all_steps gives both over every step",
+            "silhouette": "on a seeded sample of silhouette_sample_size utterances per pool; pools averaged",
+            "indices": "silhouette, Calinski-Harabasz and Davies-Bouldin count every occurrence of a text when "
+                       "clustering.weight is occurrences (as the clustering does), each text once when distinct",
         },
     }
     atomic_write_json(out_path, _finite_json(report))
@@ -314,11 +357,19 @@ def step2_select_k(cfg: dict, echo: Printer = print) -> dict:
 
     plot_selection(report, run_dir / "selection.png")
     k_text = ", ".join(f"{p}: k={k}" for p, k in chosen["k"].items())
-    echo(f"[step 2] {chosen['criterion']} chose {k_text} ({chosen['why']}); Var(R)={raw_var:.4f}, "
-         f"Var(R~) at chosen k={q_var[ks.index(next(iter(chosen['k'].values())))]:.4f}")
+    at = ks.index(next(iter(chosen["k"].values())))
+    echo(f"[step 2] {chosen['criterion']} chose {k_text} ({chosen['why']}); on the {variance['kept_fraction'][at]:.0%} "
+         f"of steps kept there Var(R)={variance['raw_kept'][at]:.4f}, Var(R~)={variance['aggregated_kept'][at]:.4f}"
+         + ("" if claim["holds"] else f"; Var(R~) > Var(R) at k={claim['violations']}"))
     echo(f"[step 2] wrote {out_path} and {run_dir / 'selection.png'} (aggregation for {len(ks)} ks {aggregation_s:.2f}s, "
          f"cluster indices {metrics_s:.2f}s)")
     return report
+
+
+def variance_claim(ks: list[int], raw: list[float], aggregated: list[float], rtol: float = 1e-9) -> dict:
+    """The paper's claim Var(R~) <= Var(R), checked at every k on the same (kept) steps."""
+    violations = [k for k, r, a in zip(ks, raw, aggregated) if np.isfinite(r) and np.isfinite(a) and a > r * (1 + rtol) + 1e-15]
+    return {"statement": "Var(R~) <= Var(R) on the steps kept at each k", "holds": not violations, "violations": violations}
 
 
 def _any_finite(per_pool, pools, metric) -> bool:

@@ -37,9 +37,13 @@ def plot_selection(report: dict, path: str | Path) -> None:
         ax.axvline(best, color="tab:orange", ls="--", lw=1)
         ax.set_title(f"{title}; by itself picks k = {best}", fontsize=9)
     ax = axes[-1]
-    ax.plot(ks, _series(curves["variance_aggregated"]), marker=".", lw=1, label="Var(R~), aggregated")
-    ax.axhline(report["variance_raw_step_returns"], color="tab:red", ls="-", lw=1, label="Var(R), raw step returns")
-    ax.set_title("reward variance", fontsize=9)
+    variance = report["variance"]
+    ax.plot(ks, _series(variance["kept_steps"]["raw"]), color="tab:red", lw=1.2, label="Var(R), kept steps")
+    ax.plot(ks, _series(variance["kept_steps"]["aggregated"]), color="tab:blue", marker=".", lw=1.2, label="Var(R~), kept steps")
+    ax.axhline(variance["all_steps"]["raw"], color="tab:red", ls=":", lw=1, label="Var(R), all steps")
+    ax.plot(ks, _series(variance["all_steps"]["aggregated"]), color="tab:blue", ls=":", lw=1, label="Var(R~), all steps")
+    holds = "holds" if variance["claim"]["holds"] else f"fails at k = {variance['claim']['violations']}"
+    ax.set_title(f"reward variance (Var(R~) <= Var(R) on the same kept steps: {holds})", fontsize=9)
     ax.legend(loc="lower right", fontsize=8)
     ax.set_xlabel("k (number of intention clusters)")
     for ax in axes:

@@ -11,7 +11,6 @@ from dataclasses import dataclass
 from typing import Callable, Sequence
 
 import numpy as np
-from sklearn.metrics import calinski_harabasz_score, davies_bouldin_score, silhouette_score
 from sklearn.metrics.pairwise import euclidean_distances
 
 
@@ -60,43 +59,105 @@ def choose_k_by_split_score(ks: Sequence[int], scores: np.ndarray, epsilon: floa
                                  f"took the largest k")
 
 
-# ---- cluster-quality indices (computed on the distinct utterances' embeddings) ----------------
+# ---- cluster-quality indices (on the pool's embeddings, every occurrence counted) -------------
+class ClusterQuality:
+    """Silhouette, Calinski–Harabasz and Davies–Bouldin of many labellings of one set of vectors.
 
-class SampledSilhouette:
-    """Silhouette on a fixed random sample of points, with its distance matrix computed once.
+    The rows of ``embeddings`` are distinct texts and ``weight`` their occurrence counts (None:
+    one each). Every index equals scikit-learn's on the occurrences, i.e. on the rows repeated by
+    their counts (``tests/test_select.py`` checks this), but costs O(n·d) per labelling instead of
+    scikit-learn's per-cluster masks, so step 2 scores 99 labellings of 13,000 texts in seconds:
 
-    The full silhouette is O(n²) per k; on a seeded sample of ``sample_size`` points (a common
-    practice; the sample size is reported) the distances are computed once and reused for all k.
+    * Calinski–Harabasz from the cluster sums: W = Σ w‖x‖² − Σ_j n_j‖c_j‖², B = Σ_j n_j‖c_j − μ‖².
+    * Davies–Bouldin from each point's distance to its own centroid and the centroid distances.
+    * Silhouette on a seeded sample of ``sample_size`` occurrences (the full index is O(n²) per
+      labelling), its distance matrix computed once; per labelling, the sums of distances to each
+      cluster are one matrix product.
+
+    An index is NaN where scikit-learn's is undefined (fewer than 2 or more than n − 1 clusters).
     """
 
-    def __init__(self, embeddings: np.ndarray, sample_size: int = 2000, seed: int = 0):
-        n = len(embeddings)
+    def __init__(self, embeddings: np.ndarray, weight: np.ndarray | None = None, sample_size: int = 2000, seed: int = 0):
+        x = np.asarray(embeddings, dtype=np.float64)
+        self.x = x
+        self.weight = np.ones(len(x)) if weight is None else np.asarray(weight, dtype=np.float64)
+        self.total = float(self.weight.sum())
+        self.norms = np.einsum("ij,ij->i", x, x)
+        self.mean = self.weight @ x / self.total
         rng = np.random.default_rng(seed)
-        self.index = np.sort(rng.choice(n, size=sample_size, replace=False)) if n > sample_size else np.arange(n)
-        self.distances = euclidean_distances(embeddings[self.index])
+        occurrences = int(round(self.total))
+        if occurrences > sample_size:  # a sample of occurrences: texts drawn by their counts, without replacement
+            picked = np.sort(rng.choice(occurrences, size=sample_size, replace=False))
+            self.sample = np.searchsorted(np.cumsum(self.weight), picked, side="right")
+        else:
+            self.sample = np.repeat(np.arange(len(x)), np.round(self.weight).astype(np.int64))
+        self.distances = euclidean_distances(x[self.sample])
         np.fill_diagonal(self.distances, 0.0)
 
     @property
     def sample_size(self) -> int:
-        return len(self.index)
+        return len(self.sample)
 
-    def __call__(self, labels: np.ndarray) -> float:
-        sample = labels[self.index]
-        if not 2 <= len(np.unique(sample)) <= len(sample) - 1:
+    def _centroids(self, labels: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        from scipy.sparse import csr_matrix
+
+        _, labels = np.unique(labels, return_inverse=True)
+        k = int(labels.max()) + 1
+        sums = csr_matrix((self.weight, (labels, np.arange(len(labels)))), shape=(k, len(labels))) @ self.x
+        sizes = np.bincount(labels, weights=self.weight, minlength=k)
+        return labels, sums / sizes[:, None], sizes
+
+    def scores(self, labels: np.ndarray) -> dict[str, float]:
+        """All three indices of one labelling (the centroids computed once)."""
+        parts = self._centroids(labels)
+        return {"silhouette": self.silhouette(labels), "calinski_harabasz": self._calinski_harabasz(*parts),
+                "davies_bouldin": self._davies_bouldin(*parts)}
+
+    def calinski_harabasz(self, labels: np.ndarray) -> float:
+        return self._calinski_harabasz(*self._centroids(labels))
+
+    def davies_bouldin(self, labels: np.ndarray) -> float:
+        return self._davies_bouldin(*self._centroids(labels))
+
+    def _calinski_harabasz(self, labels: np.ndarray, centroids: np.ndarray, sizes: np.ndarray) -> float:
+        k = len(sizes)
+        if not 2 <= k <= self.total - 1:
             return float("nan")
-        return float(silhouette_score(self.distances, sample, metric="precomputed"))
+        within = float(self.weight @ self.norms - sizes @ np.einsum("ij,ij->i", centroids, centroids))
+        between = float(sizes @ ((centroids - self.mean) ** 2).sum(axis=1))
+        return 1.0 if within <= 0.0 else between * (self.total - k) / (within * (k - 1.0))
 
+    def _davies_bouldin(self, labels: np.ndarray, centroids: np.ndarray, sizes: np.ndarray) -> float:
+        k = len(sizes)
+        if not 2 <= k <= self.total - 1:
+            return float("nan")
+        own = centroids[labels]
+        to_own = np.sqrt(np.maximum(self.norms - 2 * np.einsum("ij,ij->i", self.x, own) + np.einsum("ij,ij->i", own, own), 0))
+        intra = np.bincount(labels, weights=self.weight * to_own, minlength=k) / sizes
+        between = euclidean_distances(centroids)
+        if np.allclose(intra, 0) or np.allclose(between, 0):
+            return 0.0
+        between[between == 0] = np.inf
+        return float(np.mean(np.max((intra[:, None] + intra) / between, axis=1)))
 
-def calinski_harabasz(embeddings: np.ndarray, labels: np.ndarray) -> float:
-    if not 2 <= len(np.unique(labels)) <= len(labels) - 1:
-        return float("nan")
-    return float(calinski_harabasz_score(embeddings, labels))
-
-
-def davies_bouldin(embeddings: np.ndarray, labels: np.ndarray) -> float:
-    if not 2 <= len(np.unique(labels)) <= len(labels) - 1:
-        return float("nan")
-    return float(davies_bouldin_score(embeddings, labels))
+    def silhouette(self, labels: np.ndarray) -> float:
+        _, sample = np.unique(np.asarray(labels)[self.sample], return_inverse=True)
+        k, n = int(sample.max()) + 1, len(sample)
+        if not 2 <= k <= n - 1:
+            return float("nan")
+        members = np.zeros((n, k))
+        members[np.arange(n), sample] = 1.0
+        sums = self.distances @ members  # [n, k]: each point's summed distance to every cluster
+        sizes = members.sum(axis=0)
+        own_size = sizes[sample]
+        a = sums[np.arange(n), sample] / np.maximum(own_size - 1, 1)
+        means = sums / sizes
+        means[np.arange(n), sample] = np.inf
+        b = means.min(axis=1)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            score = np.nan_to_num((b - a) / np.maximum(a, b))
+        score[own_size == 1] = 0.0  # scikit-learn: a point alone in its cluster scores 0
+        return float(score.mean())
 
 
 def _best(values: Sequence[float], ks: Sequence[int], larger_is_better: bool, name: str) -> Choice:
