@@ -35,19 +35,29 @@ def canonical_labels(labels: np.ndarray) -> np.ndarray:
     return rank[inverse]
 
 
-def project(x: np.ndarray, dim: int | None, seed: int = 0) -> np.ndarray:
+def project(x: np.ndarray, dim: int | None, seed: int = 0, info: dict | None = None) -> np.ndarray:
     """The rows of ``x`` on their first ``dim`` principal components (``x`` itself when ``dim``
-    is None or not below the vectors' size). float32 [n, min(dim, d)]."""
+    is None or not below the vectors' size). float32 [n, min(dim, d)].
+
+    ``info``, when given, receives ``pca_dim`` and ``pca_variance_kept`` (the share of the
+    vectors' variance the projection keeps), so a run can say how much it left out.
+    """
     if dim is None or dim >= x.shape[1] or len(x) <= dim:
+        if info is not None:
+            info.update(pca_dim=None, pca_variance_kept=1.0)
         return x
     from sklearn.decomposition import PCA
 
-    return PCA(n_components=dim, svd_solver="covariance_eigh", random_state=seed).fit_transform(x).astype(np.float32)
+    pca = PCA(n_components=dim, svd_solver="covariance_eigh", random_state=seed)
+    z = pca.fit_transform(x).astype(np.float32)
+    if info is not None:
+        info.update(pca_dim=dim, pca_variance_kept=round(float(pca.explained_variance_ratio_.sum()), 4))
+    return z
 
 
 def kmeans_sweep(x: np.ndarray, ks: Iterable[int], seed: int = 0, max_iter: int = 15, tol: float = 1e-4,
                  seeding: str = "shared", sample_weight: np.ndarray | None = None, pca_dim: int | None = 128,
-                 **_: object) -> Iterator[tuple[int, np.ndarray]]:
+                 info: dict | None = None, **_: object) -> Iterator[tuple[int, np.ndarray]]:
     """k-means for every k, fast enough for real embeddings (``benchmarks/intention_sweep.py``).
 
     * ``pca_dim``: cluster the vectors' first ``pca_dim`` principal components (None: the raw
@@ -64,6 +74,7 @@ def kmeans_sweep(x: np.ndarray, ks: Iterable[int], seed: int = 0, max_iter: int 
       iterations end within 0.03% (median over k) of the SSE of running to convergence from
       the same start, at half the time.
     * ``sample_weight``: one non-negative weight per row (occurrence counts), or None.
+    * ``info``: a dict that receives what the projection kept (see :func:`project`).
     """
     from sklearn.cluster import KMeans, kmeans_plusplus
     from sklearn.exceptions import ConvergenceWarning
@@ -71,7 +82,7 @@ def kmeans_sweep(x: np.ndarray, ks: Iterable[int], seed: int = 0, max_iter: int 
     ks = list(ks)
     if seeding not in ("shared", "per_k"):
         raise ValueError(f"unknown k-means seeding {seeding!r} (shared | per_k)")
-    x = project(np.asarray(x, dtype=np.float32), pca_dim, seed)
+    x = project(np.asarray(x, dtype=np.float32), pca_dim, seed, info)
     weight = None if sample_weight is None else np.asarray(sample_weight, dtype=np.float64)
     starts = kmeans_plusplus(x, max(ks), sample_weight=weight, random_state=seed)[0] if seeding == "shared" and ks else None
     for k in ks:

@@ -191,6 +191,7 @@ def step1_embed_and_cluster(cfg: dict, echo: Printer = print) -> dict:
     labels: dict[str, np.ndarray] = {}
     options = {k: v for k, v in clustering.items() if k not in ("method", "k_min", "k_max", "weight")}
     by_occurrence = clustering.get("weight", "occurrences") == "occurrences"
+    info: dict[str, dict] = {}  # what each pool's sweep did (k-means: the PCA's kept variance)
     for pool, x in embeddings.items():
         done = {int(k): partial[f"{pool}/{k}"] for k in ks if f"{pool}/{k}" in partial}
         start = time.perf_counter()
@@ -205,10 +206,13 @@ def step1_embed_and_cluster(cfg: dict, echo: Printer = print) -> dict:
 
         pool_ks = [k for k in ks if k <= distinct[pool]] or [1]
         weight = corpus.text_counts(pool) if by_occurrence else None
+        info[pool] = {}
         pool_labels = cluster_all_k(x, pool_ks, clustering["method"], seed=cfg["seed"], done=done, on_result=keep,
-                                    sample_weight=weight, **options)
+                                    sample_weight=weight, info=info[pool], **options)
         labels[pool] = np.stack([pool_labels[min(i, len(pool_ks) - 1)] for i in range(len(ks))])
-        echo(f"[step 1] {pool}: {clustering['method']} for k={pool_ks[0]}..{pool_ks[-1]} in {time.perf_counter() - start:.1f}s"
+        projected = (f" on {info[pool]['pca_dim']} principal components ({info[pool]['pca_variance_kept']:.0%} of the "
+                     f"variance)" if info[pool].get("pca_dim") else "")
+        echo(f"[step 1] {pool}: {clustering['method']}{projected} for k={pool_ks[0]}..{pool_ks[-1]} in {time.perf_counter() - start:.1f}s"
              + (f" (only {distinct[pool]} distinct vectors: larger k keep k={pool_ks[-1]})" if pool_ks[-1] < ks[-1] else "")
              + (f" ({len(done)} ks resumed)" if done else ""))
     dtype = np.int16 if max(ks) < 2**15 else np.int32
@@ -220,8 +224,8 @@ def step1_embed_and_cluster(cfg: dict, echo: Printer = print) -> dict:
         "num_utterances": int(len(corpus.table.utterance_game)),
         "skipped": corpus.skipped,
         "pools": {p: {"texts": t, "embedding": sources[p], "dim": int(embeddings[p].shape[1]),
-                      "distinct_vectors": distinct[p], "occurrences": int(corpus.text_counts(p).sum())}
-                  for p, t in corpus.pools.items()},
+                      "distinct_vectors": distinct[p], "occurrences": int(corpus.text_counts(p).sum()),
+                      "clustering": info[p]} for p, t in corpus.pools.items()},
         "ks": ks, "clustering": clustering,
     }
     atomic_write_json(summary_path, summary)
