@@ -53,6 +53,13 @@ def atomic_write_json(path: str | os.PathLike, obj: Any, indent: int | None = 1)
     atomic_write_text(path, json.dumps(obj, indent=indent, ensure_ascii=False) + "\n")
 
 
+def atomic_write_json_rows(path: str | os.PathLike, rows: list) -> None:
+    """A JSON array with one element per line: as readable as ``indent``, but written by the C
+    encoder (``indent`` falls back to the pure-Python one, 5x slower on a training set)."""
+    body = ",\n".join(json.dumps(row, ensure_ascii=False) for row in rows)
+    atomic_write_text(path, f"[\n{body}\n]\n" if rows else "[]\n")
+
+
 def atomic_write_jsonl(path: str | os.PathLike, records: list[dict]) -> None:
     atomic_write_text(path, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records))
 

@@ -12,8 +12,12 @@ resident memory are recorded (medians over repeats). In the same run it also mea
   against plain k-means (scikit-learn's k-means++ started independently for each k on the raw
   vectors, run to convergence), with a second plain seed for scale; and the k that the default
   criterion chooses from plain k-means' labels against the default's;
-* the same steps under ``clustering.weight=distinct`` and under the unaccelerated sweep
-  (``clustering.pca_dim=null clustering.max_iter=100``), with their chosen k.
+* the same steps under ``clustering.weight=distinct``, under the unaccelerated sweep
+  (``clustering.pca_dim=null clustering.max_iter=100``) and with the release's Ward linkage
+  (``clustering.method=ward``), with their chosen k. SplitScore compares consecutive k, so it
+  favours labellings whose consecutive partitions are consistent: Ward's are nested, the shared
+  k-means++ seeding's nearly so, while k-means restarted independently for every k adds
+  partition noise between neighbours; the chosen k of two such restarts is reported too.
 
 ``--case synthetic``: synthetic data shaped like a collected Twenty Questions set: ``--games`` games of ``--turns``
 questions each, every question a distinct 384-d vector drawn around ``--centers`` true
@@ -229,6 +233,17 @@ def run_step(script: str, overrides: list[str]) -> dict:
     return {"seconds": seconds, **json.loads(marker[6:]), "said": done.stdout.strip().splitlines()[-1]}
 
 
+def consecutive_agreement(labels: np.ndarray, ks: list[int], up_to: int = 20) -> dict:
+    """Adjusted Rand index between the labellings at k and k + 1, for k = 2..``up_to``.
+
+    SplitScore compares rewards at consecutive k, so how much consecutive partitions agree moves
+    the k it picks (nested partitions, as Ward's, agree most)."""
+    from sklearn.metrics import adjusted_rand_score
+
+    values = [adjusted_rand_score(labels[i], labels[i + 1]) for i, k in enumerate(ks[:-1]) if k < up_to]
+    return {"ks": f"{ks[0]}..{min(up_to, ks[-1])}", **_stats(values)}
+
+
 def run_pipeline(games: Path, run_dir: Path, cache: Path, extra: list[str]) -> dict:
     """Steps 1-4 in a fresh run folder whose embedding cache is a copy of ``cache``."""
     shutil.rmtree(run_dir, ignore_errors=True)
@@ -236,8 +251,12 @@ def run_pipeline(games: Path, run_dir: Path, cache: Path, extra: list[str]) -> d
     overrides = ["game=guess_my_city", f"input={games}", f"run_dir={run_dir}", *extra]
     steps = {Path(script).stem: run_step(script, overrides) for script in STEPS}
     selection = json.loads((run_dir / "selection.json").read_text())
+    with np.load(run_dir / "labels.npz") as saved:
+        ks = saved["ks"].tolist()
+        agreement = {p: consecutive_agreement(saved[p], ks) for p in saved.files if p != "ks"}
     return {"steps": steps, "total_seconds": sum(s["seconds"] for s in steps.values()),
-            "peak_rss_mb": max(s["peak_rss_mb"] for s in steps.values()), "chosen_k": selection["chosen"]["k"]}
+            "peak_rss_mb": max(s["peak_rss_mb"] for s in steps.values()), "chosen_k": selection["chosen"]["k"],
+            "ari_k_vs_k_plus_1": agreement}
 
 
 def weighted_sse(x: np.ndarray, labels: np.ndarray, weight: np.ndarray) -> float:
@@ -315,7 +334,8 @@ def realistic_case(argv: list[str]) -> None:
         "steps_1_to_4": {"seconds_median": round(statistics.median(run["total_seconds"] for run in runs), 2),
                          "seconds_all": [round(run["total_seconds"], 2) for run in runs],
                          "peak_rss_mb": round(max(run["peak_rss_mb"] for run in runs), 1),
-                         "repeats": args.repeats, "chosen_k": runs[-1]["chosen_k"], "per_step": steps},
+                         "repeats": args.repeats, "chosen_k": runs[-1]["chosen_k"], "per_step": steps,
+                         "ari_k_vs_k_plus_1": runs[-1]["ari_k_vs_k_plus_1"]},
         "targets": {"steps_1_to_4_seconds": 30, "peak_rss_mb": 2048,
                     "original_release_seconds_and_gb": [588, 10.7],
                     "original_note": "the original release's scripts on the public 950-game Guess My City set, "
@@ -327,44 +347,56 @@ def realistic_case(argv: list[str]) -> None:
         result["variants"] = {}
         for name, extra in (("weight=distinct", ["clustering.weight=distinct"]),
                             ("unaccelerated sweep (pca_dim=null, max_iter=100)", ["clustering.pca_dim=null",
-                                                                                  "clustering.max_iter=100"])):
+                                                                                  "clustering.max_iter=100"]),
+                            ("method=ward (the release's clustering)", ["clustering.method=ward"])):
             run = run_pipeline(games, work / "variant", cache, extra)
             result["variants"][name] = {"seconds": round(run["total_seconds"], 2), "chosen_k": run["chosen_k"],
-                                        "step1_seconds": round(run["steps"]["1_embed_and_cluster"]["seconds"], 2)}
+                                        "step1_seconds": round(run["steps"]["1_embed_and_cluster"]["seconds"], 2),
+                                        "peak_rss_mb": round(run["peak_rss_mb"], 1),
+                                        "ari_k_vs_k_plus_1": run["ari_k_vs_k_plus_1"]}
             print(name, result["variants"][name])
         # Quality of the default sweep against plain k-means, pool by pool, in the full space.
         run_dir = work / f"run-{args.repeats - 1}"
         with np.load(run_dir / "embeddings.npz") as e, np.load(run_dir / "labels.npz") as lab:
             embeddings, fast = {p: e[p] for p in e.files}, {p: lab[p] for p in lab.files}
         ks = fast["ks"].tolist()
-        quality, plain_labels = {}, {}
+        quality, plain_labels, other_labels = {}, {}, {}
         for pool, x in embeddings.items():
             weight = corpus.text_counts(pool).astype(float)
             start = time.perf_counter()
             plain_labels[pool] = plain_kmeans(x, ks, weight, args.seed)
             plain_s = time.perf_counter() - start
-            other = plain_kmeans(x, ks, weight, args.seed + 1000)
+            other = other_labels[pool] = plain_kmeans(x, ks, weight, args.seed + 1000)
             reference = [weighted_sse(x, plain_labels[pool][i], weight) for i in range(len(ks))]
             quality[pool] = {
                 "sse_default_over_plain": _stats([weighted_sse(x, fast[pool][i], weight) / ref for i, ref in enumerate(reference)]),
                 "sse_plain_other_seed_over_plain": _stats([weighted_sse(x, other[i], weight) / ref for i, ref in enumerate(reference)]),
                 "plain_sweep_seconds": round(plain_s, 1),
+                "plain_ari_k_vs_k_plus_1": consecutive_agreement(plain_labels[pool], ks),
             }
             print(pool, quality[pool])
         # The k the default criterion picks from plain k-means' labels: step 2 on a copy of the run.
-        plain_dir = work / "plain"
-        shutil.rmtree(plain_dir, ignore_errors=True)
-        shutil.copytree(run_dir, plain_dir, ignore=shutil.ignore_patterns("selection.*", "labelled.*", "train.*"))
         from aria.intention.pipeline import _save_npz
 
-        _save_npz(plain_dir / "labels.npz", {"ks": fast["ks"], **{p: a.astype(fast[p].dtype) for p, a in plain_labels.items()}})
-        overrides = ["game=guess_my_city", f"input={games}", f"run_dir={plain_dir}"]
-        run_step(STEPS[1], overrides)
-        plain_k = json.loads((plain_dir / "selection.json").read_text())["chosen"]["k"]
-        result["quality"] = {"per_pool": quality, "chosen_k_default": runs[-1]["chosen_k"], "chosen_k_plain_kmeans": plain_k,
-                             "chosen_k_unchanged": plain_k == runs[-1]["chosen_k"],
-                             "plain": "scikit-learn KMeans per k: k-means++ seeded with seed + k, n_init=1, max_iter=300, "
-                                      "tol=1e-4, raw 384-d vectors, the same occurrence weights"}
+        plain_k = {}
+        for name, labels in (("seed", plain_labels), ("seed + 1000", other_labels)):
+            plain_dir = work / "plain"
+            shutil.rmtree(plain_dir, ignore_errors=True)
+            shutil.copytree(run_dir, plain_dir, ignore=shutil.ignore_patterns("selection.*", "labelled.*", "train.*"))
+            _save_npz(plain_dir / "labels.npz", {"ks": fast["ks"], **{p: a.astype(fast[p].dtype) for p, a in labels.items()}})
+            run_step(STEPS[1], ["game=guess_my_city", f"input={games}", f"run_dir={plain_dir}"])
+            plain_k[name] = json.loads((plain_dir / "selection.json").read_text())["chosen"]["k"]
+        unaccelerated = result["variants"]["unaccelerated sweep (pca_dim=null, max_iter=100)"]["chosen_k"]
+        result["quality"] = {
+            "per_pool": quality,
+            "chosen_k": {"default": runs[-1]["chosen_k"], "unaccelerated sweep": unaccelerated,
+                         "ward": result["variants"]["method=ward (the release's clustering)"]["chosen_k"],
+                         "plain k-means, seed": plain_k["seed"], "plain k-means, seed + 1000": plain_k["seed + 1000"]},
+            "chosen_k_unchanged_by_the_acceleration": unaccelerated == runs[-1]["chosen_k"],
+            "chosen_k_equals_plain_kmeans": plain_k["seed"] == runs[-1]["chosen_k"],
+            "plain": "scikit-learn KMeans per k: k-means++ seeded with seed + k, n_init=1, max_iter=300, tol=1e-4, "
+                     "raw 384-d vectors, the same occurrence weights",
+        }
     result["machine"] = machine()
     result["finished_at"] = time.strftime("%Y-%m-%d %H:%M:%S")
     atomic_write_json(args.out, result)

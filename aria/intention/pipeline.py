@@ -35,7 +35,8 @@ from aria.intention.cluster import CLUSTERINGS, cluster_all_k, distinct_points, 
 from aria.intention.corpus import Corpus, IntentionSpec, build_corpus
 from aria.intention.embed import EmbeddingCache, build_embedder, embedder_name, text_digest
 from aria.intention.select import ClusterQuality, choose_k, split_scores
-from aria.io import DataError, atomic_write_bytes, atomic_write_json, atomic_write_jsonl, iter_jsonl, read_json
+from aria.io import (DataError, atomic_write_bytes, atomic_write_json, atomic_write_json_rows, atomic_write_jsonl,
+                     iter_jsonl, read_json)
 from aria.trajectories import read_trajectories
 
 log = logging.getLogger(__name__)
@@ -476,7 +477,7 @@ def step4_build_training_set(cfg: dict, echo: Printer = print) -> Path:
                 "step_return": info["step_return"],
                 "game": record["game"], "role": info["role"], "game_id": record["game_id"], "turn": i,
             })
-    atomic_write_json(out_path, samples, indent=1)
+    atomic_write_json_rows(out_path, samples)
     atomic_write_json(meta_path, {"fingerprint": fingerprint, "samples": len(samples)})
     rewards = np.array([s["reward"] for s in samples]) if samples else np.zeros(0)
     stats = f"reward mean {rewards.mean():.4f}, min {rewards.min():.4f}, max {rewards.max():.4f}" if samples else "empty"
