@@ -3,7 +3,9 @@
 Every reader raises :class:`DataError` naming the file, the line (or sample index) and the field
 of the first problem, so a user can open the file at that line and fix it. Every writer writes a
 temporary file in the destination folder and renames it over the target, so a crash never leaves
-a half-written output behind.
+a half-written output behind; the file gets the permissions the umask gives a new file (a shared
+cluster's teammates can read results). What is written passes through :mod:`aria.secrets`: JSON
+objects lose the values of secret-named keys, and no text keeps an API key from the environment.
 """
 from __future__ import annotations
 
@@ -13,6 +15,8 @@ import os
 import tempfile
 from pathlib import Path
 from typing import Any, Iterator
+
+from aria.secrets import redact, redact_text
 
 
 class DataError(ValueError):
@@ -29,8 +33,16 @@ class DataError(ValueError):
 
 
 def atomic_write_text(path: str | os.PathLike, text: str) -> None:
-    """Write ``text`` to ``path`` via a temporary file and ``os.replace`` (atomic on POSIX)."""
-    atomic_write_bytes(path, text.encode("utf-8"))
+    """Write ``text`` to ``path`` via a temporary file and ``os.replace`` (atomic on POSIX);
+    secret values from the environment are redacted (:func:`aria.secrets.redact_text`)."""
+    atomic_write_bytes(path, redact_text(text).encode("utf-8"))
+
+
+def new_file_mode() -> int:
+    """The permissions ``open()`` would give a new file under the current umask (0o644 under 022)."""
+    mask = os.umask(0)
+    os.umask(mask)
+    return 0o666 & ~mask
 
 
 def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
@@ -39,6 +51,7 @@ def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
+        os.fchmod(fd, new_file_mode())  # mkstemp makes 0600 whatever the umask
         with os.fdopen(fd, "wb") as handle:
             handle.write(data)
             handle.flush()
@@ -50,7 +63,8 @@ def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
 
 
 def atomic_write_json(path: str | os.PathLike, obj: Any, indent: int | None = 1) -> None:
-    atomic_write_text(path, json.dumps(obj, indent=indent, ensure_ascii=False) + "\n")
+    """``obj`` as JSON, secret-named keys redacted (every config, summary and report comes here)."""
+    atomic_write_text(path, json.dumps(redact(obj), indent=indent, ensure_ascii=False) + "\n")
 
 
 def atomic_write_json_rows(path: str | os.PathLike, rows: list) -> None:

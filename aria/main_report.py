@@ -8,6 +8,7 @@ from pathlib import Path
 
 from aria.evaluate import compare_table
 from aria.io import atomic_write_text
+from aria.secrets import redact
 
 
 def _training_curve(metrics: Path, out: Path) -> list[dict]:
@@ -69,7 +70,7 @@ def write_report(cfg: dict, selections: dict[str, dict], eval_dirs: list[Path], 
                   f"{sum(r['tokens_per_s'] for r in rows) / len(rows):.0f} tokens/s on average; padded fraction "
                   f"{max(r['padded_fraction'] for r in rows):.3f} at most.", "", "![training curve](training_curve.png)"]
     lines += ["", "## Success rate before and after (Wilson 95 % intervals)", "", compare_table(eval_dirs)]
-    lines += ["## Configuration", "", "```yaml", yaml.safe_dump(cfg, sort_keys=False).rstrip(), "```", ""]
+    lines += ["## Configuration", "", "```yaml", yaml.safe_dump(redact(cfg), sort_keys=False).rstrip(), "```", ""]
     report = report_dir / "report.md"
     atomic_write_text(report, "\n".join(lines))
     return report

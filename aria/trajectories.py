@@ -51,6 +51,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from aria.io import DataError, atomic_write_jsonl, is_finite_number, iter_jsonl, require
+from aria.secrets import redact_text
 
 SCHEMA_VERSION = 1
 STATUSES = ("finished", "failed")
@@ -259,7 +260,7 @@ class TrajectoryWriter:
 
     def write(self, record: dict) -> None:
         validate_record(record, self.path, None)
-        self._handle.write(json.dumps(record, ensure_ascii=False) + "\n")
+        self._handle.write(redact_text(json.dumps(record, ensure_ascii=False)) + "\n")
         self._handle.flush()
         os.fsync(self._handle.fileno())
         self.done[record["game_id"]] = record

@@ -41,6 +41,7 @@ import torch
 
 from aria.data import read_training_set
 from aria.io import DataError, atomic_write_json, atomic_write_text
+from aria.secrets import redact
 from aria.policy import EncodedSample, action_logprobs, collate, encode_sample, load_policy
 
 
@@ -255,7 +256,7 @@ class OfflineTrainer:
         acc, t, log_cfg = self.accelerator, self.cfg["train"], self.cfg["logging"]
         resumed = self.resume()
         if acc.is_main_process and log_cfg["report_to"]:
-            acc.init_trackers(log_cfg.get("run_name") or "aria_offline", config=_flat(self.cfg))
+            acc.init_trackers(log_cfg.get("run_name") or "aria_offline", config=_flat(redact(self.cfg)))
         metrics_path = self.output_dir / "metrics.jsonl"
         bar = tqdm(total=self.total_steps, initial=self.state.step, disable=not acc.is_local_main_process,
                    desc="reinforce", dynamic_ncols=True)

@@ -1,0 +1,63 @@
+"""Keeping secrets out of files and logs.
+
+A resolved config can hold an API key: ``policy.api_key: ${oc.env:OPENAI_API_KEY,EMPTY}`` becomes
+the key itself, and a user may pass ``oracle.api_key=sk-...`` on the command line. Every file this
+project writes through :mod:`aria.io` (configs, summaries, reports, checkpoints' state,
+trajectories) and every hyper-parameter it logs goes through :func:`redact` or
+:func:`redact_text`, so neither a model folder nor a results folder carries one.
+
+Two rules:
+
+* **By name.** The value of a key named like a secret (``api_key``, ``apikey``, ``token``,
+  ``access_token``, ``secret``, ``password``, ``authorization``, also with a prefix such as
+  ``hf_token``; plurals such as ``max_new_tokens`` and tokenizer fields such as ``pad_token``
+  are not secrets) becomes ``"<redacted>"``,
+  except the placeholders ``None``, ``""`` and ``"EMPTY"`` (what vLLM accepts).
+* **By value.** Any string that contains the value of an environment variable named like a
+  secret (``OPENAI_API_KEY``, ``HF_TOKEN``, ``WANDB_API_KEY``, ``*_SECRET``, ``*PASSWORD*``; at
+  least 8 characters) has that value replaced, wherever it sits.
+"""
+from __future__ import annotations
+
+import os
+import re
+from typing import Any, Mapping
+
+REDACTED = "<redacted>"
+_SECRET_KEY = re.compile(r"(?:^|[_\-.])(?:api[_-]?key|apikey|token|secret|password|passwd|authorization)$", re.IGNORECASE)
+_SECRET_ENV = re.compile(r"KEY|TOKEN|SECRET|PASSWORD|PASSWD|CREDENTIAL", re.IGNORECASE)
+_NOT_SECRETS = {f"{name}_token" for name in ("pad", "eos", "bos", "unk", "sep", "cls", "mask")}  # tokenizer fields
+_PLACEHOLDERS = (None, "", "EMPTY")
+_MIN_LENGTH = 8  # shorter values ("1", "true") would redact ordinary text
+
+
+def is_secret_key(name: str) -> bool:
+    return bool(_SECRET_KEY.search(str(name))) and str(name).lower() not in _NOT_SECRETS
+
+
+def secret_values(environ: Mapping[str, str] | None = None) -> list[str]:
+    """Values of the environment's secret-named variables, longest first."""
+    environ = os.environ if environ is None else environ
+    values = {v for k, v in environ.items() if _SECRET_ENV.search(k) and v and len(v) >= _MIN_LENGTH and v != "EMPTY"}
+    return sorted(values, key=len, reverse=True)
+
+
+def redact_text(text: str, secrets: list[str] | None = None) -> str:
+    """``text`` with every secret value of the environment replaced by ``<redacted>``."""
+    for value in secret_values() if secrets is None else secrets:
+        if value in text:
+            text = text.replace(value, REDACTED)
+    return text
+
+
+def redact(obj: Any, secrets: list[str] | None = None) -> Any:
+    """A copy of ``obj`` (dicts, lists, tuples, strings, scalars) with secrets redacted (module doc)."""
+    secrets = secret_values() if secrets is None else secrets
+    if isinstance(obj, Mapping):
+        return {k: (REDACTED if is_secret_key(k) and v not in _PLACEHOLDERS and isinstance(v, (str, int))
+                    else redact(v, secrets)) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(redact(v, secrets) for v in obj)
+    if isinstance(obj, str):
+        return redact_text(obj, secrets)
+    return obj

@@ -1,0 +1,130 @@
+"""Secrets never reach a file (aria/secrets.py and the writers of aria/io.py).
+
+The planted-key test runs collection, evaluation, pipeline steps 1-4, offline training, the
+reward model and online ARIA with an API key in the environment (and so in every resolved config
+that names ``${oc.env:OPENAI_API_KEY}``), with the policy, the oracle and the embedder behind the
+scripted OpenAI-compatible server of ``fake_openai.py``, then greps every file written for it.
+The server also records the ``Authorization`` headers, which shows that the key was in use.
+"""
+from __future__ import annotations
+
+import json
+import os
+import stat
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from aria.io import atomic_write_json, atomic_write_jsonl, atomic_write_text, new_file_mode
+from aria.resources import compose_config
+from aria.secrets import REDACTED, redact, redact_text, secret_values
+from fake_openai import MODEL, Script, last_user, start_server
+
+REPO = Path(__file__).resolve().parents[1]
+PLANTED = "sk-planted-7f3a9c1e5b2d"
+PLANTED_ENV = {"OPENAI_API_KEY": PLANTED, "HF_TOKEN": "hf_planted_0a1b2c3d4e", "WANDB_API_KEY": "wandb-planted-99887766"}
+
+
+def test_redaction_rules(monkeypatch):
+    monkeypatch.setenv("OPENAI_API_KEY", PLANTED)
+    monkeypatch.setenv("MY_SERVICE_PASSWORD", "hunter2hunter2")
+    monkeypatch.setenv("SHORT_TOKEN", "abc")  # too short to redact safely
+    cfg = {"policy": {"api_key": PLANTED, "base_url": "http://x/v1", "max_new_tokens": 64},
+           "oracle": {"api_key": "EMPTY"}, "embedder": {"api_key": None},
+           "cli_key": {"hf_token": "hf_given_on_the_command_line"}, "tokenizer": {"pad_token": "<|endoftext|>"},
+           "notes": [f"the key {PLANTED} in a sentence", "hunter2hunter2", "abc"]}
+    assert redact(cfg) == {"policy": {"api_key": REDACTED, "base_url": "http://x/v1", "max_new_tokens": 64},
+                           "oracle": {"api_key": "EMPTY"}, "embedder": {"api_key": None},
+                           "cli_key": {"hf_token": REDACTED}, "tokenizer": {"pad_token": "<|endoftext|>"},
+                           "notes": [f"the key {REDACTED} in a sentence", REDACTED, "abc"]}
+    assert redact_text(f"Bearer {PLANTED}") == f"Bearer {REDACTED}"
+    assert "abc" not in secret_values()
+
+
+def test_writers_redact_and_keep_the_umask(tmp_path, monkeypatch):
+    monkeypatch.setenv("OPENAI_API_KEY", PLANTED)
+    old = os.umask(0o022)
+    try:
+        atomic_write_json(tmp_path / "config.json", {"oracle": {"api_key": PLANTED}})
+        atomic_write_text(tmp_path / "report.md", f"key: {PLANTED}\n")
+        atomic_write_jsonl(tmp_path / "games.jsonl", [{"action": PLANTED}])
+        for name in ("config.json", "report.md", "games.jsonl"):
+            assert PLANTED not in (tmp_path / name).read_text()
+            assert stat.S_IMODE((tmp_path / name).stat().st_mode) == 0o644  # not mkstemp's 0600
+        os.umask(0o027)
+        assert new_file_mode() == 0o640
+        atomic_write_text(tmp_path / "group.txt", "x")
+        assert stat.S_IMODE((tmp_path / "group.txt").stat().st_mode) == 0o640
+    finally:
+        os.umask(old)
+
+
+def files_holding(root: Path, needles: list[str]) -> list[str]:
+    found = []
+    for path in root.rglob("*"):
+        if path.is_file():
+            data = path.read_bytes()
+            found += [f"{path.relative_to(root)}: {n[:12]}..." for n in needles if n.encode() in data]
+    return found
+
+
+@pytest.mark.slow
+def test_planted_key_reaches_no_file(tmp_path, monkeypatch, tiny_model_dir, tiny_sentence_model_dir):
+    for name, value in PLANTED_ENV.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.chdir(tmp_path)
+    # The policy asks one question; as the oracle, the server answers yes.
+    server = start_server(Script(reply=lambda body: "Yes." if "hidden word" in last_user(body) or "secret" in last_user(body).lower()
+                                 else "Question: Is it alive?"))
+    endpoint = [f"policy=endpoint", f"policy.base_url={server.url}", f"policy.model={MODEL}", "policy.max_tokens=8"]
+    llm_oracle = ["oracle=llm", f"oracle.base_url={server.url}", f"oracle.model={MODEL}"]
+    try:
+        # 1. collection: the endpoint policy against the LLM oracle
+        from aria.rollout import collect_from_config
+
+        games = tmp_path / "data" / "games.jsonl"
+        collect_from_config(compose_config("collect", [*endpoint, *llm_oracle, "num_games=3", "batch_size=3",
+                                                       "progress=false", f"out={games}"]))
+        # 2. evaluation through its script (a fresh process that inherits the environment)
+        done = subprocess.run([sys.executable, str(REPO / "evaluation/evaluate.py"), *endpoint, *llm_oracle,
+                               "envs=[twenty_questions]", "num_games=2", "progress=false", f"out={tmp_path / 'eval'}"],
+                              capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, done.stderr
+        assert PLANTED not in done.stdout + done.stderr
+        # 3. pipeline steps 1-4 with the OpenAI-compatible embedder
+        from aria.intention import pipeline
+
+        cfg = compose_config("intention", [f"input={games}", f"run_dir={tmp_path / 'intention'}", "embedder=openai",
+                                           f"embedder.base_url={server.url}", f"embedder.api_key={PLANTED}",
+                                           "embedder.model=text-embedding-3-small", "clustering.k_max=3"])
+        for step in (pipeline.step1_embed_and_cluster, pipeline.step2_select_k, pipeline.step3_apply_labels,
+                     pipeline.step4_build_training_set):
+            step(cfg, lambda line: None)
+        train_file = tmp_path / "intention" / "train.json"
+        small = ["device=cpu", "train.mixed_precision=no", "train.epochs=1", "train.micro_batch_size=4",
+                 "train.gradient_accumulation_steps=1"]
+        # 4. offline REINFORCE, 5. the reward model
+        from aria.trainers.offline import OfflineTrainer
+        from aria.trainers.reward_model import RewardModelTrainer
+
+        OfflineTrainer(compose_config("reinforce_llm", [f"model.path={tiny_model_dir}", f"data.train_file={train_file}",
+                                                        f"output_dir={tmp_path / 'offline'}", *small])).train()
+        RewardModelTrainer(compose_config("reward_model", [f"model.path={tiny_model_dir}", f"data.train_file={train_file}",
+                                                           f"output_dir={tmp_path / 'rm'}", "data.eval_fraction=0",
+                                                           *small])).train()
+        # 6. online ARIA with the LLM oracle (the leak: final/aria_training.json held the resolved key)
+        from aria.trainers.online import OnlineTrainer
+
+        OnlineTrainer(compose_config("onlinereinforce_llm", [
+            f"model.path={tiny_model_dir}", f"output_dir={tmp_path / 'online'}", *llm_oracle, *small,
+            "online.rollout_size=2", "online.rollout_batch_size=2", "online.actor_updates=1", "online.iterations=1",
+            "online.rm_refresh=0", "rollout.max_new_tokens=4", "logging.progress=false", f"reward_model.init_path={tmp_path / 'rm' / 'final'}"])).train()
+    finally:
+        server.stop()
+
+    assert f"Bearer {PLANTED}" in server.authorizations  # the key was in use
+    assert (tmp_path / "online" / "final" / "aria_training.json").is_file()
+    assert json.loads((tmp_path / "online" / "final" / "aria_training.json").read_text())["config"]["oracle"]["api_key"] == REDACTED
+    assert files_holding(tmp_path, list(PLANTED_ENV.values())) == []
