@@ -487,3 +487,58 @@ def test_cached_texts_load_no_model_and_cheap_checks_come_first(tmp_path, twenty
         with pytest.raises(ValueError, match=message):
             pipeline.step1_embed_and_cluster(broken, lambda s: None)
     assert not (tmp_path / "other").exists()  # refused before reading or embedding anything
+
+
+# ---- each step reads what the step before it used ----------------------------------------------
+def _script(name: str, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(REPO / name), *args], capture_output=True, text=True, cwd=REPO)
+
+
+def test_changed_trajectories_are_refused_naming_the_step_to_rerun(tmp_path, twenty_questions_games, tiny_sentence_model_dir):
+    """Removing a game gave 24 of 42 turns another text's label (exit 0); appending games gave an IndexError."""
+    games = tmp_path / "games.jsonl"
+    lines = twenty_questions_games.read_text().splitlines()
+    games.write_text("\n".join(lines) + "\n")
+    args = ["game=twenty_questions", f"input={games}", f"run_dir={tmp_path / 'run'}",
+            f"embedder.model={tiny_sentence_model_dir}", "clustering.k_max=6"]
+    assert _script("reward_aggregation/1_embed_and_cluster.py", *args).returncode == 0
+    extra = json.dumps({**json.loads(lines[0]), "game_id": "extra-game"})
+    for changed in (lines[1:], [*lines, extra]):  # one game removed; one game appended
+        games.write_text("\n".join(changed) + "\n")
+        done = _script("clustering/2_select_k.py", *args)
+        assert done.returncode == 2, done.stdout
+        [line] = done.stderr.strip().splitlines()
+        assert "are not those step 1 read" in line and "re-run step 1 (reward_aggregation/1_embed_and_cluster.py)" in line
+    games.write_text("\n".join(lines) + "\n")
+    assert _script("clustering/2_select_k.py", *args).returncode == 0
+
+
+def test_each_step_checks_the_step_before(tmp_path, twenty_questions_games, tiny_sentence_model_dir):
+    cfg = tq_config(tmp_path, twenty_questions_games, tiny_sentence_model_dir, "clustering.k_max=6")
+    run_all(cfg)
+    # Step 3 after step 1 was re-run with other settings (step 2 not): selection.json is stale.
+    pipeline.step1_embed_and_cluster({**cfg, "seed": 1}, lambda s: None)
+    with pytest.raises(pipeline.StaleInput, match=r"selection.json was made from another run of step 1.*re-run step 2"):
+        pipeline.step3_apply_labels({**cfg, "seed": 1}, lambda s: None)
+    # Step 4 after step 2 chose again (step 3 not): labelled.jsonl is stale.
+    run_all(cfg)
+    pipeline.step2_select_k({**cfg, "selection": {**cfg["selection"], "fixed_k": 3}}, lambda s: None)
+    with pytest.raises(pipeline.StaleInput, match=r"labelled.jsonl was made from another selection.json.*re-run step 3"):
+        pipeline.step4_build_training_set(cfg, lambda s: None)
+    # Step 4 after labelled.jsonl was edited by hand.
+    run_all(cfg)
+    labelled = tmp_path / "labelled.jsonl"
+    labelled.write_text(labelled.read_text().replace('"kept": true', '"kept": false', 1))
+    (tmp_path / "train.meta.json").unlink()
+    with pytest.raises(pipeline.StaleInput, match="changed since step 3 wrote it"):
+        pipeline.step4_build_training_set(cfg, lambda s: None)
+    # labels.npz from another run of step 1 than utterances.json (a crash between the two writes).
+    run_all(cfg)
+    stamp = np.load(tmp_path / "labels.npz")
+    pipeline._save_npz(tmp_path / "labels.npz", {**{k: stamp[k] for k in stamp.files}, "fingerprint": np.array("other")})
+    (tmp_path / "selection.json").unlink()
+    with pytest.raises(pipeline.StaleInput, match="labels.npz was not written by the step 1"):
+        pipeline.step2_select_k(cfg, lambda s: None)
+    # A step whose input is missing says which step to run.
+    with pytest.raises(pipeline.StaleInput, match=r"no utterances.json in .*re-run step 1"):
+        pipeline.step2_select_k({**cfg, "run_dir": str(tmp_path / "empty")}, lambda s: None)

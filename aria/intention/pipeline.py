@@ -13,6 +13,13 @@ Everything a run writes goes to ``run_dir`` (default ``outputs/intention/<game>`
 Each step records a fingerprint of its inputs and settings; re-running a step whose outputs
 match does nothing ("up to date"), and the k sweep of step 1 saves its progress and resumes.
 Outputs are written atomically; the same input and seed give byte-identical files.
+
+Each step also checks that what it reads is what the step before it used: step 1 records the
+digest of the trajectory files and of every pool's texts, and stamps ``labels.npz`` and
+``embeddings.npz`` with its fingerprint; steps 2 and 3 re-read the trajectories and refuse if
+they or the pools changed, step 3 refuses a ``selection.json`` made from another step 1, and step
+4 a ``labelled.jsonl`` made from another selection or edited since. The refusal is one line that
+names the step to re-run (:class:`StaleInput`).
 """
 from __future__ import annotations
 
@@ -42,7 +49,7 @@ from aria.trajectories import read_trajectories
 log = logging.getLogger(__name__)
 Printer = Callable[[str], None]
 #: Part of every fingerprint: bump it when what a step computes changes, so old outputs are redone.
-PIPELINE_VERSION = 2
+PIPELINE_VERSION = 3
 
 
 # ---- inputs ------------------------------------------------------------------------------
@@ -79,6 +86,49 @@ def file_digest(files: list[Path]) -> str:
     for path in files:
         h.update(path.read_bytes())
     return h.hexdigest()[:16]
+
+
+#: The numbered scripts, to name in a refusal.
+STEP_SCRIPTS = {1: "reward_aggregation/1_embed_and_cluster.py", 2: "clustering/2_select_k.py",
+                3: "clustering/3_apply_labels.py", 4: "clustering/4_build_training_set.py"}
+
+
+class StaleInput(ValueError):
+    """What a step reads does not match what the step before it used."""
+
+    def __init__(self, step: int, problem: str):
+        super().__init__(f"{problem}: re-run step {step} ({STEP_SCRIPTS[step]}) with the same overrides, then the "
+                         f"steps after it")
+
+
+def _step_output(path: Path, step: int) -> dict:
+    """A JSON output of ``step``, or a one-line refusal saying to run that step first."""
+    if not path.is_file():
+        raise StaleInput(step, f"no {path.name} in {path.parent}")
+    return read_json(path)
+
+
+def _check_inputs(summary: dict, corpus: Corpus, files: list[Path]) -> None:
+    """The trajectories and the pools are those step 1 read (see the module doc)."""
+    if file_digest(files) != summary.get("input_digest"):
+        raise StaleInput(1, f"the trajectories ({', '.join(map(str, files))}) are not those step 1 read")
+    pools = {p: text_digest(t) for p, t in corpus.pools.items()}
+    if pools != summary.get("pool_digests"):
+        raise StaleInput(1, f"the game's utterance pools ({sorted(pools)}) are not those step 1 clustered "
+                            f"({sorted(summary.get('pool_digests') or {})}), or their texts changed")
+
+
+def _check_stamp(arrays: dict[str, np.ndarray], name: str, summary: dict) -> None:
+    if arrays.get("fingerprint", np.array("")).item() != summary["fingerprint"]:
+        raise StaleInput(1, f"{name} was not written by the step 1 that wrote utterances.json")
+
+
+def _up_to_date(out_path: Path, meta_path: Path, fingerprint: str, digest_key: str) -> bool:
+    """The output exists, was made from these inputs and settings, and is as it was written."""
+    if not (out_path.is_file() and meta_path.is_file()):
+        return False
+    meta = read_json(meta_path)
+    return meta.get("fingerprint") == fingerprint and meta.get(digest_key) == file_digest([out_path])
 
 
 def _fingerprint(obj: Any) -> str:
@@ -178,7 +228,7 @@ def step1_embed_and_cluster(cfg: dict, echo: Printer = print) -> dict:
              f"in {time.perf_counter() - start:.1f}s")
     for pool, x in embeddings.items():
         _check_matrix(corpus, pool, x)
-    _save_npz(run_dir / "embeddings.npz", {pool: x for pool, x in embeddings.items()})
+    _save_npz(run_dir / "embeddings.npz", {**{pool: x for pool, x in embeddings.items()}, "fingerprint": np.array(fingerprint)})
 
     # Cluster every pool for every k; progress is kept in labels.partial.npz. The range is clipped
     # to the largest pool; a pool with fewer distinct vectors than k keeps its finest labelling
@@ -217,10 +267,12 @@ def step1_embed_and_cluster(cfg: dict, echo: Printer = print) -> dict:
              + (f" (only {distinct[pool]} distinct vectors: larger k keep k={pool_ks[-1]})" if pool_ks[-1] < ks[-1] else "")
              + (f" ({len(done)} ks resumed)" if done else ""))
     dtype = np.int16 if max(ks) < 2**15 else np.int32
-    _save_npz(labels_path, {"ks": np.array(ks, dtype=np.int32), **{p: a.astype(dtype) for p, a in labels.items()}})
+    _save_npz(labels_path, {"ks": np.array(ks, dtype=np.int32), **{p: a.astype(dtype) for p, a in labels.items()},
+                            "fingerprint": np.array(fingerprint)})
     partial_path.unlink(missing_ok=True)
     summary = {
         "fingerprint": fingerprint, "game": cfg["game"]["name"], "inputs": [str(f) for f in files],
+        "input_digest": settings["input"], "pool_digests": settings["pools"],
         "num_games": len(corpus.game_ids), "num_steps": int(corpus.table.num_steps),
         "num_utterances": int(len(corpus.table.utterance_game)),
         "skipped": corpus.skipped,
@@ -270,16 +322,19 @@ def _fixed_k(selection: dict, pools: list[str]) -> dict[str, int] | None:
 
 def step2_select_k(cfg: dict, echo: Printer = print) -> dict:
     run_dir = Path(cfg["run_dir"])
-    summary = read_json(run_dir / "utterances.json")
+    summary = _step_output(run_dir / "utterances.json", 1)
     selection_cfg, agg_cfg = cfg["selection"], cfg["aggregation"]
+    corpus, _, files = load_corpus(cfg)
+    _check_inputs(summary, corpus, files)
     fingerprint = _fingerprint({"step1": summary["fingerprint"], "selection": selection_cfg, "aggregation": agg_cfg})
     out_path = run_dir / "selection.json"
     if out_path.is_file() and read_json(out_path).get("fingerprint") == fingerprint:
         echo(f"[step 2] up to date: {out_path}")
         return read_json(out_path)
-    corpus, _, _ = load_corpus(cfg)
     labels = _load_npz(run_dir / "labels.npz")
     embeddings = _load_npz(run_dir / "embeddings.npz")
+    _check_stamp(labels, "labels.npz", summary)
+    _check_stamp(embeddings, "embeddings.npz", summary)
     ks = [int(k) for k in labels["ks"]]
     pools = list(corpus.pools)
 
@@ -335,7 +390,7 @@ def step2_select_k(cfg: dict, echo: Printer = print) -> dict:
         chosen = {"k": {p: c["k"] for p in pools}, "criterion": selection_cfg["criterion"],
                   "rule_satisfied": c["rule_satisfied"], "why": c["why"]}
     report = {
-        "fingerprint": fingerprint, "game": summary["game"], "ks": ks,
+        "fingerprint": fingerprint, "step1_fingerprint": summary["fingerprint"], "game": summary["game"], "ks": ks,
         "chosen": chosen, "choices_by_criterion": choices,
         "settings": {"aggregation": agg_cfg, "selection": selection_cfg},
         "num_steps": int(corpus.table.num_steps), "num_games": len(corpus.game_ids),
@@ -403,15 +458,20 @@ def _agg_args(agg_cfg: dict) -> dict:
 # ---- step 3: apply the chosen labels -------------------------------------------------------
 def step3_apply_labels(cfg: dict, echo: Printer = print) -> Path:
     run_dir = Path(cfg["run_dir"])
-    selection = read_json(run_dir / "selection.json")
+    summary = _step_output(run_dir / "utterances.json", 1)
+    selection = _step_output(run_dir / "selection.json", 2)
+    if selection.get("step1_fingerprint") != summary["fingerprint"]:
+        raise StaleInput(2, "selection.json was made from another run of step 1")
+    corpus, records, files = load_corpus(cfg)
+    _check_inputs(summary, corpus, files)
     out_path = run_dir / "labelled.jsonl"
     fingerprint = _fingerprint({"step2": selection["fingerprint"]})
     meta_path = run_dir / "labelled.meta.json"
-    if out_path.is_file() and meta_path.is_file() and read_json(meta_path).get("fingerprint") == fingerprint:
+    if _up_to_date(out_path, meta_path, fingerprint, "labelled_digest"):
         echo(f"[step 3] up to date: {out_path}")
         return out_path
-    corpus, records, _ = load_corpus(cfg)
     labels = _load_npz(run_dir / "labels.npz")
+    _check_stamp(labels, "labels.npz", summary)
     ks = [int(k) for k in labels["ks"]]
     chosen = selection["chosen"]["k"]
     utt_labels = _labels_at(corpus, labels, {p: ks.index(chosen[p]) for p in corpus.pools})
@@ -444,7 +504,8 @@ def step3_apply_labels(cfg: dict, echo: Printer = print) -> Path:
         record["intention"] = {"k": chosen, "mode": cfg["aggregation"]["mode"], "criterion": selection["chosen"]["criterion"]}
         out_records.append(record)
     atomic_write_jsonl(out_path, out_records)
-    atomic_write_json(meta_path, {"fingerprint": fingerprint, "games": len(out_records), "k": chosen})
+    atomic_write_json(meta_path, {"fingerprint": fingerprint, "games": len(out_records), "k": chosen,
+                                  "labelled_digest": file_digest([out_path])})
     echo(f"[step 3] wrote {out_path} ({len(out_records)} games labelled at {chosen}, "
          f"{int(agg.kept.sum())}/{len(agg.kept)} steps kept)")
     return out_path
@@ -459,10 +520,16 @@ def _turn_of(record: dict, corpus: Corpus, u: int) -> int:
 def step4_build_training_set(cfg: dict, echo: Printer = print) -> Path:
     run_dir = Path(cfg["run_dir"])
     labelled = run_dir / "labelled.jsonl"
+    made = _step_output(run_dir / "labelled.meta.json", 3)
+    selection = _step_output(run_dir / "selection.json", 2)
+    if made.get("fingerprint") != _fingerprint({"step2": selection["fingerprint"]}):
+        raise StaleInput(3, "labelled.jsonl was made from another selection.json")
+    if not labelled.is_file() or file_digest([labelled]) != made.get("labelled_digest"):
+        raise StaleInput(3, "labelled.jsonl is missing or changed since step 3 wrote it")
     out_path = Path(cfg.get("train_out") or run_dir / "train.json")
     fingerprint = _fingerprint({"labelled": file_digest([labelled]), "game": cfg["game"]})  # prompts live in the game config
     meta_path = out_path.with_suffix(".meta.json")
-    if out_path.is_file() and meta_path.is_file() and read_json(meta_path).get("fingerprint") == fingerprint:
+    if _up_to_date(out_path, meta_path, fingerprint, "train_digest"):
         echo(f"[step 4] up to date: {out_path}")
         return out_path
     render = observation_renderer(cfg["game"])
@@ -478,7 +545,7 @@ def step4_build_training_set(cfg: dict, echo: Printer = print) -> Path:
                 "game": record["game"], "role": info["role"], "game_id": record["game_id"], "turn": i,
             })
     atomic_write_json_rows(out_path, samples)
-    atomic_write_json(meta_path, {"fingerprint": fingerprint, "samples": len(samples)})
+    atomic_write_json(meta_path, {"fingerprint": fingerprint, "samples": len(samples), "train_digest": file_digest([out_path])})
     rewards = np.array([s["reward"] for s in samples]) if samples else np.zeros(0)
     stats = f"reward mean {rewards.mean():.4f}, min {rewards.min():.4f}, max {rewards.max():.4f}" if samples else "empty"
     echo(f"[step 4] wrote {out_path}: {len(samples)} samples ({stats})")
@@ -502,7 +569,7 @@ def run_step(step: Callable[[dict, Printer], Any], cfg) -> None:
 
     try:
         step(OmegaConf.to_container(cfg, resolve=True), print)
-    except (DataError, FileNotFoundError, ValueError) as err:
+    except (DataError, FileNotFoundError, ValueError) as err:  # StaleInput is a ValueError
         print(f"error: {err}", file=sys.stderr)
         sys.exit(2)
     except openai.OpenAIError as err:  # the embeddings endpoint kept failing (after its retries)
