@@ -25,7 +25,7 @@ from tqdm.auto import tqdm
 from aria.games.base import QuestionGame, Target, build_game, target_schedule
 from aria.games.oracle import Oracle, OracleRequest, build_oracle
 from aria.llm.base import ChatModel
-from aria.trajectories import TrajectoryWriter, make_record
+from aria.trajectories import TrajectoryWriter, describe, make_record
 
 log = logging.getLogger(__name__)
 
@@ -81,12 +81,21 @@ def play_games(
     system_prompt: str | None = None,
     progress: bool = True,
     on_game_end: Callable[[dict], None] | None = None,
+    force_new: bool = False,
 ) -> CollectSummary:
-    """Play games ``0..num_games-1`` of ``seed`` into ``out_path`` (see module doc)."""
+    """Play games ``0..num_games-1`` of ``seed`` into ``out_path`` (see module doc).
+
+    A file holding games of another policy, sampling, oracle, seed or system prompt is not
+    continued (:class:`~aria.trajectories.ResumeMismatch`) unless ``force_new`` moves it aside.
+    """
     if batch_size < 1:
         raise ValueError("batch_size must be at least 1")
+    if num_games < 0:
+        raise ValueError(f"num_games must be >= 0, got {num_games}")
     targets = target_schedule(game.targets, num_games, seed)
-    writer = TrajectoryWriter(out_path).open()
+    producer = {"game": game.name, "seed": seed, "system_prompt": system_prompt, "policy": describe(policy),
+                "oracle": describe(oracle)}
+    writer = TrajectoryWriter(out_path, producer=producer, force_new=force_new).open()
     pending = [
         _LiveGame(game_id(game.name, seed, i), t)
         for i, t in enumerate(targets)
@@ -212,4 +221,5 @@ def collect_from_config(cfg: Mapping[str, Any]) -> CollectSummary:
     return play_games(
         game, policy, oracle, cfg["out"], num_games=int(cfg["num_games"]), seed=int(cfg["seed"]),
         batch_size=int(cfg["batch_size"]), system_prompt=cfg.get("system_prompt"), progress=bool(cfg.get("progress", True)),
+        force_new=bool(cfg.get("force_new", False)),
     )

@@ -50,8 +50,8 @@ import os
 from pathlib import Path
 from typing import Any, Iterator
 
-from aria.io import DataError, atomic_write_jsonl, is_finite_number, iter_jsonl, require
-from aria.secrets import redact_text
+from aria.io import DataError, atomic_write_json, atomic_write_jsonl, is_finite_number, iter_jsonl, read_json, require
+from aria.secrets import redact, redact_text
 
 SCHEMA_VERSION = 1
 STATUSES = ("finished", "failed")
@@ -231,6 +231,22 @@ def write_trajectories(path: str | os.PathLike, records: list[dict]) -> None:
     atomic_write_jsonl(path, records)
 
 
+class ResumeMismatch(ValueError):
+    """A resumable file holds games made under other settings than this run's."""
+
+
+def describe(obj: Any) -> dict:
+    """What a policy, oracle or player is, for :class:`TrajectoryWriter`'s ``producer``."""
+    return dict(getattr(obj, "settings", None) or {"name": getattr(obj, "name", type(obj).__name__)})
+
+
+def _differences(old: Any, new: Any, prefix: str = "") -> list[str]:
+    if isinstance(old, dict) and isinstance(new, dict):
+        return [d for key in sorted(set(old) | set(new), key=str)
+                for d in _differences(old.get(key), new.get(key), f"{prefix}{key}.")]
+    return [] if old == new else [f"{prefix.rstrip('.')} was {old!r}, now {new!r}"]
+
+
 class TrajectoryWriter:
     """Appends finished games to a JSONL file, one complete line per game, flushed to disk.
 
@@ -238,16 +254,56 @@ class TrajectoryWriter:
     ``retry_failed`` is set, rewrites the file without its ``failed`` games (atomically), so
     that only finished games count as done. A crash therefore loses at most the games that were
     in flight.
+
+    Provenance: ``producer`` describes what makes this run's games (model or served name,
+    decoding settings, oracle or opponent, seed, configurations; see :func:`describe`). It is kept
+    beside the file in ``<file>.producer.json``, and a file that holds games made under another
+    producer (or under an unknown one, written before this check) is not continued:
+    :class:`ResumeMismatch` names the differences. ``force_new`` moves such a file (and its
+    record) aside, to ``<stem>.replaced-<n><suffix>``, and starts a new one; no game is deleted.
     """
 
-    def __init__(self, path: str | os.PathLike, retry_failed: bool = True):
+    def __init__(self, path: str | os.PathLike, retry_failed: bool = True, producer: dict | None = None,
+                 force_new: bool = False):
         self.path = Path(path)
         self.retry_failed = retry_failed
+        self.producer = None if producer is None else json.loads(json.dumps(redact(producer)))
+        self.force_new = force_new
         self.done: dict[str, dict] = {}
+        self.moved_to: Path | None = None
         self._handle = None
+
+    @property
+    def producer_path(self) -> Path:
+        return self.path.with_name(self.path.name + ".producer.json")
+
+    def _has_games(self) -> bool:
+        return self.path.exists() and bool(self.path.read_bytes().strip())
+
+    def _check_producer(self) -> None:
+        if self.producer is None or not self._has_games():
+            return
+        recorded = read_json(self.producer_path)["producer"] if self.producer_path.is_file() else None
+        if recorded == self.producer:
+            return
+        if self.force_new:
+            n = 1
+            while (aside := self.path.with_name(f"{self.path.stem}.replaced-{n}{self.path.suffix}")).exists():
+                n += 1
+            self.path.rename(aside)
+            if self.producer_path.is_file():
+                self.producer_path.rename(aside.with_name(aside.name + ".producer.json"))
+            self.moved_to = aside
+            return
+        why = ("it has no record of what produced its games (written before this check)" if recorded is None
+               else "; ".join(_differences(recorded, self.producer)[:4]))
+        raise ResumeMismatch(f"{self.path} holds games made under other settings ({why}); continuing it would mix "
+                             f"them: start over with force_new=true (the old file is moved aside, nothing is lost) "
+                             f"or write to another file")
 
     def open(self) -> "TrajectoryWriter":
         self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._check_producer()
         if self.path.exists():
             records = list(read_trajectories(self.path, allow_partial_last_line=True))
             keep = [r for r in records if r["status"] == "finished" or not self.retry_failed]
@@ -255,6 +311,8 @@ class TrajectoryWriter:
             if len(keep) != len(records) or (raw and not raw.endswith(b"\n")):
                 atomic_write_jsonl(self.path, keep)  # drop failed games / a torn last line
             self.done = {r["game_id"]: r for r in keep}
+        if self.producer is not None and not (self._has_games() and self.producer_path.is_file()):
+            atomic_write_json(self.producer_path, {"file": self.path.name, "producer": self.producer})
         self._handle = open(self.path, "a", encoding="utf-8")
         return self
 

@@ -41,7 +41,7 @@ from aria.games.glee_text import shown_text, system_prompt
 from aria.games.offers import ParseError, parse_reply
 from aria.games.scripted import SCRIPTED_PLAYERS, reply_json
 from aria.llm.base import ChatModel, Completion, Message
-from aria.trajectories import TrajectoryWriter, make_two_player_record
+from aria.trajectories import TrajectoryWriter, describe, make_two_player_record
 
 SYSTEM_PROMPT_KEYS = {"alice": "player_1_system_prompt", "bob": "player_2_system_prompt"}
 
@@ -60,6 +60,7 @@ class PolicyPlayer:
     def __init__(self, model: ChatModel):
         self.model = model
         self.name = model.name
+        self.settings = getattr(model, "settings", {"name": model.name})
 
     def replies(self, requests: Sequence[TurnRequest]) -> list[Completion]:
         return self.model.generate([r.conversation for r in requests], keys=[r.key for r in requests])
@@ -135,6 +136,7 @@ def play_two_player(
     seed: int = 0,
     batch_size: int = 16,
     progress: bool = True,
+    force_new: bool = False,
 ) -> PlaySummary:
     """Play ``games_per_config`` games of every configuration into ``out_path`` (module doc).
 
@@ -148,7 +150,9 @@ def play_two_player(
     if set(seats) != set(PLAYERS):
         raise ValueError(f"seats must name exactly {PLAYERS}, got {sorted(seats)}")
     transcript = Transcript.from_config(game_cfg)
-    writer = TrajectoryWriter(out_path).open()
+    producer = {"game": game_cfg["name"], "seed": seed, "configurations": [c.id for c in configs],
+                "seats": {role: describe(player) for role, player in seats.items()}}
+    writer = TrajectoryWriter(out_path, producer=producer, force_new=force_new).open()
     queue = [(game_id(c, seed, i), c) for c in configs for i in range(games_per_config)]
     todo = [(gid, c) for gid, c in queue if gid not in writer.done]
     summary = PlaySummary(total=len(queue), already_done=len(queue) - len(todo))
@@ -297,7 +301,8 @@ def collect_two_player_from_config(cfg: Mapping[str, Any]) -> PlaySummary:
     seats = {"alice": policy, "bob": opponent} if cfg.get("policy_role", "alice") == "alice" else {"alice": opponent, "bob": policy}
     configs = config_set(game_cfg, cfg["config_set"])
     return play_two_player(game_cfg, configs, seats, cfg["out"], games_per_config=int(cfg["games_per_config"]),
-                           seed=int(cfg["seed"]), batch_size=int(cfg["batch_size"]), progress=bool(cfg.get("progress", True)))
+                           seed=int(cfg["seed"]), batch_size=int(cfg["batch_size"]), progress=bool(cfg.get("progress", True)),
+                           force_new=bool(cfg.get("force_new", False)))
 
 
 def evaluate_two_player(
@@ -311,6 +316,7 @@ def evaluate_two_player(
     batch_size: int = 16,
     progress: bool = True,
     echo=print,
+    force_new: bool = False,
 ) -> dict:
     """Win-rate evaluation (spec §6): the policy as Alice, then as Bob, against ``opponent`` on
     every configuration; transcripts in ``out_dir/as_<role>.jsonl`` (re-running resumes).
@@ -327,7 +333,7 @@ def evaluate_two_player(
         path = Path(out_dir) / f"as_{role}.jsonl"
         seats = {role: policy, other(role): opponent}
         run = play_two_player(game_cfg, configs, seats, path, games_per_config=games_per_config, seed=seed,
-                              batch_size=batch_size, progress=progress)
+                              batch_size=batch_size, progress=progress, force_new=force_new)
         echo(f"[eval] {game_cfg['name']} as {role}: {run.line()}")
         games[role] = list(read_trajectories(path))
     return {"kind": "two_player", "opponent": opponent.name, "configurations": [c.id for c in configs],

@@ -24,8 +24,10 @@
 #   ORACLE        knowledge_base (offline) or the base URL of an OpenAI-compatible server [knowledge_base]
 #   ORACLE_MODEL  the oracle server's model name, when ORACLE is a URL [default]
 #   OUT           result folder [results/eval/$MODEL_NAME]
-# Re-running with the same settings continues where it stopped. Any further arguments are
-# passed to evaluation/evaluate.py as Hydra overrides.
+#   FORCE_NEW     1: OUT holds games of another model or other settings; move them aside and start over [0]
+# Re-running with the same settings continues where it stopped; with other settings (another
+# MODEL_NAME, sampling or oracle) into the same OUT it stops with one line naming the difference.
+# Any further arguments are passed to evaluation/evaluate.py as Hydra overrides.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3}
@@ -49,6 +51,7 @@ CONFIG_SET=${CONFIG_SET:-eval48}
 OPPONENT=${OPPONENT:-scripted}
 ORACLE=${ORACLE:-knowledge_base}
 OUT=${OUT:-results/eval/$MODEL_NAME}
+FORCE_NEW=${FORCE_NEW:-0}
 
 envs_list=$(echo "$ENVS" | xargs | tr ' ' ',')
 oracle_args=(oracle=knowledge_base)
@@ -65,4 +68,5 @@ esac
 exec "$PYTHON" evaluation/evaluate.py "policy.base_url=$BASE_URL" "policy.model=$MODEL_NAME" "envs=[$envs_list]" \
   "num_games=$N" "seed=$SEED" "policy.concurrency=$CONCURRENCY" "policy.temperature=$TEMPERATURE" \
   "policy.max_tokens=$MAX_TOKENS" "out=$OUT" "${oracle_args[@]}" "${opponent_args[@]}" \
-  "two_player.games_per_config=$N_PER_CONFIG" "two_player.config_set=$CONFIG_SET" "two_player.max_tokens=$MAX_TOKENS_TWO_PLAYER" "$@"
+  "two_player.games_per_config=$N_PER_CONFIG" "two_player.config_set=$CONFIG_SET" "two_player.max_tokens=$MAX_TOKENS_TWO_PLAYER" \
+  "force_new=$([ "$FORCE_NEW" = 1 ] && echo true || echo false)" "$@"

@@ -27,13 +27,20 @@ from aria.games.glee import config_set
 from aria.games.oracle import build_oracle
 from aria.llm.endpoint import check_server
 from aria.rollout import build_policy, play_games
-from aria.trajectories import read_trajectories
+from aria.trajectories import ResumeMismatch, read_trajectories
 from aria.two_player import PolicyPlayer, build_player, evaluate_two_player
 
 
 @hydra.main(config_path="../config", config_name="eval", version_base="1.3")
 def main(cfg) -> None:
-    cfg = OmegaConf.to_container(cfg, resolve=True)
+    try:
+        evaluate(OmegaConf.to_container(cfg, resolve=True))
+    except ResumeMismatch as err:  # OUT holds another model's games: one line, nothing written
+        print(f"error: {err}", file=sys.stderr)
+        sys.exit(2)
+
+
+def evaluate(cfg: dict) -> None:
     for client_logger in ("httpx", "httpx2"):  # the openai client's HTTP layer (httpx2 from openai 3)
         logging.getLogger(client_logger).setLevel(logging.WARNING)  # one line per request otherwise
     p = cfg["policy"]
@@ -72,11 +79,12 @@ def main(cfg) -> None:
             summary["environments"][env] = evaluate_two_player(
                 game_cfg, config_set(game_cfg, tp["config_set"]), player, build_player(cfg["opponent"], env, player),
                 out / env, games_per_config=tp["games_per_config"], seed=cfg["seed"], batch_size=batch_size,
-                progress=cfg["progress"])
+                progress=cfg["progress"], force_new=cfg["force_new"])
             continue
         transcripts = out / env / "transcripts.jsonl"
         run = play_games(build_game(game_cfg), policy, build_oracle(cfg["oracle"], game_cfg), transcripts,
-                         num_games=cfg["num_games"], seed=cfg["seed"], batch_size=batch_size, progress=cfg["progress"])
+                         num_games=cfg["num_games"], seed=cfg["seed"], batch_size=batch_size, progress=cfg["progress"],
+                         force_new=cfg["force_new"])
         print(f"[eval] {env}: {run.line()}")
         summary["environments"][env] = summarize_games(list(read_trajectories(transcripts)))
     write_summary(out, summary)

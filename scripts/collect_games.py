@@ -10,11 +10,16 @@ import hydra
 from omegaconf import DictConfig, OmegaConf
 
 from aria.rollout import collect_from_config
+from aria.trajectories import ResumeMismatch
 
 
 @hydra.main(config_path="../config", config_name="collect", version_base="1.3")
 def main(cfg: DictConfig) -> None:
-    summary = collect_from_config(OmegaConf.to_container(cfg, resolve=True))
+    try:
+        summary = collect_from_config(OmegaConf.to_container(cfg, resolve=True))
+    except ResumeMismatch as err:  # out holds games of another policy or settings
+        print(f"error: {err}", file=sys.stderr)
+        sys.exit(2)
     print(f"[collect] {cfg.game.name}: {summary.line()} -> {cfg.out}")
     if summary.failed:
         print(f"[collect] {summary.failed} game(s) failed; their errors are in {cfg.out}; re-run to retry them", file=sys.stderr)

@@ -266,3 +266,39 @@ def test_local_policy_evaluation_needs_no_server(tmp_path, tiny_model_dir):
     games = {role: list(read_trajectories(out / "bargaining" / f"as_{role}.jsonl")) for role in ("alice", "bob")}
     assert [len(games["alice"]), len(games["bob"])] == [2, 2]  # 1 smoke configuration x 2 games per seat
     assert env["overall"] == summarize_two_player(games)
+
+
+def test_resuming_into_an_out_of_another_model_is_refused(tmp_path):
+    """Model a, 12 games, then model b, 16 games, into one OUT: the second run once mixed 12 games of
+    a with 4 of b and credited all 16 to b. It is refused in one line; FORCE_NEW=1 starts over and
+    keeps a's games aside."""
+    from fake_openai import Script, start_server
+
+    server = start_server(Script(reply=lambda body: "Question: Is it alive?", models=("a", "b")))
+    out = tmp_path / "res"
+    transcripts = out / "twenty_questions" / "transcripts.jsonl"
+    try:
+        first = subprocess.run(["bash", str(REPO / "evaluation/eval.sh"), "progress=false"],
+                               env=eval_env(server.url, out, MODEL_NAME="a", N="12"), capture_output=True, text=True)
+        assert first.returncode == 0, first.stderr
+        summary = (out / "summary.json").read_text()
+        second = subprocess.run(["bash", str(REPO / "evaluation/eval.sh"), "progress=false"],
+                                env=eval_env(server.url, out, MODEL_NAME="b", N="16"), capture_output=True, text=True)
+        assert second.returncode == 2
+        [line] = second.stderr.strip().splitlines()
+        assert "policy.model was 'a', now 'b'" in line and "force_new=true" in line
+        assert {r["model"] for r in read_trajectories(transcripts)} == {"a"} and len(list(read_trajectories(transcripts))) == 12
+        assert (out / "summary.json").read_text() == summary
+        # Same model, more games: a resume.
+        more = subprocess.run(["bash", str(REPO / "evaluation/eval.sh"), "progress=false"],
+                              env=eval_env(server.url, out, MODEL_NAME="a", N="14"), capture_output=True, text=True)
+        assert more.returncode == 0 and len(list(read_trajectories(transcripts))) == 14
+        forced = subprocess.run(["bash", str(REPO / "evaluation/eval.sh"), "progress=false"],
+                                env=eval_env(server.url, out, MODEL_NAME="b", N="16", FORCE_NEW="1"), capture_output=True, text=True)
+        assert forced.returncode == 0, forced.stderr
+        assert [r["model"] for r in read_trajectories(transcripts)] == ["b"] * 16
+        aside = out / "twenty_questions" / "transcripts.replaced-1.jsonl"
+        assert [r["model"] for r in read_trajectories(aside)] == ["a"] * 14
+        assert json.loads((out / "summary.json").read_text())["environments"]["twenty_questions"]["games"] == 16
+    finally:
+        server.stop()

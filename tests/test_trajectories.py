@@ -76,3 +76,32 @@ def test_validate_record_accepts_imported_embeddings():
     r["turns"][0]["embedding"] = ["x"]
     with pytest.raises(DataError, match="embedding"):
         validate_record(r)
+
+
+def test_writer_refuses_to_continue_a_file_of_another_producer(tmp_path):
+    from aria.trajectories import ResumeMismatch, TrajectoryWriter
+
+    path = tmp_path / "games.jsonl"
+    turn = {"action": "Question: Is it a cat?", "question": "Is it a cat?", "observation": "Yes.", "reward": 0.0}
+    first = {"policy": {"model": "a", "temperature": 1.0}, "oracle": {"name": "knowledge_base"}, "seed": 0}
+    with TrajectoryWriter(path, producer=first) as writer:
+        writer.write(make_record(game_id="g0", game="twenty_questions", target="Cat", turns=[turn], success=True, model="a"))
+    with TrajectoryWriter(path, producer=first) as writer:  # the same producer resumes
+        assert set(writer.done) == {"g0"}
+    other = {**first, "policy": {"model": "a", "temperature": 0.7}}
+    with pytest.raises(ResumeMismatch, match=r"policy.temperature was 1.0, now 0.7.*force_new=true"):
+        TrajectoryWriter(path, producer=other).open()
+    # force_new moves the old games aside and starts a new file with its own record.
+    with TrajectoryWriter(path, producer=other, force_new=True) as writer:
+        assert writer.done == {} and writer.moved_to == tmp_path / "games.replaced-1.jsonl"
+    assert [r["game_id"] for r in read_trajectories(tmp_path / "games.replaced-1.jsonl")] == ["g0"]
+    assert json.loads((tmp_path / "games.jsonl.producer.json").read_text())["producer"] == other
+    # A file written before provenance was recorded is not continued blindly.
+    legacy = tmp_path / "legacy.jsonl"
+    legacy.write_text(path.with_name("games.replaced-1.jsonl").read_text())
+    with pytest.raises(ResumeMismatch, match="no record of what produced its games"):
+        TrajectoryWriter(legacy, producer=first).open()
+    # An API key in a producer is not written down.
+    with TrajectoryWriter(tmp_path / "k.jsonl", producer={"policy": {"api_key": "sk-abcdefghijkl"}}):
+        pass
+    assert "sk-abcdefghijkl" not in (tmp_path / "k.jsonl.producer.json").read_text()

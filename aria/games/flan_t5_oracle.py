@@ -96,6 +96,7 @@ class FlanT5Oracle:
 
         checkpoint = _existing(checkpoint_path, "oracle.checkpoint_path", "ArCHer's 20q_t5_oracle.pt")
         base_dir = _existing(base_model_dir, "oracle.base_model_dir", "a local copy of google/flan-t5-small")
+        self.settings = {"name": self.name, "checkpoint": str(checkpoint), "base_model": str(base_dir)}
         self.tokenizer = AutoTokenizer.from_pretrained(base_dir, local_files_only=True)
         config = AutoConfig.from_pretrained(base_dir, local_files_only=True)
         self.model = T5ForConditionalGeneration(config)

@@ -152,6 +152,7 @@ class KnowledgeBaseOracle:
     def __init__(self, game_cfg: Mapping[str, Any], facts_file: str | None = None):
         self.game = build_game(game_cfg)
         path = dataset_file(facts_file or game_cfg["facts_file"])
+        self.settings = {"name": self.name, "facts_file": path.name}
         facts = read_json(path)
         if self.game.name == "twenty_questions":
             self._answerer = _TwentyQuestionsKB(self.game, facts, path)

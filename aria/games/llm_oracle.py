@@ -119,6 +119,8 @@ class LLMOracle:
         targets = load_targets(game_cfg)
         self._group = {t.name: t.group for t in targets}
         self._names = {t.name: t.names for t in targets}
+        self.settings = {"name": self.name, "model": model, "base_url": base_url, "max_tokens": max_tokens,
+                         "prompts": prompts}
         self.model = EndpointChatModel(
             base_url=base_url,
             model=model,

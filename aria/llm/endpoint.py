@@ -95,6 +95,8 @@ class EndpointChatModel:
             base_url=base_url, api_key=_default_api_key(api_key), timeout=timeout_s, max_retries=0
         )
         self._options = self._sampling_options(temperature, top_p, max_tokens, seed, stop)
+        # What produced a game (recorded beside resumable transcripts; no key).
+        self.settings = {"engine": "endpoint", "base_url": base_url, **self._options}
         self._pool = ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="endpoint")
 
     def _sampling_options(

@@ -149,6 +149,10 @@ class LocalChatModel:
     def _setup(self, model, tokenizer, name, max_new_tokens, temperature, top_p, max_prompt_tokens, reuse_cache,
                seed, device) -> None:
         self.name = name
+        # What produced a game (recorded beside resumable transcripts).
+        self.settings = {"engine": "local", "model": name, "max_new_tokens": max_new_tokens, "temperature": temperature,
+                         "top_p": top_p, "max_prompt_tokens": max_prompt_tokens,
+                         "dtype": str(getattr(model, "dtype", "")).replace("torch.", "")}
         self.tokenizer = tokenizer
         self.model = model
         self.device = device
