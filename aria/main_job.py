@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 from typing import Callable
 
-from aria.io import atomic_write_json, atomic_write_text, read_json
+from aria.io import atomic_write_json, read_json
 from aria.resources import REPO_ROOT, compose_config
 
 Printer = Callable[[str], None]

@@ -17,7 +17,7 @@ from aria.games.flan_t5_oracle import FlanT5Oracle, oracle_input, original_answe
 from aria.games.llm_oracle import LLMOracle, redact_names
 from aria.games.oracle import OracleRequest
 from aria.llm.endpoint import EndpointChatModel, check_server
-from fake_openai import MODEL, Script, last_user as _last_user, start_server
+from fake_openai import MODEL, last_user as _last_user, start_server
 GAME_DIR = Path(__file__).resolve().parent.parent / "config" / "game"
 TQ_ANSWERS = {"Yes.", "No.", "Invalid Question."}
 

@@ -14,7 +14,6 @@ from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 from safetensors.torch import load_file
 
-from aria.io import DataError
 from aria.policy import action_logprobs, collate, encode_sample, load_policy
 from aria.trainers.offline import OfflineTrainer, length_bucketed_batches, reinforce_loss
 

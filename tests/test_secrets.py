@@ -78,7 +78,7 @@ def test_planted_key_reaches_no_file(tmp_path, monkeypatch, tiny_model_dir, tiny
     # The policy asks one question; as the oracle, the server answers yes.
     server = start_server(Script(reply=lambda body: "Yes." if "hidden word" in last_user(body) or "secret" in last_user(body).lower()
                                  else "Question: Is it alive?"))
-    endpoint = [f"policy=endpoint", f"policy.base_url={server.url}", f"policy.model={MODEL}", "policy.max_tokens=8"]
+    endpoint = ["policy=endpoint", f"policy.base_url={server.url}", f"policy.model={MODEL}", "policy.max_tokens=8"]
     llm_oracle = ["oracle=llm", f"oracle.base_url={server.url}", f"oracle.model={MODEL}"]
     try:
         # 1. collection: the endpoint policy against the LLM oracle

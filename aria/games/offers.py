@@ -145,7 +145,7 @@ def _from_json(obj: dict, offer_fields: Sequence[str]) -> Move | None:
 # acceptances would end games on text nobody meant as a move).
 _DECISION_WINDOW = 200  # characters from the start of the reply searched for a decision
 _I = r"\bi(?:'ll|'d|\s+(?:will|would|shall|do|must|hereby|have to))?\s+(?:(?:like|want|have|need) to\s+)?"
-_NEGATED_ACCEPT = re.compile(rf"\bi(?:\s+\w+){{0,2}}?\s*(?:can't|cannot|can not|won't|will not|don't|do not|am not able to|am unable to|must not)\s+(?:\w+\s+)?(?:accept|agree)", re.IGNORECASE)
+_NEGATED_ACCEPT = re.compile(r"\bi(?:\s+\w+){0,2}?\s*(?:can't|cannot|can not|won't|will not|don't|do not|am not able to|am unable to|must not)\s+(?:\w+\s+)?(?:accept|agree)", re.IGNORECASE)
 _ACCEPT = re.compile(rf"(?:{_I}(?:accept|agree)\b|^\W*(?:accept(?:ed)?|agreed|deal|it'?s a deal)\b|\byou have a deal\b)", re.IGNORECASE)
 _REJECT = re.compile(rf"(?:{_I}(?:reject|decline|refuse|counter)|^\W*(?:reject(?:ed)?|declined?|no deal|no)\b|\bcounter-?offer\b)", re.IGNORECASE)
 _WALK = re.compile(r"\b(?:walk(?:ing)?\s+away|sell (?:it |the product )?to john|buy (?:it )?from john|go with john|deal with john|opt out)", re.IGNORECASE)

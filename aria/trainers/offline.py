@@ -29,7 +29,6 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-import random
 import shutil
 import time
 from dataclasses import dataclass
@@ -40,8 +39,11 @@ import numpy as np
 import torch
 
 from aria.data import read_training_set
-from aria.io import DataError, atomic_write_json, atomic_write_text
+from aria.io import DataError, atomic_write_json
 from aria.secrets import redact
+from aria.trainers.checkpoint import (begin_checkpoint, finish_checkpoint, latest_checkpoint, load_plain_state,
+                                      load_rng_state, load_state, save_plain_state, save_state, set_rng_state,
+                                      trim_metrics)
 from aria.policy import EncodedSample, action_logprobs, collate, encode_sample, load_policy
 
 
@@ -116,28 +118,6 @@ def resolve_mixed_precision(value: str) -> str:
     if torch.cuda.is_available():
         return "bf16" if native_bf16("cuda") else "fp16"
     return "bf16" if native_bf16("cpu") else "no"
-
-
-def _rng_state() -> dict:
-    state = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
-    if torch.cuda.is_available():
-        state["cuda"] = torch.cuda.get_rng_state_all()
-    return state
-
-
-def _set_rng_state(state: dict) -> None:
-    random.setstate(state["python"])
-    np.random.set_state(state["numpy"])
-    torch.set_rng_state(state["torch"])
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
-
-
-def latest_checkpoint(output_dir: Path) -> Path | None:
-    folder = output_dir / "checkpoints"
-    done = [p for p in folder.glob("step-*") if not p.name.endswith(".tmp") and (p / "trainer_state.json").is_file()] \
-        if folder.is_dir() else []
-    return max(done, key=lambda p: int(p.name.split("-")[1])) if done else None
 
 
 class OfflineTrainer:
@@ -344,7 +324,7 @@ class OfflineTrainer:
             if acc.is_main_process:
                 acc.unwrap_model(self.model).save_pretrained(tmp / "model", state_dict=state_dict, safe_serialization=True)
                 self.tokenizer.save_pretrained(tmp / "model")
-                torch.save(self.scheduler.state_dict(), tmp / "scheduler.pt")
+                save_state(tmp / "scheduler.safetensors", self.scheduler.state_dict())
         elif acc.is_main_process:
             save_plain_state(tmp, acc.unwrap_model(self.model), self.tokenizer, self.optimizer, self.scheduler)
         return finish_checkpoint(acc, tmp, final, {**self.state.__dict__, "world_size": acc.num_processes,
@@ -364,10 +344,10 @@ class OfflineTrainer:
                              f"use a new output_dir, or delete {checkpoint.parent} to start over")
         if self._deepspeed:
             self.accelerator.load_state(str(checkpoint / "accelerate_state"))
-            self.scheduler.load_state_dict(torch.load(checkpoint / "scheduler.pt", map_location="cpu", weights_only=False))
+            self.scheduler.load_state_dict(load_state(checkpoint / "scheduler.safetensors"))
         else:
             load_plain_state(checkpoint, self.accelerator.unwrap_model(self.model), self.optimizer, self.scheduler)
-        _set_rng_state(load_rng_state(checkpoint, self.accelerator.process_index))
+        set_rng_state(load_rng_state(checkpoint, self.accelerator.process_index))
         self.state = TrainState(step=state["step"], epoch=state["epoch"], micro=state["micro"])
         if self.accelerator.is_main_process:  # steps after the checkpoint are redone
             trim_metrics(self.output_dir / "metrics.jsonl", lambda line: line["step"] <= self.state.step)
@@ -393,72 +373,6 @@ class OfflineTrainer:
             tmp.rename(out)
         acc.wait_for_everyone()
         return out
-
-
-# ---- checkpoint files, shared by the trainers -------------------------------------------------------
-def begin_checkpoint(accelerator, output_dir: Path, step: int) -> tuple[Path, Path]:
-    """(temporary folder, final folder) of the checkpoint at ``step``; every process has saved
-    its RNG state into the temporary folder when this returns."""
-    final = output_dir / "checkpoints" / f"step-{step}"
-    tmp = final.with_name(final.name + ".tmp")
-    if accelerator.is_main_process:
-        shutil.rmtree(tmp, ignore_errors=True)
-        tmp.mkdir(parents=True)
-    accelerator.wait_for_everyone()
-    torch.save(_rng_state(), tmp / f"rng_state_{accelerator.process_index}.pt")
-    return tmp, final
-
-
-def save_plain_state(folder: Path, model, tokenizer, optimizer, scheduler) -> None:
-    """The Hugging Face model (adapter or full) in ``model/``, the exact trainable tensors, the
-    optimizer and the scheduler (main process; not under DeepSpeed)."""
-    from safetensors.torch import save_file
-
-    model.save_pretrained(folder / "model", safe_serialization=True)
-    tokenizer.save_pretrained(folder / "model")
-    trainable = {n: p.detach().cpu().contiguous() for n, p in model.named_parameters() if p.requires_grad}
-    save_file(trainable, str(folder / "trainable.safetensors"))
-    torch.save(optimizer.state_dict(), folder / "optimizer.pt")
-    torch.save(scheduler.state_dict(), folder / "scheduler.pt")
-
-
-def finish_checkpoint(accelerator, tmp: Path, final: Path, state: dict, keep: int | None) -> Path:
-    """Write ``trainer_state.json``, rename the folder to its final name (a checkpoint exists only
-    once complete) and keep the newest ``keep`` checkpoints."""
-    accelerator.wait_for_everyone()
-    if accelerator.is_main_process:
-        atomic_write_json(tmp / "trainer_state.json", state)
-        shutil.rmtree(final, ignore_errors=True)
-        tmp.rename(final)
-        folders = sorted((p for p in final.parent.glob("step-*") if not p.name.endswith(".tmp")),
-                         key=lambda p: int(p.name.split("-")[1]))
-        for old in folders[:-keep] if keep else []:
-            shutil.rmtree(old, ignore_errors=True)
-    accelerator.wait_for_everyone()
-    return final
-
-
-def load_plain_state(checkpoint: Path, model, optimizer, scheduler) -> None:
-    """Inverse of :func:`save_plain_state`: trainable tensors, optimizer and scheduler."""
-    from safetensors.torch import load_file
-
-    params = dict(model.named_parameters())
-    with torch.no_grad():
-        for name, value in load_file(str(checkpoint / "trainable.safetensors")).items():
-            params[name].copy_(value.to(params[name].device))
-    optimizer.load_state_dict(torch.load(checkpoint / "optimizer.pt", map_location="cpu", weights_only=False))
-    scheduler.load_state_dict(torch.load(checkpoint / "scheduler.pt", map_location="cpu", weights_only=False))
-
-
-def load_rng_state(checkpoint: Path, rank: int) -> dict:
-    return torch.load(checkpoint / f"rng_state_{rank}.pt", weights_only=False)
-
-
-def trim_metrics(path: Path, keep: Callable[[dict], bool]) -> None:
-    """Drop the metric lines of work a resumed run redoes."""
-    if path.is_file():
-        kept = [line for line in path.read_text().splitlines() if keep(json.loads(line))]
-        atomic_write_text(path, "".join(line + "\n" for line in kept))
 
 
 def _plain_batches(n: int, batch_size: int, seed: int, epoch: int) -> list[list[int]]:

@@ -58,10 +58,9 @@ import torch
 from aria.io import atomic_write_json, read_json
 from aria.policy import action_logprobs, collate, encode_sample, load_policy
 from aria.resources import REPO_ROOT, compose_config
-from aria.trainers.offline import (
-    LOSSES, _set_rng_state, begin_checkpoint, finish_checkpoint, latest_checkpoint, load_plain_state, load_rng_state,
-    resolve_mixed_precision, save_plain_state, trim_metrics,
-)
+from aria.trainers.checkpoint import (begin_checkpoint, finish_checkpoint, latest_checkpoint, load_plain_state,
+                                      load_rng_state, save_plain_state, set_rng_state, trim_metrics)
+from aria.trainers.offline import LOSSES, resolve_mixed_precision
 
 
 #: Variables through which torchrun and accelerate tell a process it belongs to a launched group.
@@ -400,7 +399,7 @@ class OnlineTrainer:
         elif rm["train_file"]:
             self.refresh_reward_model(train_file=rm["train_file"])
         if self._rng_to_restore is not None:
-            _set_rng_state(self._rng_to_restore)
+            set_rng_state(self._rng_to_restore)
             self._rng_to_restore = None
         metrics_path = self.output_dir / "metrics.jsonl"
         last: dict = {}

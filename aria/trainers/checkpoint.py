@@ -1,0 +1,188 @@
+"""Checkpoints of the trainers (offline, reward model, online): one format, no pickle.
+
+A checkpoint is a folder ``output_dir/checkpoints/step-<n>/``:
+
+* ``model/`` — the Hugging Face adapter or model (``save_pretrained``, safetensors);
+* ``trainable.safetensors`` — the exact trainable tensors;
+* ``optimizer.safetensors``, ``scheduler.safetensors``, ``rng_state_<rank>.safetensors`` — nested
+  state written by :func:`save_state`: its tensors (and numpy arrays) as safetensors tensors, the
+  rest (numbers, strings, lists, tuples, dicts with integer keys) as tagged JSON in the file's
+  metadata. Loading one runs no code: a checkpoint from someone else is data, not a program.
+  (Before, these were ``torch.save`` pickles read with ``weights_only=False``.)
+* ``trainer_state.json`` — the trainer's own plain state.
+
+It is written into ``step-<n>.tmp/`` and renamed when complete, so a folder without the suffix is
+a whole checkpoint; the newest ``keep`` are kept. Under DeepSpeed, accelerate's ``save_state``
+writes the sharded model and optimizer in its own format (:class:`OfflineTrainer`).
+"""
+from __future__ import annotations
+
+import json
+import random
+import shutil
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+import torch
+
+from aria.io import atomic_write_json, atomic_write_text
+
+_META_KEY = "aria_state"
+
+
+# ---- nested state without pickle -------------------------------------------------------------
+def save_state(path: str | Path, state: Any) -> None:
+    """Write nested state (dicts, lists, tuples, numbers, strings, None, tensors, numpy arrays)."""
+    from safetensors.torch import save_file
+
+    tensors: dict[str, torch.Tensor] = {}
+
+    def encode(obj: Any) -> Any:
+        if isinstance(obj, torch.Tensor):
+            key = f"t{len(tensors)}"
+            tensors[key] = obj.detach().cpu().contiguous()
+            return {"__tensor__": key}
+        if isinstance(obj, np.ndarray):
+            key = f"t{len(tensors)}"
+            tensors[key] = torch.from_numpy(np.ascontiguousarray(obj))
+            return {"__ndarray__": key}
+        if isinstance(obj, np.generic):
+            return obj.item()
+        if isinstance(obj, dict):
+            return {"__dict__": [[encode(k), encode(v)] for k, v in obj.items()]}
+        if isinstance(obj, tuple):
+            return {"__tuple__": [encode(v) for v in obj]}
+        if isinstance(obj, list):
+            return [encode(v) for v in obj]
+        if obj is None or isinstance(obj, (bool, int, float, str)):
+            return obj
+        raise TypeError(f"cannot store a {type(obj).__name__} in a checkpoint")
+
+    plain = json.dumps(encode(state))
+    save_file(tensors, str(path), metadata={_META_KEY: plain})
+
+
+def load_state(path: str | Path) -> Any:
+    """Inverse of :func:`save_state`; reads tensors and JSON only."""
+    from safetensors import safe_open
+
+    with safe_open(str(path), framework="pt") as handle:
+        metadata = handle.metadata() or {}
+        tensors = {key: handle.get_tensor(key) for key in handle.keys()}
+    if _META_KEY not in metadata:
+        raise ValueError(f"{path}: not a checkpoint state file (no {_META_KEY!r} metadata)")
+
+    def decode(obj: Any) -> Any:
+        if isinstance(obj, list):
+            return [decode(v) for v in obj]
+        if isinstance(obj, dict):
+            if "__tensor__" in obj:
+                return tensors[obj["__tensor__"]]
+            if "__ndarray__" in obj:
+                return tensors[obj["__ndarray__"]].numpy()
+            if "__tuple__" in obj:
+                return tuple(decode(v) for v in obj["__tuple__"])
+            if "__dict__" in obj:
+                return {decode(k): decode(v) for k, v in obj["__dict__"]}
+            raise ValueError(f"{path}: unknown entry {sorted(obj)} in the checkpoint state")
+        return obj
+
+    return decode(json.loads(metadata[_META_KEY]))
+
+
+# ---- random generators -----------------------------------------------------------------------
+def rng_state() -> dict:
+    """Python's, numpy's and torch's (CPU and CUDA) generator states."""
+    state = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state: dict) -> None:
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+# ---- checkpoint folders ----------------------------------------------------------------------
+def latest_checkpoint(output_dir: Path) -> Path | None:
+    """The newest complete checkpoint folder, or None. A folder of the old pickle format is refused."""
+    folder = output_dir / "checkpoints"
+    done = [p for p in folder.glob("step-*") if not p.name.endswith(".tmp") and (p / "trainer_state.json").is_file()] \
+        if folder.is_dir() else []
+    if not done:
+        return None
+    newest = max(done, key=lambda p: int(p.name.split("-")[1]))
+    if (newest / "optimizer.pt").is_file() or any(newest.glob("rng_state_*.pt")):
+        raise ValueError(f"{newest} holds pickle files (.pt) of an older version, which are not loaded (they could "
+                         f"run code): use a new output_dir, or delete {folder} to start over")
+    return newest
+
+
+def begin_checkpoint(accelerator, output_dir: Path, step: int) -> tuple[Path, Path]:
+    """(temporary folder, final folder) of the checkpoint at ``step``; every process has saved
+    its RNG state into the temporary folder when this returns."""
+    final = output_dir / "checkpoints" / f"step-{step}"
+    tmp = final.with_name(final.name + ".tmp")
+    if accelerator.is_main_process:
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+    accelerator.wait_for_everyone()
+    save_state(tmp / f"rng_state_{accelerator.process_index}.safetensors", rng_state())
+    return tmp, final
+
+
+def save_plain_state(folder: Path, model, tokenizer, optimizer, scheduler) -> None:
+    """The Hugging Face model (adapter or full) in ``model/``, the exact trainable tensors, the
+    optimizer and the scheduler (main process; not under DeepSpeed)."""
+    from safetensors.torch import save_file
+
+    model.save_pretrained(folder / "model", safe_serialization=True)
+    tokenizer.save_pretrained(folder / "model")
+    trainable = {n: p.detach().cpu().contiguous() for n, p in model.named_parameters() if p.requires_grad}
+    save_file(trainable, str(folder / "trainable.safetensors"))
+    save_state(folder / "optimizer.safetensors", optimizer.state_dict())
+    save_state(folder / "scheduler.safetensors", scheduler.state_dict())
+
+
+def finish_checkpoint(accelerator, tmp: Path, final: Path, state: dict, keep: int | None) -> Path:
+    """Write ``trainer_state.json``, rename the folder to its final name (a checkpoint exists only
+    once complete) and keep the newest ``keep`` checkpoints."""
+    accelerator.wait_for_everyone()
+    if accelerator.is_main_process:
+        atomic_write_json(tmp / "trainer_state.json", state)
+        shutil.rmtree(final, ignore_errors=True)
+        tmp.rename(final)
+        folders = sorted((p for p in final.parent.glob("step-*") if not p.name.endswith(".tmp")),
+                         key=lambda p: int(p.name.split("-")[1]))
+        for old in folders[:-keep] if keep else []:
+            shutil.rmtree(old, ignore_errors=True)
+    accelerator.wait_for_everyone()
+    return final
+
+
+def load_plain_state(checkpoint: Path, model, optimizer, scheduler) -> None:
+    """Inverse of :func:`save_plain_state`: trainable tensors, optimizer and scheduler."""
+    from safetensors.torch import load_file
+
+    params = dict(model.named_parameters())
+    with torch.no_grad():
+        for name, value in load_file(str(checkpoint / "trainable.safetensors")).items():
+            params[name].copy_(value.to(params[name].device))
+    optimizer.load_state_dict(load_state(checkpoint / "optimizer.safetensors"))
+    scheduler.load_state_dict(load_state(checkpoint / "scheduler.safetensors"))
+
+
+def load_rng_state(checkpoint: Path, rank: int) -> dict:
+    return load_state(checkpoint / f"rng_state_{rank}.safetensors")
+
+
+def trim_metrics(path: Path, keep: Callable[[dict], bool]) -> None:
+    """Drop the metric lines of work a resumed run redoes."""
+    if path.is_file():
+        kept = [line for line in path.read_text().splitlines() if keep(json.loads(line))]
+        atomic_write_text(path, "".join(line + "\n" for line in kept))
