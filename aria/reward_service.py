@@ -16,18 +16,29 @@ Every scorer has ``score(samples) -> np.ndarray`` ([N] float64, one score per
 
 The service speaks JSON over HTTP:
 
-* ``GET /health`` -> ``{"model": <folder>, "scored": <samples scored so far>}``
+* ``GET /health`` -> ``{"model": <folder name>, "scored": <samples scored so far>}``
 * ``POST /score`` ``{"samples": [{"observation": str, "action": str}, ...]}`` -> ``{"scores": [float, ...]}``
-* ``POST /load`` ``{"path": <folder>}`` -> ``{"model": <folder>}``
+* ``POST /load`` ``{"path": <folder>}`` -> ``{"model": <folder name>}``
 
 A bad request gets status 400 and ``{"error": ...}`` naming the sample and field; the client
 retries only transport errors and 5xx answers, with backoff, then raises
 :class:`ScoringError` naming the URL.
+
+The service trusts no client: it binds 127.0.0.1 unless told otherwise; with a token (read from
+an environment variable, never logged) every request needs ``Authorization: Bearer <token>``
+(401 otherwise); ``/load`` loads only folders below ``load_root`` (403 outside it, and off without
+one) and only trained reward models (a folder without a trained score head is refused); a body
+must state its ``Content-Length`` (411), which must lie within ``max_body_bytes`` (413) before a
+byte is read, and a client that stops sending is dropped after ``request_timeout`` seconds.
+Errors name the request's problem but never a path on the server or an exception's text; those
+go to the service's log.
 """
 from __future__ import annotations
 
+import hmac
 import json
 import logging
+import os
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -57,9 +68,21 @@ def check_pairs(samples: Any) -> list[dict]:
     return samples
 
 
+def _adapter_has_head(model_dir: Path) -> bool:
+    """A LoRA reward model's adapter saves its trained head in full beside the LoRA matrices."""
+    from safetensors import safe_open
+
+    weights = model_dir / "adapter_model.safetensors"
+    if not weights.is_file():
+        return False
+    with safe_open(str(weights), framework="pt") as handle:
+        return any("lora_" not in key for key in handle.keys())
+
+
 def load_scoring_model(model_dir: str | Path, dtype: str = "float32", device: str = "cpu"):
     """(tokenizer, model) of a trained reward model in eval mode: a full sequence-classification
-    folder, or a LoRA adapter folder (merged into its base for scoring)."""
+    folder, or a LoRA adapter folder (merged into its base for scoring). A folder without a
+    trained score head (a causal LM) is refused with a ``ValueError``."""
     from aria.trainers.reward_model import load_reward_model
 
     model_dir = Path(model_dir)
@@ -67,6 +90,8 @@ def load_scoring_model(model_dir: str | Path, dtype: str = "float32", device: st
     if config_path.is_file():
         from peft import PeftModel
 
+        if not _adapter_has_head(model_dir):
+            raise ValueError("the adapter holds no trained score head (saved without modules_to_save?)")
         base = json.loads(config_path.read_text())["base_model_name_or_path"]
         tokenizer, model = load_reward_model(base, dtype)
         model = PeftModel.from_pretrained(model, model_dir).merge_and_unload()
@@ -77,7 +102,7 @@ def load_scoring_model(model_dir: str | Path, dtype: str = "float32", device: st
             if tokenizer.pad_token_id is None:
                 tokenizer.pad_token = tokenizer.eos_token
     else:
-        tokenizer, model = load_reward_model(str(model_dir), dtype)
+        tokenizer, model = load_reward_model(str(model_dir), dtype, require_head=True)
     model.config.pad_token_id = tokenizer.pad_token_id
     return tokenizer, model.to(device).eval().requires_grad_(False)
 
@@ -150,12 +175,15 @@ class HttpScorer:
         batch_size: samples per ``/score`` request.
     """
 
-    def __init__(self, url: str, timeout: float = 300.0, retries: int = 3, backoff: float = 1.0, batch_size: int = 256):
+    def __init__(self, url: str, timeout: float = 300.0, retries: int = 3, backoff: float = 1.0, batch_size: int = 256,
+                 token: str | None = None):
         import requests
 
         self.url = url.rstrip("/")
         self.timeout, self.retries, self.backoff, self.batch_size = timeout, retries, backoff, batch_size
         self._session = requests.Session()
+        if token:
+            self._session.headers["Authorization"] = f"Bearer {token}"
 
     def _request(self, method: str, route: str, body: dict | None = None) -> dict:
         import requests
@@ -205,8 +233,9 @@ def _in_process(serve: dict, reward_model: dict, device: str) -> InProcessScorer
 
 
 def _http(serve: dict, reward_model: dict, device: str) -> HttpScorer:
+    token_env = serve.get("token_env")
     return HttpScorer(serve["url"], serve.get("timeout", 300.0), serve.get("retries", 3),
-                      batch_size=reward_model["score_batch_size"])
+                      batch_size=reward_model["score_batch_size"], token=os.environ.get(token_env) if token_env else None)
 
 
 #: Where the reward model runs, by name (config ``reward_model.serve.name``).
@@ -222,13 +251,36 @@ def build_scorer(reward_model: dict, device: str = "cpu"):
 
 
 # ---- the service ---------------------------------------------------------------------------------
-def make_server(scorer: InProcessScorer, host: str = "127.0.0.1", port: int = 8100) -> ThreadingHTTPServer:
+class _Refused(Exception):
+    """A request the service will not serve: HTTP status and the message the client sees."""
+
+    def __init__(self, status: int, message: str):
+        super().__init__(message)
+        self.status = status
+
+
+def make_server(scorer: InProcessScorer, host: str = "127.0.0.1", port: int = 8100, token: str | None = None,
+                load_root: str | Path | None = None, max_body_bytes: int = 16 * 2**20,
+                request_timeout: float = 60.0) -> ThreadingHTTPServer:
     """An HTTP server around ``scorer`` (module doc); call ``serve_forever()`` on it. Requests are
-    scored one at a time (one model, one lock)."""
+    scored one at a time (one model, one lock).
+
+    Args:
+        token: the bearer token every request must carry (None: no check).
+        load_root: ``/load`` serves only folders below it (None: ``/load`` is off).
+        max_body_bytes: the largest request body read.
+        request_timeout: seconds a client may take to send its request.
+    """
     lock = threading.Lock()
     counter = {"scored": 0}
+    root = Path(load_root).resolve() if load_root is not None else None
+
+    def model_name() -> str | None:
+        return Path(scorer.model_dir).name if scorer.model_dir else None
 
     class Handler(BaseHTTPRequestHandler):
+        timeout = request_timeout  # applied to the socket: a stalled client is dropped
+
         def _reply(self, status: int, body: dict) -> None:
             data = json.dumps(body).encode()
             self.send_response(status)
@@ -237,45 +289,83 @@ def make_server(scorer: InProcessScorer, host: str = "127.0.0.1", port: int = 81
             self.end_headers()
             self.wfile.write(data)
 
+        def _authorize(self) -> None:
+            if token is not None and not hmac.compare_digest(self.headers.get("Authorization", ""), f"Bearer {token}"):
+                raise _Refused(401, "unauthorized: send Authorization: Bearer <token>")
+
         def _body(self) -> dict:
-            length = int(self.headers.get("Content-Length") or 0)
+            raw = self.headers.get("Content-Length")
+            if raw is None:
+                raise _Refused(411, "Content-Length required")
             try:
-                body = json.loads(self.rfile.read(length) or b"{}")
+                length = int(raw)
+            except ValueError:
+                raise _Refused(400, "Content-Length is not a number") from None
+            if length < 0:
+                raise _Refused(400, "Content-Length is negative")
+            if length > max_body_bytes:
+                self.close_connection = True  # the body is not read
+                raise _Refused(413, f"request body of {length} bytes is over the limit of {max_body_bytes}")
+            try:
+                data = self.rfile.read(length)
+            except (TimeoutError, OSError):
+                self.close_connection = True
+                raise _Refused(408, "the request body did not arrive in time") from None
+            try:
+                body = json.loads(data or b"{}")
             except ValueError as err:
-                raise ValueError(f"request body is not JSON: {err}") from None
+                raise _Refused(400, f"request body is not JSON: {err}") from None
             if not isinstance(body, dict):
-                raise ValueError("request body: expected a JSON object")
+                raise _Refused(400, "request body: expected a JSON object")
             return body
 
-        def do_GET(self) -> None:  # noqa: N802 (http.server's naming)
-            if self.path.rstrip("/") == "/health":
-                self._reply(200, {"model": scorer.model_dir, "scored": counter["scored"]})
-            else:
-                self._reply(404, {"error": f"no route {self.path}"})
-
-        def do_POST(self) -> None:  # noqa: N802
+        def _load(self, path: Any) -> None:
+            if root is None:
+                raise _Refused(403, "loading is off: start the service with a load root (--load-root)")
+            if not isinstance(path, str):
+                raise _Refused(400, "path: expected a string")
+            folder = Path(path).resolve()
+            if folder != root and root not in folder.parents:
+                raise _Refused(403, "path: outside the folder this service may load from")
             try:
-                body = self._body()
-                if self.path.rstrip("/") == "/score":
-                    samples = check_pairs(body.get("samples"))
+                with lock:
+                    scorer.load(folder)
+            except Exception:  # noqa: BLE001 - the client learns that it failed, the log says why
+                log.exception("loading a reward model failed")
+                raise _Refused(400, "path: not a trained reward-model folder this service can load "
+                                    "(a folder with a trained score head)") from None
+
+        def _route(self, method: str) -> None:
+            try:
+                self._authorize()
+                route = self.path.rstrip("/")
+                if method == "GET" and route == "/health":
+                    return self._reply(200, {"model": model_name(), "scored": counter["scored"]})
+                if method == "POST" and route == "/score":
+                    samples = check_pairs(self._body().get("samples"))
                     with lock:
                         scores = scorer.score(samples)
                         counter["scored"] += len(samples)
-                    self._reply(200, {"scores": [float(s) for s in scores]})
-                elif self.path.rstrip("/") == "/load":
-                    path = body.get("path")
-                    if not isinstance(path, str) or not Path(path).is_dir():
-                        raise ValueError(f"path: not a folder: {path!r}")
-                    with lock:
-                        scorer.load(path)
-                    self._reply(200, {"model": scorer.model_dir})
-                else:
-                    self._reply(404, {"error": f"no route {self.path}"})
-            except (ValueError, ScoringError) as err:
+                    return self._reply(200, {"scores": [float(s) for s in scores]})
+                if method == "POST" and route == "/load":
+                    self._load(self._body().get("path"))
+                    return self._reply(200, {"model": model_name()})
+                raise _Refused(404, f"no route {method} {self.path[:100]}")
+            except _Refused as err:
+                self._reply(err.status, {"error": str(err)})
+            except ValueError as err:  # a bad sample: check_pairs names index and field
                 self._reply(400, {"error": str(err)})
-            except Exception as err:  # a broken model must answer, not hang the client
+            except ScoringError as err:
+                self._reply(400, {"error": str(err)})
+            except Exception:  # a broken model must answer, not hang the client; the details stay in the log
                 log.exception("scoring failed")
-                self._reply(500, {"error": f"{type(err).__name__}: {err}"})
+                self._reply(500, {"error": "internal error while scoring (see the service's log)"})
+
+        def do_GET(self) -> None:  # noqa: N802 (http.server's naming)
+            self._route("GET")
+
+        def do_POST(self) -> None:  # noqa: N802
+            self._route("POST")
 
         def log_message(self, format: str, *args) -> None:  # one line per request is noise at this rate
             log.debug(format, *args)

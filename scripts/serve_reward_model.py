@@ -1,13 +1,22 @@
 #!/usr/bin/env python3
 """Serve a trained reward model over HTTP for online ARIA (``reward_model.serve.name=http``).
 
-    python scripts/serve_reward_model.py outputs/reward_model/cpu/final --port 8100 [--device cuda:7]
+    ARIA_REWARD_TOKEN=... python scripts/serve_reward_model.py outputs/reward_model/cpu/final --port 8100 \\
+        --load-root outputs [--device cuda:7]
 
 Routes (aria/reward_service.py): GET /health, POST /score {"samples": [{"observation", "action"}]},
-POST /load {"path"} (the online trainer loads each refreshed reward model this way).
+POST /load {"path"} (the online trainer loads its first reward model and each refreshed one this
+way; pass a folder holding both, the first model and the trainer's output_dir, as --load-root;
+without one, /load is off).
+
+The service listens on 127.0.0.1 unless --host says otherwise. When the environment variable named
+by --token-env (ARIA_REWARD_TOKEN) is set, every request needs ``Authorization: Bearer <token>``;
+the online trainer sends it from the same variable (reward_model.serve.token_env).
 """
 import argparse
 import logging
+import os
+import sys
 
 from aria.reward_service import InProcessScorer, make_server
 
@@ -15,17 +24,30 @@ from aria.reward_service import InProcessScorer, make_server
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("model_dir", help="a trained reward-model folder (train_rm.py's final/)")
-    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--host", default="127.0.0.1", help="address to listen on (127.0.0.1: this machine only)")
     parser.add_argument("--port", type=int, default=8100)
+    parser.add_argument("--load-root", default=None, help="/load serves only reward models below this folder (default: off)")
+    parser.add_argument("--token-env", default="ARIA_REWARD_TOKEN",
+                        help="environment variable holding the bearer token requests must carry (unset: no check)")
+    parser.add_argument("--max-body-mb", type=float, default=16.0, help="largest request body read")
+    parser.add_argument("--request-timeout", type=float, default=60.0, help="seconds a client may take to send a request")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--dtype", default="float32")
     parser.add_argument("--max-prompt-tokens", type=int, default=512)
     parser.add_argument("--batch-size", type=int, default=16)
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO)
-    scorer = InProcessScorer(args.model_dir, args.max_prompt_tokens, args.batch_size, args.dtype, args.device)
-    server = make_server(scorer, args.host, args.port)
-    print(f"[reward model] serving {args.model_dir} at http://{args.host}:{server.server_address[1]}", flush=True)
+    token = os.environ.get(args.token_env) or None
+    try:
+        scorer = InProcessScorer(args.model_dir, args.max_prompt_tokens, args.batch_size, args.dtype, args.device)
+    except (OSError, ValueError) as err:
+        print(f"error: {args.model_dir}: {err}", file=sys.stderr)
+        sys.exit(2)
+    server = make_server(scorer, args.host, args.port, token=token, load_root=args.load_root,
+                         max_body_bytes=int(args.max_body_mb * 2**20), request_timeout=args.request_timeout)
+    print(f"[reward model] serving {args.model_dir} at http://{args.host}:{server.server_address[1]} "
+          f"(bearer token {'required' if token else 'off'}; /load {'below ' + args.load_root if args.load_root else 'off'})",
+          flush=True)
     try:
         server.serve_forever()
     except KeyboardInterrupt:

@@ -163,18 +163,18 @@ SAMPLES = [{"observation": "Let's play a game. Question: Is it an animal?", "act
 def test_http_scoring_service_matches_in_process_scores(rm_dirs):
     local = InProcessScorer(rm_dirs[0], 512, batch_size=2)
     expected = local.score(SAMPLES)
-    server = make_server(InProcessScorer(rm_dirs[0], 512), port=0)
+    server = make_server(InProcessScorer(rm_dirs[0], 512), port=0, load_root=Path(rm_dirs[1]).parent)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     try:
         client = HttpScorer(f"http://127.0.0.1:{server.server_address[1]}", timeout=30, retries=0, batch_size=2)
         assert client.score(SAMPLES) == pytest.approx(expected, abs=1e-6)  # two requests of 2 and 1 samples
-        assert client.health() == {"model": str(rm_dirs[0]), "scored": 3}
+        assert client.health() == {"model": Path(rm_dirs[0]).name, "scored": 3}
         client.load(rm_dirs[1])  # what the online trainer does after a refresh
         assert client.score(SAMPLES) == pytest.approx(InProcessScorer(rm_dirs[1], 512).score(SAMPLES), abs=1e-6)
         with pytest.raises(ScoringError, match=r"samples\[1\]\.action"):
             client._request("POST", "/score", {"samples": [SAMPLES[0], {"observation": "o"}]})
-        with pytest.raises(ScoringError, match="not a folder"):
+        with pytest.raises(ScoringError, match="outside the folder this service may load from"):
             client._request("POST", "/load", {"path": "/no/such/model"})
     finally:
         server.shutdown()
@@ -188,7 +188,7 @@ def test_http_scorer_names_an_unreachable_service():
 
 
 def test_online_loop_scores_through_the_http_service(tmp_path, tiny_model_dir, tiny_sentence_model_dir, rm_dirs):
-    server = make_server(InProcessScorer(rm_dirs[0], 512), port=0)
+    server = make_server(InProcessScorer(rm_dirs[0], 512), port=0, load_root=Path(rm_dirs[0]).parent)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     url = f"http://127.0.0.1:{server.server_address[1]}"
@@ -202,7 +202,7 @@ def test_online_loop_scores_through_the_http_service(tmp_path, tiny_model_dir, t
         server.shutdown()
         server.server_close()
     (metrics,) = [json.loads(x) for x in (tmp_path / "online" / "metrics.jsonl").read_text().splitlines()]
-    assert health["model"] == str(rm_dirs[0]) and health["scored"] == metrics["score_n"] > 0
+    assert health["model"] == Path(rm_dirs[0]).name and health["scored"] == metrics["score_n"] > 0
     assert result["reward_model"] == str(rm_dirs[0]) and not (tmp_path / "online" / "rm_refresh").exists()
 
 

@@ -77,10 +77,14 @@ def held_out_split(samples: Sequence[dict], fraction: float, seed: int) -> tuple
 
 # ---- the model ------------------------------------------------------------------------------------
 def load_reward_model(model_path: str, dtype: str = "float32", lora: dict[str, Any] | None = None,
-                      gradient_checkpointing: bool = False):
+                      gradient_checkpointing: bool = False, require_head: bool = False):
     """Tokenizer and a one-output sequence-classification model from a local folder (a causal-LM
     checkpoint gets a new, randomly initialised scalar head; ``"embedded"`` = SmolLM2-135M-Instruct).
-    With ``lora``, a peft adapter on the given modules, the head trained in full."""
+    With ``lora``, a peft adapter on the given modules, the head trained in full.
+
+    ``require_head``: the folder must hold every weight, the score head included (a trained reward
+    model, for scoring); a causal-LM folder is then refused instead of scored by a random head.
+    """
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
     from aria.llm.embedded import resolve_model_path
@@ -89,7 +93,12 @@ def load_reward_model(model_path: str, dtype: str = "float32", lora: dict[str, A
     tokenizer = AutoTokenizer.from_pretrained(path)
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
-    model = AutoModelForSequenceClassification.from_pretrained(path, num_labels=1, dtype=getattr(torch, dtype))
+    model, info = AutoModelForSequenceClassification.from_pretrained(path, num_labels=1, dtype=getattr(torch, dtype),
+                                                                     output_loading_info=True)
+    if require_head and info["missing_keys"]:
+        missing = sorted(info["missing_keys"])
+        raise ValueError(f"the model folder has no trained score head (missing {missing[:3]}): a causal-LM folder? "
+                         "Score with a reward model trained by scripts/train_rm.py")
     model.config.pad_token_id = tokenizer.pad_token_id  # the head reads the last non-padding token
     if gradient_checkpointing:
         model.gradient_checkpointing_enable()
