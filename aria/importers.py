@@ -115,7 +115,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from aria.games.base import QuestionGame, load_game
+from aria.games.base import QuestionGame, load_game, load_game_config
 from aria.games.text import normalize
 from aria.io import DataError, iter_jsonl, read_json, require
 from aria.trajectories import make_record, make_two_player_record, write_trajectories
@@ -154,7 +154,8 @@ def _string_list(obj: dict, key: str, path: Path, line: int | None, where: str =
 
 
 def _is_number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
+    """A finite int or float (NaN and infinity, which JSON readers accept, are not numbers here)."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
 # ---- targets and success ----------------------------------------------------------------
@@ -326,7 +327,7 @@ def _aria_embeddings(obj: dict, num_actions: int, path: Path, line: int) -> list
         raise DataError(path, line, "action_embeddings", f"has {len(embeddings)} vectors for {num_actions} actions")
     for i, vector in enumerate(embeddings):
         if not isinstance(vector, list) or not vector or not all(_is_number(x) for x in vector):
-            raise DataError(path, line, f"action_embeddings[{i}]", "expected a non-empty list of numbers")
+            raise DataError(path, line, f"action_embeddings[{i}]", "expected a non-empty list of finite numbers")
     return embeddings
 
 
@@ -501,7 +502,7 @@ def _two_player_turns(obj: dict, path: Path, line: int) -> list[dict]:
                     raise DataError(path, line, key, f"has {len(embeddings)} vectors for {len(actions)} actions")
                 for i, vector in enumerate(embeddings):
                     if not (isinstance(vector, list) and vector and all(_is_number(x) for x in vector)):
-                        raise DataError(path, line, f"{key}[{i}]", "expected a non-empty list of numbers")
+                        raise DataError(path, line, f"{key}[{i}]", "expected a non-empty list of finite numbers")
                 break
         for i, (position, action) in enumerate(zip(positions, actions)):
             if position in by_position:
@@ -563,6 +564,14 @@ def import_file(
     """
     if success_from not in SUCCESS_SOURCES:
         raise ValueError(f"unknown success source {success_from!r} (known: {', '.join(SUCCESS_SOURCES)})")
+    name = game if isinstance(game, str) else game.name
+    two_player = load_game_config(name).get("kind") == "two_player"
+    if fmt in TWO_PLAYER_IMPORTERS and not two_player:
+        raise ValueError(f"format {fmt} holds two-player games; {name} is a single-agent game")
+    if fmt in IMPORTERS and two_player:
+        raise ValueError(f"format {fmt} holds single-agent games; {name} is a two-player game (use aria_two_player)")
+    if out_path is not None and Path(out_path).is_dir():
+        raise ValueError(f"{out_path} is a folder; give the trajectories file to write")
     if fmt in TWO_PLAYER_IMPORTERS:
         records = TWO_PLAYER_IMPORTERS[fmt](Path(path), game if isinstance(game, str) else game.name)
     elif fmt in IMPORTERS:

@@ -78,13 +78,31 @@ def atomic_write_jsonl(path: str | os.PathLike, records: list[dict]) -> None:
     atomic_write_text(path, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records))
 
 
-def read_json(path: str | os.PathLike) -> Any:
-    """Load a JSON file; a syntax error names the file and line."""
-    path = Path(path)
+def _not_a_file(path: Path) -> DataError | None:
+    if not path.exists():
+        return DataError(path, None, None, "file not found")
+    if not path.is_file():
+        return DataError(path, None, None, "is a folder, not a file" if path.is_dir() else "not a regular file")
+    return None
+
+
+def _decode(path: Path, data: bytes, line: int | None = None) -> str:
+    """``data`` as UTF-8; bad bytes are named by file, line and position instead of a traceback."""
     try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise DataError(path, None, None, "file not found") from None
+        return data.decode("utf-8")
+    except UnicodeDecodeError as err:
+        at = line if line is not None else data[: err.start].count(b"\n") + 1
+        column = err.start - (data.rfind(b"\n", 0, err.start) + 1)
+        raise DataError(path, at, None, f"not UTF-8 text: byte 0x{data[err.start]:02x} at column {column + 1} "
+                                        f"({err.reason}); convert the file to UTF-8") from None
+
+
+def read_json(path: str | os.PathLike) -> Any:
+    """Load a JSON file; a syntax error or bytes that are not UTF-8 name the file and line."""
+    path = Path(path)
+    if (problem := _not_a_file(path)) is not None:
+        raise problem
+    text = _decode(path, path.read_bytes())
     try:
         return json.loads(text)
     except json.JSONDecodeError as err:
@@ -98,18 +116,22 @@ def iter_jsonl(path: str | os.PathLike, allow_partial_last_line: bool = False) -
     taken as a write cut short by a crash and skipped instead of raising (used when resuming).
     """
     path = Path(path)
-    try:
-        raw = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise DataError(path, None, None, "file not found") from None
-    lines = raw.split("\n")
-    for number, line in enumerate(lines, start=1):
+    if (problem := _not_a_file(path)) is not None:
+        raise problem
+    lines = path.read_bytes().split(b"\n")
+    for number, raw in enumerate(lines, start=1):
+        is_last = number == len(lines)  # no newline after it
+        try:
+            line = _decode(path, raw, number)
+        except DataError:
+            if allow_partial_last_line and is_last:  # a multi-byte character cut by a crash
+                return
+            raise
         if not line.strip():
             continue
         try:
             obj = json.loads(line)
         except json.JSONDecodeError as err:
-            is_last = number == len(lines)  # no newline after it
             if allow_partial_last_line and is_last:
                 return
             raise DataError(path, number, None, f"invalid JSON ({err.msg}, column {err.colno})") from None

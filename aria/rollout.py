@@ -209,8 +209,15 @@ def collect_from_config(cfg: Mapping[str, Any]) -> CollectSummary:
     """Run a collection from a (Hydra) config: ``game``, ``policy``, ``oracle`` + run options.
 
     Two-player games (``kind: two_player``) are played by :mod:`aria.two_player` instead, with
-    ``opponent`` in the other seat and no oracle.
+    ``opponent`` in the other seat and no oracle. Counts are checked before any model loads.
     """
+    from aria.cli import ConfigError
+
+    counts = {"batch_size": 1, **({"games_per_config": 1} if cfg["game"].get("kind") == "two_player" else {"num_games": 0})}
+    for name, low in counts.items():
+        value = cfg.get(name)
+        if isinstance(value, bool) or not isinstance(value, int) or value < low:
+            raise ConfigError(f"{name}: expected an integer >= {low}, got {value!r}")
     if cfg["game"].get("kind") == "two_player":
         from aria.two_player import collect_two_player_from_config
 

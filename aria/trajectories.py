@@ -160,10 +160,14 @@ def validate_record(record: Any, path: str | os.PathLike | None = None, line: in
 
 
 def _check_embedding(turn: dict, path, line, where: str) -> None:
-    if "embedding" in turn and not (
-        isinstance(turn["embedding"], list) and all(isinstance(x, (int, float)) for x in turn["embedding"])
-    ):
+    if "embedding" not in turn:
+        return
+    vector = turn["embedding"]
+    if not isinstance(vector, list) or not all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in vector):
         raise DataError(path, line, f"{where}.embedding", "expected a list of numbers")
+    bad = next((i for i, x in enumerate(vector) if not math.isfinite(x)), None)
+    if bad is not None:
+        raise DataError(path, line, f"{where}.embedding[{bad}]", f"not a finite number ({vector[bad]})")
 
 
 def _validate_two_player(record: dict, turns: list, path, line) -> None:

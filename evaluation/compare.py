@@ -2,16 +2,24 @@
 """Print several evaluation result folders side by side (the paper's Table 2 layout).
 
     python evaluation/compare.py results/eval/base results/eval/aria
+    bash evaluation/eval.sh compare results/eval/base results/eval/aria
 """
+import argparse
 import sys
 
 from aria.evaluate import compare_table
 from aria.io import DataError
 
-if __name__ == "__main__":
-    if len(sys.argv) < 2:
-        sys.exit("usage: compare.py RESULT_DIR [RESULT_DIR ...]")
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("results", nargs="+", help="result folders written by eval.sh (each holds summary.json)")
+    args = parser.parse_args()
     try:
-        print(compare_table(sys.argv[1:]), end="")
+        print(compare_table(args.results), end="")
     except (DataError, FileNotFoundError) as err:
         sys.exit(f"error: {err}")
+
+
+if __name__ == "__main__":
+    main()

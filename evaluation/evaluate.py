@@ -14,7 +14,6 @@ with concurrent requests (re-running continues where it stopped), and writes
 ``out/summary.json`` and ``out/summary.md``. Games whose requests kept failing are recorded as
 failed, counted and listed; the exit status is then 1.
 """
-import logging
 import sys
 from pathlib import Path
 
@@ -27,22 +26,19 @@ from aria.games.glee import config_set
 from aria.games.oracle import build_oracle
 from aria.llm.endpoint import check_server
 from aria.rollout import build_policy, play_games
-from aria.trajectories import ResumeMismatch, read_trajectories
+from aria.cli import command
+from aria.trajectories import read_trajectories
 from aria.two_player import PolicyPlayer, build_player, evaluate_two_player
 
 
 @hydra.main(config_path="../config", config_name="eval", version_base="1.3")
 def main(cfg) -> None:
-    try:
+    # OUT holding another model's games: one line, exit 2; Ctrl-C: exit 130, transcripts kept.
+    with command(kept=lambda: f"the transcripts in {cfg.out}"):
         evaluate(OmegaConf.to_container(cfg, resolve=True))
-    except ResumeMismatch as err:  # OUT holds another model's games: one line, nothing written
-        print(f"error: {err}", file=sys.stderr)
-        sys.exit(2)
 
 
 def evaluate(cfg: dict) -> None:
-    for client_logger in ("httpx", "httpx2"):  # the openai client's HTTP layer (httpx2 from openai 3)
-        logging.getLogger(client_logger).setLevel(logging.WARNING)  # one line per request otherwise
     p = cfg["policy"]
     # A served model (the usual case) or a local transformers model (policy=local: no server, the
     # same games and summaries; for a quick look at a small model on a CPU).

@@ -9,17 +9,15 @@ import sys
 import hydra
 from omegaconf import DictConfig, OmegaConf
 
+from aria.cli import command, games_in
 from aria.rollout import collect_from_config
-from aria.trajectories import ResumeMismatch
 
 
 @hydra.main(config_path="../config", config_name="collect", version_base="1.3")
 def main(cfg: DictConfig) -> None:
-    try:
+    # Bad settings, or an out of another policy's games: one line, exit 2; Ctrl-C: exit 130.
+    with command(kept=lambda: games_in(cfg.out)):
         summary = collect_from_config(OmegaConf.to_container(cfg, resolve=True))
-    except ResumeMismatch as err:  # out holds games of another policy or settings
-        print(f"error: {err}", file=sys.stderr)
-        sys.exit(2)
     print(f"[collect] {cfg.game.name}: {summary.line()} -> {cfg.out}")
     if summary.failed:
         print(f"[collect] {summary.failed} game(s) failed; their errors are in {cfg.out}; re-run to retry them", file=sys.stderr)

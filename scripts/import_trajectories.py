@@ -36,7 +36,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     try:
         records = import_file(args.input, args.format, args.game, out_path=args.output, success_from=args.success_from)
-    except DataError as err:
+    except (DataError, ValueError) as err:  # DataError names file, line and field
         print(f"error: {err}", file=sys.stderr)
         return 2
     if records and "players" in records[0]:

@@ -6,12 +6,14 @@
 import hydra
 from omegaconf import OmegaConf
 
+from aria.cli import command
 from aria.main_job import run
 
 
 @hydra.main(config_path="../config", config_name="main", version_base="1.3")
 def main(cfg) -> None:
-    run(OmegaConf.to_container(cfg, resolve=True))
+    with command(kept=lambda: f"the finished steps in {cfg.run_dir} (a re-run skips them)"):
+        run(OmegaConf.to_container(cfg, resolve=True))
 
 
 if __name__ == "__main__":

@@ -7,23 +7,20 @@
 Re-running the same command resumes from the newest checkpoint in output_dir. Bad training data
 prints one line naming the file, sample and field, before any training, and exits 2.
 """
-import sys
 
 import hydra
 from omegaconf import OmegaConf
 
-from aria.io import DataError
+from aria.cli import checkpoints_in, command
 from aria.trainers.offline import OfflineTrainer
 
 
 @hydra.main(config_path="../config", config_name="reinforce_llm", version_base="1.3")
 def main(cfg) -> None:
-    try:
+    # Bad data or settings: one line before any model loads, exit 2; Ctrl-C: exit 130, checkpoints kept.
+    with command(kept=lambda: checkpoints_in(cfg.output_dir)):
         trainer = OfflineTrainer(OmegaConf.to_container(cfg, resolve=True))
-    except DataError as err:
-        print(f"error: {err}", file=sys.stderr)
-        sys.exit(2)
-    result = trainer.train()
+        result = trainer.train()
     if trainer.accelerator.is_main_process:
         print(f"[train] {result['steps']} steps; final model in {result['final']}"
               + (f"; last loss {result['loss']:.4f}, {result['tokens_per_s']:.0f} tokens/s" if "loss" in result else ""))

@@ -6,22 +6,19 @@
 
 Re-running the same command resumes after the last checkpointed iteration.
 """
-import sys
 
 import hydra
 from omegaconf import OmegaConf
 
-from aria.io import DataError
+from aria.cli import checkpoints_in, command
 from aria.trainers.online import OnlineTrainer
 
 
 @hydra.main(config_path="../config", config_name="onlinereinforce_llm", version_base="1.3")
 def main(cfg) -> None:
-    try:
+    # Bad settings: one line before any model loads, exit 2; Ctrl-C: exit 130, checkpoints kept.
+    with command(kept=lambda: checkpoints_in(cfg.output_dir)):
         result = OnlineTrainer(OmegaConf.to_container(cfg, resolve=True)).train()
-    except DataError as err:
-        print(f"error: {err}", file=sys.stderr)
-        sys.exit(2)
     print(f"[online] {result['iterations']} iterations, {result['steps']} actor steps; final policy in {result['final']}; "
           f"reward model {result['reward_model']}")
 

@@ -91,8 +91,9 @@ class OpenAIEmbedder:
                  retry_base_delay_s: float = 1.0):
         import openai
 
-        from aria.llm.endpoint import _default_api_key
+        from aria.llm.endpoint import _default_api_key, quiet_http_logs
 
+        quiet_http_logs()
         self.name = model
         self.model = model
         self.client = openai.OpenAI(base_url=base_url, api_key=_default_api_key(api_key), timeout=timeout_s, max_retries=0)

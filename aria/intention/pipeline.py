@@ -560,16 +560,20 @@ def resolve_game(cfg: dict) -> dict:
 
 
 def run_step(step: Callable[[dict, Printer], Any], cfg) -> None:
-    """Entry point of the numbered scripts: bad input prints one line and exits with status 2."""
+    """Entry point of the numbered scripts: bad input prints one line and exits with status 2;
+    Ctrl-C says what was kept (the embedding cache and the k sweep save as they go) and exits 130."""
     import sys
 
     from omegaconf import OmegaConf
 
     import openai
 
+    from aria.cli import command
+
     try:
-        step(OmegaConf.to_container(cfg, resolve=True), print)
-    except (DataError, FileNotFoundError, ValueError) as err:  # StaleInput is a ValueError
+        with command(kept=lambda: f"the saved progress in {cfg.run_dir}"):
+            step(OmegaConf.to_container(cfg, resolve=True), print)
+    except (DataError, FileNotFoundError, ValueError) as err:  # the settings checks of the steps
         print(f"error: {err}", file=sys.stderr)
         sys.exit(2)
     except openai.OpenAIError as err:  # the embeddings endpoint kept failing (after its retries)

@@ -9,6 +9,7 @@ never as an exception, so one bad request cannot take down the rest of a batch.
 """
 from __future__ import annotations
 
+import logging
 import os
 import random
 import time
@@ -20,6 +21,13 @@ import openai
 from aria.llm.base import Completion, Message
 
 _MAX_ERROR_CHARS = 300
+
+
+def quiet_http_logs() -> None:
+    """The openai client's HTTP layer logs a line per request at INFO (httpx; httpx2 from openai 3),
+    which a Hydra app's INFO logging prints: thousands of lines per collection."""
+    for name in ("httpx", "httpx2"):
+        logging.getLogger(name).setLevel(logging.WARNING)
 
 
 def _default_api_key(api_key: str | None) -> str:
@@ -95,6 +103,7 @@ class EndpointChatModel:
             base_url=base_url, api_key=_default_api_key(api_key), timeout=timeout_s, max_retries=0
         )
         self._options = self._sampling_options(temperature, top_p, max_tokens, seed, stop)
+        quiet_http_logs()
         # What produced a game (recorded beside resumable transcripts; no key).
         self.settings = {"engine": "endpoint", "base_url": base_url, **self._options}
         self._pool = ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="endpoint")

@@ -33,7 +33,7 @@ import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 import numpy as np
 import torch
@@ -109,6 +109,36 @@ class TrainState:
     micro: int = 0  # micro-batches of this epoch already consumed (per process)
 
 
+#: Optimizers by name (config ``train.optimizer``).
+OPTIMIZERS: dict[str, type[torch.optim.Optimizer]] = {"adamw": torch.optim.AdamW, "adam": torch.optim.Adam}
+
+
+def check_train_settings(cfg: dict, losses: Mapping[str, Callable] = LOSSES) -> None:
+    """Reject settings that cannot work, in one line naming the setting, before anything loads."""
+    from transformers import SchedulerType
+
+    from aria.cli import ConfigError
+
+    t = cfg["train"]
+
+    def at_least(name: str, low: int) -> None:
+        value = t.get(name)
+        if isinstance(value, bool) or not isinstance(value, int) or value < low:
+            raise ConfigError(f"train.{name}: expected an integer >= {low}, got {value!r}")
+
+    for name in ("micro_batch_size", "gradient_accumulation_steps", "epochs"):
+        at_least(name, 1)
+    if t["optimizer"] not in OPTIMIZERS:
+        raise ConfigError(f"train.optimizer: unknown {t['optimizer']!r} (known: {', '.join(sorted(OPTIMIZERS))})")
+    schedulers = [s.value for s in SchedulerType]
+    if t["lr_scheduler"] not in schedulers:
+        raise ConfigError(f"train.lr_scheduler: unknown {t['lr_scheduler']!r} (known: {', '.join(schedulers)})")
+    if not (isinstance(t["lr"], (int, float)) and t["lr"] > 0):
+        raise ConfigError(f"train.lr: expected a positive number, got {t['lr']!r}")
+    if cfg["loss"]["name"] not in losses:
+        raise ConfigError(f"loss.name: unknown {cfg['loss']['name']!r} (known: {', '.join(sorted(losses))})")
+
+
 def resolve_mixed_precision(value: str) -> str:
     """``auto``: bf16 on a GPU or CPU that computes it natively, else no mixed precision."""
     from aria.llm.local import native_bf16
@@ -136,6 +166,7 @@ class OfflineTrainer:
         from accelerate import Accelerator
         from accelerate.utils import set_seed
 
+        check_train_settings(cfg, self.losses)
         self.cfg = cfg
         t = cfg["train"]
         self.output_dir = Path(cfg["output_dir"])
@@ -167,8 +198,8 @@ class OfflineTrainer:
         self.total_steps = self.steps_per_epoch * t["epochs"]
 
         params = [p for p in model.parameters() if p.requires_grad]
-        optimizer_cls = {"adamw": torch.optim.AdamW, "adam": torch.optim.Adam}[t["optimizer"]]
-        optimizer = optimizer_cls(params, lr=t["lr"], betas=tuple(t["betas"]), eps=t["eps"], weight_decay=t["weight_decay"])
+        optimizer = OPTIMIZERS[t["optimizer"]](params, lr=t["lr"], betas=tuple(t["betas"]), eps=t["eps"],
+                                               weight_decay=t["weight_decay"])
         from transformers import get_scheduler
 
         scheduler = get_scheduler(t["lr_scheduler"], optimizer, num_warmup_steps=self._warmup_steps(),
@@ -181,8 +212,6 @@ class OfflineTrainer:
             ds["gradient_clipping"] = t["max_grad_norm"] or 0.0
         self.model, self.optimizer = self.accelerator.prepare(model, optimizer)
         self.scheduler = scheduler
-        if cfg["loss"]["name"] not in self.losses:
-            raise KeyError(f"unknown loss {cfg['loss']['name']!r}; registered: {sorted(self.losses)}")
         self.loss_fn = self.losses[cfg["loss"]["name"]]
         self.loss_options = dict(cfg["loss"].get(cfg["loss"]["name"]) or {})  # the section named like the loss
         self.state = TrainState()
@@ -243,43 +272,45 @@ class OfflineTrainer:
         window = {"loss": 0.0, "tokens": 0, "cells": 0, "micro": 0, "start": time.perf_counter()}
         self.model.train()
         last = {}
-        while self.state.epoch < t["epochs"]:
-            batches = self._epoch_batches(self.state.epoch)
-            if log_cfg.get("write_data_order"):  # which samples this process trains on (to check the split)
-                atomic_write_json(self.output_dir / f"data_order_epoch{self.state.epoch}_rank{acc.process_index}.json", batches)
-            while self.state.micro < len(batches):
-                indices = batches[self.state.micro]
-                items = [self.encoded[i] for i in indices]
-                batch = {k: v.to(acc.device) for k, v in collate(items, self.tokenizer.pad_token_id).items()}
-                with acc.accumulate(self.model):
-                    loss = self.micro_loss(batch, indices)
-                    acc.backward(loss)
-                    if acc.sync_gradients and t["max_grad_norm"]:
-                        grad_norm = acc.clip_grad_norm_(self.model.parameters(), t["max_grad_norm"])
-                        if grad_norm is not None:  # DeepSpeed clips inside its engine and returns None
-                            window["grad_norm"] = float(grad_norm)
-                    self.optimizer.step()  # a no-op between accumulation boundaries (accelerate)
+        try:  # closed before a Ctrl-C message, not redrawn after it at exit
+            while self.state.epoch < t["epochs"]:
+                batches = self._epoch_batches(self.state.epoch)
+                if log_cfg.get("write_data_order"):  # which samples this process trains on (to check the split)
+                    atomic_write_json(self.output_dir / f"data_order_epoch{self.state.epoch}_rank{acc.process_index}.json", batches)
+                while self.state.micro < len(batches):
+                    indices = batches[self.state.micro]
+                    items = [self.encoded[i] for i in indices]
+                    batch = {k: v.to(acc.device) for k, v in collate(items, self.tokenizer.pad_token_id).items()}
+                    with acc.accumulate(self.model):
+                        loss = self.micro_loss(batch, indices)
+                        acc.backward(loss)
+                        if acc.sync_gradients and t["max_grad_norm"]:
+                            grad_norm = acc.clip_grad_norm_(self.model.parameters(), t["max_grad_norm"])
+                            if grad_norm is not None:  # DeepSpeed clips inside its engine and returns None
+                                window["grad_norm"] = float(grad_norm)
+                        self.optimizer.step()  # a no-op between accumulation boundaries (accelerate)
+                        if acc.sync_gradients:
+                            self.scheduler.step()
+                        self.optimizer.zero_grad()
+                    self.state.micro += 1
+                    window["loss"] += float(loss.detach())
+                    window["micro"] += 1
+                    window["tokens"] += int(batch["attention_mask"].sum())
+                    window["cells"] += batch["attention_mask"].numel()
                     if acc.sync_gradients:
-                        self.scheduler.step()
-                    self.optimizer.zero_grad()
-                self.state.micro += 1
-                window["loss"] += float(loss.detach())
-                window["micro"] += 1
-                window["tokens"] += int(batch["attention_mask"].sum())
-                window["cells"] += batch["attention_mask"].numel()
-                if acc.sync_gradients:
-                    self.state.step += 1
-                    bar.update(1)
-                    if self.state.step % log_cfg["log_every"] == 0 or self.state.step == self.total_steps:
-                        last = self._log(window, metrics_path, bar)
-                        window = {"loss": 0.0, "tokens": 0, "cells": 0, "micro": 0, "start": time.perf_counter()}
-                    if self.state.step % t["save_freq"] == 0:
-                        self.save_checkpoint()
-                    if self.on_step:
-                        self.on_step(self.state.step)
-            self.state.epoch += 1
-            self.state.micro = 0
-        bar.close()
+                        self.state.step += 1
+                        bar.update(1)
+                        if self.state.step % log_cfg["log_every"] == 0 or self.state.step == self.total_steps:
+                            last = self._log(window, metrics_path, bar)
+                            window = {"loss": 0.0, "tokens": 0, "cells": 0, "micro": 0, "start": time.perf_counter()}
+                        if self.state.step % t["save_freq"] == 0:
+                            self.save_checkpoint()
+                        if self.on_step:
+                            self.on_step(self.state.step)
+                self.state.epoch += 1
+                self.state.micro = 0
+        finally:
+            bar.close()
         extra = self.after_training()
         final = self.save_final()
         if log_cfg["report_to"]:

@@ -60,7 +60,8 @@ from aria.policy import action_logprobs, collate, encode_sample, load_policy
 from aria.resources import REPO_ROOT, compose_config
 from aria.trainers.checkpoint import (begin_checkpoint, finish_checkpoint, latest_checkpoint, load_plain_state,
                                       load_rng_state, save_plain_state, set_rng_state, trim_metrics)
-from aria.trainers.offline import LOSSES, resolve_mixed_precision
+from aria.cli import ConfigError
+from aria.trainers.offline import LOSSES, OPTIMIZERS, check_train_settings, resolve_mixed_precision
 
 
 #: Variables through which torchrun and accelerate tell a process it belongs to a launched group.
@@ -163,6 +164,14 @@ class OnlineTrainer:
         from aria.games.oracle import build_oracle
         from aria.reward_service import build_scorer
 
+        check_train_settings(cfg, LOSSES)
+        for name, low in (("iterations", 1), ("rollout_size", 1), ("rollout_batch_size", 1), ("actor_updates", 1),
+                          ("rm_refresh", 0)):
+            value = cfg["online"][name]
+            if isinstance(value, bool) or not isinstance(value, int) or value < low:
+                raise ConfigError(f"online.{name}: expected an integer >= {low}, got {value!r}")
+        if cfg["online"]["advantage"] not in ADVANTAGES:
+            raise ConfigError(f"online.advantage: unknown {cfg['online']['advantage']!r} (known: {sorted(ADVANTAGES)})")
         self.cfg, self.on_iteration = cfg, on_iteration
         t, o = cfg["train"], cfg["online"]
         self.output_dir = Path(cfg["output_dir"])
@@ -170,10 +179,6 @@ class OnlineTrainer:
                                        mixed_precision=resolve_mixed_precision(t["mixed_precision"]),
                                        cpu=cfg.get("device") == "cpu", step_scheduler_with_optimizer=False)
         set_seed(cfg["seed"])
-        if o["advantage"] not in ADVANTAGES:
-            raise KeyError(f"unknown advantage {o['advantage']!r}; registered: {sorted(ADVANTAGES)}")
-        if cfg["loss"]["name"] not in LOSSES:
-            raise KeyError(f"unknown loss {cfg['loss']['name']!r}; registered: {sorted(LOSSES)}")
         self.advantage = ADVANTAGES[o["advantage"]]
         self.loss_fn = LOSSES[cfg["loss"]["name"]]
         self.loss_options = dict(cfg["loss"].get(cfg["loss"]["name"]) or {})
@@ -183,7 +188,7 @@ class OnlineTrainer:
         for name in o["games"]:
             game_cfg = load_game_config(name)
             if game_cfg.get("kind") == "two_player":
-                raise ValueError(f"online ARIA plays single-agent games; {name!r} is a two-player game")
+                raise ConfigError(f"online.games: online ARIA plays single-agent games; {name!r} is a two-player game")
             self.games[name] = (game_cfg, build_game(game_cfg), build_oracle(cfg["oracle"], game_cfg))
 
         m = cfg["model"]
@@ -191,8 +196,8 @@ class OnlineTrainer:
                                             m.get("gradient_checkpointing", False))
         self.total_steps = o["iterations"] * o["actor_updates"]
         params = [p for p in model.parameters() if p.requires_grad]
-        optimizer_cls = {"adamw": torch.optim.AdamW, "adam": torch.optim.Adam}[t["optimizer"]]
-        optimizer = optimizer_cls(params, lr=t["lr"], betas=tuple(t["betas"]), eps=t["eps"], weight_decay=t["weight_decay"])
+        optimizer = OPTIMIZERS[t["optimizer"]](params, lr=t["lr"], betas=tuple(t["betas"]), eps=t["eps"],
+                                               weight_decay=t["weight_decay"])
         warmup = int(t["warmup_steps"]) if t.get("warmup_steps") else int(math.ceil(t["warmup_ratio"] * self.total_steps))
         self.scheduler = get_scheduler(t["lr_scheduler"], optimizer, num_warmup_steps=warmup,
                                        num_training_steps=self.total_steps)

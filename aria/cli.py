@@ -1,0 +1,64 @@
+"""How every command ends when it cannot go on: one line, a known exit status, no traceback.
+
+* Bad input (a file's problem named by file, line and field: :class:`~aria.io.DataError`), bad
+  settings (:class:`ConfigError`), a file made under other settings, or an input that is not what
+  the step before used: ``error: <one line>`` and exit status 2, before any model is loaded where
+  the check allows it.
+* Ctrl-C: ``interrupted: <what was kept>; re-run the same command to resume`` and exit status 130
+  (the shell's code for SIGINT). The work that finished is on disk already: every writer of this
+  project writes whole games, whole files and whole checkpoints.
+"""
+from __future__ import annotations
+
+import sys
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Callable, Iterator
+
+EXIT_BAD_INPUT = 2
+EXIT_INTERRUPTED = 130
+
+
+class ConfigError(ValueError):
+    """A setting that cannot work; the message names the setting (``train.optimizer: ...``)."""
+
+
+def _expected_errors() -> tuple[type[BaseException], ...]:
+    from aria.intention.pipeline import StaleInput
+    from aria.io import DataError
+    from aria.trajectories import ResumeMismatch
+
+    return DataError, ConfigError, ResumeMismatch, StaleInput, FileNotFoundError
+
+
+@contextmanager
+def command(kept: Callable[[], str] | None = None) -> Iterator[None]:
+    """Run a command's body; ``kept`` says what a Ctrl-C leaves on disk ("12 games in out.jsonl")."""
+    try:
+        yield
+    except KeyboardInterrupt:
+        try:
+            what = kept() if kept else "the finished work"
+        except Exception:  # noqa: BLE001 - the summary must not turn a Ctrl-C into a traceback
+            what = "the finished work"
+        print(f"interrupted: {what} kept; re-run the same command to resume", file=sys.stderr)
+        sys.exit(EXIT_INTERRUPTED)
+    except _expected_errors() as err:
+        print(f"error: {err}", file=sys.stderr)
+        sys.exit(EXIT_BAD_INPUT)
+
+
+def games_in(path: str | Path) -> str:
+    """'<n> finished games in <path>' (for :func:`command`'s ``kept``)."""
+    path = Path(path)
+    n = sum(1 for line in path.read_text(encoding="utf-8", errors="replace").splitlines() if line.strip()) \
+        if path.is_file() else 0
+    return f"{n} finished game(s) in {path}"
+
+
+def checkpoints_in(output_dir: str | Path) -> str:
+    """'checkpoints up to step <n> in <dir>' (for :func:`command`'s ``kept``)."""
+    folder = Path(output_dir) / "checkpoints"
+    steps = sorted(int(p.name.split("-")[1]) for p in folder.glob("step-*") if not p.name.endswith(".tmp")) \
+        if folder.is_dir() else []
+    return f"checkpoints up to step {steps[-1]} in {folder}" if steps else f"no checkpoint yet in {folder}"

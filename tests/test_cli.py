@@ -1,0 +1,160 @@
+"""Every command's way of stopping (aria/cli.py): bad bytes, NaN vectors, impossible settings and
+Ctrl-C give one line and a known exit status (2, or 130 for SIGINT), never a traceback, and bad
+settings are caught before a model loads. Commands run as a user runs them, in a subprocess."""
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from fake_openai import MODEL, Script, start_server
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def run(*args: str, cwd: Path | None = None, timeout: float = 300) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, *args], capture_output=True, text=True, cwd=cwd or REPO, timeout=timeout)
+
+
+def one_line_error(done: subprocess.CompletedProcess, code: int = 2) -> str:
+    assert done.returncode == code, (done.returncode, done.stderr[-2000:])
+    lines = [line for line in done.stderr.strip().splitlines() if line.strip()]
+    assert "Traceback" not in done.stderr, done.stderr[-2000:]
+    return lines[-1]
+
+
+MSG = {"actions": ["Is it a cat?"], "obs": ["Yes."], "reward": 0}
+
+
+def test_bytes_that_are_not_utf8_are_named_by_file_and_line(tmp_path):
+    bad = tmp_path / "msgs.jsonl"
+    bad.write_bytes(json.dumps(MSG).encode() + b"\n" + b'{"actions": ["Is it a \xff dog?"], "obs": ["No."], "reward": -1}\n')
+    line = one_line_error(run("scripts/import_trajectories.py", "--format", "aria_msgs", "--game", "twenty_questions",
+                              str(bad), str(tmp_path / "out.jsonl")))
+    assert "msgs.jsonl, line 2" in line and "not UTF-8" in line
+    # The pipeline reading trajectories, and the trainer reading a training set
+    games = tmp_path / "games.jsonl"
+    games.write_bytes(b'{"schema_version": 1, \xe9}\n')
+    line = one_line_error(run("reward_aggregation/1_embed_and_cluster.py", f"input={games}", f"run_dir={tmp_path / 'run'}"))
+    assert "games.jsonl, line 1" in line and "not UTF-8" in line
+    train = tmp_path / "train.json"
+    train.write_bytes(b'[{"observation": "o", "action": "\xff", "reward": 1.0}]')
+    line = one_line_error(run("scripts/run_offline.py", "--config-name", "reinforce_llm", f"data.train_file={train}",
+                              f"output_dir={tmp_path / 'off'}", "model.path=/no/model/here"))
+    assert "train.json, line 1" in line and "not UTF-8" in line
+
+
+def test_nan_embeddings_are_refused_at_import_and_at_read(tmp_path):
+    path = tmp_path / "msgs.jsonl"
+    path.write_text(json.dumps({**MSG}).replace("}", ', "action_embeddings": [[NaN, 1.0]]}') + "\n")
+    line = one_line_error(run("scripts/import_trajectories.py", "--format", "aria_msgs", "--game", "twenty_questions",
+                              str(path), str(tmp_path / "out.jsonl")))
+    assert "msgs.jsonl, line 1, field 'action_embeddings[0]'" in line and "finite" in line
+    assert not (tmp_path / "out.jsonl").exists()
+    # A trajectory file written by someone else with an infinite component
+    from aria.trajectories import make_record
+
+    record = make_record(game_id="g", game="twenty_questions", target="Cat", success=True, turns=[
+        {"action": "Question: Is it a cat?", "question": "Is it a cat?", "observation": "Yes.", "reward": 0.0}])
+    games = tmp_path / "games.jsonl"
+    games.write_text(json.dumps(record).replace('"reward": 0.0}', '"reward": 0.0, "embedding": [1.0, Infinity]}') + "\n")
+    line = one_line_error(run("reward_aggregation/1_embed_and_cluster.py", f"input={games}", f"run_dir={tmp_path / 'run'}"))
+    assert "games.jsonl, line 1, field 'turns[0].embedding[1]'" in line
+
+
+@pytest.mark.parametrize(("override", "message"), [
+    ("train.optimizer=sgd", "train.optimizer: unknown 'sgd' (known: adam, adamw)"),
+    ("train.micro_batch_size=0", "train.micro_batch_size: expected an integer >= 1, got 0"),
+    ("train.epochs=0", "train.epochs: expected an integer >= 1, got 0"),  # wrote an untrained final/ with exit 0
+    ("loss.name=ppo", "loss.name: unknown 'ppo' (known: reinforce)"),
+])
+def test_impossible_training_settings_stop_before_the_model_loads(tmp_path, override, message):
+    # model.path names no model: a check that came after loading would fail on the path instead
+    line = one_line_error(run("scripts/run_offline.py", "--config-name", "reinforce_llm", override, "model.path=/no/model",
+                              f"data.train_file={tmp_path / 'missing.json'}", f"output_dir={tmp_path / 'out'}"))
+    assert line == f"error: {message}"
+    assert not (tmp_path / "out" / "final").exists()
+
+
+def test_importer_refuses_mismatched_games_and_folders(tmp_path):
+    path = tmp_path / "msgs.jsonl"
+    path.write_text(json.dumps(MSG) + "\n")
+    line = one_line_error(run("scripts/import_trajectories.py", "--format", "aria_msgs", "--game", "negotiation",
+                              str(path), str(tmp_path / "o.jsonl")))  # was KeyError: 'prompt'
+    assert "negotiation is a two-player game" in line
+    line = one_line_error(run("scripts/import_trajectories.py", "--format", "aria_two_player", "--game",
+                              "twenty_questions", str(path), str(tmp_path / "o.jsonl")))  # was accepted
+    assert "twenty_questions is a single-agent game" in line
+    (tmp_path / "folder").mkdir()
+    line = one_line_error(run("scripts/import_trajectories.py", "--format", "aria_msgs", "--game", "twenty_questions",
+                              str(tmp_path / "folder"), str(tmp_path / "o.jsonl")))  # was IsADirectoryError
+    assert "folder: is a folder, not a file" in line
+    line = one_line_error(run("scripts/import_trajectories.py", "--format", "aria_msgs", "--game", "twenty_questions",
+                              str(path), str(tmp_path / "folder")))
+    assert "folder is a folder" in line
+
+
+def test_negative_game_count_and_compare_help(tmp_path):
+    line = one_line_error(run("scripts/collect_games.py", "num_games=-3", f"out={tmp_path / 'c.jsonl'}",
+                              "policy.model_path=/no/model"))  # reported '-3/-3 games done', exit 0
+    assert line == "error: num_games: expected an integer >= 0, got -3"
+    done = subprocess.run(["bash", str(REPO / "evaluation/eval.sh"), "compare", "--help"], capture_output=True, text=True)
+    assert done.returncode == 0 and "usage: compare.py" in done.stdout and "results" in done.stdout
+
+
+def test_collection_with_an_endpoint_logs_no_line_per_request(tmp_path):
+    server = start_server(Script(reply=lambda body: "Question: Is it alive?"))
+    try:
+        done = run("scripts/collect_games.py", "policy=endpoint", f"policy.base_url={server.url}", f"policy.model={MODEL}",
+                   "num_games=2", "progress=false", f"out={tmp_path / 'games.jsonl'}")
+    finally:
+        server.stop()
+    assert done.returncode == 0, done.stderr
+    assert "HTTP Request" not in done.stdout + done.stderr
+    assert len(server.requests) >= 40  # 2 games of 20 turns: the requests happened, their lines did not
+
+
+def interrupt_when(proc: subprocess.Popen, ready, timeout: float = 120) -> subprocess.CompletedProcess:
+    deadline = time.monotonic() + timeout
+    while not ready() and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert proc.poll() is None, "the command finished before it could be interrupted"
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=60)
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+
+
+def test_ctrl_c_during_collection_keeps_games_and_says_how_to_resume(tmp_path):
+    server = start_server(Script(reply=lambda body: "Question: Is it alive?", delay_s=0.02))
+    out = tmp_path / "games.jsonl"
+    try:
+        proc = subprocess.Popen([sys.executable, "scripts/collect_games.py", "policy=endpoint", f"policy.base_url={server.url}",
+                                 f"policy.model={MODEL}", "num_games=40", "batch_size=2", "progress=false", f"out={out}"],
+                                cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        done = interrupt_when(proc, lambda: out.is_file() and out.read_text().count("\n") >= 2)
+    finally:
+        server.stop()
+    line = one_line_error(done, code=130)
+    kept = out.read_text().count("\n")
+    assert line == f"interrupted: {kept} finished game(s) in {out} kept; re-run the same command to resume"
+
+
+def test_ctrl_c_during_training_keeps_checkpoints(tmp_path, tiny_model_dir):
+    train = tmp_path / "train.json"
+    train.write_text(json.dumps([{"observation": f"Question {i}: Is it an animal?", "action": "Question: Is it big?",
+                                  "reward": 0.5} for i in range(400)]))
+    out = tmp_path / "out"
+    proc = subprocess.Popen([sys.executable, "scripts/run_offline.py", "--config-name", "reinforce_llm",
+                             f"model.path={tiny_model_dir}", f"data.train_file={train}", f"output_dir={out}", "device=cpu",
+                             "train.mixed_precision=no", "train.micro_batch_size=2", "train.gradient_accumulation_steps=1",
+                             "train.save_freq=1", "train.epochs=5"],
+                            cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    done = interrupt_when(proc, lambda: any(p for p in (out / "checkpoints").glob("step-*") if not p.name.endswith(".tmp"))
+                          if (out / "checkpoints").is_dir() else False)
+    line = one_line_error(done, code=130)
+    assert line.startswith(f"interrupted: checkpoints up to step ") and f"in {out / 'checkpoints'} kept" in line
