@@ -157,4 +157,4 @@ def test_ctrl_c_during_training_keeps_checkpoints(tmp_path, tiny_model_dir):
     done = interrupt_when(proc, lambda: any(p for p in (out / "checkpoints").glob("step-*") if not p.name.endswith(".tmp"))
                           if (out / "checkpoints").is_dir() else False)
     line = one_line_error(done, code=130)
-    assert line.startswith(f"interrupted: checkpoints up to step ") and f"in {out / 'checkpoints'} kept" in line
+    assert line.startswith("interrupted: checkpoints up to step ") and f"in {out / 'checkpoints'} kept" in line

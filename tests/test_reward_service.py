@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import http.client
 import json
-import logging
 import threading
 import time
 from pathlib import Path
