@@ -65,7 +65,7 @@ def intention(cfg: dict, game: str, trajectories: Path, echo: Printer) -> dict:
 
 
 def train(cfg: dict, echo: Printer) -> Path:
-    from aria.trainers.offline import OfflineTrainer
+    from aria.trainers.offline import trainer_for
 
     run_dir = Path(cfg["run_dir"])
     samples = []
@@ -81,7 +81,8 @@ def train(cfg: dict, echo: Printer) -> Path:
     if (out / "final").is_dir() and marker.is_file() and read_json(marker) == trained_on:
         echo(f"[main] training done before on the same samples: {out / 'final'}")
         return out / "final"
-    result = OfflineTrainer(compose_config("reinforce_llm", overrides)).train()
+    config = compose_config("reinforce_llm", overrides)
+    result = trainer_for(config)(config).train()
     atomic_write_json(marker, trained_on)
     echo(f"[main] trained {result['steps']} steps -> {result['final']}")
     return Path(result["final"])

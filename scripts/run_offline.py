@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""Offline ARIA: REINFORCE on the aggregated-reward training set (spec §5).
+"""Offline ARIA: REINFORCE on the aggregated-reward training set (spec §5), or any other method
+by name (``method=no_aggregation``, ``method=traj_dpo``, ...: aria/trainers/methods.py).
 
     python scripts/run_offline.py --config-name reinforce_llm [data.train_file=...] [scale=paper ...]
     accelerate launch --config_file config/accelerate/cpu_2proc.yaml scripts/run_offline.py --config-name reinforce_llm
@@ -12,14 +13,15 @@ import hydra
 from omegaconf import OmegaConf
 
 from aria.cli import checkpoints_in, command
-from aria.trainers.offline import OfflineTrainer
+from aria.trainers.offline import trainer_for
 
 
 @hydra.main(config_path="../config", config_name="reinforce_llm", version_base="1.3")
 def main(cfg) -> None:
     # Bad data or settings: one line before any model loads, exit 2; Ctrl-C: exit 130, checkpoints kept.
     with command(kept=lambda: checkpoints_in(cfg.output_dir)):
-        trainer = OfflineTrainer(OmegaConf.to_container(cfg, resolve=True))
+        config = OmegaConf.to_container(cfg, resolve=True)
+        trainer = trainer_for(config)(config)  # REINFORCE on weights, or trajectory DPO on pairs
         result = trainer.train()
     if trainer.accelerator.is_main_process:
         print(f"[train] {result['steps']} steps; final model in {result['final']}"

@@ -5,7 +5,8 @@ import numpy as np
 import pytest
 import torch
 
-from aria.trainers.losses import ADVANTAGES, LOSSES, RM_LOSSES, mse_loss, mse_weights, reinforce_loss, weighted_mse_loss
+from aria.trainers.losses import (ADVANTAGES, LOSSES, RM_LOSSES, dpo_loss, mse_loss, mse_weights, reinforce_loss,
+                                  weighted_mse_loss)
 
 
 def test_loss_by_hand():
@@ -15,6 +16,25 @@ def test_loss_by_hand():
     assert reinforce_loss(logp, reward).item() == pytest.approx(-(-1 - 1.5 + 0 + 1) / 4)
     assert reinforce_loss(logp, reward, sft_reward=None).item() == pytest.approx(-(-1 + 3 + 0 + 1) / 4)
     assert reinforce_loss(logp, reward, sft_weight=1.0).item() == pytest.approx(-(-1 - 3 + 0 + 1) / 4)
+
+
+def test_dpo_loss_by_hand():
+    import math
+
+    # Pair 1: Δ = (−1 − −2) − (−3 − −2) = 2; pair 2: a tie, Δ = 0.  β = 0.5.
+    chosen = torch.tensor([-1.0, -5.0], requires_grad=True)
+    rejected = torch.tensor([-3.0, -4.0], requires_grad=True)
+    ref_chosen, ref_rejected = torch.tensor([-2.0, -5.0]), torch.tensor([-2.0, -4.0])
+    loss = dpo_loss(chosen, rejected, ref_chosen, ref_rejected, beta=0.5)
+    # −log σ(1) = log(1 + e^−1) = 0.313262; a tie gives log 2 = 0.693147
+    assert loss.item() == pytest.approx((math.log1p(math.exp(-1)) + math.log(2)) / 2)
+    loss.backward()
+    # ∂/∂chosen_i = −β·σ(−βΔ_i)/P: −.5·.268941/2 and −.5·.5/2; rejected: the opposite
+    assert chosen.grad.tolist() == pytest.approx([-0.5 * 0.2689414 / 2, -0.125])
+    assert rejected.grad.tolist() == pytest.approx([0.5 * 0.2689414 / 2, 0.125])
+    # β defaults to TRL's 0.1; the reference matters only through the margins
+    assert dpo_loss(chosen, rejected, ref_chosen, ref_rejected).item() == pytest.approx(
+        (math.log1p(math.exp(-0.2)) + math.log(2)) / 2)
 
 
 def test_weighted_mse_by_hand():

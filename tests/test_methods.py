@@ -13,7 +13,9 @@ import math
 import numpy as np
 import pytest
 
-from aria.trainers.methods import METHODS, get_method, method_weights
+from aria.trainers.methods import METHODS, get_method, method_pairs, method_weights
+
+WEIGHT_METHODS = sorted(name for name, method in METHODS.items() if method.kind == "weights")
 
 
 def step(game, turn, history, final, ret, target, success, reward=None, q=0.0, v=0.0, kept=True):
@@ -40,11 +42,16 @@ def close(got, expected):
 
 
 def test_registry_names_and_rejects():
-    assert sorted(METHODS) == ["aria", "aria_adv", "bc", "filtered_bc", "gigpo", "no_aggregation", "starpo"]
+    assert sorted(METHODS) == ["aria", "aria_adv", "bc", "filtered_bc", "gigpo", "no_aggregation", "starpo", "traj_dpo"]
+    assert {name: METHODS[name].kind for name in METHODS if METHODS[name].kind != "weights"} == {"traj_dpo": "pairs"}
     with pytest.raises(KeyError, match="unknown method 'ppo'"):
         get_method("ppo")
     with pytest.raises(KeyError, match="step 0: no 'target'"):
         method_weights("starpo", [{k: v for k, v in STEPS[0].items() if k != "target"}])
+    with pytest.raises(KeyError, match="'traj_dpo' trains on pairs, not on weights"):
+        method_weights("traj_dpo", STEPS)
+    with pytest.raises(KeyError, match="'aria' trains on weights, not on pairs"):
+        method_pairs("aria", STEPS)
 
 
 def test_aria_no_aggregation_bc_filtered_bc():
@@ -97,6 +104,24 @@ def test_gigpo_by_hand():
     close(method_weights("gigpo", lone_win), [1.0])
 
 
+def test_traj_dpo_pairs():
+    # cat: A won, B lost -> one pair; dog: C won alone, fox: D lost alone -> none (groups of one).
+    assert method_pairs("traj_dpo", STEPS) == [((0, 1, 2), (3, 4))]
+    # Another won and two more lost cat games: pair j = (W[j mod 2], L[j mod 3]) for j < 3.
+    more = [step("E", 0, "h0", 1.0, 1.0, "cat", True), step("F", 0, "h0", 0.0, 0.0, "cat", False),
+            step("G", 0, "h0", 0.0, 0.0, "cat", False), step("G", 1, "h0|g", 0.0, 0.0, "cat", False)]
+    assert method_pairs("traj_dpo", STEPS + more) == [((0, 1, 2), (3, 4)), ((8,), (9,)), ((0, 1, 2), (10, 11))]
+    # All won or all lost in a group: no pair; equal rewards do not matter, success does.
+    assert method_pairs("traj_dpo", STEPS[:3] + [step("E", 0, "h0", 1.0, 1.0, "cat", True)]) == []
+    assert method_pairs("traj_dpo", STEPS[3:5] + [step("F", 0, "h0", 0.0, 0.0, "cat", False)]) == []
+    # Two-player: a game holds two trajectories, grouped by (target, role); the winner of each seat is chosen.
+    seats = [dict(step("g1", 0, "o", 1.0, 1.0, "cfg", True), role="alice"),
+             dict(step("g1", 0, "o", 0.0, 0.0, "cfg", False), role="bob"),
+             dict(step("g2", 0, "o", 0.0, 0.0, "cfg", False), role="alice"),
+             dict(step("g2", 0, "o", 1.0, 1.0, "cfg", True), role="bob")]
+    assert method_pairs("traj_dpo", seats) == [((0,), (2,)), ((3,), (1,))]
+
+
 def test_aria_with_one_cluster_per_text_is_the_mean_return_over_equal_texts():
     """With every distinct text its own cluster, ARIA's Q of a step is the mean step return of the
     steps whose (history, action) texts are exactly equal: checked through the real pipeline maths."""
@@ -122,7 +147,7 @@ def test_aria_with_one_cluster_per_text_is_the_mean_return_over_equal_texts():
     close(got, [0.3125, 0.25, 1.0, 0.3125, 0.25, 0.0, 0.3125, 0.0, 0.3125])
 
 
-@pytest.mark.parametrize("name", sorted(METHODS))
+@pytest.mark.parametrize("name", WEIGHT_METHODS)
 def test_two_steps_of_every_method_on_a_tiny_model(name, tmp_path, tiny_model_dir):
     """Every method trains through the offline trainer: the weights it trains on are the method's
     (NaN steps dropped), the release's −1 demonstration marker is ARIA's only, and two optimizer
@@ -158,6 +183,70 @@ def test_two_steps_of_every_method_on_a_tiny_model(name, tmp_path, tiny_model_di
     assert any(not torch.equal(before[k], after[k]) for k in before)
 
 
+def test_two_steps_of_trajectory_dpo_on_a_tiny_model(tmp_path, tiny_model_dir):
+    """traj_dpo trains on the pair (A, B): its log-probs are the sums over the agent's steps, the
+    reference is the base model (the adapter off, before and after training), the first loss is
+    log 2 (policy = reference), and two steps make the policy prefer the won game."""
+    import json
+    from pathlib import Path
+
+    import torch
+    from hydra import compose, initialize_config_dir
+    from omegaconf import OmegaConf
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from aria.policy import Encoding
+    from aria.trainers.dpo import TrajectoryDPOTrainer
+    from aria.trainers.offline import trainer_for
+    from conftest import naive_action_logprob
+
+    repo = Path(__file__).resolve().parents[1]
+    train_file = tmp_path / "train.json"
+    train_file.write_text(json.dumps(STEPS))
+    with initialize_config_dir(config_dir=str(repo / "config"), version_base="1.3"):
+        cfg = OmegaConf.to_container(compose("reinforce_llm", overrides=[
+            f"model.path={tiny_model_dir}", f"data.train_file={train_file}", f"output_dir={tmp_path / 'out'}",
+            "device=cpu", "train.mixed_precision=no", "train.epochs=2", "train.micro_batch_size=1",
+            "train.gradient_accumulation_steps=1", "train.lr=0.01", "train.save_freq=1000", "train.warmup_ratio=0",
+            "method=traj_dpo"]), resolve=True)
+    assert trainer_for(cfg) is TrajectoryDPOTrainer
+    trainer = TrajectoryDPOTrainer(cfg)
+    assert [(s["game_id"], s["turn"], s["weight"]) for s in trainer.samples] == \
+        [("A", 0, 1.0), ("A", 1, 1.0), ("A", 2, 1.0), ("B", 0, -1.0), ("B", 1, -1.0)]
+    assert trainer.trajectories == [[0, 1, 2], [3, 4]] and trainer.pairs.tolist() == [[0, 1]]
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    base = AutoModelForCausalLM.from_pretrained(tiny_model_dir).eval()
+    encoding = Encoding.from_config(cfg["data"])
+    with torch.no_grad():
+        by_hand = [sum(float(naive_action_logprob(base, encoding.encode(tokenizer, s["observation"], s["action"])))
+                       for s in STEPS[a:b]) for a, b in ((0, 3), (3, 5))]
+    torch.testing.assert_close(trainer.reference, torch.tensor(by_hand), rtol=1e-4, atol=1e-4)
+    with torch.no_grad():
+        first = trainer.micro_loss(trainer.make_batch([0]), [0])
+    assert abs(float(first) - math.log(2)) < 1e-4
+
+    result = trainer.train()
+    assert result["steps"] == 2 and result["pairs"] == 1 and result["reward_accuracy"] == 1.0
+    torch.testing.assert_close(trainer.reference_logprobs(), torch.tensor(by_hand), rtol=1e-4, atol=1e-4)
+    metrics = [json.loads(line) for line in (tmp_path / "out" / "metrics.jsonl").read_text().splitlines()]
+    assert abs(metrics[0]["loss"] - math.log(2)) < 1e-4 and metrics[1]["loss"] < metrics[0]["loss"]
+
+
+def test_trajectory_dpo_without_a_pair_is_one_line(tmp_path):
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parents[1]
+    (tmp_path / "train.json").write_text(__import__("json").dumps(STEPS[5:]))  # dog won, fox lost: no shared target
+    done = subprocess.run([sys.executable, str(repo / "scripts/run_offline.py"), "method=traj_dpo", "model.path=/no/model",
+                           f"data.train_file={tmp_path / 'train.json'}", f"output_dir={tmp_path / 'out'}"],
+                          capture_output=True, text=True)
+    assert done.returncode == 2, done.stderr[-2000:]
+    assert "no pair of a won and a lost game with the same target" in done.stderr.strip().splitlines()[-1]
+
+
 def test_an_unknown_method_is_one_line_before_the_model_loads(tmp_path):
     import subprocess
     import sys
@@ -169,3 +258,68 @@ def test_an_unknown_method_is_one_line_before_the_model_loads(tmp_path):
                            f"data.train_file={tmp_path / 'train.json'}", f"output_dir={tmp_path / 'out'}"],
                           capture_output=True, text=True)
     assert done.returncode == 2 and done.stderr.strip().splitlines()[-1].startswith("error: method: unknown 'ppo'")
+
+
+def games_for_two_processes() -> list[dict]:
+    """Four targets, each with a won and a lost two-step game: 16 steps, 4 DPO pairs."""
+    steps = []
+    for k, target in enumerate(["cat", "dog", "fox", "owl"]):
+        for won in (True, False):
+            game, final = f"{target}-{'won' if won else 'lost'}", float(won)
+            steps += [step(game, 0, f"{target}0", final, 0.5 * final, target, won, reward=0.5 * final),
+                      step(game, 1, f"{target}0|{k}{won}", final, final, target, won, reward=final)]
+    return steps
+
+
+@pytest.mark.parametrize("name, processes, units, steps_per_epoch",
+                         [("gigpo", 2, 16, 4), ("traj_dpo", 2, 4, 2), ("traj_dpo", 1, 4, 4)])
+def test_accelerate_launch_and_resume_per_method(name, processes, units, steps_per_epoch, tmp_path, tiny_model_dir):
+    """`accelerate launch` with one or two CPU processes trains a group-normalised method (GiGPO)
+    and trajectory DPO: two processes split the units (samples, pairs) without overlap, and a run
+    resumed from an earlier checkpoint ends with the same weights as the uninterrupted one."""
+    import json
+    import os
+    import shutil
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    import torch
+    from safetensors.torch import load_file
+
+    repo = Path(__file__).resolve().parents[1]
+    train_file = tmp_path / "train.json"
+    train_file.write_text(json.dumps(games_for_two_processes()))
+    out = tmp_path / "out"
+
+    def launch() -> str:
+        done = subprocess.run(
+            [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(repo / f"config/accelerate/cpu_{processes}proc.yaml"),
+             str(repo / "scripts/run_offline.py"), f"model.path={tiny_model_dir}", f"data.train_file={train_file}",
+             f"output_dir={out}", "device=cpu", "train.mixed_precision=no", "train.epochs=2",
+             f"train.micro_batch_size={2 if name == 'gigpo' else 1}", "train.gradient_accumulation_steps=1",
+             "train.save_freq=1", "train.keep_checkpoints=null", "train.lr=0.01", "model.lora.dropout=0.2",
+             "logging.write_data_order=true", f"method={name}"],
+            capture_output=True, text=True, cwd=tmp_path, env={**os.environ, "OMP_NUM_THREADS": "1"}, timeout=600)
+        assert done.returncode == 0, done.stderr[-3000:]
+        return done.stdout + done.stderr
+
+    launch()
+    total = 2 * steps_per_epoch
+    seen = [{i for b in json.loads((out / f"data_order_epoch0_rank{r}.json").read_text()) for i in b}
+            for r in range(processes)]
+    assert all(seen) and sum(map(len, seen)) == units and set().union(*seen) == set(range(units))
+    last = out / "checkpoints" / f"step-{total}"
+    assert json.loads((last / "trainer_state.json").read_text())["world_size"] == processes
+    expected = load_file(str(last / "trainable.safetensors"))
+
+    for folder in [out / "final", *(out / "checkpoints" / f"step-{s}" for s in range(3, total + 1))]:
+        shutil.rmtree(folder)
+    log = launch()
+    assert "resumed from" in log and "step-2" in log
+    got = load_file(str(last / "trainable.safetensors"))
+    early = load_file(str(out / "checkpoints" / "step-2" / "trainable.safetensors"))
+    for key in expected:
+        torch.testing.assert_close(got[key], expected[key], rtol=1e-5, atol=1e-6)
+    assert any(not torch.allclose(early[key], expected[key]) for key in expected)
+    assert (out / "final" / "adapter_model.safetensors").is_file()

@@ -21,8 +21,10 @@ from aria.io import atomic_write_json
 OPTIMIZERS: dict[str, type[torch.optim.Optimizer]] = {"adamw": torch.optim.AdamW, "adam": torch.optim.Adam}
 
 
-def check_train_settings(cfg: dict, losses: Mapping[str, Callable]) -> None:
-    """Reject settings that cannot work, in one line naming the setting, before anything loads."""
+def check_train_settings(cfg: dict, losses: Mapping[str, Callable], loss_name: str | None = None) -> None:
+    """Reject settings that cannot work, in one line naming the setting, before anything loads.
+
+    ``loss_name``: the trainer's own loss, when the config's ``loss.name`` does not choose it."""
     from transformers import SchedulerType
 
     from aria.cli import ConfigError
@@ -43,7 +45,7 @@ def check_train_settings(cfg: dict, losses: Mapping[str, Callable]) -> None:
         raise ConfigError(f"train.lr_scheduler: unknown {t['lr_scheduler']!r} (known: {', '.join(schedulers)})")
     if not (isinstance(t["lr"], (int, float)) and t["lr"] > 0):
         raise ConfigError(f"train.lr: expected a positive number, got {t['lr']!r}")
-    if cfg["loss"]["name"] not in losses:
+    if loss_name is None and cfg["loss"]["name"] not in losses:
         raise ConfigError(f"loss.name: unknown {cfg['loss']['name']!r} (known: {', '.join(sorted(losses))})")
 
 

@@ -6,7 +6,7 @@ of one batch to a loss (or advantages), so each is tested against values compute
 The trainers look their function up by config name in one of the three registries below:
 
 * :data:`LOSSES` — policy losses on summed action log-probs (``loss.name`` of the offline and
-  online actors);
+  online actors), and :func:`dpo_loss` on pairs of them (``traj_dpo``);
 * :data:`RM_LOSSES` — reward-model losses on scores (``loss.name`` of the reward model);
 * :data:`ADVANTAGES` — online advantages from reward-model scores (``online.advantage``).
 """
@@ -35,6 +35,21 @@ def reinforce_loss(logp: torch.Tensor, reward: torch.Tensor, sft_reward: float |
 
 #: Policy losses by name (config ``loss.name``).
 LOSSES: dict[str, Callable[..., torch.Tensor]] = {"reinforce": reinforce_loss}
+
+
+def dpo_loss(chosen: torch.Tensor, rejected: torch.Tensor, ref_chosen: torch.Tensor, ref_rejected: torch.Tensor,
+             beta: float = 0.1) -> torch.Tensor:
+    """The DPO loss (Rafailov et al. 2023), TRL's ``sigmoid`` loss type: mean over pairs of
+    −log σ(β·Δ), Δ = (log π(y_w) − log π_ref(y_w)) − (log π(y_l) − log π_ref(y_l)).
+
+    All four arguments are [P] summed log-probs of the chosen (won) and rejected (lost)
+    trajectories under the policy and the reference. β = 0.1 is TRL's default. This is the line
+    of TRL's ``DPOTrainer._compute_loss`` (sigmoid branch, reverse-KL scores); the trainer around
+    it does not fit here (its completion mask covers every completion token, with no mask for
+    the agent's own turns in a multi-turn game), so the log-probs come from our trainer.
+    """
+    delta = (chosen - ref_chosen) - (rejected - ref_rejected)
+    return -torch.nn.functional.logsigmoid(beta * delta).mean()
 
 
 # ---- reward-model losses (online ARIA's reward model; §5) -----------------------------------------

@@ -1,10 +1,15 @@
 """Training methods by name: ARIA, its ablation and the baselines, as weights on the same steps.
 
-Every method here is a pure function from the agent steps of a set of labelled games to one
-weight per step (NaN: not trained on), and trains with the REINFORCE loss of
-:mod:`aria.trainers.losses` (``−mean(w · Σ_t log π)``; a weight of 1 on every kept step is
-supervised fine-tuning). One training set, one trainer, one loss: the methods differ only in the
-weights, so a comparison between them measures the credit assignment and nothing else.
+Every method here is a pure function from the agent steps of a set of labelled games to what
+it trains on, of one of two kinds:
+
+* ``weights``: one weight per step (NaN: not trained on), trained with the REINFORCE loss of
+  :mod:`aria.trainers.losses` (``−mean(w · Σ_t log π)``; a weight of 1 on every kept step is
+  supervised fine-tuning) by :class:`aria.trainers.offline.OfflineTrainer`. One training set, one
+  trainer, one loss: these methods differ only in the weights, so a comparison between them
+  measures the credit assignment and nothing else;
+* ``pairs``: pairs of (chosen, rejected) trajectories, each a tuple of step indices, trained with
+  the DPO loss by :class:`aria.trainers.dpo.TrajectoryDPOTrainer` (``traj_dpo``).
 
 A step is a dict with the fields step 4 of the pipeline writes (``aria.intention.pipeline``):
 
@@ -20,12 +25,14 @@ A step is a dict with the fields step 4 of the pipeline writes (``aria.intention
 
 Registry as in verl's ``register_adv_est``: :func:`register_method` adds a method,
 :func:`get_method` returns it and rejects unknown names. ArCHer (a token-level actor with an
-utterance-level critic) needs a critic, not weights; it would be a trainer of its own.
+utterance-level critic) needs a critic, not weights or pairs: it would be a third kind, with a
+trainer of its own beside the two above (:func:`aria.trainers.offline.trainer_for` picks the
+trainer from the kind).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Sequence
+from typing import Callable, Sequence, Union
 
 import numpy as np
 
@@ -35,24 +42,35 @@ from aria.intention.aggregate import AGGREGATION_MODES
 EPSILON = 1e-6
 
 
+#: A trajectory: the indices of one role's steps in one game; a pair: (chosen, rejected).
+Pair = tuple[tuple[int, ...], tuple[int, ...]]
+#: What a method trains on, by kind.
+KINDS = ("weights", "pairs")
+
+
 @dataclass(frozen=True)
 class Method:
     name: str
-    weights: Callable[[Sequence[dict]], np.ndarray]  # steps -> [n_steps], NaN = not trained on
+    fn: Callable[[Sequence[dict]], Union[np.ndarray, list[Pair]]]  # steps -> weights [n_steps] (NaN = not
+    # trained on), or pairs
     needs: tuple[str, ...]  # step fields the method reads
     source: str  # where the method comes from
     sft_marker: bool = False  # a weight of exactly −1 marks a demonstration (the release's ARIA files)
+    kind: str = "weights"  # one of KINDS
 
 
 METHODS: dict[str, Method] = {}
 
 
-def register_method(name: str, needs: tuple[str, ...], source: str, sft_marker: bool = False):
-    """Decorator: register ``weights(steps) -> np.ndarray`` as the method ``name``."""
-    def wrap(fn: Callable[[Sequence[dict]], np.ndarray]) -> Callable[[Sequence[dict]], np.ndarray]:
+def register_method(name: str, needs: tuple[str, ...], source: str, sft_marker: bool = False, kind: str = "weights"):
+    """Decorator: register ``fn(steps)`` (weights, or pairs when ``kind="pairs"``) as the method ``name``."""
+    if kind not in KINDS:
+        raise ValueError(f"method {name!r}: unknown kind {kind!r} (known: {', '.join(KINDS)})")
+
+    def wrap(fn: Callable) -> Callable:
         if name in METHODS:
             raise ValueError(f"method {name!r} is registered twice")
-        METHODS[name] = Method(name, fn, needs, source, sft_marker)
+        METHODS[name] = Method(name, fn, needs, source, sft_marker, kind)
         return fn
     return wrap
 
@@ -63,14 +81,25 @@ def get_method(name: str) -> Method:
     return METHODS[name]
 
 
-def method_weights(name: str, steps: Sequence[dict]) -> np.ndarray:
-    """The weights of method ``name`` on ``steps``, after checking every step has the fields it reads."""
+def _checked(name: str, kind: str, steps: Sequence[dict]) -> Method:
     method = get_method(name)
+    if method.kind != kind:
+        raise KeyError(f"method {name!r} trains on {method.kind}, not on {kind}")
     for i, step in enumerate(steps):
         for field in method.needs:
             if field not in step:
                 raise KeyError(f"step {i}: no {field!r}, which method {name!r} needs (re-run pipeline step 4)")
-    return np.asarray(method.weights(steps), dtype=np.float64)
+    return method
+
+
+def method_weights(name: str, steps: Sequence[dict]) -> np.ndarray:
+    """The weights of method ``name`` on ``steps``, after checking every step has the fields it reads."""
+    return np.asarray(_checked(name, "weights", steps).fn(steps), dtype=np.float64)
+
+
+def method_pairs(name: str, steps: Sequence[dict]) -> list[Pair]:
+    """The (chosen, rejected) trajectory pairs of method ``name`` on ``steps`` (checked as above)."""
+    return list(_checked(name, "pairs", steps).fn(steps))
 
 
 # ---- helpers -------------------------------------------------------------------------------------
@@ -172,3 +201,30 @@ def gigpo(steps: Sequence[dict], omega: float = 1.0) -> np.ndarray:
     anchor = _group_ids([(int(g), s["observation"]) for g, s in zip(episode_group, steps)])
     step = _normalized(np.array([float(s["step_return"]) for s in steps]), anchor, single="zero")
     return episode + omega * step
+
+
+@register_method("traj_dpo", needs=("game_id", "success", "target"), kind="pairs",
+                 source="trajectory-wise DPO (ETO, Song et al. 2024): a won and a lost game with the same target, "
+                        "the DPO loss on the summed log-probs of the agent's tokens")
+def traj_dpo(steps: Sequence[dict]) -> list[Pair]:
+    """Pairs of a won (chosen) and a lost (rejected) trajectory from the same group — the games of
+    one target, and one role in two-player games — so both started from the same state.
+
+    In a group with won trajectories W_0..W_{n−1} and lost ones L_0..L_{m−1} (file order), pair j
+    is (W_{j mod n}, L_{j mod m}) for j < max(n, m): every game of the group is in some pair and
+    the number of pairs grows linearly (ETO pairs each failed exploration with the expert's
+    trajectory of its task). A group without a win or without a loss, a group of one, gives no pair.
+    """
+    trajectories: dict[tuple, list[int]] = {}
+    for i, s in enumerate(steps):
+        trajectories.setdefault((s["game_id"], s.get("role", "")), []).append(i)
+    groups: dict[tuple, tuple[list, list]] = {}
+    for (game, role), members in trajectories.items():
+        first = steps[members[0]]
+        won, lost = groups.setdefault((first["target"], role), ([], []))
+        (won if first["success"] else lost).append(tuple(members))
+    pairs: list[Pair] = []
+    for won, lost in groups.values():
+        if won and lost:
+            pairs += [(won[j % len(won)], lost[j % len(lost)]) for j in range(max(len(won), len(lost)))]
+    return pairs

@@ -96,11 +96,14 @@ class TrainState:
 class OfflineTrainer:
     """Offline REINFORCE; ``cfg`` is the resolved Hydra config (see ``config/default.yaml``).
 
-    What is specific to the policy is two attributes and two methods, which the reward-model
-    trainer (:mod:`aria.trainers.reward_model`) overrides: :attr:`head`, :attr:`target_field`,
-    :meth:`select_samples` and :meth:`micro_loss`; :meth:`after_training` runs before the final
-    save. The loop, accumulation, logging, checkpoints and resume are shared, and the step itself
-    is the engine's (:mod:`aria.trainers.engine`).
+    What is specific to the policy is a few attributes and methods, which the reward-model
+    trainer (:mod:`aria.trainers.reward_model`) and the trajectory-DPO trainer
+    (:mod:`aria.trainers.dpo`) override: :attr:`head`, :attr:`target_field`, :attr:`loss_name`,
+    :meth:`select_samples` and :meth:`micro_loss`; a trainer whose unit of data is not one sample
+    (DPO: a pair of games) also overrides :meth:`unit_lengths`, :meth:`make_batch` and
+    :meth:`fingerprint`. :meth:`after_training` runs before the final save. The loop,
+    accumulation, logging, checkpoints and resume are shared, and the step itself is the
+    engine's (:mod:`aria.trainers.engine`).
     """
 
     #: losses by name (config ``loss.name``)
@@ -109,11 +112,15 @@ class OfflineTrainer:
     head = "causal_lm"
     #: the sample field the loss weighs by (the method's weight) or regresses on
     target_field = "weight"
+    #: the trainer's own loss; None: the config's ``loss.name``
+    loss_name: str | None = None
+    #: what one unit of data (an entry of a micro-batch) is called in messages
+    unit = "samples"
 
     def __init__(self, cfg: dict, on_step: Callable[[int], None] | None = None):
         from accelerate.utils import set_seed
 
-        check_train_settings(cfg, self.losses)
+        check_train_settings(cfg, self.losses, self.loss_name)
         self.cfg = cfg
         t = cfg["train"]
         self.output_dir = Path(cfg["output_dir"])
@@ -132,14 +139,13 @@ class OfflineTrainer:
         self.encoded: list[EncodedSample] = [self.encode(s) for s in self.samples]
         self.rewards = torch.tensor([float(s[self.target_field]) for s in self.samples])
         # What a checkpoint was trained on: resuming on other data would silently mix two runs.
-        self.data_digest = hashlib.sha256(json.dumps(
-            [[e.input_ids, e.prompt_len] for e in self.encoded] + self.rewards.tolist()).encode()).hexdigest()[:16]
+        self.data_digest = hashlib.sha256(json.dumps(self.fingerprint()).encode()).hexdigest()[:16]
 
         world, accumulation = self.accelerator.num_processes, t["gradient_accumulation_steps"]
         self.micro_per_epoch = len(self._epoch_batches(0))
         self.steps_per_epoch = self.micro_per_epoch // accumulation
         if self.steps_per_epoch == 0:
-            raise DataError(self.train_path, None, None, f"{len(self.samples)} samples make no full optimizer step with "
+            raise DataError(self.train_path, None, None, f"{len(self.unit_lengths())} {self.unit} make no full optimizer step with "
                             f"micro_batch_size={t['micro_batch_size']}, accumulation={accumulation}, processes={world}")
         self.total_steps = self.steps_per_epoch * t["epochs"]
 
@@ -150,8 +156,9 @@ class OfflineTrainer:
             ds["gradient_clipping"] = t["max_grad_norm"] or 0.0
         self.model, self.optimizer = self.accelerator.prepare(model, optimizer)
         self.scheduler = scheduler
-        self.loss_fn = self.losses[cfg["loss"]["name"]]
-        self.loss_options = dict(cfg["loss"].get(cfg["loss"]["name"]) or {})  # the section named like the loss
+        loss_name = self.loss_name or cfg["loss"]["name"]
+        self.loss_fn = self.losses[loss_name]
+        self.loss_options = dict(cfg["loss"].get(loss_name) or {})  # the section named like the loss
         if self.target_field == "weight" and not get_method(cfg.get("method", "aria")).sft_marker \
                 and "sft_reward" in self.loss_options:
             # A reward of exactly −1 marks a demonstration only in the release's ARIA files; a
@@ -190,6 +197,19 @@ class OfflineTrainer:
     def encode(self, sample: dict) -> EncodedSample:
         return self.encoding.encode(self.tokenizer, sample["observation"], sample["action"])
 
+    def unit_lengths(self) -> list[int]:
+        """Tokens of each unit of data (here a sample): batches group similar lengths."""
+        return [len(e.input_ids) for e in self.encoded]
+
+    def make_batch(self, indices: list[int]) -> dict[str, torch.Tensor]:
+        """The tensors of the units ``indices``, on this process's device."""
+        items = [self.encoded[i] for i in indices]
+        return {k: v.to(self.accelerator.device) for k, v in collate(items, self.tokenizer.pad_token_id).items()}
+
+    def fingerprint(self) -> list:
+        """What the data digest is taken of: a checkpoint resumes only on the same data."""
+        return [[e.input_ids, e.prompt_len] for e in self.encoded] + self.rewards.tolist()
+
     def micro_loss(self, batch: dict[str, torch.Tensor], indices: list[int]) -> torch.Tensor:
         """The loss of one micro-batch: REINFORCE on the summed action log-probs."""
         logp = action_logprobs(self.model, batch)
@@ -202,7 +222,7 @@ class OfflineTrainer:
     # ---- the data order ----
     def _epoch_batches(self, epoch: int) -> list[list[int]]:
         t = self.cfg["train"]
-        lengths = [len(e.input_ids) for e in self.encoded]
+        lengths = self.unit_lengths()
         batches = length_bucketed_batches(lengths, t["micro_batch_size"], self.cfg["seed"], epoch, t["bucket_batches"]) \
             if t["length_bucketing"] else _plain_batches(len(lengths), t["micro_batch_size"], self.cfg["seed"], epoch)
         return batches_for_process(batches, self.accelerator.process_index, self.accelerator.num_processes,
@@ -229,8 +249,7 @@ class OfflineTrainer:
                     atomic_write_json(self.output_dir / f"data_order_epoch{self.state.epoch}_rank{acc.process_index}.json", batches)
                 while self.state.micro < len(batches):
                     indices = batches[self.state.micro]
-                    items = [self.encoded[i] for i in indices]
-                    batch = {k: v.to(acc.device) for k, v in collate(items, self.tokenizer.pad_token_id).items()}
+                    batch = self.make_batch(indices)
                     loss, grad_norm = accumulate_step(acc, self.model, self.optimizer, self.scheduler,
                                                       lambda: self.micro_loss(batch, indices), t["max_grad_norm"])
                     if grad_norm is not None:
@@ -337,6 +356,18 @@ class OfflineTrainer:
         state_dict = acc.get_state_dict(self.model) if self._deepspeed else None  # every rank takes part in gathering
         return save_final_model(acc, self.model, self.tokenizer, self.output_dir / "final", self.encoding,
                                 {"steps": self.state.step, "train_file": str(self.train_path), "config": self.cfg}, state_dict)
+
+
+def trainer_for(cfg: dict) -> type[OfflineTrainer]:
+    """The offline trainer of the configured method's kind (:data:`aria.trainers.methods.KINDS`):
+    REINFORCE on per-step weights, or trajectory DPO on pairs. An unknown method is the REINFORCE
+    trainer's to reject (one line, before any model loads)."""
+    method = METHODS.get(cfg.get("method", "aria"))
+    if method is not None and method.kind == "pairs":
+        from aria.trainers.dpo import TrajectoryDPOTrainer
+
+        return TrajectoryDPOTrainer
+    return OfflineTrainer
 
 
 def _plain_batches(n: int, batch_size: int, seed: int, epoch: int) -> list[list[int]]:
