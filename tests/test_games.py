@@ -135,3 +135,42 @@ def test_target_schedule_is_seeded_and_cycles(twenty_questions):
     assert first != target_schedule(targets, 200, seed=4)
     assert {t.name for t in first[:157]} == {t.name for t in targets}  # one full pass first
     assert first[157:] == first[:43]                                    # then the same order again
+
+
+def test_a_testbed_config_starts_from_its_game_and_keeps_a_subset(tmp_path, monkeypatch):
+    """twenty_questions_subset = twenty_questions + its own keys (as Hydra composes it): the ten
+    objects of ArCHer's subset, named in the prompt, played by Twenty Questions' rules and oracle."""
+    from pathlib import Path
+
+    import yaml
+    from hydra import compose, initialize_config_dir
+    from omegaconf import OmegaConf
+
+    import aria.games.base as base
+    from aria.games.base import load_game, load_game_config
+    from aria.games.oracle import OracleRequest, build_oracle
+    from aria.io import DataError
+
+    subset, full = load_game_config("twenty_questions_subset"), load_game_config("twenty_questions")
+    assert {k for k in subset if subset[k] != full.get(k)} == {"name", "family", "targets_only", "prompt"}
+    assert subset["prompt"]["turn"] == full["prompt"]["turn"] and subset["prompt"]["intro"] != full["prompt"]["intro"]
+    repo = Path(__file__).resolve().parents[1]
+    with initialize_config_dir(config_dir=str(repo / "config"), version_base="1.3"):
+        composed = OmegaConf.to_container(compose("collect", overrides=["game=twenty_questions_subset"]), resolve=True)
+    assert composed["game"] == subset
+
+    game = load_game("twenty_questions_subset")
+    assert [t.name for t in game.targets] == ["Football", "Dog", "Banana", "Truck", "Pants", "Computer", "Piano",
+                                              "Chair", "Pen", "Scissors"]  # the word list's order
+    assert game.family == "twenty_questions" and load_game("twenty_questions").family == "twenty_questions"
+    assert "one of: football, dog, banana, truck, pants, computer, piano, chair, pen, scissors." in game.prompt.intro
+    oracle = build_oracle({"name": "knowledge_base"}, subset)
+    answers = oracle.answer([OracleRequest(game.name, "Dog", q) for q in ("Is it an animal?", "Is it a dog?", "Is it a pen?")])
+    assert [a.text for a in answers] == ["Yes.", game.win_answer, "No."]
+
+    (tmp_path / "bad.yaml").write_text(yaml.safe_dump({"defaults": ["twenty_questions", "_self_"], "name": "bad",
+                                                       "targets_only": ["Dog", "Unicorn"]}))
+    (tmp_path / "twenty_questions.yaml").write_text((repo / "config/game/twenty_questions.yaml").read_text())
+    monkeypatch.setattr(base, "GAME_CONFIG_DIR", tmp_path)
+    with pytest.raises(DataError, match="targets_only.*not in the list: Unicorn"):
+        load_game("bad")

@@ -61,6 +61,8 @@ class QuestionGame:
 
     Attributes:
         name: registry name, e.g. ``"twenty_questions"``.
+        family: whose rules and oracles it plays by (config ``family``, default the name): a
+            testbed such as ``twenty_questions_subset`` is a ``twenty_questions`` game.
         targets: every target, in the data file's order.
         prompt: the policy's prompt format.
         max_turns: questions allowed per game (20 in both games).
@@ -81,12 +83,14 @@ class QuestionGame:
     win_answer: str = "Yes."
     decoys: tuple[str, ...] = ()
     single_guess: bool = True
+    family: str = ""
     _index: PhraseIndex = field(init=False, repr=False)
     _by_name: dict[str, Target] = field(init=False, repr=False)
     _phrases: dict[str, str] = field(init=False, repr=False)
     _outside: dict[tuple[str, ...], PhraseIndex] = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
+        self.family = self.family or self.name
         phrases: dict[str, str] = {}
         for decoy in self.decoys:
             phrases[decoy] = ""  # a match that names no target
@@ -209,6 +213,12 @@ def load_targets(cfg: Mapping[str, Any]) -> list[Target]:
     names = [t.name for t in targets]
     if len(set(names)) != len(names):
         raise DataError(path, None, None, "duplicate target names")
+    only = cfg.get("targets_only")
+    if only is not None:  # a subset of the list, in the list's order (a testbed the model can win)
+        unknown = sorted(set(only) - set(names))
+        if unknown or not only:
+            raise DataError(path, None, "targets_only", f"not in the list: {', '.join(unknown)}" if unknown else "empty")
+        targets = [t for t in targets if t.name in set(only)]
     return targets
 
 
@@ -225,6 +235,7 @@ def build_game(cfg: Mapping[str, Any]) -> QuestionGame:
         win_answer=cfg.get("win_answer", "Yes."),
         decoys=tuple(cfg.get("decoys", ()) or ()),
         single_guess=bool(cfg.get("single_guess", True)),
+        family=str(cfg.get("family") or cfg["name"]),
     )
 
 
@@ -234,11 +245,24 @@ def known_games() -> list[str]:
 
 
 def load_game_config(name: str) -> dict:
-    """The config mapping of ``config/game/<name>.yaml`` (what Hydra's ``game=<name>`` selects)."""
+    """The config mapping of ``config/game/<name>.yaml`` (what Hydra's ``game=<name>`` selects).
+
+    A game config may start from others of its group, as Hydra composes it (``defaults:
+    [twenty_questions, _self_]``): the bases are merged first, then the file's own keys.
+    """
+    from omegaconf import OmegaConf
+
     path = GAME_CONFIG_DIR / f"{name}.yaml"
     if not path.is_file():
         raise DataError(path, None, None, f"no config for game {name!r} (known: {', '.join(known_games())})")
-    return yaml.safe_load(path.read_text(encoding="utf-8"))
+    own = yaml.safe_load(path.read_text(encoding="utf-8"))
+    defaults = own.pop("defaults", [])
+    if not isinstance(defaults, list) or not all(isinstance(d, str) for d in defaults):
+        raise DataError(path, None, "defaults", "expected a list of game config names")
+    bases = [load_game_config(base) for base in defaults if base != "_self_"]
+    if not bases:
+        return own
+    return OmegaConf.to_container(OmegaConf.merge(*bases, own))
 
 
 def load_game(name: str) -> QuestionGame:

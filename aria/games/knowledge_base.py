@@ -154,12 +154,12 @@ class KnowledgeBaseOracle:
         path = dataset_file(facts_file or game_cfg["facts_file"])
         self.settings = {"name": self.name, "facts_file": path.name}
         facts = read_json(path)
-        if self.game.name == "twenty_questions":
+        if self.game.family == "twenty_questions":
             self._answerer = _TwentyQuestionsKB(self.game, facts, path)
-        elif self.game.name == "guess_my_city":
+        elif self.game.family == "guess_my_city":
             self._answerer = _GuessMyCityKB(self.game, facts, path)
         else:
-            raise ValueError(f"no knowledge base for game {self.game.name!r}")
+            raise ValueError(f"no knowledge base for game {self.game.name!r} (family {self.game.family!r})")
 
     def answer(self, requests: Sequence[OracleRequest]) -> list[Completion]:
         return [Completion(self.answer_one(r.target, r.question)) for r in requests]

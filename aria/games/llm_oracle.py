@@ -109,11 +109,12 @@ class LLMOracle:
         prompts: Mapping[str, Mapping[str, str]] | None = None,
     ):
         self.game = str(game_cfg["name"])
+        self.family = str(game_cfg.get("family") or self.game)  # a testbed asks with its family's prompt
         self.invalid_answer = str(game_cfg.get("invalid_answer", "Invalid Question."))
-        prompt = merge_prompts(prompts).get(self.game)
+        prompt = merge_prompts(prompts).get(self.family)
         if not prompt or not {"system", "user"} <= set(prompt):
             raise ValueError(
-                f"no oracle prompt (system and user) for game {self.game!r}; set oracle.prompts.{self.game}"
+                f"no oracle prompt (system and user) for game {self.family!r}; set oracle.prompts.{self.family}"
             )
         self.prompt = prompt
         targets = load_targets(game_cfg)
@@ -153,7 +154,7 @@ class LLMOracle:
         """Map the model's reply into the game's answer set; errors pass through unchanged."""
         if not reply.ok:
             return reply
-        if self.game == TWENTY_QUESTIONS:
+        if self.family == TWENTY_QUESTIONS:
             return Completion(text=normalize_yes_no(reply.text, self.invalid_answer))
         line = first_line(reply.text)
         if not line:
