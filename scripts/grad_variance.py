@@ -1,9 +1,11 @@
 #!/usr/bin/env python3
-"""Per-sample policy-gradient variance: raw step returns, aggregated rewards and a method's weights (paper Figure 4).
+"""Per-sample policy-gradient variance: raw step returns, aggregated rewards and methods' weights (paper Figure 4).
 
-    python scripts/grad_variance.py --config-name reinforce_llm data.train_file=outputs/intention/twenty_questions/train.json method=gigpo
+    python scripts/grad_variance.py --config-name reinforce_llm data.train_file=outputs/intention/twenty_questions/train.json \
+        'grad_variance.methods=[aria,no_aggregation,gigpo,starpo]'
 
-Settings: grad_variance.max_samples, grad_variance.seed, grad_variance.out (JSON written there).
+Settings: grad_variance.methods (default aria, no_aggregation, gigpo), grad_variance.max_samples,
+grad_variance.seed, grad_variance.out (JSON written there).
 """
 import json
 import sys
@@ -20,7 +22,7 @@ def main(cfg) -> None:
     c = OmegaConf.to_container(cfg, resolve=True)
     gv = c["grad_variance"]
     try:
-        result = gradient_variance(c, gv["max_samples"], gv["seed"])
+        result = gradient_variance(c, gv["max_samples"], gv["seed"], gv.get("methods"))
     except DataError as err:
         print(f"error: {err}", file=sys.stderr)
         sys.exit(2)

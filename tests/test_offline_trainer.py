@@ -219,9 +219,12 @@ def test_gradient_variance_tool_by_hand(tmp_path, tiny_model_dir):
     assert result["trace_cov_aggregated_reward"] == pytest.approx(trace_cov(0.5, 0.5), rel=1e-4)
     assert result["ratio_aggregated_over_raw"] == pytest.approx(trace_cov(0.5, 0.5) / trace_cov(1.0, 0.0), rel=1e-4)
     # the configured method's weights, side by side (the default method's are the aggregated rewards)
-    assert result["method"] == "aria" and result["trace_cov_method_aria"] == result["trace_cov_aggregated_reward"]
-    bc = gradient_variance({**cfg, "method": "bc"}, max_samples=2)
-    assert bc["trace_cov_method_bc"] == pytest.approx(trace_cov(1.0, 1.0), rel=1e-4)
+    assert result["methods"] == ["aria"] and result["trace_cov_method_aria"] == result["trace_cov_aggregated_reward"]
+    both = gradient_variance({**cfg, "method": "bc"}, max_samples=2, methods=["bc", "no_aggregation"])
+    assert both["methods"] == ["bc", "no_aggregation"] and "trace_cov_method_aria" not in both
+    assert both["trace_cov_method_bc"] == pytest.approx(trace_cov(1.0, 1.0), rel=1e-4)
+    assert both["trace_cov_method_no_aggregation"] == both["trace_cov_raw_step_return"]
+    assert both["ratio_method_bc_over_raw"] == pytest.approx(trace_cov(1.0, 1.0) / trace_cov(1.0, 0.0), rel=1e-4)
 
 
 def test_each_sample_is_weighted_by_its_own_reward(tmp_path, tiny_model_dir):

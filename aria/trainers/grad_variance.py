@@ -9,11 +9,13 @@ projection) the total variance across samples of the per-sample estimator r_i ·
     tr Cov(r g) = mean_i ||r_i g_i||² − ||mean_i r_i g_i||²
 
 streaming over samples (running sums of size |θ|), once with r = step_return, once with
-r = reward, and once with r = the weights of the configured ``method``
-(:mod:`aria.trainers.methods`; ``method=gigpo`` gives GiGPO's advantages, side by side with
-the raw and aggregated rewards). The samples are the steps the aggregation kept (those with an
-aggregated reward); the method's weights are computed on the whole file first (group
-statistics), and a step the method does not train on counts with weight 0.
+r = reward, and once with r = the weights of each of ``grad_variance.methods``
+(:mod:`aria.trainers.methods`; default ``aria``, ``no_aggregation`` and ``gigpo``: Figure 4's
+two and GiGPO's exact-state grouping, from the same per-sample gradients). The samples are the
+steps the aggregation kept (those with an aggregated reward); a method's weights are computed on
+the whole file first (group statistics), and a step the method does not train on counts with
+weight 0. ``games`` and ``games_won`` say whether the set has any signal at all (a set of lost
+games has R = 0 everywhere and no gradient).
 """
 from __future__ import annotations
 
@@ -28,20 +30,21 @@ from aria.policy import action_logprobs, collate, encode_sample, load_policy
 from aria.trainers.methods import method_weights
 
 
-def gradient_variance(cfg: dict, max_samples: int = 256, seed: int = 0) -> dict:
+def gradient_variance(cfg: dict, max_samples: int = 256, seed: int = 0, methods: list[str] | None = None) -> dict:
     m, d = cfg["model"], cfg["data"]
     samples = read_training_set(d["train_file"])
     missing = [i for i, s in enumerate(samples) if "step_return" not in s]
     if missing:
         raise DataError(d["train_file"], None, f"sample {missing[0]}.step_return",
                         "missing (the raw return is needed; pipeline step 4 writes it)")
-    method = cfg.get("method", "aria")
-    try:
-        weights = np.nan_to_num(method_weights(method, samples), nan=0.0)
-    except KeyError as error:
-        raise DataError(d["train_file"], None, None, error.args[0]) from None
-    for s, w in zip(samples, weights):
-        s["method_weight"] = float(w)
+    methods = list(methods or [cfg.get("method", "aria")])
+    for method in methods:
+        try:
+            weights = np.nan_to_num(method_weights(method, samples), nan=0.0)
+        except KeyError as error:
+            raise DataError(d["train_file"], None, None, error.args[0]) from None
+        for s, w in zip(samples, weights):
+            s[f"weight_{method}"] = float(w)
     kept = [i for i, s in enumerate(samples) if s["reward"] is not None]
     if not kept:
         raise DataError(d["train_file"], None, None, "no sample has an aggregated reward (none was kept)")
@@ -51,7 +54,8 @@ def gradient_variance(cfg: dict, max_samples: int = 256, seed: int = 0) -> dict:
     model.eval()  # no dropout: the variance is over samples, not over dropout masks
     params = [p for p in model.parameters() if p.requires_grad]
     n_params = sum(p.numel() for p in params)
-    kinds = {"raw_step_return": "step_return", "aggregated_reward": "reward", f"method_{method}": "method_weight"}
+    kinds = {"raw_step_return": "step_return", "aggregated_reward": "reward",
+             **{f"method_{method}": f"weight_{method}" for method in methods}}
     sums = {k: torch.zeros(n_params, dtype=torch.float64) for k in kinds}
     squares = {k: 0.0 for k in kinds}
     start = time.perf_counter()
@@ -67,7 +71,9 @@ def gradient_variance(cfg: dict, max_samples: int = 256, seed: int = 0) -> dict:
             sums[kind] += v
             squares[kind] += float(v.dot(v))
     n = len(chosen)
-    result = {"samples": n, "method": method, "trainable_parameters": n_params, "train_file": str(d["train_file"]), "model": str(m["path"]),
+    outcome = {(s.get("game_id"), s.get("role")): bool(s.get("success")) for s in samples}
+    result = {"samples": n, "methods": methods, "games": len(outcome), "games_won": sum(outcome.values()),
+              "trainable_parameters": n_params, "train_file": str(d["train_file"]), "model": str(m["path"]),
               "lora": bool(m["lora"]["enabled"]), "seed": seed, "seconds": round(time.perf_counter() - start, 2)}
     for kind, field in kinds.items():
         mean = sums[kind] / n
@@ -76,5 +82,6 @@ def gradient_variance(cfg: dict, max_samples: int = 256, seed: int = 0) -> dict:
         result[f"reward_variance_{kind}"] = float(rewards.var())
     raw = result["trace_cov_raw_step_return"]
     result["ratio_aggregated_over_raw"] = result["trace_cov_aggregated_reward"] / raw if raw > 0 else None
-    result[f"ratio_method_{method}_over_raw"] = result[f"trace_cov_method_{method}"] / raw if raw > 0 else None
+    for method in methods:
+        result[f"ratio_method_{method}_over_raw"] = result[f"trace_cov_method_{method}"] / raw if raw > 0 else None
     return result
