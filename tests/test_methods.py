@@ -147,28 +147,34 @@ def test_aria_with_one_cluster_per_text_is_the_mean_return_over_equal_texts():
     close(got, [0.3125, 0.25, 1.0, 0.3125, 0.25, 0.0, 0.3125, 0.0, 0.3125])
 
 
-@pytest.mark.parametrize("name", WEIGHT_METHODS)
-def test_two_steps_of_every_method_on_a_tiny_model(name, tmp_path, tiny_model_dir):
-    """Every method trains through the offline trainer: the weights it trains on are the method's
-    (NaN steps dropped), the release's −1 demonstration marker is ARIA's only, and two optimizer
-    steps change the adapter."""
+def method_config(tmp_path, model_dir, *overrides: str) -> dict:
+    """The offline config on STEPS (written to ``tmp_path``), tiny model, one process, lr 0.01."""
     import json
     from pathlib import Path
 
-    import torch
     from hydra import compose, initialize_config_dir
     from omegaconf import OmegaConf
-
-    from aria.trainers.offline import OfflineTrainer
 
     repo = Path(__file__).resolve().parents[1]
     train_file = tmp_path / "train.json"
     train_file.write_text(json.dumps(STEPS))
     with initialize_config_dir(config_dir=str(repo / "config"), version_base="1.3"):
-        cfg = OmegaConf.to_container(compose("reinforce_llm", overrides=[
-            f"model.path={tiny_model_dir}", f"data.train_file={train_file}", f"output_dir={tmp_path / 'out'}",
-            "device=cpu", "train.mixed_precision=no", "train.epochs=1", "train.micro_batch_size=4",
-            "train.gradient_accumulation_steps=1", "train.lr=0.01", "train.save_freq=1000", f"method={name}"]), resolve=True)
+        return OmegaConf.to_container(compose("reinforce_llm", overrides=[
+            f"model.path={model_dir}", f"data.train_file={train_file}", f"output_dir={tmp_path / 'out'}",
+            "device=cpu", "train.mixed_precision=no", "train.gradient_accumulation_steps=1", "train.lr=0.01",
+            "train.save_freq=1000", *overrides]), resolve=True)
+
+
+@pytest.mark.parametrize("name", WEIGHT_METHODS)
+def test_two_steps_of_every_method_on_a_tiny_model(name, tmp_path, tiny_model_dir):
+    """Every method trains through the offline trainer: the weights it trains on are the method's
+    (NaN steps dropped), the release's −1 demonstration marker is ARIA's only, and two optimizer
+    steps change the adapter."""
+    import torch
+
+    from aria.trainers.offline import OfflineTrainer
+
+    cfg = method_config(tmp_path, tiny_model_dir, "train.epochs=1", "train.micro_batch_size=4", f"method={name}")
     trainer = OfflineTrainer(cfg)
     weights = method_weights(name, STEPS)
     expected = [(s["game_id"], s["turn"], w) for s, w in zip(STEPS, weights) if np.isfinite(w)]
@@ -188,11 +194,8 @@ def test_two_steps_of_trajectory_dpo_on_a_tiny_model(tmp_path, tiny_model_dir):
     reference is the base model (the adapter off, before and after training), the first loss is
     log 2 (policy = reference), and two steps make the policy prefer the won game."""
     import json
-    from pathlib import Path
 
     import torch
-    from hydra import compose, initialize_config_dir
-    from omegaconf import OmegaConf
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from aria.policy import Encoding
@@ -200,15 +203,8 @@ def test_two_steps_of_trajectory_dpo_on_a_tiny_model(tmp_path, tiny_model_dir):
     from aria.trainers.offline import trainer_for
     from conftest import naive_action_logprob
 
-    repo = Path(__file__).resolve().parents[1]
-    train_file = tmp_path / "train.json"
-    train_file.write_text(json.dumps(STEPS))
-    with initialize_config_dir(config_dir=str(repo / "config"), version_base="1.3"):
-        cfg = OmegaConf.to_container(compose("reinforce_llm", overrides=[
-            f"model.path={tiny_model_dir}", f"data.train_file={train_file}", f"output_dir={tmp_path / 'out'}",
-            "device=cpu", "train.mixed_precision=no", "train.epochs=2", "train.micro_batch_size=1",
-            "train.gradient_accumulation_steps=1", "train.lr=0.01", "train.save_freq=1000", "train.warmup_ratio=0",
-            "method=traj_dpo"]), resolve=True)
+    cfg = method_config(tmp_path, tiny_model_dir, "train.epochs=2", "train.micro_batch_size=1", "train.warmup_ratio=0",
+                        "method=traj_dpo")
     assert trainer_for(cfg) is TrajectoryDPOTrainer
     trainer = TrajectoryDPOTrainer(cfg)
     assert [(s["game_id"], s["turn"], s["weight"]) for s in trainer.samples] == \

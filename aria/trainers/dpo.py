@@ -32,8 +32,8 @@ import torch
 from aria.io import DataError
 from aria.policy import action_logprobs, collate
 from aria.trainers.losses import dpo_loss
-from aria.trainers.methods import METHODS, method_pairs
-from aria.trainers.offline import OfflineTrainer, check_samples
+from aria.trainers.methods import method_pairs
+from aria.trainers.offline import OfflineTrainer
 
 
 class TrajectoryDPOTrainer(OfflineTrainer):
@@ -50,19 +50,10 @@ class TrajectoryDPOTrainer(OfflineTrainer):
         """The steps of the paired games, each with ``weight`` +1 (chosen) or −1 (rejected);
         sets :attr:`trajectories` (step indices into the kept samples) and :attr:`pairs`
         (chosen, rejected) trajectory indices."""
-        from aria.cli import ConfigError
-
-        check_samples(samples, self.train_path)
-        name = self.cfg.get("method", "traj_dpo")
-        if name not in METHODS:
-            raise ConfigError(f"method: unknown {name!r} (known: {', '.join(sorted(METHODS))})")
-        try:
-            pairs = method_pairs(name, samples)
-        except KeyError as error:
-            raise DataError(self.train_path, None, None, error.args[0]) from None
+        pairs = self.apply_method(samples, method_pairs)
         if not pairs:
-            raise DataError(self.train_path, None, None, f"method {name!r} finds no pair of a won and a lost game "
-                            "with the same target")
+            raise DataError(self.train_path, None, None, f"method {self.cfg['method']!r} finds no pair of a won and a "
+                            "lost game with the same target")
         pairs = self.subset(pairs)
         trajectories = list(dict.fromkeys(t for pair in pairs for t in pair))
         used = sorted({i for t in trajectories for i in t})

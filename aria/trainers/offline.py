@@ -171,6 +171,17 @@ class OfflineTrainer:
         """The samples the method (config ``method``, :mod:`aria.trainers.methods`) trains on, each
         with its ``weight``; the weights are computed on the whole file (StarPO and GiGPO compare
         games with each other), then ``data.max_samples`` may take a seeded subset."""
+        weights = self.apply_method(samples, method_weights)
+        samples = [dict(s, weight=float(w)) for s, w in zip(samples, weights) if np.isfinite(w)]
+        if not samples:
+            raise DataError(self.train_path, None, None, f"method {self.cfg.get('method', 'aria')!r} trains on none "
+                            "of the samples")
+        return self.subset(samples)
+
+    def apply_method(self, samples: list[dict], apply: Callable[[str, list[dict]], Any]) -> Any:
+        """``apply(method name, samples)`` (:func:`~aria.trainers.methods.method_weights` or
+        ``method_pairs``) after checking the samples; an unknown method is a config error and a
+        missing field names the file."""
         from aria.cli import ConfigError
 
         check_samples(samples, self.train_path)
@@ -178,13 +189,9 @@ class OfflineTrainer:
         if name not in METHODS:
             raise ConfigError(f"method: unknown {name!r} (known: {', '.join(sorted(METHODS))})")
         try:
-            weights = method_weights(name, samples)
+            return apply(name, samples)
         except KeyError as error:
             raise DataError(self.train_path, None, None, error.args[0]) from None
-        samples = [dict(s, weight=float(w)) for s, w in zip(samples, weights) if np.isfinite(w)]
-        if not samples:
-            raise DataError(self.train_path, None, None, f"method {name!r} trains on none of the samples")
-        return self.subset(samples)
 
     def subset(self, samples: list[dict]) -> list[dict]:
         """All of ``samples``, or a seeded subset of ``data.max_samples`` of them in file order."""
