@@ -59,6 +59,18 @@ BUGS = [
     ("summary counts a failed game as finished", "aria/evaluate.py",
      'finished = [r for r in records if r["status"] == "finished"]', "finished = list(records)",
      "tests/test_evaluation.py::test_summary_counts_by_hand"),
+    ("DPO's reference is the policy being trained (adapter left on)", "aria/trainers/dpo.py",
+     'model.disable_adapter() if hasattr(model, "disable_adapter") else nullcontext()', "nullcontext()",
+     "tests/test_methods.py::test_two_steps_of_trajectory_dpo_on_a_tiny_model"),
+    ("DPO's chosen and rejected games swapped", "aria/trainers/losses.py",
+     "delta = (chosen - ref_chosen) - (rejected - ref_rejected)", "delta = (rejected - ref_rejected) - (chosen - ref_chosen)",
+     "tests/test_losses.py::test_dpo_loss_by_hand"),
+    ("DPO pairs games of different targets", "aria/trainers/methods.py",
+     'groups.setdefault((first["target"], role), ([], []))', 'groups.setdefault(role, ([], []))',
+     "tests/test_methods.py::test_traj_dpo_pairs"),
+    ("GiGPO's step groups ignore the target", "aria/trainers/methods.py",
+     'anchor = _group_ids([(int(g), s["observation"])', 'anchor = _group_ids([(0, s["observation"])',
+     "tests/test_methods.py::test_gigpo_step_groups_stay_within_a_target"),
 ]
 
 

@@ -104,6 +104,13 @@ def test_gigpo_by_hand():
     close(method_weights("gigpo", lone_win), [1.0])
 
 
+def test_gigpo_step_groups_stay_within_a_target():
+    """The same opening text in games of two targets is two states (GiGPO's anchors live inside an
+    episode group): each step is alone at both levels -> its raw score, + 0."""
+    same_text = [step("P", 0, "h0", 1.0, 0.5, "cat", True), step("Q", 0, "h0", 0.0, 0.0, "dog", False)]
+    close(method_weights("gigpo", same_text), [1.0, 0.0])
+
+
 def test_traj_dpo_pairs():
     # cat: A won, B lost -> one pair; dog: C won alone, fox: D lost alone -> none (groups of one).
     assert method_pairs("traj_dpo", STEPS) == [((0, 1, 2), (3, 4))]
