@@ -32,7 +32,7 @@ def main() -> None:
     parser.add_argument("--max-body-mb", type=float, default=16.0, help="largest request body read")
     parser.add_argument("--request-timeout", type=float, default=60.0, help="seconds a client may take to send a request")
     parser.add_argument("--device", default="cpu")
-    parser.add_argument("--dtype", default="float32")
+    parser.add_argument("--dtype", default="auto", help="auto = bfloat16 where the hardware computes it natively")
     parser.add_argument("--max-prompt-tokens", type=int, default=512)
     parser.add_argument("--batch-size", type=int, default=16)
     args = parser.parse_args()

@@ -161,3 +161,22 @@ def test_the_scorer_encodes_as_the_model_was_trained(tmp_path, tiny_model_dir):
                              tokenizer.pad_token_id)
     assert got == pytest.approx(expected, abs=1e-5)
     assert np.abs(expected - defaults).max() > 1e-3  # the two encodings score differently
+
+
+def test_bfloat16_scores_are_within_the_stated_tolerance_of_float32(tmp_path, tiny_model_dir):
+    """The scorer's bfloat16 path (``dtype="auto"`` on hardware with native bfloat16) against
+    float32, on a reward model trained here: every score within BF16_SCORE_TOLERANCE, and the
+    two classes of the toy set still apart. bfloat16 is forced, so this runs on any CPU."""
+    from aria.reward_service import BF16_SCORE_TOLERANCE, InProcessScorer
+
+    cfg = config(tmp_path, tiny_model_dir, toy_set(40), "train.epochs=6", "train.micro_batch_size=8",
+                 "train.gradient_accumulation_steps=1", "train.lr=3e-3", "data.eval_fraction=0", "train.save_freq=1000")
+    RewardModelTrainer(cfg).train()
+    held = toy_set(16)
+    full = InProcessScorer(tmp_path / "out" / "final", dtype="float32").score(held)
+    half = InProcessScorer(tmp_path / "out" / "final", dtype="bfloat16").score(held)
+    assert next(InProcessScorer(tmp_path / "out" / "final", dtype="bfloat16").model.parameters()).dtype == torch.bfloat16
+    assert np.abs(half - full).max() <= BF16_SCORE_TOLERANCE, np.abs(half - full).max()
+    assert np.abs(half - full).max() > 0  # it did run in another dtype
+    good = [s["reward"] == 1.0 for s in held]
+    assert half[good].min() > half[np.logical_not(good)].max()

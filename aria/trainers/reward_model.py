@@ -65,7 +65,7 @@ def reward_scores(model, batch: dict[str, torch.Tensor]) -> torch.Tensor:
     return model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits[:, 0].float()
 
 
-@torch.no_grad()
+@torch.inference_mode()
 def score_encoded(model, encoded: Sequence[EncodedSample], pad_id: int, batch_size: int = 16,
                   device: torch.device | str = "cpu") -> np.ndarray:
     """Scores of encoded samples, in order, batched by similar length (no gradients)."""

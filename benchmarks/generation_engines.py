@@ -1,0 +1,231 @@
+"""Benchmark: the same games through every generation engine, at the concurrencies the project uses.
+
+Engines (the embedded SmolLM2-135M-Instruct in each):
+
+* ``local`` — the project's :class:`aria.llm.local.LocalChatModel` (batched decoding, finished
+  rows leave the batch, each game's prompt KV cache kept between turns);
+* ``local_no_reuse`` — the same without the KV-cache reuse;
+* ``generate`` — plain transformers ``model.generate`` on the left-padded batch (no reuse);
+* ``vllm_float32``, ``vllm_bfloat16`` — a real vLLM server (``scripts/serve_vllm.sh``,
+  ``VLLM_DTYPE``) through :class:`aria.llm.endpoint.EndpointChatModel` with as many requests in
+  flight as games. bfloat16 runs only where the CPU computes it natively
+  (:mod:`aria.llm.hardware`); elsewhere the row says why it was not run.
+
+Workloads, played for real through the project's schedulers, at temperature 1 and 48 new tokens
+per turn (collection's settings): ``twenty_questions`` (``--turns`` turns per game, so the prompt
+grows turn after turn) against the knowledge-base oracle, and ``bargaining`` self-play on the
+first configurations of eval48 (long prompts, re-prompts). ``--concurrency`` games at once
+(1: three games one after another).
+
+For every (engine, workload, concurrency): generated tokens/s (tokens counted with the model's
+tokenizer, the same for every engine), turns/s, and the floor: one decode step reads every weight
+once, so at the machine's measured memory bandwidth B (a 1 GiB tensor copy, median of 5) no
+engine can take more than B / weight_bytes decode steps per second; with ``c`` games in one batch,
+tokens/s ÷ c estimates the steps/s, and ``floor_fraction`` = that ÷ the bound (an estimate: rows
+that finish early make the true batch smaller).
+
+    python benchmarks/generation_engines.py                     # -> benchmarks/results/generation_engines.json
+    python benchmarks/generation_engines.py --engines local generate --concurrency 1 16
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Sequence
+
+import torch
+
+from aria.io import atomic_write_json
+from aria.llm.base import Completion
+from aria.llm.hardware import describe
+from aria.resources import REPO_ROOT
+
+ENGINES = ("local", "local_no_reuse", "generate", "vllm_float32", "vllm_bfloat16")
+WORKLOADS = ("twenty_questions", "bargaining")
+
+
+class Counting:
+    """A chat model that counts the tokens it generated (with one tokenizer for every engine)."""
+
+    def __init__(self, model, tokenizer):
+        self.model, self.tokenizer = model, tokenizer
+        self.name, self.settings = model.name, getattr(model, "settings", {"name": model.name})
+        self.tokens = self.calls = 0
+
+    def generate(self, conversations, keys=None) -> list[Completion]:
+        replies = self.model.generate(conversations, keys=keys)
+        self.calls += 1
+        self.tokens += sum(len(self.tokenizer(r.text, add_special_tokens=False)["input_ids"]) for r in replies if r.ok)
+        return replies
+
+    def release(self, key: str) -> None:
+        self.model.release(key)
+
+    def release_all(self) -> None:
+        getattr(self.model, "release_all", lambda: None)()
+
+
+class TransformersGenerate:
+    """Plain ``model.generate`` on a left-padded batch: what a user would write first."""
+
+    def __init__(self, model, tokenizer, max_new_tokens: int, temperature: float):
+        self.model, self.tokenizer = model, tokenizer
+        self.max_new_tokens, self.temperature = max_new_tokens, temperature
+        self.name, self.settings = "generate", {"name": "generate"}
+        tokenizer.padding_side = "left"
+
+    def generate(self, conversations, keys=None) -> list[Completion]:
+        texts = [self.tokenizer.apply_chat_template(c, add_generation_prompt=True, tokenize=False) for c in conversations]
+        batch = self.tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=False)
+        with torch.inference_mode():
+            out = self.model.generate(**batch, max_new_tokens=self.max_new_tokens, do_sample=True,
+                                      temperature=self.temperature, top_p=1.0, pad_token_id=self.tokenizer.pad_token_id)
+        new = out[:, batch["input_ids"].shape[1]:]
+        return [Completion(self.tokenizer.decode(row, skip_special_tokens=True).strip()) for row in new]
+
+    def release(self, key: str) -> None:
+        pass
+
+
+def memory_bandwidth_gbps(repeats: int = 5) -> float:
+    """Bytes read + written per second by a 1 GiB tensor copy, median of ``repeats``."""
+    src = torch.ones(256 * 1024 * 1024, dtype=torch.float32)
+    dst = torch.empty_like(src)
+    dst.copy_(src)  # touch the pages first
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        dst.copy_(src)
+        times.append(time.perf_counter() - start)
+    return 2 * src.numel() * src.element_size() / statistics.median(times) / 1e9
+
+
+def serve(dtype: str, port: int) -> dict:
+    from aria.llm.embedded import embedded_model_dir
+
+    started = subprocess.run(["bash", str(REPO_ROOT / "scripts/serve_vllm.sh"), str(embedded_model_dir()), str(port)],
+                             capture_output=True, text=True, env={**os.environ, "VLLM_DTYPE": dtype, "VLLM_EAGER": "1"},
+                             timeout=1200)
+    if started.returncode != 0:
+        raise RuntimeError(started.stderr[-2000:])
+    return dict(line.split("=", 1) for line in started.stdout.split())
+
+
+def play(workload: str, policy, concurrency: int, turns: int, seed: int) -> dict:
+    """Play ``workload`` with ``policy``; returns turns, generated tokens and seconds."""
+    from aria.games.base import build_game, load_game_config
+
+    games = 3 if concurrency == 1 else concurrency
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "games.jsonl"
+        if workload == "twenty_questions":
+            from aria.games.oracle import build_oracle
+            from aria.rollout import play_games
+
+            game_cfg = {**load_game_config("twenty_questions"), "max_turns": turns}
+            oracle = build_oracle({"name": "knowledge_base"}, game_cfg)
+            summary = play_games(build_game(game_cfg), policy, oracle, out, num_games=games, seed=seed,
+                                 batch_size=concurrency, progress=False)
+        else:
+            from aria.games.glee import config_set
+            from aria.two_player import PolicyPlayer, play_two_player
+
+            game_cfg = load_game_config("bargaining")
+            configs = config_set(game_cfg, "eval48")[:games]
+            player = PolicyPlayer(policy)
+            summary = play_two_player(game_cfg, configs, {"alice": player, "bob": player}, out, seed=seed,
+                                      batch_size=concurrency, progress=False)
+    return {"turns": summary.turns, "seconds": summary.seconds}
+
+
+def measure(engine: str, workloads: Sequence[str], levels: Sequence[int], args, tokenizer, weight_bytes: dict,
+            bandwidth: float) -> list[dict]:
+    from transformers import AutoModelForCausalLM
+
+    from aria.llm.embedded import embedded_model_dir
+    from aria.llm.endpoint import EndpointChatModel
+    from aria.llm.local import LocalChatModel, resolve_dtype
+
+    flags = describe()
+    rows, server = [], None
+    if engine == "vllm_bfloat16" and flags["vllm_cpu_dtype"] != "bfloat16":
+        return [{"engine": engine, "skipped": f"this CPU has no avx512_bf16 / amx_bf16 (flags: {', '.join(flags['flags'])}): "
+                                              "vLLM's bfloat16 would be emulated"}]
+    try:
+        if engine.startswith("vllm"):
+            server = serve(engine.split("_")[1], args.port)
+            dtype = engine.split("_")[1]
+        else:
+            dtype = str(resolve_dtype("auto", "cpu")).replace("torch.", "")
+        for level in levels:
+            if engine.startswith("vllm"):
+                base = EndpointChatModel(server["BASE_URL"], server["MODEL_NAME"], temperature=1.0, top_p=1.0,
+                                         max_tokens=args.max_new_tokens, concurrency=level, timeout_s=600)
+            elif engine == "generate":
+                model = AutoModelForCausalLM.from_pretrained(embedded_model_dir(), dtype=getattr(torch, dtype)).eval()
+                base = TransformersGenerate(model, tokenizer, args.max_new_tokens, 1.0)
+            else:
+                base = LocalChatModel("embedded", max_new_tokens=args.max_new_tokens, temperature=1.0,
+                                      reuse_cache=engine == "local", dtype=dtype, seed=args.seed)
+            for workload in workloads:
+                policy = Counting(base, tokenizer)
+                torch.manual_seed(args.seed)
+                played = play(workload, policy, level, args.turns, args.seed)
+                tokens_per_s = policy.tokens / played["seconds"]
+                bound = bandwidth * 1e9 / weight_bytes[dtype]
+                row = {"engine": engine, "dtype": dtype, "workload": workload, "concurrency": level,
+                       "turns": played["turns"], "generated_tokens": policy.tokens, "seconds": round(played["seconds"], 2),
+                       "tokens_per_s": round(tokens_per_s, 1), "turns_per_s": round(played["turns"] / played["seconds"], 3),
+                       "decode_steps_per_s_est": round(tokens_per_s / level, 2),
+                       "bandwidth_bound_steps_per_s": round(bound, 1),
+                       "floor_fraction": round(tokens_per_s / level / bound, 4)}
+                rows.append(row)
+                print(json.dumps(row), flush=True)
+    finally:
+        if server:
+            subprocess.run(["bash", str(REPO_ROOT / "scripts/serve_vllm.sh"), "stop", server["PID"]], timeout=120)
+    return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--engines", nargs="+", default=list(ENGINES), choices=ENGINES)
+    parser.add_argument("--workloads", nargs="+", default=list(WORKLOADS), choices=WORKLOADS)
+    parser.add_argument("--concurrency", nargs="+", type=int, default=[1, 16, 48])
+    parser.add_argument("--turns", type=int, default=6, help="Twenty Questions turns per game")
+    parser.add_argument("--max-new-tokens", type=int, default=48)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--port", type=int, default=8011)
+    parser.add_argument("--out", default=str(REPO_ROOT / "benchmarks/results/generation_engines.json"))
+    args = parser.parse_args()
+
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from aria.llm.embedded import embedded_model_dir
+
+    tokenizer = AutoTokenizer.from_pretrained(embedded_model_dir())
+    model = AutoModelForCausalLM.from_pretrained(embedded_model_dir())
+    params = sum(p.numel() for p in model.parameters())
+    weight_bytes = {"float32": 4 * params, "bfloat16": 2 * params}
+    del model
+    bandwidth = memory_bandwidth_gbps()
+    print(f"[bench] memory bandwidth {bandwidth:.1f} GB/s; {params / 1e6:.1f} M parameters", flush=True)
+    rows = []
+    for engine in args.engines:
+        rows += measure(engine, args.workloads, args.concurrency, args, tokenizer, weight_bytes, bandwidth)
+    result = {"machine": {**describe(), "memory_bandwidth_gbps": round(bandwidth, 2), "torch": torch.__version__,
+                          "python": sys.version.split()[0]},
+              "settings": {k: v for k, v in vars(args).items() if k != "out"}, "parameters": params, "rows": rows}
+    atomic_write_json(args.out, result)
+    print(f"[bench] wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()
