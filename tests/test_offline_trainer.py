@@ -217,6 +217,9 @@ def test_gradient_variance_tool_by_hand(tmp_path, tiny_model_dir):
     assert result["samples"] == 2
     assert result["trace_cov_raw_step_return"] == pytest.approx(trace_cov(1.0, 0.0), rel=1e-4)
     assert result["trace_cov_aggregated_reward"] == pytest.approx(trace_cov(0.5, 0.5), rel=1e-4)
+    # signal-to-noise: ||(r_1 g_1 + r_2 g_2)/2||² / tr Cov, the same for any scale of r
+    mean = (0.5 * grads[0] + 0.5 * grads[1]) / 2
+    assert result["snr_aggregated_reward"] == pytest.approx(float(mean.dot(mean)) / trace_cov(0.5, 0.5), rel=1e-4)
     assert result["ratio_aggregated_over_raw"] == pytest.approx(trace_cov(0.5, 0.5) / trace_cov(1.0, 0.0), rel=1e-4)
     # the configured method's weights, side by side (the default method's are the aggregated rewards)
     assert result["methods"] == ["aria"] and result["trace_cov_method_aria"] == result["trace_cov_aggregated_reward"]

@@ -16,6 +16,11 @@ steps the aggregation kept (those with an aggregated reward); a method's weights
 the whole file first (group statistics), and a step the method does not train on counts with
 weight 0. ``games`` and ``games_won`` say whether the set has any signal at all (a set of lost
 games has R = 0 everywhere and no gradient).
+
+tr Cov scales with the square of the weights, so it compares weightings of one scale (raw and
+aggregated returns) but not a normalised advantage (GiGPO's, of order 1) with a return (mostly 0
+here). ``snr_<kind>`` = ||mean_i r_i g_i||² / tr Cov(r g), the signal-to-noise ratio of the
+batch gradient, does not depend on the scale and compares them all.
 """
 from __future__ import annotations
 
@@ -78,6 +83,7 @@ def gradient_variance(cfg: dict, max_samples: int = 256, seed: int = 0, methods:
     for kind, field in kinds.items():
         mean = sums[kind] / n
         result[f"trace_cov_{kind}"] = squares[kind] / n - float(mean.dot(mean))
+        result[f"snr_{kind}"] = float(mean.dot(mean)) / result[f"trace_cov_{kind}"] if result[f"trace_cov_{kind}"] > 0 else None
         rewards = np.array([float(samples[i][field]) for i in chosen])
         result[f"reward_variance_{kind}"] = float(rewards.var())
     raw = result["trace_cov_raw_step_return"]
