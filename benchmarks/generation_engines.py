@@ -14,8 +14,9 @@ Engines (the embedded SmolLM2-135M-Instruct in each):
 Workloads, played for real through the project's schedulers, at temperature 1 and 48 new tokens
 per turn (collection's settings): ``twenty_questions`` (``--turns`` turns per game, so the prompt
 grows turn after turn) against the knowledge-base oracle, and ``bargaining`` self-play on the
-first configurations of eval48 (long prompts, re-prompts). ``--concurrency`` games at once
-(1: three games one after another).
+first configurations of eval48 cut to ``--rounds`` rounds (long prompts, re-prompts; 12 rounds
+of up to three attempts each would take an hour per engine on two cores). ``--concurrency``
+games at once (1: three games one after another).
 
 For every (engine, workload, concurrency): generated tokens/s (tokens counted with the model's
 tokenizer, the same for every engine), turns/s, and the floor: one decode step reads every weight
@@ -30,6 +31,7 @@ that finish early make the true batch smaller).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import statistics
@@ -48,6 +50,7 @@ from aria.llm.hardware import describe
 from aria.resources import REPO_ROOT
 
 ENGINES = ("local", "local_no_reuse", "generate", "vllm_float32", "vllm_bfloat16")
+DEFAULT_ENGINES = ("local", "generate", "vllm_float32", "vllm_bfloat16")  # reuse's own gain: rollout benchmark
 WORKLOADS = ("twenty_questions", "bargaining")
 
 
@@ -118,7 +121,7 @@ def serve(dtype: str, port: int) -> dict:
     return dict(line.split("=", 1) for line in started.stdout.split())
 
 
-def play(workload: str, policy, concurrency: int, turns: int, seed: int) -> dict:
+def play(workload: str, policy, concurrency: int, turns: int, rounds: int, seed: int) -> dict:
     """Play ``workload`` with ``policy``; returns turns, generated tokens and seconds."""
     from aria.games.base import build_game, load_game_config
 
@@ -138,7 +141,7 @@ def play(workload: str, policy, concurrency: int, turns: int, seed: int) -> dict
             from aria.two_player import PolicyPlayer, play_two_player
 
             game_cfg = load_game_config("bargaining")
-            configs = config_set(game_cfg, "eval48")[:games]
+            configs = [dataclasses.replace(c, max_rounds=rounds) for c in config_set(game_cfg, "eval48")[:games]]
             player = PolicyPlayer(policy)
             summary = play_two_player(game_cfg, configs, {"alice": player, "bob": player}, out, seed=seed,
                                       batch_size=concurrency, progress=False)
@@ -177,7 +180,7 @@ def measure(engine: str, workloads: Sequence[str], levels: Sequence[int], args, 
             for workload in workloads:
                 policy = Counting(base, tokenizer)
                 torch.manual_seed(args.seed)
-                played = play(workload, policy, level, args.turns, args.seed)
+                played = play(workload, policy, level, args.turns, args.rounds, args.seed)
                 tokens_per_s = policy.tokens / played["seconds"]
                 bound = bandwidth * 1e9 / weight_bytes[dtype]
                 row = {"engine": engine, "dtype": dtype, "workload": workload, "concurrency": level,
@@ -196,10 +199,11 @@ def measure(engine: str, workloads: Sequence[str], levels: Sequence[int], args, 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--engines", nargs="+", default=list(ENGINES), choices=ENGINES)
+    parser.add_argument("--engines", nargs="+", default=list(DEFAULT_ENGINES), choices=ENGINES)
     parser.add_argument("--workloads", nargs="+", default=list(WORKLOADS), choices=WORKLOADS)
     parser.add_argument("--concurrency", nargs="+", type=int, default=[1, 16, 48])
     parser.add_argument("--turns", type=int, default=6, help="Twenty Questions turns per game")
+    parser.add_argument("--rounds", type=int, default=2, help="Bargaining rounds per game")
     parser.add_argument("--max-new-tokens", type=int, default=48)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--port", type=int, default=8011)
