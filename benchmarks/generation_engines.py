@@ -27,6 +27,10 @@ that finish early make the true batch smaller).
 
     python benchmarks/generation_engines.py                     # -> benchmarks/results/generation_engines.json
     python benchmarks/generation_engines.py --engines local generate --concurrency 1 16
+
+The file is written after every row, and a re-run with the same settings keeps the rows it holds
+and measures only the missing ones (a run of all engines takes about an hour on two cores); a
+re-run with other settings (or on another CPU) is refused rather than mixed in.
 """
 from __future__ import annotations
 
@@ -149,7 +153,7 @@ def play(workload: str, policy, concurrency: int, turns: int, rounds: int, seed:
 
 
 def measure(engine: str, workloads: Sequence[str], levels: Sequence[int], args, tokenizer, weight_bytes: dict,
-            bandwidth: float) -> list[dict]:
+            bandwidth: float, done: set, save) -> list[dict]:
     from transformers import AutoModelForCausalLM
 
     from aria.llm.embedded import embedded_model_dir
@@ -158,6 +162,10 @@ def measure(engine: str, workloads: Sequence[str], levels: Sequence[int], args, 
 
     flags = describe()
     rows, server = [], None
+    todo = [(w, c) for c in levels for w in workloads if (engine, w, c) not in done]
+    if not todo:
+        return rows
+    levels = sorted({c for _, c in todo})
     if engine == "vllm_bfloat16" and flags["vllm_cpu_dtype"] != "bfloat16":
         return [{"engine": engine, "skipped": f"this CPU has no avx512_bf16 / amx_bf16 (flags: {', '.join(flags['flags'])}): "
                                               "vLLM's bfloat16 would be emulated"}]
@@ -178,6 +186,8 @@ def measure(engine: str, workloads: Sequence[str], levels: Sequence[int], args, 
                 base = LocalChatModel("embedded", max_new_tokens=args.max_new_tokens, temperature=1.0,
                                       reuse_cache=engine == "local", dtype=dtype, seed=args.seed)
             for workload in workloads:
+                if (workload, level) not in todo:
+                    continue
                 policy = Counting(base, tokenizer)
                 torch.manual_seed(args.seed)
                 played = play(workload, policy, level, args.turns, args.rounds, args.seed)
@@ -190,6 +200,7 @@ def measure(engine: str, workloads: Sequence[str], levels: Sequence[int], args, 
                        "bandwidth_bound_steps_per_s": round(bound, 1),
                        "floor_fraction": round(tokens_per_s / level / bound, 4)}
                 rows.append(row)
+                save(row)
                 print(json.dumps(row), flush=True)
     finally:
         if server:
@@ -219,14 +230,31 @@ def main() -> None:
     params = sum(p.numel() for p in model.parameters())
     weight_bytes = {"float32": 4 * params, "bfloat16": 2 * params}
     del model
+    settings = {k: v for k in ("turns", "rounds", "max_new_tokens", "seed") for v in [getattr(args, k)]}
+    machine = describe()
+    result = {"machine": machine, "settings": settings, "parameters": params, "rows": []}
+    if Path(args.out).is_file():  # resume: keep the rows measured with the same settings on the same CPU
+        old = json.loads(Path(args.out).read_text())
+        if old.get("settings") != settings or {k: old["machine"].get(k) for k in machine} != machine:
+            sys.exit(f"{args.out} holds rows of other settings or another CPU ({old.get('settings')}, "
+                     f"{old['machine'].get('cpu_model')}); use another --out")
+        result = old
+    done = {(r["engine"], r.get("workload"), r.get("concurrency")) for r in result["rows"]}
     bandwidth = memory_bandwidth_gbps()
-    print(f"[bench] memory bandwidth {bandwidth:.1f} GB/s; {params / 1e6:.1f} M parameters", flush=True)
-    rows = []
+    result["machine"].update(memory_bandwidth_gbps=round(bandwidth, 2), torch=torch.__version__,
+                             python=sys.version.split()[0])
+    print(f"[bench] memory bandwidth {bandwidth:.1f} GB/s; {params / 1e6:.1f} M parameters; "
+          f"{len(done)} rows already measured", flush=True)
+
+    def save(row: dict) -> None:
+        result["rows"].append(row)
+        atomic_write_json(args.out, result)
+
     for engine in args.engines:
-        rows += measure(engine, args.workloads, args.concurrency, args, tokenizer, weight_bytes, bandwidth)
-    result = {"machine": {**describe(), "memory_bandwidth_gbps": round(bandwidth, 2), "torch": torch.__version__,
-                          "python": sys.version.split()[0]},
-              "settings": {k: v for k, v in vars(args).items() if k != "out"}, "parameters": params, "rows": rows}
+        skipped = [r for r in measure(engine, args.workloads, args.concurrency, args, tokenizer, weight_bytes,
+                                      bandwidth, done, save) if "skipped" in r]
+        for row in skipped:
+            result["rows"] = [r for r in result["rows"] if r["engine"] != engine] + [row]
     atomic_write_json(args.out, result)
     print(f"[bench] wrote {args.out}")
 
