@@ -26,7 +26,6 @@ from __future__ import annotations
 
 from contextlib import nullcontext
 
-import numpy as np
 import torch
 
 from aria.io import DataError
@@ -92,34 +91,37 @@ class TrajectoryDPOTrainer(OfflineTrainer):
         reference = self.reference.to(chosen.device)[self.pairs[indices]]  # [P, 2]
         return self.loss_fn(chosen, rejected, reference[:, 0], reference[:, 1], **self.loss_options)
 
-    # ---- the reference ----
+    # ---- the reference, and the trained policy's view of the pairs ----
+    def pair_logprobs(self) -> torch.Tensor:
+        """Summed log-probs of every pair's (chosen, rejected) trajectories, [P, 2], no gradients,
+        in ``train.micro_batch_size`` pairs per forward pass, the model in eval mode."""
+        model = self.accelerator.unwrap_model(self.model)
+        was_training = model.training
+        model.eval()
+        per_pair = self.cfg["train"]["micro_batch_size"]
+        out = []
+        with torch.no_grad():
+            for start in range(0, len(self.pairs), per_pair):
+                indices = list(range(start, min(start + per_pair, len(self.pairs))))
+                chosen, rejected = self.trajectory_logprobs(self.make_batch(indices), 2 * len(indices)).double().cpu().chunk(2)
+                out.append(torch.stack([chosen, rejected], dim=1))
+        model.train(was_training)
+        return torch.cat(out)
+
     def reference_logprobs(self) -> torch.Tensor:
         """log π_ref of every trajectory, [n_trajectories]: the model as loaded, the adapter off."""
         model = self.accelerator.unwrap_model(self.model)
         disabled = model.disable_adapter() if hasattr(model, "disable_adapter") else nullcontext()
-        was_training = model.training
-        model.eval()
-        per_pair = self.cfg["train"]["micro_batch_size"]
+        with disabled:
+            by_pair = self.pair_logprobs()
         reference = torch.zeros(len(self.trajectories), dtype=torch.float64)
-        with torch.no_grad(), disabled:
-            for start in range(0, len(self.pairs), per_pair):
-                indices = list(range(start, min(start + per_pair, len(self.pairs))))
-                logp = self.trajectory_logprobs(self.make_batch(indices), 2 * len(indices)).double().cpu()
-                reference[self.pairs[indices].T.reshape(-1)] = logp  # a trajectory in two pairs: same value
-        model.train(was_training)
+        reference[self.pairs.reshape(-1)] = by_pair.reshape(-1)  # a trajectory in two pairs: the same value
         return reference.to(torch.float32)
 
     def after_training(self) -> dict:
         """The share of pairs whose chosen game the trained policy prefers over the reference's
         margin (DPO's reward accuracy), on all pairs."""
-        model = self.accelerator.unwrap_model(self.model)
-        model.eval()
-        margins = []
-        per_pair = self.cfg["train"]["micro_batch_size"]
-        with torch.no_grad():
-            for start in range(0, len(self.pairs), per_pair):
-                indices = list(range(start, min(start + per_pair, len(self.pairs))))
-                chosen, rejected = self.trajectory_logprobs(self.make_batch(indices), 2 * len(indices)).cpu().chunk(2)
-                reference = self.reference[self.pairs[indices]]
-                margins += ((chosen - reference[:, 0]) - (rejected - reference[:, 1])).tolist()
-        return {"pairs": len(self.pairs), "reward_accuracy": float(np.mean(np.asarray(margins) > 0))}
+        policy = self.pair_logprobs().float()
+        reference = self.reference[self.pairs]
+        margins = (policy[:, 0] - reference[:, 0]) - (policy[:, 1] - reference[:, 1])
+        return {"pairs": len(self.pairs), "reward_accuracy": float((margins > 0).double().mean())}
