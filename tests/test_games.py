@@ -174,3 +174,10 @@ def test_a_testbed_config_starts_from_its_game_and_keeps_a_subset(tmp_path, monk
     monkeypatch.setattr(base, "GAME_CONFIG_DIR", tmp_path)
     with pytest.raises(DataError, match="targets_only.*not in the list: Unicorn"):
         load_game("bad")
+    (tmp_path / "loop.yaml").write_text(yaml.safe_dump({"defaults": ["loop2"], "name": "loop"}))
+    (tmp_path / "loop2.yaml").write_text(yaml.safe_dump({"defaults": ["loop"], "name": "loop2"}))
+    with pytest.raises(DataError, match="starts from itself: loop -> loop2 -> loop"):
+        load_game_config("loop")
+    (tmp_path / "empty.yaml").write_text("")
+    with pytest.raises(DataError, match="expected a mapping"):
+        load_game_config("empty")

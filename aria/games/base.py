@@ -244,7 +244,7 @@ def known_games() -> list[str]:
     return sorted(p.stem for p in GAME_CONFIG_DIR.glob("*.yaml"))
 
 
-def load_game_config(name: str) -> dict:
+def load_game_config(name: str, _within: tuple[str, ...] = ()) -> dict:
     """The config mapping of ``config/game/<name>.yaml`` (what Hydra's ``game=<name>`` selects).
 
     A game config may start from others of its group, as Hydra composes it (``defaults:
@@ -255,11 +255,15 @@ def load_game_config(name: str) -> dict:
     path = GAME_CONFIG_DIR / f"{name}.yaml"
     if not path.is_file():
         raise DataError(path, None, None, f"no config for game {name!r} (known: {', '.join(known_games())})")
+    if name in _within:
+        raise DataError(path, None, "defaults", f"starts from itself: {' -> '.join((*_within, name))}")
     own = yaml.safe_load(path.read_text(encoding="utf-8"))
+    if not isinstance(own, dict):
+        raise DataError(path, None, None, "expected a mapping of settings")
     defaults = own.pop("defaults", [])
     if not isinstance(defaults, list) or not all(isinstance(d, str) for d in defaults):
         raise DataError(path, None, "defaults", "expected a list of game config names")
-    bases = [load_game_config(base) for base in defaults if base != "_self_"]
+    bases = [load_game_config(base, (*_within, name)) for base in defaults if base != "_self_"]
     if not bases:
         return own
     return OmegaConf.to_container(OmegaConf.merge(*bases, own))
