@@ -140,6 +140,9 @@ def merge_if_adapter(model_dir: str | Path) -> Path:
 #: (tests/test_reward_model.py checks it on a random tiny model; absolute, for scores of order 1).
 BF16_SCORE_TOLERANCE = 0.05
 
+#: How :class:`InProcessScorer` lays samples out for the model (config ``reward_model.score_packing``).
+PACKINGS = ("prefix_tree", "padded")
+
 
 class InProcessScorer:
     """The reward model in this process.
@@ -149,17 +152,28 @@ class InProcessScorer:
             without one (call :meth:`load` before :meth:`score`).
         max_prompt_tokens: observations are truncated on the left to this many tokens for a model
             folder without a saved encoding (:class:`aria.policy.Encoding`); a saved one is used as it is.
-        batch_size: samples per forward pass (sorted by length, so little padding).
+        batch_size: samples per forward pass of ``packing="padded"`` (sorted by length, so little padding).
         dtype, device: where and how the model runs; ``dtype="auto"`` is bfloat16 where the
             device computes it natively (scores then differ from float32 by at most
             :data:`BF16_SCORE_TOLERANCE`, tested), else float32.
+        packing: ``prefix_tree`` (default): the steps of a game share their history's tokens in
+            one pass (:func:`aria.trainers.reward_model.score_prefix_trees`, same scores up to
+            float rounding); ``padded``: every sample on its own row of a padded batch. A model
+            that cannot be driven the first way (checked on two samples at every load) is
+            scored the second way, with a warning.
+        pack_tokens: the most tokens of one prefix-tree pass (its attention is dense, so
+            quadratic in this).
     """
 
     def __init__(self, model_dir: str | Path | None = None, max_prompt_tokens: int = 512, batch_size: int = 16,
-                 dtype: str = "float32", device: str = "cpu"):
+                 dtype: str = "float32", device: str = "cpu", packing: str = "prefix_tree", pack_tokens: int = 2048):
+        if packing not in PACKINGS:
+            raise ValueError(f"unknown packing {packing!r}; expected one of {PACKINGS}")
         self.max_prompt_tokens, self.batch_size, self.dtype, self.device = max_prompt_tokens, batch_size, dtype, device
+        self.packing, self.pack_tokens = packing, pack_tokens
         self.model_dir: str | None = None
         self.tokenizer = self.model = self.encoding = None
+        self.prefix_trees = False  # whether this model is scored in prefix trees (set at load)
         if model_dir is not None:
             self.load(model_dir)
 
@@ -171,15 +185,41 @@ class InProcessScorer:
         # before encodings were saved gets the reward-model trainer's defaults of that time.
         self.encoding = Encoding.saved_in(Path(model_dir), Encoding(self.max_prompt_tokens, append_eos=False))
         self.model_dir = str(model_dir)
+        self.prefix_trees = self.packing == "prefix_tree" and self._prefix_trees_score_alike()
+
+    def _prefix_trees_score_alike(self) -> bool:
+        """Whether this model scores two samples with a shared prefix the same in a prefix tree as
+        in a padded batch: an architecture that ignores custom masks or position ids would not."""
+        import torch
+
+        from aria.trainers.reward_model import can_score_prefix_trees, score_encoded, score_prefix_trees
+
+        if not can_score_prefix_trees(self.model):
+            log.warning("%s: no score head named 'score' on a base model; scoring padded batches", self.model_dir)
+            return False
+        history = "Question: Is it an animal?\nAnswer: No.\n"
+        probe = [self.encoding.encode(self.tokenizer, history * 2 + "Ask.", "Is it a tool?"),
+                 self.encoding.encode(self.tokenizer, history * 3 + "Ask.", "Is it a fruit?")]
+        padded = score_encoded(self.model, probe, self.tokenizer.pad_token_id, 2, self.device)
+        tree = score_prefix_trees(self.model, probe, self.pack_tokens, self.device)
+        bf16 = next(self.model.parameters()).dtype != torch.float32
+        tolerance = BF16_SCORE_TOLERANCE if bf16 else 1e-3
+        if np.abs(tree - padded).max() > tolerance * max(1.0, np.abs(padded).max()):
+            log.warning("%s: prefix-tree scores differ from padded ones (%s vs %s); scoring padded batches",
+                        self.model_dir, tree.tolist(), padded.tolist())
+            return False
+        return True
 
     def score(self, samples: Sequence[dict]) -> np.ndarray:
-        from aria.trainers.reward_model import score_encoded
+        from aria.trainers.reward_model import score_encoded, score_prefix_trees
 
         if self.model is None:
             raise ScoringError("no reward model loaded yet")
         if not samples:
             return np.zeros(0)
         encoded = [self.encoding.encode(self.tokenizer, s["observation"], s["action"]) for s in samples]
+        if self.prefix_trees:
+            return score_prefix_trees(self.model, encoded, self.pack_tokens, self.device)
         return score_encoded(self.model, encoded, self.tokenizer.pad_token_id, self.batch_size, self.device)
 
 
@@ -247,7 +287,7 @@ class HttpScorer:
 
 def _in_process(serve: dict, reward_model: dict, device: str) -> InProcessScorer:
     return InProcessScorer(None, reward_model["max_prompt_tokens"], reward_model["score_batch_size"],
-                           reward_model.get("dtype", "float32"), device)
+                           reward_model["dtype"], device, reward_model["score_packing"], reward_model["score_pack_tokens"])
 
 
 def _http(serve: dict, reward_model: dict, device: str) -> HttpScorer:

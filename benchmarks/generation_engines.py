@@ -8,7 +8,8 @@ Engines (the embedded SmolLM2-135M-Instruct in each):
 * ``generate`` — plain transformers ``model.generate`` on the left-padded batch (no reuse);
 * ``vllm_float32``, ``vllm_bfloat16`` — a real vLLM server (``scripts/serve_vllm.sh``,
   ``VLLM_DTYPE``) through :class:`aria.llm.endpoint.EndpointChatModel` with as many requests in
-  flight as games. bfloat16 runs only where the CPU computes it natively
+  flight as games, in eager mode; ``..._compiled``: the same with vLLM's compiled graphs
+  (``VLLM_EAGER=0``). Every vLLM row records the server's start-up seconds. bfloat16 runs only where the CPU computes it natively
   (:mod:`aria.llm.hardware`); elsewhere the row says why it was not run.
 
 Workloads, played for real through the project's schedulers, at temperature 1 and 48 new tokens
@@ -53,7 +54,8 @@ from aria.llm.base import Completion
 from aria.llm.hardware import describe
 from aria.resources import REPO_ROOT
 
-ENGINES = ("local", "local_no_reuse", "generate", "vllm_float32", "vllm_bfloat16")
+ENGINES = ("local", "local_no_reuse", "generate", "vllm_float32", "vllm_bfloat16", "vllm_float32_compiled",
+           "vllm_bfloat16_compiled")
 DEFAULT_ENGINES = ("local", "generate", "vllm_float32", "vllm_bfloat16")  # reuse's own gain: rollout benchmark
 WORKLOADS = ("twenty_questions", "bargaining")
 
@@ -114,15 +116,18 @@ def memory_bandwidth_gbps(repeats: int = 5) -> float:
     return 2 * src.numel() * src.element_size() / statistics.median(times) / 1e9
 
 
-def serve(dtype: str, port: int) -> dict:
+def serve(dtype: str, port: int, eager: bool = True) -> dict:
+    """Start vLLM on the embedded model; the answer carries ``start_seconds`` (until it answers)."""
     from aria.llm.embedded import embedded_model_dir
 
+    start = time.perf_counter()
     started = subprocess.run(["bash", str(REPO_ROOT / "scripts/serve_vllm.sh"), str(embedded_model_dir()), str(port)],
-                             capture_output=True, text=True, env={**os.environ, "VLLM_DTYPE": dtype, "VLLM_EAGER": "1"},
-                             timeout=1200)
+                             capture_output=True, text=True, timeout=1200,
+                             env={**os.environ, "VLLM_DTYPE": dtype, "VLLM_EAGER": "1" if eager else "0"})
     if started.returncode != 0:
         raise RuntimeError(started.stderr[-2000:])
-    return dict(line.split("=", 1) for line in started.stdout.split())
+    return {**dict(line.split("=", 1) for line in started.stdout.split()),
+            "start_seconds": round(time.perf_counter() - start, 1)}
 
 
 def play(workload: str, policy, concurrency: int, turns: int, rounds: int, seed: int) -> dict:
@@ -166,13 +171,13 @@ def measure(engine: str, workloads: Sequence[str], levels: Sequence[int], args, 
     if not todo:
         return rows
     levels = sorted({c for _, c in todo})
-    if engine == "vllm_bfloat16" and flags["vllm_cpu_dtype"] != "bfloat16":
+    if engine.startswith("vllm_bfloat16") and flags["vllm_cpu_dtype"] != "bfloat16":
         return [{"engine": engine, "skipped": f"this CPU has no avx512_bf16 / amx_bf16 (flags: {', '.join(flags['flags'])}): "
                                               "vLLM's bfloat16 would be emulated"}]
     try:
         if engine.startswith("vllm"):
-            server = serve(engine.split("_")[1], args.port)
             dtype = engine.split("_")[1]
+            server = serve(dtype, args.port, eager=not engine.endswith("_compiled"))
         else:
             dtype = str(resolve_dtype("auto", "cpu")).replace("torch.", "")
         for level in levels:
@@ -199,6 +204,8 @@ def measure(engine: str, workloads: Sequence[str], levels: Sequence[int], args, 
                        "decode_steps_per_s_est": round(tokens_per_s / level, 2),
                        "bandwidth_bound_steps_per_s": round(bound, 1),
                        "floor_fraction": round(tokens_per_s / level / bound, 4)}
+                if server:
+                    row["server_start_seconds"] = server["start_seconds"]
                 rows.append(row)
                 save(row)
                 print(json.dumps(row), flush=True)

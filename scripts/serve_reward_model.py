@@ -34,12 +34,16 @@ def main() -> None:
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--dtype", default="auto", help="auto = bfloat16 where the hardware computes it natively")
     parser.add_argument("--max-prompt-tokens", type=int, default=512)
-    parser.add_argument("--batch-size", type=int, default=16)
+    parser.add_argument("--batch-size", type=int, default=16, help="samples per pass of --packing padded")
+    parser.add_argument("--packing", default="prefix_tree", choices=["prefix_tree", "padded"],
+                        help="prefix_tree: a game's steps share their history's tokens in one pass")
+    parser.add_argument("--pack-tokens", type=int, default=2048, help="the most tokens in one prefix-tree pass")
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO)
     token = os.environ.get(args.token_env) or None
     try:
-        scorer = InProcessScorer(args.model_dir, args.max_prompt_tokens, args.batch_size, args.dtype, args.device)
+        scorer = InProcessScorer(args.model_dir, args.max_prompt_tokens, args.batch_size, args.dtype, args.device,
+                                 args.packing, args.pack_tokens)
     except (OSError, ValueError) as err:
         print(f"error: {args.model_dir}: {err}", file=sys.stderr)
         sys.exit(2)

@@ -8,6 +8,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 from safetensors.torch import load_file
@@ -180,3 +182,104 @@ def test_bfloat16_scores_are_within_the_stated_tolerance_of_float32(tmp_path, ti
     assert np.abs(half - full).max() > 0  # it did run in another dtype
     good = [s["reward"] == 1.0 for s in held]
     assert half[good].min() > half[np.logical_not(good)].max()
+
+
+# ---- prefix-tree scoring --------------------------------------------------------------------------
+def test_prefix_tree_packs_by_hand():
+    from aria.trainers.reward_model import prefix_tree_packs
+
+    sequences = [[1, 2, 3], [1, 2, 4], [1, 5], [1, 2, 3]]
+    (pack,) = prefix_tree_packs(sequences, max_tokens=100)
+    # Lexicographic order [1,2,3] (0), [1,2,3] (3), [1,2,4] (1), [1,5] (2): the duplicate adds no
+    # node, [1,2,4] adds the 4 under [1,2], [1,5] adds the 5 under [1].
+    assert pack.input_ids.tolist() == [1, 2, 3, 4, 5]
+    assert pack.positions.tolist() == [0, 1, 2, 2, 1]
+    assert pack.samples.tolist() == [0, 3, 1, 2] and pack.leaves.tolist() == [2, 2, 3, 4]
+    seen = [set(np.flatnonzero(row).tolist()) for row in pack.attends]
+    assert seen == [{0}, {0, 1}, {0, 1, 2}, {0, 1, 3}, {0, 4}]
+    # A budget of four nodes: [1,5] would be the fifth, so it starts a second pack.
+    first, second = prefix_tree_packs(sequences, max_tokens=4)
+    assert first.samples.tolist() == [0, 3, 1] and first.input_ids.tolist() == [1, 2, 3, 4]
+    assert second.samples.tolist() == [2] and second.input_ids.tolist() == [1, 5]
+    with pytest.raises(ValueError):
+        prefix_tree_packs([[1], []], 10)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.lists(st.integers(0, 3), min_size=1, max_size=8), min_size=1, max_size=12), st.integers(1, 20))
+def test_prefix_tree_packs_rebuild_every_sequence(sequences, max_tokens):
+    """Brute force: the nodes a sample's leaf sees, in order of position, are exactly its tokens;
+    every sample sits in one pack; a pack is over budget only when one sequence alone is."""
+    from aria.trainers.reward_model import prefix_tree_packs
+
+    packs = prefix_tree_packs(sequences, max_tokens)
+    placed = sorted(i for p in packs for i in p.samples.tolist())
+    assert placed == list(range(len(sequences)))
+    for p in packs:
+        assert len(p.input_ids) <= max(max_tokens, max(len(sequences[i]) for i in p.samples))
+        assert np.array_equal(p.attends, p.attends & np.tril(np.ones_like(p.attends)))  # only earlier nodes
+        for i, leaf in zip(p.samples, p.leaves):
+            path = np.flatnonzero(p.attends[leaf])
+            assert p.positions[path].tolist() == list(range(len(path)))
+            assert p.input_ids[path].tolist() == sequences[i]
+            # every node on the path sees exactly the path before it (the causal history)
+            for depth, node in enumerate(path):
+                assert np.flatnonzero(p.attends[node]).tolist() == path[: depth + 1].tolist()
+
+
+def game_steps(tokenizer, games: int = 3, turns: int = 5) -> list:
+    """Encoded steps of short games whose prompts repeat the growing history, plus a duplicate."""
+    steps = []
+    for g in range(games):
+        history = f"Game {g}. Here is the game history:\n"
+        for t in range(turns):
+            steps.append(encode_sample(tokenizer, history + "Now ask your next question.", f"Is it thing {t}?", 512))
+            history += f"Question: Is it thing {t}?\nAnswer: No.\n"
+    return steps + [steps[1]]
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_prefix_tree_scores_equal_padded_scores(tiny_model_dir, dtype):
+    from aria.trainers.reward_model import prefix_tree_packs, score_prefix_trees
+
+    from aria.reward_service import BF16_SCORE_TOLERANCE
+
+    tokenizer, model = load_reward_model(str(tiny_model_dir), dtype)
+    torch.manual_seed(0)
+    torch.nn.init.normal_(model.score.weight, std=0.3)  # scores of order 1, as the tolerance is stated for
+    steps = game_steps(tokenizer)
+    padded = score_encoded(model, steps, tokenizer.pad_token_id, batch_size=4)
+    assert np.ptp(padded) > 0.1
+    tolerance = 1e-4 if dtype == "float32" else BF16_SCORE_TOLERANCE  # bfloat16: another summation order
+    for budget in (10_000, 150, 1):
+        packs = prefix_tree_packs([s.input_ids for s in steps], budget)
+        assert np.abs(score_prefix_trees(model, steps, budget) - padded).max() < tolerance, budget
+    whole = prefix_tree_packs([s.input_ids for s in steps], 10_000)
+    assert len(whole) == 1 and len(whole[0].input_ids) < 0.6 * sum(len(s.input_ids) for s in steps)
+    assert len(packs) == len(steps)  # budget 1: one sample per pass, the plain forward
+
+
+def test_the_scorer_checks_prefix_trees_on_its_model_and_falls_back(tmp_path, tiny_model_dir, monkeypatch, caplog):
+    import aria.trainers.reward_model as rm
+    from aria.reward_service import InProcessScorer
+
+    tokenizer, model = load_reward_model(str(tiny_model_dir))
+    torch.manual_seed(0)
+    torch.nn.init.normal_(model.score.weight, std=0.3)
+    model.save_pretrained(tmp_path / "rm")
+    tokenizer.save_pretrained(tmp_path / "rm")
+    tiny_model_dir = tmp_path / "rm"
+    samples = [{"observation": "History: Is it red? No. " * (1 + i % 3) + "Ask.", "action": f"Is it {i}?"}
+               for i in range(6)]
+    tree = InProcessScorer(tiny_model_dir, 512)
+    padded = InProcessScorer(tiny_model_dir, 512, packing="padded")
+    assert tree.prefix_trees and not padded.prefix_trees
+    assert tree.score(samples) == pytest.approx(padded.score(samples), abs=1e-5)
+    # A model whose tree pass disagrees with its padded one (here: made to) is scored padded.
+    monkeypatch.setattr(rm, "score_prefix_trees", lambda model, encoded, *a: np.full(len(encoded), 7.0))
+    with caplog.at_level("WARNING"):
+        checked = InProcessScorer(tiny_model_dir, 512)
+    assert not checked.prefix_trees and "differ from padded" in caplog.text
+    assert checked.score(samples) == pytest.approx(padded.score(samples), abs=1e-6)
+    with pytest.raises(ValueError):
+        InProcessScorer(None, packing="sorted")
