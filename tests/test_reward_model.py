@@ -63,10 +63,18 @@ def toy_set(n_games: int) -> list[dict]:
     return data
 
 
-def test_reward_model_learns_a_separable_toy_set(tmp_path, tiny_model_dir):
+@pytest.fixture(scope="module")
+def trained_toy_rm(tmp_path_factory, tiny_model_dir) -> tuple[dict, Path]:
+    """A reward model trained on the toy set (its result, its folder): trained once, for the
+    tests that need a trained model (six epochs take most of a minute)."""
+    tmp_path = tmp_path_factory.mktemp("toy-rm")
     cfg = config(tmp_path, tiny_model_dir, toy_set(40), "train.epochs=6", "train.micro_batch_size=8",
                  "train.gradient_accumulation_steps=1", "train.lr=3e-3", "data.eval_fraction=0.25", "train.save_freq=1000")
-    result = RewardModelTrainer(cfg).train()
+    return RewardModelTrainer(cfg).train(), tmp_path
+
+
+def test_reward_model_learns_a_separable_toy_set(trained_toy_rm):
+    result, tmp_path = trained_toy_rm
     assert result["eval_samples"] == 20  # 10 of 40 games, 2 steps each
     assert result["eval_pearson"] > 0.9, result
     saved = json.loads((tmp_path / "out" / "eval.json").read_text())
@@ -165,15 +173,13 @@ def test_the_scorer_encodes_as_the_model_was_trained(tmp_path, tiny_model_dir):
     assert np.abs(expected - defaults).max() > 1e-3  # the two encodings score differently
 
 
-def test_bfloat16_scores_are_within_the_stated_tolerance_of_float32(tmp_path, tiny_model_dir):
+def test_bfloat16_scores_are_within_the_stated_tolerance_of_float32(trained_toy_rm):
     """The scorer's bfloat16 path (``dtype="auto"`` on hardware with native bfloat16) against
     float32, on a reward model trained here: every score within BF16_SCORE_TOLERANCE, and the
     two classes of the toy set still apart. bfloat16 is forced, so this runs on any CPU."""
     from aria.reward_service import BF16_SCORE_TOLERANCE, InProcessScorer
 
-    cfg = config(tmp_path, tiny_model_dir, toy_set(40), "train.epochs=6", "train.micro_batch_size=8",
-                 "train.gradient_accumulation_steps=1", "train.lr=3e-3", "data.eval_fraction=0", "train.save_freq=1000")
-    RewardModelTrainer(cfg).train()
+    tmp_path = trained_toy_rm[1]
     held = toy_set(16)
     full = InProcessScorer(tmp_path / "out" / "final", dtype="float32").score(held)
     half = InProcessScorer(tmp_path / "out" / "final", dtype="bfloat16").score(held)
@@ -197,6 +203,7 @@ def test_prefix_tree_packs_by_hand():
     assert pack.samples.tolist() == [0, 3, 1, 2] and pack.leaves.tolist() == [2, 2, 3, 4]
     seen = [set(np.flatnonzero(row).tolist()) for row in pack.attends]
     assert seen == [{0}, {0, 1}, {0, 1, 2}, {0, 1, 3}, {0, 4}]
+    assert pack.trunk == 3  # the longest sample, [1,2,3], computed first without a mask
     # A budget of four nodes: [1,5] would be the fifth, so it starts a second pack.
     first, second = prefix_tree_packs(sequences, max_tokens=4)
     assert first.samples.tolist() == [0, 3, 1] and first.input_ids.tolist() == [1, 2, 3, 4]
@@ -217,6 +224,11 @@ def test_prefix_tree_packs_rebuild_every_sequence(sequences, max_tokens):
     assert placed == list(range(len(sequences)))
     for p in packs:
         assert len(p.input_ids) <= max(max_tokens, max(len(sequences[i]) for i in p.samples))
+        assert p.trunk == max(len(sequences[i]) for i in p.samples)
+        for node in range(p.trunk):  # the trunk is a plain causal sequence
+            assert np.flatnonzero(p.attends[node]).tolist() == list(range(node + 1))
+        prefixes = {tuple(p.input_ids[np.flatnonzero(row)].tolist()) for row in p.attends}
+        assert len(prefixes) == len(p.input_ids)  # no prefix is computed twice within a pack
         assert np.array_equal(p.attends, p.attends & np.tril(np.ones_like(p.attends)))  # only earlier nodes
         for i, leaf in zip(p.samples, p.leaves):
             path = np.flatnonzero(p.attends[leaf])

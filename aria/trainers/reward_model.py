@@ -79,6 +79,8 @@ class PrefixTreePack:
     * ``attends`` [N, N] bool: node i sees node j iff j is i or an ancestor of i: exactly the
       tokens before it in every sample through it, so a causal model's hidden state at a node is
       the one it has in any of those samples.
+    * ``trunk``: nodes ``0 .. trunk-1`` are the pack's longest sample, in order (a plain causal
+      sequence, computed without a mask); the other nodes branch off it.
     * ``samples`` [S]: the indices (in the caller's list) of the samples in this pack;
       ``leaves`` [S]: the node of each one's last token, where the score head reads.
     """
@@ -86,6 +88,7 @@ class PrefixTreePack:
     input_ids: np.ndarray
     positions: np.ndarray
     attends: np.ndarray
+    trunk: int
     samples: np.ndarray
     leaves: np.ndarray
 
@@ -123,34 +126,44 @@ def prefix_tree_packs(sequences: Sequence[Sequence[int]], max_tokens: int) -> li
 
 
 def _flatten(sequences: Sequence[Sequence[int]], members: list[int]) -> PrefixTreePack:
-    ids: list[int] = []
+    """One pack's nodes: the longest member is the trunk (nodes 0..T-1); walking the members in
+    lexicographic order, a token is the previous member's node where the two agree so far, the
+    trunk's where the member agrees with the trunk so far, and a new branch node otherwise."""
+    trunk = list(sequences[max(members, key=lambda i: len(sequences[i]))])
+    ids: list[int] = list(trunk)
+    parents: list[int] = list(range(-1, len(trunk) - 1))
     previous: Sequence[int] = ()
-    path: list[int] = []  # the node of each token of the previous sequence
+    path: list[int] = []  # the node of each token of the previous member
     leaves = []
-    spans = []  # (first new node, end, the nodes shared with the previous sequence)
     for i in members:
         seq = sequences[i]
-        shared = _common_prefix(previous, seq)
+        shared, on_trunk = _common_prefix(previous, seq), _common_prefix(trunk, seq)
+        path = path[:shared]
+        for j in range(shared, len(seq)):
+            if j < on_trunk:
+                path.append(j)
+            else:
+                parents.append(path[-1] if path else -1)
+                ids.append(seq[j])
+                path.append(len(ids) - 1)
         previous = seq
-        start = len(ids)
-        ids.extend(seq[shared:])
-        path = path[:shared] + list(range(start, len(ids)))
-        spans.append((start, len(ids), np.asarray(path[:shared], dtype=np.int64)))
-        leaves.append(path[len(seq) - 1])
+        leaves.append(path[-1])
     n = len(ids)
     attends = np.zeros((n, n), dtype=bool)
     positions = np.zeros(n, dtype=np.int64)
-    for start, end, shared in spans:
-        attends[start:end, shared] = True
-        attends[start:end, start:end] = np.tri(end - start, dtype=bool)
-        positions[start:end] = np.arange(len(shared), len(shared) + end - start)
-    return PrefixTreePack(np.asarray(ids, dtype=np.int64), positions, attends,
+    for node, parent in enumerate(parents):  # a parent always comes before its children
+        if parent >= 0:
+            attends[node] = attends[parent]
+            positions[node] = positions[parent] + 1
+        attends[node, node] = True
+    return PrefixTreePack(np.asarray(ids, dtype=np.int64), positions, attends, len(trunk),
                           np.asarray(members, dtype=np.int64), np.asarray(leaves, dtype=np.int64))
 
 
 def can_score_prefix_trees(model) -> bool:
-    """Whether the model has what :func:`score_prefix_trees` drives: a backbone taking a 4D mask
-    and position ids (``base_model``) and a score head named ``score`` (transformers' decoders)."""
+    """Whether the model has what :func:`score_prefix_trees` drives: a backbone taking a 4D mask,
+    position ids and a KV cache (``base_model``) and a score head named ``score`` (transformers'
+    decoders)."""
     return hasattr(model, "score") and getattr(model, "base_model", model) is not model
 
 
@@ -159,17 +172,27 @@ def score_prefix_trees(model, encoded: Sequence[EncodedSample], max_tokens: int 
                        device: torch.device | str = "cpu") -> np.ndarray:
     """Scores of encoded samples, in order, with shared prefixes computed once
     (:func:`prefix_tree_packs`): the same scores as :func:`score_encoded` up to float summation
-    order (tested), in far fewer token positions when samples are the steps of the same games."""
+    order (tested), in far fewer token positions when samples are the steps of the same games.
+
+    Per pack, two passes: the trunk as a plain causal sequence (no mask, so attention skips what
+    lies ahead), then the branch nodes against the trunk's KV cache with the pack's mask, so only
+    the branch rows pay for a dense mask."""
     was_training = model.training
     model.eval()
     dtype = next(model.parameters()).dtype
+    backbone = model.base_model
     out = np.zeros(len(encoded), dtype=np.float64)
     for pack in prefix_tree_packs([e.input_ids for e in encoded], max_tokens):
-        mask = torch.zeros(pack.attends.shape, dtype=dtype)
-        mask.masked_fill_(~torch.from_numpy(pack.attends), torch.finfo(dtype).min)
-        hidden = model.base_model(input_ids=torch.from_numpy(pack.input_ids)[None].to(device),
-                                  position_ids=torch.from_numpy(pack.positions)[None].to(device),
-                                  attention_mask=mask[None, None].to(device)).last_hidden_state
+        ids, t = torch.from_numpy(pack.input_ids).to(device)[None], pack.trunk
+        trunk = backbone(input_ids=ids[:, :t], use_cache=True)
+        hidden = trunk.last_hidden_state
+        if len(pack.input_ids) > t:
+            mask = torch.zeros((len(pack.input_ids) - t, len(pack.input_ids)), dtype=dtype)
+            mask.masked_fill_(~torch.from_numpy(pack.attends[t:]), torch.finfo(dtype).min)
+            branches = backbone(input_ids=ids[:, t:], position_ids=torch.from_numpy(pack.positions[t:]).to(device)[None],
+                                attention_mask=mask[None, None].to(device), past_key_values=trunk.past_key_values,
+                                use_cache=True)
+            hidden = torch.cat([hidden, branches.last_hidden_state], dim=1)
         out[pack.samples] = model.score(hidden[0, torch.from_numpy(pack.leaves).to(device)])[:, 0].float().cpu().numpy()
     model.train(was_training)
     return out
