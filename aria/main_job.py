@@ -53,23 +53,23 @@ class Server:
         self._info: dict | None = None
 
     def info(self) -> dict:
+        from aria.llm.served import start_server
+
         if self._info is None:
             log = Path(self.cfg["run_dir"]) / "eval" / f"vllm-{self.name}.log"
             log.parent.mkdir(parents=True, exist_ok=True)
-            env = {**os.environ, "SERVED_MODEL_NAME": self.name, "VLLM_LOG": str(log)}
             start = time.perf_counter()
-            started = subprocess.run(["bash", str(REPO_ROOT / "scripts/serve_vllm.sh"), str(self.model_dir),
-                                      str(self.cfg["eval"]["port"])], env=env, capture_output=True, text=True)
-            if started.returncode != 0:
-                raise RuntimeError(f"vLLM did not start for {self.model_dir}:\n{started.stderr[-2000:]}")
-            self._info = dict(line.split("=", 1) for line in started.stdout.split())
+            self._info = start_server(self.model_dir, self.name, self.cfg["eval"]["port"], log,
+                                      eager=self.cfg["eval"]["vllm_eager"])
             self.echo(f"[main] vLLM serves {self.name} at {self._info['BASE_URL']} (pid {self._info['PID']}), "
                       f"started in {time.perf_counter() - start:.0f}s")
         return self._info
 
     def stop(self) -> None:
+        from aria.llm.served import stop_server
+
         if self._info is not None:
-            subprocess.run(["bash", str(REPO_ROOT / "scripts/serve_vllm.sh"), "stop", self._info["PID"]], capture_output=True)
+            stop_server(self._info["PID"])
             self._info = None
 
 

@@ -193,7 +193,14 @@ def _endpoint_policy(**options) -> ChatModel:
     return EndpointChatModel(**options)
 
 
-POLICIES: dict[str, Callable[..., ChatModel]] = {"local": _local_policy, "endpoint": _endpoint_policy}
+def _served_policy(**options) -> ChatModel:
+    from aria.llm.served import ServedChatModel
+
+    return ServedChatModel(**options)
+
+
+POLICIES: dict[str, Callable[..., ChatModel]] = {"local": _local_policy, "endpoint": _endpoint_policy,
+                                                 "vllm": _served_policy}
 
 
 def build_policy(cfg: Mapping[str, Any]) -> ChatModel:
@@ -225,8 +232,11 @@ def collect_from_config(cfg: Mapping[str, Any]) -> CollectSummary:
     game = build_game(cfg["game"])
     policy = build_policy(cfg["policy"])
     oracle = build_oracle(cfg["oracle"], cfg["game"])
-    return play_games(
-        game, policy, oracle, cfg["out"], num_games=int(cfg["num_games"]), seed=int(cfg["seed"]),
-        batch_size=int(cfg["batch_size"]), system_prompt=cfg.get("system_prompt"), progress=bool(cfg.get("progress", True)),
-        force_new=bool(cfg.get("force_new", False)),
-    )
+    try:
+        return play_games(
+            game, policy, oracle, cfg["out"], num_games=int(cfg["num_games"]), seed=int(cfg["seed"]),
+            batch_size=int(cfg["batch_size"]), system_prompt=cfg.get("system_prompt"),
+            progress=bool(cfg.get("progress", True)), force_new=bool(cfg.get("force_new", False)),
+        )
+    finally:
+        getattr(policy, "close", lambda: None)()  # a policy=vllm server goes with the run

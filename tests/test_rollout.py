@@ -71,7 +71,7 @@ def test_batched_play_with_a_real_tiny_model(tmp_path, tiny_model_dir, guess_my_
 
 def _collect_command(out: Path, model_dir: Path, *extra: str) -> list[str]:
     return [
-        sys.executable, str(REPO / "scripts" / "collect_games.py"), f"out={out}", f"policy.model_path={model_dir}",
+        sys.executable, str(REPO / "scripts" / "collect_games.py"), f"out={out}", "policy=local", f"policy.model_path={model_dir}",
         "policy.max_new_tokens=8", "progress=false", *extra,
     ]
 

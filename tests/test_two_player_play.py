@@ -152,7 +152,7 @@ def test_a_failing_model_fails_its_game_and_the_others_finish(tmp_path):
 def test_tiny_model_self_play_into_steps_1_to_4(tmp_path, tiny_model_dir, tiny_sentence_model_dir):
     out = tmp_path / "selfplay.jsonl"
     done = subprocess.run(
-        [sys.executable, str(REPO / "scripts/collect_games.py"), "game=bargaining", f"policy.model_path={tiny_model_dir}",
+        [sys.executable, str(REPO / "scripts/collect_games.py"), "game=bargaining", "policy=local", f"policy.model_path={tiny_model_dir}",
          "policy.max_new_tokens=24", "config_set=smoke", "games_per_config=6", "batch_size=6", "progress=false",
          "game.max_reprompts=1", f"out={out}"],
         capture_output=True, text=True, cwd=tmp_path)

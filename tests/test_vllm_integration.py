@@ -11,6 +11,7 @@ import os
 import shutil
 import socket
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -62,3 +63,25 @@ def test_eval_sh_against_a_real_vllm_server(tmp_path, vllm_server):
         assert s["finished"] + s["failed"] == 3 and s["failed"] == 0
         assert all(r["num_turns"] >= 1 and all(t["action"] for t in r["turns"]) for r in records)
     assert (out / "summary.md").read_text().count("| twenty_questions |") == 1
+
+
+def test_collection_by_default_serves_the_model_with_vllm_and_stops_it(tmp_path):
+    """``collect_games.py`` without a policy: a vLLM server of its own on a free port, games
+    through it, the server gone afterwards, and a producer naming the model, not the port."""
+    out = tmp_path / "games.jsonl"
+    log = tmp_path / "policy-vllm.log"
+    done = subprocess.run(
+        [sys.executable, str(REPO / "scripts/collect_games.py"), "num_games=2", "batch_size=2",
+         "game.max_turns=3", "policy.max_tokens=16", "policy.concurrency=2", f"policy.log={log}", f"out={out}",
+         "progress=false"], capture_output=True, text=True, timeout=1200, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "2/2 games done" in done.stdout
+    records = list(read_trajectories(out))
+    assert len(records) == 2 and all(1 <= r["num_turns"] <= 3 and r["turns"][0]["action"] for r in records)
+    producer = json.loads(out.with_name(out.name + ".producer.json").read_text())["producer"]["policy"]
+    assert producer["engine"] == "vllm" and producer["model_path"] == str(embedded_model_dir())
+    assert producer["max_tokens"] == 16 and "base_url" not in producer
+    assert log.is_file() and log.stat().st_size > 0  # the server wrote its log where it was told
+    # Stopped: no vLLM process serves the policy any more.
+    left = subprocess.run(["pgrep", "-f", "--", "--served-model-name policy"], capture_output=True, text=True)
+    assert left.stdout.strip() == "", left.stdout

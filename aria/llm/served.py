@@ -1,0 +1,107 @@
+"""A model played through a vLLM server that this process starts and stops (``policy=vllm``).
+
+Measured on a 2-core AVX2 CPU, vLLM generated 1.4-1.65x the tokens/s of the in-process policy at
+16-48 games at once (``benchmarks/generation_engines.py``, README "Generation engines"), but its
+server takes about 50 s to start. So for a collection of more than a few thousand tokens, the
+default collection policy serves the model with vLLM (:func:`start_server`, i.e.
+``scripts/serve_vllm.sh``) on a free port of 127.0.0.1 when the first turn is asked for, plays
+through :class:`aria.llm.endpoint.EndpointChatModel`, and stops the server when it is closed or
+the process exits. Nothing is started when every game is already in the file.
+"""
+from __future__ import annotations
+
+import atexit
+import socket
+import subprocess
+import threading
+import time
+from pathlib import Path
+from typing import Sequence
+
+from aria.llm.base import Completion, Message
+from aria.resources import REPO_ROOT
+
+
+def free_port() -> int:
+    """A TCP port of 127.0.0.1 that nothing listens on now."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def start_server(model_dir: Path, name: str, port: int, log: Path | None = None, eager: bool | None = None) -> dict:
+    """``scripts/serve_vllm.sh MODEL_DIR PORT``: returns its BASE_URL, MODEL_NAME and PID once the
+    server answers (RuntimeError with the end of its log otherwise). ``eager`` sets the CPU
+    build's ``VLLM_EAGER`` (None: the script's default, eager)."""
+    import os
+
+    env = {**os.environ, "SERVED_MODEL_NAME": name}
+    if log is not None:
+        env["VLLM_LOG"] = str(log)
+    if eager is not None:
+        env["VLLM_EAGER"] = "1" if eager else "0"
+    started = subprocess.run(["bash", str(REPO_ROOT / "scripts" / "serve_vllm.sh"), str(model_dir), str(port)],
+                             env=env, capture_output=True, text=True)
+    if started.returncode != 0:
+        raise RuntimeError(f"vLLM did not start for {model_dir}:\n{started.stderr[-2000:]}")
+    return dict(line.split("=", 1) for line in started.stdout.split())
+
+
+def stop_server(pid: str) -> None:
+    subprocess.run(["bash", str(REPO_ROOT / "scripts" / "serve_vllm.sh"), "stop", str(pid)], capture_output=True)
+
+
+class ServedChatModel:
+    """The model at ``model_path`` behind a vLLM server of its own (module doc).
+
+    Args:
+        model_path: a Hugging Face model folder, or ``embedded``.
+        temperature, top_p, max_tokens, seed: sampling, as :class:`EndpointChatModel` sends it.
+        concurrency: requests in flight (the batch of games played at once).
+        timeout_s, max_retries: per request, as :class:`EndpointChatModel`.
+        log: the server's log file (default: ``/tmp/vllm-<port>.log``).
+    """
+
+    def __init__(self, model_path: str = "embedded", temperature: float = 1.0, top_p: float | None = 1.0,
+                 max_tokens: int = 48, concurrency: int = 16, timeout_s: float = 120.0, max_retries: int = 3,
+                 seed: int | None = None, log: str | None = None):
+        from aria.llm.embedded import resolve_model_path
+
+        self.model_dir = resolve_model_path(model_path)
+        self.name = f"vllm:{self.model_dir.name}"
+        self._options = {"temperature": temperature, "top_p": top_p, "max_tokens": max_tokens, "seed": seed,
+                         "concurrency": concurrency, "timeout_s": timeout_s, "max_retries": max_retries}
+        # What produced a game: the model and sampling, not the port of one run.
+        self.settings = {"engine": "vllm", "model_path": str(self.model_dir),
+                         **{k: self._options[k] for k in ("temperature", "top_p", "max_tokens", "seed")}}
+        self._log = Path(log) if log else None
+        self._endpoint = None
+        self._pid: str | None = None
+        self._lock = threading.Lock()
+        self.start_seconds: float | None = None
+
+    def _started(self):
+        with self._lock:
+            if self._endpoint is None:
+                from aria.llm.endpoint import EndpointChatModel
+
+                start = time.perf_counter()
+                info = start_server(self.model_dir, "policy", free_port(), self._log)
+                self._pid = info["PID"]
+                atexit.register(self.close)
+                self.start_seconds = time.perf_counter() - start
+                self._endpoint = EndpointChatModel(info["BASE_URL"], info["MODEL_NAME"], **self._options)
+        return self._endpoint
+
+    def generate(self, conversations: Sequence[list[Message]], keys: Sequence[str] | None = None) -> list[Completion]:
+        return self._started().generate(conversations, keys)
+
+    def release(self, key: str) -> None:
+        """Nothing to forget: the server keeps no per-game state for us."""
+
+    def close(self) -> None:
+        """Stop the server (if one was started); a later turn starts a new one."""
+        with self._lock:
+            if self._pid is not None:
+                stop_server(self._pid)
+                self._pid, self._endpoint = None, None
