@@ -2,7 +2,8 @@
 
 Plays ``num_games`` games with the configured policy against the configured oracle, many at
 once, appending one JSON line per finished game to ``out``. Re-running resumes. Exits 1 with a
-one-line summary when any game failed.
+one-line summary when any game failed. The default policy (``policy=vllm``) serves the model with
+a vLLM server of the run's own; ``policy=local`` plays in this process.
 """
 import sys
 
