@@ -205,6 +205,8 @@ def _validate_single_agent(record: dict, turns: list, path, line) -> None:
                 raise DataError(path, line, f"{where}.{key}", "missing or not a string")
         if turn.get("question") is not None and not isinstance(turn["question"], str):
             raise DataError(path, line, f"{where}.question", "expected a string or null")
+        if turn.get("intention") is not None and not isinstance(turn["intention"], str):
+            raise DataError(path, line, f"{where}.intention", "expected a string or null")
         if not is_finite_number(turn.get("reward")):
             raise DataError(path, line, f"{where}.reward", "missing or not a finite number")
         _check_embedding(turn, path, line, where)

@@ -547,3 +547,54 @@ def test_each_step_checks_the_step_before(tmp_path, twenty_questions_games, tiny
     # A step whose input is missing says which step to run.
     with pytest.raises(pipeline.StaleInput, match=r"no utterances.json in .*re-run step 1"):
         pipeline.step2_select_k({**cfg, "run_dir": str(tmp_path / "empty")}, lambda s: None)
+
+
+# ---- known intentions: does the intention space find them? ---------------------------------------
+def test_intention_recovery_by_hand():
+    from aria.intention.select import intention_recovery
+
+    assert intention_recovery(["a", "a", "b", "b"], np.array([1, 1, 0, 0])) == {"ari": 1.0, "nmi": 1.0}
+    # Each label splits both intentions: all pairs agree 0 times, 2 expected of the 6 pairs:
+    # ARI = (0 - 2*2/6) / ((2+2)/2 - 2*2/6) = -0.5; the labels say nothing of the intention: NMI = 0.
+    crossed = intention_recovery(["a", "a", "b", "b"], np.array([0, 1, 0, 1]))
+    assert crossed["ari"] == pytest.approx(-0.5) and crossed["nmi"] == pytest.approx(0.0, abs=1e-12)
+    with pytest.raises(ValueError):
+        intention_recovery(["a"], np.array([0, 1]))
+
+
+def test_step_2_scores_the_labels_against_recorded_intentions(tmp_path, tiny_sentence_model_dir):
+    """Three questions, each its own recorded intention (and one turn that records none): at
+    k = 3 every text is its own cluster, so the labels are the intentions exactly."""
+    questions = {"Is it alive?": "fact:alive", "Is it made of metal?": "fact:metal", "Is it a kind of fruit?": "fact:fruit"}
+    records = []
+    for g in range(6):
+        turns = [{**_turn(q), "intention": questions[q]} for q in list(questions)[g % 3:] + list(questions)[:g % 3]]
+        turns.append(_turn("Is it alive?"))  # no intention recorded
+        records.append(_tq_record(f"g{g}", turns))
+    games = tmp_path / "games.jsonl"
+    write_trajectories(games, records)
+    cfg = tq_config(tmp_path / "run", games, tiny_sentence_model_dir, "clustering.k_max=3")
+    pipeline.step1_embed_and_cluster(cfg, lambda s: None)
+    report = pipeline.step2_select_k(cfg, lambda s: None)
+    recovery = report["intention_recovery"]
+    assert report["ks"] == [2, 3] and recovery["steps"] == 18 and recovery["intentions"] == 3
+    assert recovery["ari"][1] == pytest.approx(1.0) and recovery["nmi"][1] == pytest.approx(1.0)
+    assert recovery["ari"][0] < 1.0 and recovery["nmi"][0] < 1.0  # two of the three questions share a cluster
+    saved = json.loads((tmp_path / "run" / "selection.json").read_text())
+    assert saved["intention_recovery"] == recovery
+    # Without recorded intentions the report has no such section.
+    for r in records:
+        for t in r["turns"]:
+            t.pop("intention", None)
+    write_trajectories(tmp_path / "plain.jsonl", records)
+    plain = tq_config(tmp_path / "plain", tmp_path / "plain.jsonl", tiny_sentence_model_dir, "clustering.k_max=3")
+    pipeline.step1_embed_and_cluster(plain, lambda s: None)
+    assert "intention_recovery" not in pipeline.step2_select_k(plain, lambda s: None)
+
+
+def test_a_turn_intention_must_be_a_string(tmp_path):
+    from aria.trajectories import validate_record
+
+    record = _tq_record("g", [{**_turn("Is it alive?"), "intention": 3}])
+    with pytest.raises(DataError, match=r"turns\[0\]\.intention"):
+        validate_record(record, tmp_path / "games.jsonl", 1)

@@ -101,6 +101,8 @@ class Corpus:
         utterance_pool: [n_utt] index into ``list(pools)``, −1 for a mapped channel.
         utterance_value: [n_utt] text index within the pool, or the fixed label of a mapped channel.
         step_game / step_turn: [n_steps] game index and index into that game's ``turns``.
+        step_intention: [n_steps] the intention the player recorded for the step's turn (a turn's
+            optional ``intention``: the scripted expert's fact asked or guess), or None.
         roles: role names; ``table.step_role`` indexes it.
         precomputed: per pool, embeddings found in the data ([n_texts, dim]) or None.
         skipped: games left out, each ``{"game_id", "reason"}``.
@@ -116,6 +118,7 @@ class Corpus:
     roles: list[str]
     precomputed: dict[str, np.ndarray | None] = field(default_factory=dict)
     skipped: list[dict] = field(default_factory=list)
+    step_intention: list[str | None] = field(default_factory=list)
 
     def text_counts(self, pool: str) -> np.ndarray:
         """How often each distinct text of ``pool`` occurs (int [n_texts]): the clustering weights."""
@@ -170,6 +173,7 @@ def build_corpus(records: Iterable[dict], spec: IntentionSpec, gamma: float = 0.
     role_index = {name: i for i, name in enumerate(spec.trained)}
     u_game, u_pos, u_channel, u_pool, u_value = [], [], [], [], []
     s_utt, s_role, s_game, s_turn, s_final, s_index, s_count, s_seat, s_rounds = [], [], [], [], [], [], [], [], []
+    s_intention: list[str | None] = []
     game_ids: list[str] = []
     skipped: list[dict] = []
     pool_names = list(pools)
@@ -223,6 +227,7 @@ def build_corpus(records: Iterable[dict], spec: IntentionSpec, gamma: float = 0.
                 s_role.append(role_index[channel])
                 s_game.append(g)
                 s_turn.append(turn)
+                s_intention.append(record["turns"][turn].get("intention"))
                 s_index.append(seen[channel])
                 s_count.append(counts[channel])
                 s_seat.append(seats[channel])
@@ -246,7 +251,7 @@ def build_corpus(records: Iterable[dict], spec: IntentionSpec, gamma: float = 0.
         table=table, game_ids=game_ids, pools={p: list(t) for p, t in pools.items()},
         utterance_pool=np.array(u_pool, dtype=np.int64), utterance_value=np.array(u_value, dtype=np.int64),
         step_game=np.array(s_game, dtype=np.int64), step_turn=np.array(s_turn, dtype=np.int64),
-        roles=list(spec.trained), precomputed=precomputed, skipped=skipped,
+        roles=list(spec.trained), precomputed=precomputed, skipped=skipped, step_intention=s_intention,
     )
 
 

@@ -374,6 +374,7 @@ def step2_select_k(cfg: dict, echo: Printer = print) -> dict:
         **{m: np.nanmean([per_pool[p][m] for p in pools], axis=0).tolist() if _any_finite(per_pool, pools, m)
            else [float("nan")] * len(ks) for m in ("silhouette", "calinski_harabasz", "davies_bouldin")},
     }
+    recovery = _intention_recovery(corpus, labels, ks)
     raw_var_all = float(returns.var())
     claim = variance_claim(ks, variance["raw_kept"], variance["aggregated_kept"])
     fixed = _fixed_k(selection_cfg, pools)
@@ -404,12 +405,16 @@ def step2_select_k(cfg: dict, echo: Printer = print) -> dict:
             "claim": claim,
         },
         "per_pool": per_pool,
+        **({"intention_recovery": recovery} if recovery else {}),
         "notes": {
             "split_score": "mean |R~(k+1) - R~(k)| over the agent steps kept at both k (spec §4); the last k has none",
             "variance_raw": "population variance of the step returns R over the steps kept at each k",
             "variance_aggregated": "population variance of R~ = Q over the same kept steps; Var(R~) <= Var(R) there "
                                    "(law of total variance); variance.all_steps gives both over every step",
             "silhouette": "on a seeded sample of silhouette_sample_size utterances per pool; pools averaged",
+            "intention_recovery": "adjusted Rand index and normalised mutual information between the labels of "
+                                  "the agent steps whose turn records its true intention and those intentions, "
+                                  "at every k (only when some turn records one)",
             "indices": "silhouette, Calinski-Harabasz and Davies-Bouldin count every occurrence of a text when "
                        "clustering.weight is occurrences (as the clustering does), each text once when distinct",
         },
@@ -426,6 +431,25 @@ def step2_select_k(cfg: dict, echo: Printer = print) -> dict:
     echo(f"[step 2] wrote {out_path} and {run_dir / 'selection.png'} (aggregation for {len(ks)} ks {aggregation_s:.2f}s, "
          f"cluster indices {metrics_s:.2f}s)")
     return report
+
+
+def _intention_recovery(corpus, labels: dict[str, np.ndarray], ks: list[int]) -> dict | None:
+    """ARI and NMI of the step labels against the recorded intentions at every k (None when no
+    step records one). A label is (pool, cluster), so two-player pools never share a label."""
+    from aria.intention.select import intention_recovery
+
+    known = [i for i, x in enumerate(corpus.step_intention) if x is not None]
+    if not known:
+        return None
+    truth = [corpus.step_intention[i] for i in known]
+    utterances = corpus.table.step_utterance[known]
+    pool_of = corpus.utterance_pool[utterances]
+    scores = []
+    for i in range(len(ks)):
+        step_labels = _labels_at(corpus, labels, {p: i for p in corpus.pools})[utterances]
+        scores.append(intention_recovery(truth, pool_of * (max(ks) + 1) + step_labels))
+    return {"steps": len(known), "intentions": len(set(truth)),
+            "ari": [s["ari"] for s in scores], "nmi": [s["nmi"] for s in scores]}
 
 
 def variance_claim(ks: list[int], raw: list[float], aggregated: list[float], rtol: float = 1e-9) -> dict:

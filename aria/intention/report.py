@@ -27,7 +27,15 @@ def plot_selection(report: dict, path: str | Path) -> None:
         ("calinski_harabasz", "Calinski-Harabasz (higher = better)", None),
         ("davies_bouldin", "Davies-Bouldin (lower = better)", None),
     ]
-    fig, axes = plt.subplots(5, 1, figsize=(8, 13), sharex=True)
+    recovery = report.get("intention_recovery")
+    fig, axes = plt.subplots(5 + bool(recovery), 1, figsize=(8, 13 + 2.6 * bool(recovery)), sharex=True)
+    if recovery:  # the known intentions against the labels, where the player recorded them
+        ax = axes[4]
+        ax.plot(ks, _series(recovery["ari"]), marker=".", lw=1, label="adjusted Rand index")
+        ax.plot(ks, _series(recovery["nmi"]), marker=".", lw=1, label="normalised mutual information")
+        ax.set_title(f"labels against the {recovery['intentions']} recorded intentions of {recovery['steps']} steps "
+                     "(1 = the same partition)", fontsize=9)
+        ax.legend(loc="lower right", fontsize=8)
     for ax, (name, title, line) in zip(axes, panels):
         ax.plot(ks, _series(curves[name]), marker=".", lw=1)
         if line is not None:

@@ -191,3 +191,18 @@ def choose_k(criterion: str, curves: dict[str, Sequence[float]], ks: Sequence[in
     if criterion not in SELECTORS:
         raise ValueError(f"unknown selection criterion {criterion!r}; known: {sorted(SELECTORS)} or a fixed k")
     return SELECTORS[criterion](curves, ks, epsilon=epsilon, tau=tau)
+
+
+def intention_recovery(true_intentions: Sequence[str], labels: np.ndarray) -> dict[str, float]:
+    """How well cluster labels recover known intentions: the adjusted Rand index (1 = the same
+    partition, about 0 = chance, negative = worse than chance) and the normalised mutual
+    information (arithmetic normalisation, 1 = the same partition, 0 = independent) between the
+    two partitions of the same steps ([n] each). Known only for data whose player recorded what
+    it meant, e.g. the scripted expert's ``intention`` on every turn."""
+    from sklearn.metrics import adjusted_rand_score, normalized_mutual_info_score
+
+    truth = list(true_intentions)
+    labels = np.asarray(labels)
+    if len(truth) != len(labels) or not truth:
+        raise ValueError(f"expected as many labels as intentions (> 0), got {len(labels)} and {len(truth)}")
+    return {"ari": float(adjusted_rand_score(truth, labels)), "nmi": float(normalized_mutual_info_score(truth, labels))}
