@@ -15,6 +15,8 @@ Every game this project plays or imports is stored as one JSON object per line::
          "question": "Is it round?",            # extracted question, null when invalid
          "observation": "Yes.",                 # the oracle's answer
          "reward": -1.0}                        # −1 per turn, 0 on the winning turn
+                                                # (optional: "intention", what the player meant,
+                                                #  e.g. "fact:round"; step 2 scores labels against it)
       ],
       "num_turns": 1,
       "success": false,
