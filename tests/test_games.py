@@ -181,3 +181,22 @@ def test_a_testbed_config_starts_from_its_game_and_keeps_a_subset(tmp_path, monk
     (tmp_path / "empty.yaml").write_text("")
     with pytest.raises(DataError, match="expected a mapping"):
         load_game_config("empty")
+
+
+def test_guess_my_city_subset_is_guess_my_city_on_ten_named_cities():
+    from aria.games.base import load_game, load_game_config
+    from aria.games.oracle import OracleRequest, build_oracle
+
+    subset, full = load_game_config("guess_my_city_subset"), load_game_config("guess_my_city")
+    assert {k for k in subset if subset[k] != full.get(k)} == {"name", "family", "targets_only", "prompt"}
+    game = load_game("guess_my_city_subset")
+    names = [t.name for t in game.targets]
+    assert len(names) == 10 and set(names) == set(subset["targets_only"])
+    assert game.family == "guess_my_city"
+    assert all(name in game.prompt.intro for name in names)  # every candidate is named to the player
+    oracle = build_oracle({"name": "knowledge_base"}, subset)
+    answers = oracle.answer([OracleRequest(game.name, "Tokyo", q) for q in ("Is your city in Asia?", "Is it Tokyo?",
+                                                                             "Is it Paris?")])
+    assert answers[0].text.startswith("Yes") and answers[1].text == game.win_answer
+    assert not answers[2].text.startswith("Yes")
+    assert game.is_win(game.extract_question("Question: Is your city Mumbai?"), "Bombay")  # aliases still count
