@@ -83,3 +83,22 @@ def test_invalid_forms_twenty_questions(game_configs):
     for question in ["What color is it?", "Is it a cat or a dog?", "It is an animal.", "asdf qwer", ""]:
         assert oracle.answer_one("Dog", question) == "Invalid Question."
     assert oracle.answer_one("Dog", "Is it an animal, or not?") == "Yes."
+
+
+def test_guess_my_city_says_you_guessed_it_exactly_when_the_game_counts_a_win(game_configs):
+    """A question naming the hidden city among others is no guess under single_guess, so the
+    oracle must not answer "you guessed it" (it did, and the game went on as lost: seen in a
+    collection, "How does Bombay fit into Chicago?")."""
+    from aria.games.base import load_game
+    from aria.games.oracle import build_oracle
+
+    game = load_game("guess_my_city")
+    oracle = build_oracle({"name": "knowledge_base"}, game_configs["guess_my_city"])
+    questions = ["How does Bombay fit into Chicago?", "Is it Bombay or Tokyo?", "Is your city Bombay?", "Is it Mumbai?",
+                 "Is it Tokyo?", "Is your city in Asia?", "Bombay, Tokyo, Paris: which one?"]
+    for target in ("Bombay", "Tokyo", "Paris"):
+        for question in questions:
+            answer = oracle.answer_one(target, question)
+            assert (answer == game.win_answer) == game.is_win(question, target), (target, question, answer)
+    assert oracle.answer_one("Bombay", "How does Bombay fit into Chicago?") == \
+        oracle.answer_one("Tokyo", "How does Bombay fit into Chicago?")  # it tells nothing of the named cities

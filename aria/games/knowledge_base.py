@@ -355,6 +355,9 @@ _QUESTION_WORDS = {
 class _GuessMyCityKB:
     """Rule-based answers about a city; answers are short sentences that never name the city."""
 
+    #: The answer to a question naming several cities, which the game does not count as a guess.
+    MANY_CITIES = "Please guess one city at a time."
+
     def __init__(self, game, facts: Mapping[str, Any], path):
         self.game = game
         self.cities = _target_entries(game, facts, "cities", path)
@@ -384,8 +387,10 @@ class _GuessMyCityKB:
         if shape == "invalid":
             return self.game.invalid_answer
         named = self.game.named_targets(norm)
-        if named:
-            return self.game.win_answer if target in named else "No, that is not my city."
+        if len(named) > 1 and self.game.single_guess:  # not a guess by the game's rule; says nothing of them
+            return self.MANY_CITIES
+        if named:  # the win answer exactly when the game counts a win, never otherwise
+            return self.game.win_answer if self.game.is_win(question, target) else "No, that is not my city."
         if shape == "yes_no" and _CITY_GUESS.match(norm) and not self.country_index.find(norm):
             return "No, that is not my city."  # a guess of a city that is not in the list
         text = self._open(norm, city) if shape == "open" else self._yes_no(norm, city)
