@@ -38,9 +38,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -119,15 +117,11 @@ def memory_bandwidth_gbps(repeats: int = 5) -> float:
 def serve(dtype: str, port: int, eager: bool = True) -> dict:
     """Start vLLM on the embedded model; the answer carries ``start_seconds`` (until it answers)."""
     from aria.llm.embedded import embedded_model_dir
+    from aria.llm.served import start_server
 
     start = time.perf_counter()
-    started = subprocess.run(["bash", str(REPO_ROOT / "scripts/serve_vllm.sh"), str(embedded_model_dir()), str(port)],
-                             capture_output=True, text=True, timeout=1200,
-                             env={**os.environ, "VLLM_DTYPE": dtype, "VLLM_EAGER": "1" if eager else "0"})
-    if started.returncode != 0:
-        raise RuntimeError(started.stderr[-2000:])
-    return {**dict(line.split("=", 1) for line in started.stdout.split()),
-            "start_seconds": round(time.perf_counter() - start, 1)}
+    info = start_server(embedded_model_dir(), embedded_model_dir().name, port, eager=eager, dtype=dtype)
+    return {**info, "start_seconds": round(time.perf_counter() - start, 1)}
 
 
 def play(workload: str, policy, concurrency: int, turns: int, rounds: int, seed: int) -> dict:
@@ -211,7 +205,9 @@ def measure(engine: str, workloads: Sequence[str], levels: Sequence[int], args, 
                 print(json.dumps(row), flush=True)
     finally:
         if server:
-            subprocess.run(["bash", str(REPO_ROOT / "scripts/serve_vllm.sh"), "stop", server["PID"]], timeout=120)
+            from aria.llm.served import stop_server
+
+            stop_server(server["PID"])
     return rows
 
 

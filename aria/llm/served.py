@@ -14,7 +14,6 @@ import atexit
 import socket
 import subprocess
 import threading
-import time
 from pathlib import Path
 from typing import Sequence
 
@@ -29,10 +28,11 @@ def free_port() -> int:
         return probe.getsockname()[1]
 
 
-def start_server(model_dir: Path, name: str, port: int, log: Path | None = None, eager: bool | None = None) -> dict:
+def start_server(model_dir: Path, name: str, port: int, log: Path | None = None, eager: bool | None = None,
+                 dtype: str | None = None) -> dict:
     """``scripts/serve_vllm.sh MODEL_DIR PORT``: returns its BASE_URL, MODEL_NAME and PID once the
-    server answers (RuntimeError with the end of its log otherwise). ``eager`` sets the CPU
-    build's ``VLLM_EAGER`` (None: the script's default, eager)."""
+    server answers (RuntimeError with the end of its log otherwise). ``eager`` and ``dtype`` set
+    the CPU build's ``VLLM_EAGER`` and ``VLLM_DTYPE`` (None: the script's defaults)."""
     import os
 
     env = {**os.environ, "SERVED_MODEL_NAME": name}
@@ -40,6 +40,8 @@ def start_server(model_dir: Path, name: str, port: int, log: Path | None = None,
         env["VLLM_LOG"] = str(log)
     if eager is not None:
         env["VLLM_EAGER"] = "1" if eager else "0"
+    if dtype is not None:
+        env["VLLM_DTYPE"] = dtype
     started = subprocess.run(["bash", str(REPO_ROOT / "scripts" / "serve_vllm.sh"), str(model_dir), str(port)],
                              env=env, capture_output=True, text=True)
     if started.returncode != 0:
@@ -78,18 +80,15 @@ class ServedChatModel:
         self._endpoint = None
         self._pid: str | None = None
         self._lock = threading.Lock()
-        self.start_seconds: float | None = None
 
     def _started(self):
         with self._lock:
             if self._endpoint is None:
                 from aria.llm.endpoint import EndpointChatModel
 
-                start = time.perf_counter()
                 info = start_server(self.model_dir, "policy", free_port(), self._log)
                 self._pid = info["PID"]
                 atexit.register(self.close)
-                self.start_seconds = time.perf_counter() - start
                 self._endpoint = EndpointChatModel(info["BASE_URL"], info["MODEL_NAME"], **self._options)
         return self._endpoint
 
