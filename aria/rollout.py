@@ -149,7 +149,7 @@ def _play_turn(game, policy, oracle, live: Sequence[_LiveGame], system_prompt, o
         conversations.append(messages)
     completions = policy.generate(conversations, keys=[g.game_id for g in live])
 
-    asks: list[tuple[_LiveGame, str, str]] = []  # (game, action, question) needing an oracle answer
+    asks: list[tuple[_LiveGame, str, str, str | None]] = []  # (game, action, question, intention) for the oracle
     for g, completion in zip(live, completions):
         if not completion.ok:
             g.failed = True
@@ -158,24 +158,28 @@ def _play_turn(game, policy, oracle, live: Sequence[_LiveGame], system_prompt, o
         action = completion.text
         question = game.extract_question(action)
         if question is None:
-            _record_turn(game, g, action, None, game.invalid_answer, won=False)
+            _record_turn(game, g, action, None, game.invalid_answer, False, completion.intention)
         elif game.is_win(question, g.target.name):
-            _record_turn(game, g, action, question, game.win_answer, won=True)
+            _record_turn(game, g, action, question, game.win_answer, True, completion.intention)
         else:
-            asks.append((g, action, question))
+            asks.append((g, action, question, completion.intention))
     if not asks:
         return
-    answers = oracle.answer([OracleRequest(game.name, g.target.name, q) for g, _, q in asks])
-    for (g, action, question), answer in zip(asks, answers):
+    answers = oracle.answer([OracleRequest(game.name, g.target.name, q) for g, _, q, _ in asks])
+    for (g, action, question, intention), answer in zip(asks, answers):
         if not answer.ok:
             g.failed = True
             g.errors.append(f"oracle {oracle_name}: {answer.error}")
             continue
-        _record_turn(game, g, action, question, answer.text, won=False)
+        _record_turn(game, g, action, question, answer.text, False, intention)
 
 
-def _record_turn(game: QuestionGame, g: _LiveGame, action: str, question: str | None, observation: str, won: bool) -> None:
-    g.turns.append({"action": action, "question": question, "observation": observation, "reward": game.turn_reward(won)})
+def _record_turn(game: QuestionGame, g: _LiveGame, action: str, question: str | None, observation: str, won: bool,
+                 intention: str | None = None) -> None:
+    turn = {"action": action, "question": question, "observation": observation, "reward": game.turn_reward(won)}
+    if intention is not None:  # the player's own word for what it meant (the scripted expert)
+        turn["intention"] = intention
+    g.turns.append(turn)
     g.history.append((game.history_question(action, question), observation))
     g.success = won
 
@@ -199,8 +203,14 @@ def _served_policy(**options) -> ChatModel:
     return ServedChatModel(**options)
 
 
+def _scripted_policy(**options) -> ChatModel:
+    from aria.games.expert import ScriptedExpertPolicy
+
+    return ScriptedExpertPolicy(**options)
+
+
 POLICIES: dict[str, Callable[..., ChatModel]] = {"local": _local_policy, "endpoint": _endpoint_policy,
-                                                 "vllm": _served_policy}
+                                                 "vllm": _served_policy, "scripted": _scripted_policy}
 
 
 def build_policy(cfg: Mapping[str, Any]) -> ChatModel:

@@ -14,6 +14,7 @@ released training samples with this code and compares them character for charact
 from __future__ import annotations
 
 import random
+import re
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
@@ -53,6 +54,30 @@ class PromptFormat:
         if history:
             body = self.history_header + "".join(self.turn.format(question=q, answer=a) for q, a in history)
         return self.intro + body + self.outro
+
+    def parse(self, prompt: str) -> list[tuple[str, str]]:
+        """The history a prompt of this format shows: the inverse of :meth:`render`.
+
+        Raises ``ValueError`` for text that this format did not render.
+        """
+        if not (prompt.startswith(self.intro) and prompt.endswith(self.outro)) or len(prompt) < len(self.intro) + len(self.outro):
+            raise ValueError("the prompt is not this game's (intro or closing request differ)")
+        body = prompt[len(self.intro) : len(prompt) - len(self.outro)]
+        if not body:
+            return []
+        if not body.startswith(self.history_header):
+            raise ValueError("the prompt's history does not start with the game's history header")
+        before, rest = self.turn.split("{question}")
+        between, after = rest.split("{answer}")
+        pattern = re.compile(re.escape(before) + "(.*?)" + re.escape(between) + "(.*?)" + re.escape(after), re.DOTALL)
+        history, at, body = [], len(self.history_header), body
+        while at < len(body):
+            match = pattern.match(body, at)
+            if not match:
+                raise ValueError(f"the prompt's history cannot be read at character {len(self.intro) + at}")
+            history.append((match.group(1), match.group(2)))
+            at = match.end()
+        return history
 
 
 @dataclass

@@ -517,6 +517,8 @@ def step3_apply_labels(cfg: dict, echo: Printer = print) -> Path:
             turn_index = _turn_of(record, corpus, u)
             turn = record["turns"][turn_index]
             channel = channels[int(corpus.table.utterance_channel[u])]
+            if isinstance(turn.get("intention"), str):  # what the player meant (the scripted expert) stays, as "player"
+                turn["intention"] = {"player": turn["intention"]}
             turn.setdefault("intention", {})[f"{channel}_label"] = int(utt_labels[u])
             s = step_of_utterance.get(u)
             if s is not None:

@@ -19,6 +19,7 @@ class Completion:
 
     text: str | None
     error: str | None = None
+    intention: str | None = None  # what the player meant, where it knows (the scripted expert)
 
     @property
     def ok(self) -> bool:
