@@ -1,0 +1,382 @@
+"""Does aggregation help? The iterated loop and the comparison of methods (``scripts/run_experiment.py``).
+
+One experiment, as a list of stages run in order (every one resumes; a finished one is skipped):
+
+1. **Warm start** (ArCHer and LMRL-Gym start RL from an SFT checkpoint): the scripted expert
+   (:mod:`aria.games.expert`, ``warm_start.epsilon``) plays ``warm_start.games`` games; behaviour
+   cloning of ``base_model`` on every step (method ``bc``) gives the model ``M0``. Its games also
+   go through pipeline steps 1-2, which score the intention labels against the expert's true
+   intentions (ARI, NMI per k).
+2. **Iteration 0**: ``M0`` plays ``eval.games`` games on the evaluation targets (seed
+   ``eval.seed``, the same targets for every arm).
+3. For every seed, method and iteration ``i = 1..iterations``: the model of iteration ``i−1``
+   collects ``collect.games`` games; pipeline steps 1-4 label them and build the training set;
+   the method's weights (:mod:`aria.trainers.methods`) train a LoRA adapter on that model, which
+   is merged into the model of iteration ``i``; it plays the evaluation games. Iteration 1 starts
+   from ``M0`` for every method, so its collection and labels are shared by the methods of a seed
+   (the methods differ only in how they weigh the same steps, as the paper's ablation).
+4. **Gradient variance** on the shared iteration-1 training set of every seed
+   (:func:`aria.trainers.gradient_variance`): the reward variance, tr Cov of the per-sample
+   REINFORCE gradient and its signal-to-noise ratio for every method, on the same samples.
+5. **Results** (:mod:`aria.experiment_report`): ``table.md``, ``results.json``,
+   ``success_vs_iteration.png`` in ``results_dir``.
+
+The policy generates through a vLLM server started per model (``engine: vllm``; on CPU the
+faster engine, ``benchmarks/generation_engines.py``) or in process (``engine: local``). A model's
+server evaluates it and collects the next iteration's games, and is stopped before training needs
+the cores. One progress line per stage, with the time it took and the ETA of what is left (from
+the times of finished stages, kept in ``run_dir/stage_times.json``).
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+from aria.io import atomic_write_json, read_json
+from aria.resources import compose_config
+
+Printer = Callable[[str], None]
+
+
+@dataclass(frozen=True)
+class Stage:
+    """One resumable unit of work. ``kind`` groups stages of like cost for the ETA."""
+
+    name: str
+    kind: str
+    run: Callable[[], Any]
+
+
+# ---- where things live ------------------------------------------------------------------------------
+class Layout:
+    """Every path of an experiment's run folder (``run_dir``)."""
+
+    def __init__(self, cfg: dict):
+        self.root = Path(cfg["run_dir"])
+
+    @property
+    def warm(self) -> Path:
+        return self.root / "warm"
+
+    def arm(self, method: str, seed: int, iteration: int) -> Path:
+        """The folder of one method's iteration (iteration 1's games and labels live in :meth:`shared`)."""
+        return self.root / f"s{seed}" / method / f"it{iteration}"
+
+    def shared(self, seed: int) -> Path:
+        return self.root / f"s{seed}" / "it1-shared"
+
+    def collection_dir(self, method: str, seed: int, iteration: int) -> Path:
+        return self.shared(seed) if iteration == 1 else self.arm(method, seed, iteration)
+
+    def model(self, method: str, seed: int, iteration: int) -> Path:
+        return self.warm / "model" if iteration == 0 else self.arm(method, seed, iteration) / "model"
+
+    def evaluation(self, method: str, seed: int, iteration: int) -> Path:
+        if iteration == 0:
+            return self.root / "eval" / "it0.jsonl"
+        return self.arm(method, seed, iteration) / "eval.jsonl"
+
+
+# ---- generation: one model at a time -----------------------------------------------------------------
+class Generator:
+    """Policies for the experiment's models; with ``engine: vllm`` one server at a time (module doc)."""
+
+    def __init__(self, cfg: dict, echo: Printer):
+        self.cfg, self.echo = cfg, echo
+        self.engine = cfg["engine"]
+        if self.engine not in ("vllm", "local"):
+            raise ValueError(f"engine: expected vllm or local, got {self.engine!r}")
+        self._served: tuple[Path, dict] | None = None
+
+    def describe(self, model_dir: Path, settings: dict, seed: int) -> dict:
+        """What a policy of :meth:`policy` records as its producer: the engine, the model and its
+        version (a retrained model is another policy, so its old games are not continued), the sampling."""
+        return {"engine": self.engine, "model_path": str(model_dir), "model_version": model_version(model_dir),
+                "temperature": settings["temperature"], "max_tokens": settings["max_tokens"],
+                "seed": seed if self.engine == "local" else None}
+
+    def policy(self, model_dir: Path, settings: dict, seed: int):
+        """A chat policy playing ``model_dir`` with ``settings`` (temperature, max_tokens, batch_size);
+        the in-process sampler starts from ``seed``, so a stage run again samples the same games."""
+        from aria.rollout import build_policy
+
+        if self.engine == "local":
+            policy = build_policy({"name": "local", "model_path": str(model_dir), "temperature": settings["temperature"],
+                                   "max_new_tokens": settings["max_tokens"], "seed": seed})
+            policy.settings = self.describe(model_dir, settings, seed)
+            return policy
+        if self._served is None or self._served[0] != model_dir:
+            self.stop()
+            from aria.llm.served import free_port, start_server
+
+            start = time.perf_counter()
+            log = model_dir.parent / "vllm.log"
+            info = start_server(model_dir, "policy", free_port(), log, eager=self.cfg["vllm"]["eager"])
+            self._served = (model_dir, info)
+            self.echo(f"[experiment] vLLM serves {model_dir} (started in {time.perf_counter() - start:.0f}s)")
+        info = self._served[1]
+        policy = build_policy({"name": "endpoint", "base_url": info["BASE_URL"], "model": info["MODEL_NAME"],
+                               "temperature": settings["temperature"], "max_tokens": settings["max_tokens"],
+                               "concurrency": settings["batch_size"], "api_key": "EMPTY", "timeout_s": 300})
+        # What made a game is the model and its sampling, not this run's port: a resumed file continues.
+        policy.settings = self.describe(model_dir, settings, seed)
+        return policy
+
+    def stop(self) -> None:
+        if self._served is not None:
+            from aria.llm.served import stop_server
+
+            stop_server(self._served[1]["PID"])
+            self._served = None
+
+
+# ---- the stages' work ---------------------------------------------------------------------------------
+def model_version(model_dir: Path) -> str:
+    """Which training made ``model_dir``: a digest of the ``trained_on.json`` beside it (the
+    experiment's models), or the folder itself (a model the experiment did not train)."""
+    marker = Path(model_dir).parent / "trained_on.json"
+    return hashlib.sha256(marker.read_bytes()).hexdigest()[:16] if marker.is_file() else str(model_dir)
+
+
+def play(cfg: dict, policy, out: Path, num_games: int, seed: int, batch_size: int, echo: Printer, what: str) -> Path:
+    """``num_games`` games of the experiment's game into ``out`` (resumes game by game; games of
+    another policy, e.g. of a model since retrained, are moved aside and played again)."""
+    from aria.games.base import build_game
+    from aria.games.oracle import build_oracle
+    from aria.rollout import play_games
+
+    game_cfg = compose_config("collect", [f"game={cfg['game']}"])["game"]
+    oracle = build_oracle(compose_config("collect", [f"game={cfg['game']}", f"oracle={cfg['oracle']}",
+                                                     *cfg["oracle_overrides"]])["oracle"], game_cfg)
+    summary = play_games(build_game(game_cfg), policy, oracle, out, num_games=num_games, seed=seed,
+                         batch_size=batch_size, progress=False, force_new=True)
+    echo(f"[experiment] {what}: {summary.line()}")
+    if summary.failed:
+        raise RuntimeError(f"{summary.failed} game(s) failed in {out}; run again to play them again")
+    return out
+
+
+def games_done(path: Path, num_games: int, policy: dict) -> bool:
+    """Whether ``path`` holds ``num_games`` finished games, all played by ``policy`` (its producer record)."""
+    from aria.trajectories import read_trajectories
+
+    producer = path.with_name(path.name + ".producer.json")
+    if not path.is_file() or not producer.is_file() or read_json(producer)["producer"].get("policy") != policy:
+        return False
+    return sum(r.get("status") != "failed" for r in read_trajectories(path, allow_partial_last_line=True)) >= num_games
+
+
+def label(cfg: dict, trajectories: Path, out_dir: Path, seed: int, echo: Printer, steps: int = 4) -> Path:
+    """Pipeline steps 1..``steps`` on ``trajectories`` in ``out_dir`` (each step skips itself when up to date)."""
+    from aria.intention import pipeline
+
+    c = compose_config("intention", [f"game={cfg['game']}", f"input={trajectories}", f"seed={seed}",
+                                     f"run_dir={out_dir}", *cfg["intention_overrides"]])
+    quiet = lambda line: None  # noqa: E731  (the stage line says what happened)
+    pipeline.step1_embed_and_cluster(c, quiet)
+    report = pipeline.step2_select_k(c, quiet)
+    if steps >= 4:
+        pipeline.step3_apply_labels(c, quiet)
+        pipeline.step4_build_training_set(c, quiet)
+    chosen = report["chosen"]["k"]
+    echo(f"[experiment] labelled {trajectories.name}: k = {chosen}")
+    return out_dir / "train.json"
+
+
+def train(cfg: dict, method: str, train_file: Path, start_model: Path, out_dir: Path, seed: int, overrides: list[str],
+          echo: Printer) -> Path:
+    """Train ``method`` on ``train_file`` from ``start_model``; merge the adapter into ``out_dir/model``."""
+    from aria.policy import merge_lora
+    from aria.trainers.offline import trainer_for
+
+    model = out_dir / "model"
+    trained_on = {"train_json_sha256": hashlib.sha256(train_file.read_bytes()).hexdigest(), "method": method,
+                  "start_model": str(start_model), "start_model_version": model_version(start_model), "seed": seed,
+                  "overrides": list(overrides)}
+    marker = out_dir / "trained_on.json"
+    if (model / "model.safetensors").is_file() and marker.is_file() and read_json(marker) == trained_on:
+        return model
+    if marker.is_file() and read_json(marker) != trained_on:  # another run's work: never continued
+        shutil.rmtree(out_dir / "train", ignore_errors=True)
+        shutil.rmtree(model, ignore_errors=True)
+    atomic_write_json(marker, trained_on)
+    overrides = [f"data.train_file={train_file}", f"output_dir={out_dir / 'train'}", f"seed={seed}",
+                 f"model.path={start_model}", f"method={method}", "logging.report_to=null", *overrides]
+    if cfg.get("launcher"):  # several GPUs: the trainer runs under accelerate in processes of its own
+        import shlex
+        import subprocess
+
+        from aria.resources import REPO_ROOT
+
+        command = [*shlex.split(cfg["launcher"]), str(REPO_ROOT / "scripts" / "run_offline.py"),
+                   "--config-name", "reinforce_llm", *overrides]
+        if subprocess.run(command).returncode != 0:
+            raise RuntimeError(f"training failed: {' '.join(command)} (run the experiment again to resume it)")
+        final = out_dir / "train" / "final"
+    else:
+        config = compose_config("reinforce_llm", overrides)
+        final = Path(trainer_for(config)(config).train()["final"])
+    merge_lora(final, model)
+    echo(f"[experiment] trained {method} from {start_model.name} -> {model}")
+    return model
+
+
+def bc_training_set(cfg: dict, trajectories: Path, out: Path) -> Path:
+    """Every step of the expert's games as a sample (behaviour cloning needs no rewards)."""
+    from aria.data import observation_renderer
+    from aria.io import atomic_write_json_rows
+    from aria.trajectories import read_trajectories
+
+    game_cfg = compose_config("collect", [f"game={cfg['game']}"])["game"]
+    render = observation_renderer(game_cfg)
+    samples = [{"observation": render(r, i), "action": t["action"], "reward": 1.0, "game_id": r["game_id"], "turn": i}
+               for r in read_trajectories(trajectories) for i, t in enumerate(r["turns"])]
+    if not out.is_file() or read_json(out) != samples:
+        atomic_write_json_rows(out, samples)
+    return out
+
+
+# ---- the plan -------------------------------------------------------------------------------------------
+def plan(cfg: dict, generator: Generator, echo: Printer) -> list[Stage]:
+    """Every stage of the experiment, in the order they run (module doc)."""
+    from aria.llm.embedded import resolve_model_path
+
+    lay = Layout(cfg)
+    w, c, e = cfg["warm_start"], cfg["collect"], cfg["eval"]
+    stages: list[Stage] = []
+    base = resolve_model_path(cfg["base_model"])
+    warm_model = lay.model("", 0, 0)
+
+    if w["enabled"]:
+        expert_games = lay.warm / "expert.jsonl"
+
+        def warm_collect():
+            from aria.rollout import build_policy
+            from aria.trajectories import describe
+
+            game_cfg = compose_config("collect", [f"game={cfg['game']}"])["game"]
+            expert = build_policy({"name": "scripted", "game": game_cfg, "epsilon": w["epsilon"], "seed": w["seed"]})
+            if not games_done(expert_games, w["games"], describe(expert)):
+                play(cfg, expert, expert_games, w["games"], w["seed"], 64, echo, "expert games")
+
+        def warm_train():
+            train_file = bc_training_set(cfg, expert_games, lay.warm / "train.json")
+            train(cfg, "bc", train_file, base, lay.warm, w["seed"], w["train_overrides"], echo)
+
+        stages += [Stage("warm start: expert games", "expert", warm_collect),
+                   Stage("warm start: intention recovery on the expert games", "label",
+                         lambda: label(cfg, expert_games, lay.warm / "intention", w["seed"], echo, steps=2)),
+                   Stage("warm start: behaviour cloning", "train", warm_train)]
+    else:
+        warm_model = base
+
+    def model_of(method: str, seed: int, iteration: int) -> Path:
+        return warm_model if iteration == 0 else lay.model(method, seed, iteration)
+
+    def evaluate(method: str, seed: int, iteration: int):
+        out, model = lay.evaluation(method, seed, iteration), model_of(method, seed, iteration)
+        if not games_done(out, e["games"], generator.describe(model, e, e["seed"])):
+            policy = generator.policy(model, e, e["seed"])
+            play(cfg, policy, out, e["games"], e["seed"], e["batch_size"], echo, f"evaluation {out.parent.name}")
+
+    stages.append(Stage("iteration 0: evaluate the warm start", "eval", lambda: evaluate("", 0, 0)))
+    for seed in cfg["seeds"]:
+        for method in cfg["methods"]:
+            for it in range(1, cfg["iterations"] + 1):
+                where = lay.collection_dir(method, seed, it)
+                games = where / "games.jsonl"
+
+                def collect(method=method, seed=seed, it=it, games=games):
+                    # the collection seed differs per seed and iteration; evaluation keeps its own
+                    model, game_seed = model_of(method, seed, it - 1), 1000 * seed + it
+                    if not games_done(games, c["games"], generator.describe(model, c, game_seed)):
+                        policy = generator.policy(model, c, game_seed)
+                        play(cfg, policy, games, c["games"], game_seed, c["batch_size"], echo, f"collection {where.name}")
+
+                def fit(method=method, seed=seed, it=it, where=where, games=games):
+                    generator.stop()  # training needs the cores
+                    train_file = label(cfg, games, where / "intention", seed, echo)
+                    train(cfg, method, train_file, model_of(method, seed, it - 1), lay.arm(method, seed, it), seed,
+                          cfg["train_overrides"], echo)
+
+                tag = f"seed {seed} · {method} · iteration {it}"
+                stages += [Stage(f"{tag}: collect", "collect", collect), Stage(f"{tag}: label and train", "train", fit),
+                           Stage(f"{tag}: evaluate", "eval", lambda m=method, s=seed, i=it: evaluate(m, s, i))]
+        if cfg["grad_variance"]["enabled"] and cfg["methods"]:
+            stages.append(Stage(f"seed {seed}: gradient variance of the methods on the iteration-1 samples", "variance",
+                                lambda seed=seed: gradient_variance_stage(cfg, lay, seed, warm_model, echo)))
+    return stages
+
+
+def gradient_variance_stage(cfg: dict, lay: Layout, seed: int, model: Path, echo: Printer) -> Path:
+    from aria.trainers.grad_variance import gradient_variance
+
+    out = lay.shared(seed) / "grad_variance.json"
+    train_file = lay.shared(seed) / "intention" / "train.json"
+    g = cfg["grad_variance"]
+    key = {"train_json_sha256": hashlib.sha256(train_file.read_bytes()).hexdigest(), "model": str(model),
+           "methods": cfg["methods"], "max_samples": g["max_samples"], "seed": seed}
+    if out.is_file() and read_json(out).get("key") == key:
+        return out
+    config = compose_config("reinforce_llm", [f"data.train_file={train_file}", f"model.path={model}", *cfg["train_overrides"]])
+    result = gradient_variance(config, g["max_samples"], seed, [m for m in cfg["methods"] if m != "traj_dpo"])
+    atomic_write_json(out, {"key": key, **result})
+    echo(f"[experiment] gradient variance, seed {seed}: {result['samples']} samples in {result['seconds']:.0f}s")
+    return out
+
+
+# ---- running it ------------------------------------------------------------------------------------------
+def _duration(seconds: float) -> str:
+    seconds = int(round(seconds))
+    return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m" if seconds >= 3600 else f"{seconds // 60}m{seconds % 60:02d}s"
+
+
+def run(cfg: dict, echo: Printer = print) -> Path:
+    """Run (or resume) every stage, then write the results (module doc)."""
+    from aria.experiment_report import write_results
+
+    root = Path(cfg["run_dir"])
+    root.mkdir(parents=True, exist_ok=True)
+    settings = root / "experiment.json"
+    if settings.is_file() and read_json(settings).get("name") != cfg["name"]:
+        raise ValueError(f"{root} holds the experiment {read_json(settings).get('name')!r}, not {cfg['name']!r}")
+    atomic_write_json(settings, cfg)
+    times_path = root / "stage_times.json"
+    times: dict[str, dict] = read_json(times_path) if times_path.is_file() else {}
+    generator = Generator(cfg, echo)
+    stages = plan(cfg, generator, echo)
+    try:
+        for n, stage in enumerate(stages, 1):
+            start = time.perf_counter()
+            stage.run()
+            seconds = time.perf_counter() - start
+            if seconds > 1.0 or stage.name not in times:  # a skipped stage keeps the time of the run that did it
+                times[stage.name] = {"kind": stage.kind, "seconds": seconds}
+                atomic_write_json(times_path, times)
+            echo(f"[experiment] ({n}/{len(stages)}) {stage.name}: {_duration(seconds)}; "
+                 f"ETA {_duration(eta(stages[n:], times))}")
+    finally:
+        generator.stop()
+    out = write_results(cfg)
+    echo(f"[experiment] results: {out / 'table.md'}")
+    return out
+
+
+def eta(remaining: list[Stage], times: dict[str, dict]) -> float:
+    """Seconds the ``remaining`` stages should take: each its own recorded time, else the mean of
+    the recorded stages of its kind, else the mean of all recorded stages."""
+    by_kind: dict[str, list[float]] = {}
+    for t in times.values():
+        by_kind.setdefault(t["kind"], []).append(t["seconds"])
+    every = [s for v in by_kind.values() for s in v]
+    mean = lambda xs: sum(xs) / len(xs) if xs else 0.0  # noqa: E731
+    return sum(times[s.name]["seconds"] if s.name in times else mean(by_kind.get(s.kind) or every) for s in remaining)
+
+
+def config_digest(cfg: dict) -> str:
+    return hashlib.sha256(json.dumps(cfg, sort_keys=True).encode()).hexdigest()[:16]

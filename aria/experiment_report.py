@@ -1,0 +1,216 @@
+"""The experiment's results: success with Wilson intervals, the paired test, variances, a plot.
+
+Written to ``results_dir`` (``results/experiments/<name>/``) from the evaluation games in the run
+folder, whatever stage the experiment has reached (a row appears once its evaluation is
+complete):
+
+* ``results.json``: every arm (method, seed, iteration) with its games, wins, success rate,
+  Wilson 95% interval and mean turns; the pooled rows per method and iteration; the paired tests;
+  the reward and gradient variances; the intention recovery (ARI, NMI) on the expert's games.
+* ``table.md``: the paper's Table 2 layout (rows: methods and iterations; success % on the
+  game) with intervals and mean turns, then the paired test and the variances, in words.
+* ``success_vs_iteration.png``: success per iteration and method, with the intervals.
+
+Statistics (all standard, by hand in ``tests/test_experiment.py``):
+
+* Wilson score interval for k wins in n games: centre (k + z²/2)/(n + z²), half-width
+  z·sqrt(k(n−k)/n + z²/4)/(n + z²), z = 1.959964 (95%).
+* Paired test of two arms evaluated on the same targets (games paired by seed and game id, the
+  same target by construction): exact McNemar, the two-sided binomial test of b against
+  Binomial(b + c, 1/2), where b = pairs only the first arm won and c = pairs only the second
+  won. Effect size: the difference of success rates (b − c)/n with its Wald interval for paired
+  proportions, and the odds ratio b/c.
+"""
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+from aria.io import atomic_write_json, atomic_write_text, read_json
+
+Z95 = 1.959963984540054
+
+
+def wilson_interval(wins: int, n: int, z: float = Z95) -> tuple[float, float]:
+    """Wilson score interval of a success rate (fractions in [0, 1]); (0, 1) for n = 0."""
+    if n == 0:
+        return 0.0, 1.0
+    if not 0 <= wins <= n:
+        raise ValueError(f"wins must be in [0, n], got {wins} of {n}")
+    p = wins / n
+    denominator = 1 + z * z / n
+    centre = (p + z * z / (2 * n)) / denominator
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / denominator
+    return max(0.0, centre - half), min(1.0, centre + half)
+
+
+def mcnemar(first: list[bool], second: list[bool]) -> dict[str, Any]:
+    """Exact McNemar test of two paired win/loss lists (module doc)."""
+    from scipy.stats import binomtest
+
+    if len(first) != len(second):
+        raise ValueError("paired lists must have the same length")
+    n = len(first)
+    b = sum(a and not o for a, o in zip(first, second))
+    c = sum(o and not a for a, o in zip(first, second))
+    p = binomtest(b, b + c, 0.5).pvalue if b + c else 1.0
+    diff = (b - c) / n if n else 0.0
+    # Wald interval of a difference of paired proportions
+    se = math.sqrt(max((b + c) / n - diff * diff, 0.0) / n) if n else 0.0
+    return {"pairs": n, "first_only": b, "second_only": c, "both": sum(a and o for a, o in zip(first, second)),
+            "p_value": float(p), "difference": diff, "difference_ci95": [diff - Z95 * se, diff + Z95 * se],
+            "odds_ratio": (b / c) if c else None}
+
+
+def _games(path: Path) -> dict[str, dict]:
+    from aria.trajectories import read_trajectories
+
+    return {r["game_id"]: r for r in read_trajectories(path, allow_partial_last_line=True) if r.get("status") != "failed"}
+
+
+def _row(games: list[dict]) -> dict[str, Any]:
+    wins, n = sum(bool(g["success"]) for g in games), len(games)
+    low, high = wilson_interval(wins, n)
+    return {"games": n, "wins": wins, "success": wins / n if n else None, "ci95": [low, high],
+            "mean_turns": sum(len(g["turns"]) for g in games) / n if n else None}
+
+
+def collect_results(cfg: dict) -> dict[str, Any]:
+    """Everything ``results.json`` holds (module doc), from the run folder."""
+    from aria.experiment import Layout
+
+    lay, n_eval = Layout(cfg), cfg["eval"]["games"]
+    evaluations: dict[tuple[str, int, int], dict[str, dict]] = {}
+    base = lay.evaluation("", 0, 0)
+    if base.is_file() and len(games := _games(base)) >= n_eval:
+        for seed in cfg["seeds"]:
+            for method in cfg["methods"]:
+                evaluations[(method, seed, 0)] = games
+    for seed in cfg["seeds"]:
+        for method in cfg["methods"]:
+            for it in range(1, cfg["iterations"] + 1):
+                path = lay.evaluation(method, seed, it)
+                if path.is_file() and len(games := _games(path)) >= n_eval:
+                    evaluations[(method, seed, it)] = games
+    arms = [{"method": m, "seed": s, "iteration": i, **_row(list(g.values()))} for (m, s, i), g in sorted(evaluations.items())]
+    pooled = []
+    if base.is_file() and len(base_games := _games(base)) >= n_eval:
+        label = "warm start" if cfg["warm_start"]["enabled"] else "base model"
+        pooled.append({"method": label, "iteration": 0, "seeds": 1, **_row(list(base_games.values()))})
+    for method in cfg["methods"]:
+        for it in range(1, cfg["iterations"] + 1):
+            seeds = [s for s in cfg["seeds"] if (method, s, it) in evaluations]
+            if seeds:
+                games = [g for s in seeds for g in evaluations[(method, s, it)].values()]
+                pooled.append({"method": method, "iteration": it, "seeds": len(seeds), **_row(games)})
+    tests = []
+    first, second = cfg["report"]["paired"]
+    for it in range(1, cfg["iterations"] + 1):
+        seeds = [s for s in cfg["seeds"] if (first, s, it) in evaluations and (second, s, it) in evaluations]
+        if not seeds:
+            continue
+        a, b = [], []
+        for s in seeds:
+            ids = sorted(set(evaluations[(first, s, it)]) & set(evaluations[(second, s, it)]))
+            a += [bool(evaluations[(first, s, it)][i]["success"]) for i in ids]
+            b += [bool(evaluations[(second, s, it)][i]["success"]) for i in ids]
+        tests.append({"first": first, "second": second, "iteration": it, "seeds": seeds, **mcnemar(a, b)})
+    variance = {}
+    for seed in cfg["seeds"]:
+        path = lay.shared(seed) / "grad_variance.json"
+        if path.is_file():
+            variance[str(seed)] = {k: v for k, v in read_json(path).items() if k != "key"}
+    recovery = None
+    selection = lay.warm / "intention" / "selection.json"
+    if selection.is_file():
+        s = read_json(selection)
+        recovery = {"chosen_k": s["chosen"]["k"], "ks": s["ks"], **(s.get("intention_recovery") or {})}
+    return {"name": cfg["name"], "game": cfg["game"], "eval_games": n_eval, "eval_seed": cfg["eval"]["seed"],
+            "arms": arms, "pooled": pooled, "paired_tests": tests, "gradient_variance": variance,
+            "intention_recovery": recovery}
+
+
+def _pct(x: float | None) -> str:
+    return "–" if x is None else f"{100 * x:.1f}"
+
+
+def render_table(results: dict[str, Any], alpha: float = 0.05) -> str:
+    """``table.md`` (module doc)."""
+    lines = [f"# {results['name']}: success on {results['game']}", "",
+             f"{results['eval_games']} evaluation games per arm and seed, the same seeded targets for every arm "
+             f"(evaluation seed {results['eval_seed']}); rows pool the seeds.", "",
+             "| method | iteration | seeds | success % | 95% CI (Wilson) | wins / games | mean turns |",
+             "|---|---|---|---|---|---|---|"]
+    for r in results["pooled"]:
+        lines.append(f"| {r['method']} | {r['iteration']} | {r['seeds']} | {_pct(r['success'])} | "
+                     f"{_pct(r['ci95'][0])}–{_pct(r['ci95'][1])} | {r['wins']} / {r['games']} | {r['mean_turns']:.2f} |")
+    if results["arms"]:
+        lines += ["", "Per seed:", "", "| method | seed | iteration | success % | 95% CI | mean turns |", "|---|---|---|---|---|---|"]
+        for r in results["arms"]:
+            if r["iteration"] > 0:
+                lines.append(f"| {r['method']} | {r['seed']} | {r['iteration']} | {_pct(r['success'])} | "
+                             f"{_pct(r['ci95'][0])}–{_pct(r['ci95'][1])} | {r['mean_turns']:.2f} |")
+    for t in results["paired_tests"]:
+        significant = t["p_value"] < alpha
+        lines += ["", f"**Paired test, iteration {t['iteration']}** ({t['first']} against {t['second']}, "
+                  f"{t['pairs']} games paired by seed and target): {t['first']} alone won {t['first_only']}, "
+                  f"{t['second']} alone won {t['second_only']}, both won {t['both']}. Difference of success rates "
+                  f"{100 * t['difference']:+.1f} points (95% CI {100 * t['difference_ci95'][0]:+.1f} to "
+                  f"{100 * t['difference_ci95'][1]:+.1f}); exact McNemar p = {t['p_value']:.3g}: "
+                  + ("**significant** at the 5% level." if significant else "**not significant** at the 5% level.")]
+    for seed, v in results["gradient_variance"].items():
+        lines += ["", f"**Rewards and gradients, seed {seed}** (iteration-1 training set, {v['samples']} samples of "
+                  f"{v['games']} games, {v['games_won']} won):", "",
+                  "| weighting | reward variance | tr Cov of the per-sample gradient | signal-to-noise |", "|---|---|---|---|"]
+        for kind in ["raw_step_return", "aggregated_reward", *[f"method_{m}" for m in v["methods"]]]:
+            snr = v.get(f"snr_{kind}")
+            lines.append(f"| {kind} | {v[f'reward_variance_{kind}']:.4g} | {v[f'trace_cov_{kind}']:.4g} | "
+                         f"{'–' if snr is None else f'{snr:.4g}'} |")
+    rec = results.get("intention_recovery")
+    if rec and rec.get("ari"):
+        ks, chosen = rec["ks"], rec["chosen_k"]
+        k = next(iter(chosen.values())) if isinstance(chosen, dict) and len(chosen) == 1 else chosen
+        at = ks.index(k) if isinstance(k, int) and k in ks else None
+        best = max(range(len(rec["ari"])), key=lambda i: rec["ari"][i])
+        lines += ["", f"**Intention recovery** on the expert's games ({rec['steps']} steps, {rec['intentions']} true "
+                  f"intentions; adjusted Rand index and NMI of the labels against them): chosen k = {k}"
+                  + (f", ARI {rec['ari'][at]:.3f}, NMI {rec['nmi'][at]:.3f}" if at is not None else "")
+                  + f"; best ARI {rec['ari'][best]:.3f} (NMI {rec['nmi'][best]:.3f}) at k = {ks[best]}."]
+    return "\n".join(lines) + "\n"
+
+
+def plot(results: dict[str, Any], out: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    base = [r for r in results["pooled"] if r["iteration"] == 0]
+    methods = list(dict.fromkeys(r["method"] for r in results["pooled"] if r["iteration"] > 0))
+    for i, method in enumerate(methods):
+        rows = base + [r for r in results["pooled"] if r["method"] == method]
+        x = [r["iteration"] + 0.04 * (i - len(methods) / 2) for r in rows]
+        y = [100 * r["success"] for r in rows]
+        err = [[100 * (r["success"] - r["ci95"][0]) for r in rows], [100 * (r["ci95"][1] - r["success"]) for r in rows]]
+        ax.errorbar(x, y, yerr=err, marker="o", capsize=3, label=method)
+    ax.set_xlabel("iteration (0 = warm start)")
+    ax.set_ylabel("success % (Wilson 95% CI)")
+    ax.set_title(f"{results['name']}: {results['game']}")
+    ax.legend()
+    fig.tight_layout()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=120)
+    plt.close(fig)
+
+
+def write_results(cfg: dict) -> Path:
+    out = Path(cfg["results_dir"])
+    out.mkdir(parents=True, exist_ok=True)
+    results = collect_results(cfg)
+    atomic_write_json(out / "results.json", results)
+    atomic_write_text(out / "table.md", render_table(results))
+    if results["pooled"]:
+        plot(results, out / "success_vs_iteration.png")
+    return out

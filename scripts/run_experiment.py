@@ -1,0 +1,24 @@
+#!/usr/bin/env python3
+"""Does aggregation help? Warm start, the iterated loop for every method and seed, and the table.
+
+    python scripts/run_experiment.py --config-name experiment                  # small preset (main job)
+    python scripts/run_experiment.py --config-name experiment experiment=cpu   # the full CPU comparison
+
+Every stage resumes; results go to results/experiments/<name>/ (table.md, results.json, plot).
+"""
+import hydra
+from omegaconf import OmegaConf
+
+from aria.cli import command
+from aria.experiment import run
+
+
+@hydra.main(config_path="../config", config_name="experiment", version_base="1.3")
+def main(cfg) -> None:
+    with command(kept=lambda: f"the finished stages in {cfg.run_dir} (a re-run skips them)"):
+        out = run(OmegaConf.to_container(cfg, resolve=True))
+        print((out / "table.md").read_text())
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,141 @@
+"""The experiment runner (aria/experiment.py) and its results (aria/experiment_report.py).
+
+The statistics are checked against values worked out by hand; the runner is run end to end on a
+tiny random model (engine local, a tiny sentence model for the intention space), once straight
+through and once interrupted after every stage in turn, and both give the same table.
+"""
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from aria import experiment
+from aria.experiment_report import mcnemar, render_table, wilson_interval
+from aria.resources import compose_config
+
+
+# ---- statistics by hand ------------------------------------------------------------------------------
+def test_wilson_interval_by_hand():
+    # 7 wins in 20: p = 0.35, z² = 3.841459; denominator 1 + z²/n = 1.192073;
+    # centre (0.35 + 0.096036)/1.192073 = 0.374170; half-width
+    # 1.959964·sqrt(0.35·0.65/20 + 3.841459/1600)/1.192073 = 1.959964·0.117372/1.192073 = 0.192977
+    low, high = wilson_interval(7, 20)
+    assert low == pytest.approx(0.374170 - 0.192977, abs=2e-6)
+    assert high == pytest.approx(0.374170 + 0.192977, abs=2e-6)
+    # 0 of 10: the interval starts at 0 and ends at z²/(n + z²) = 3.841459/13.841459 = 0.277533
+    assert wilson_interval(0, 10) == (0.0, pytest.approx(0.277533, abs=1e-6))
+    assert wilson_interval(10, 10)[1] == pytest.approx(1.0) and wilson_interval(10, 10)[0] == pytest.approx(1 - 0.277533, abs=1e-6)
+    assert wilson_interval(0, 0) == (0.0, 1.0)
+    with pytest.raises(ValueError):
+        wilson_interval(3, 2)
+
+
+def test_exact_mcnemar_by_hand():
+    # 20 pairs: 8 won by the first only, 2 by the second only, 5 by both, 5 by neither.
+    first = [True] * 8 + [False] * 2 + [True] * 5 + [False] * 5
+    second = [False] * 8 + [True] * 2 + [True] * 5 + [False] * 5
+    t = mcnemar(first, second)
+    assert (t["first_only"], t["second_only"], t["both"], t["pairs"]) == (8, 2, 5, 20)
+    # two-sided binomial test of 8 of 10 at 1/2: 2·P(X ≤ 2) = 2·(1 + 10 + 45)/1024 = 0.109375
+    assert t["p_value"] == pytest.approx(0.109375)
+    # difference (8 − 2)/20 = 0.3; paired Wald se = sqrt((10/20 − 0.09)/20) = sqrt(0.0205) = 0.143178
+    assert t["difference"] == pytest.approx(0.3)
+    assert t["difference_ci95"] == pytest.approx([0.3 - 1.959964 * 0.143178, 0.3 + 1.959964 * 0.143178], abs=1e-5)
+    assert t["odds_ratio"] == pytest.approx(4.0)
+    # no discordant pair: nothing to test
+    same = mcnemar([True, False], [True, False])
+    assert same["p_value"] == 1.0 and same["odds_ratio"] is None
+
+
+def test_the_table_shows_the_arithmetic_and_says_whether_it_is_significant():
+    results = {
+        "name": "t", "game": "twenty_questions_subset", "eval_games": 20, "eval_seed": 7,
+        "pooled": [{"method": "warm start", "iteration": 0, "seeds": 1, "games": 20, "wins": 7, "success": 0.35,
+                    "ci95": list(wilson_interval(7, 20)), "mean_turns": 6.5}],
+        "arms": [], "gradient_variance": {}, "intention_recovery": None,
+        "paired_tests": [{"first": "aria", "second": "no_aggregation", "iteration": 1, "seeds": [0],
+                          **mcnemar([True] * 8 + [False] * 12, [False] * 8 + [False] * 12)}],
+    }
+    table = render_table(results)
+    assert "| warm start | 0 | 1 | 35.0 | 18.1–56.7 | 7 / 20 | 6.50 |" in table
+    # 8 discordant pairs all one way: p = 2/256 = 0.0078125
+    assert "p = 0.00781: **significant** at the 5% level" in table
+    # 8 against 2: p = 0.109375 (above)
+    results["paired_tests"][0].update(mcnemar([True] * 8 + [False] * 12, [False] * 8 + [True] * 2 + [False] * 10))
+    assert "**not significant**" in render_table(results)
+
+
+# ---- the runner, end to end on tiny models -------------------------------------------------------------
+@pytest.fixture(scope="module")
+def tiny_experiment(tmp_path_factory, tiny_model_dir, tiny_sentence_model_dir):
+    def make(root) -> dict:
+        return compose_config("experiment", [
+            "name=tiny", f"run_dir={root / 'run'}", f"results_dir={root / 'results'}", f"base_model={tiny_model_dir}",
+            "engine=local", "methods=[aria,no_aggregation]", "seeds=[0]", "iterations=2",
+            "warm_start.games=6", "warm_start.epsilon=0.3",
+            "warm_start.train_overrides=['train.epochs=1','train.micro_batch_size=4','train.gradient_accumulation_steps=1',"
+            "'train.lr=1.0e-3','train.save_freq=2']",
+            "collect.games=4", "collect.max_tokens=12", "collect.batch_size=4",
+            "eval.games=4", "eval.max_tokens=12", "eval.batch_size=4",
+            f"intention_overrides=['embedder.model={tiny_sentence_model_dir}','clustering.k_max=6']",
+            "train_overrides=['train.epochs=1','train.micro_batch_size=4','train.gradient_accumulation_steps=1',"
+            "'train.save_freq=2']",
+            "grad_variance.enabled=true", "grad_variance.max_samples=4",
+        ])
+    return make
+
+
+class Interrupted(Exception):
+    pass
+
+
+def test_the_runner_resumes_at_every_stage_to_the_same_table(tmp_path, tiny_experiment, monkeypatch):
+    straight = tiny_experiment(tmp_path / "straight")
+    lines: list[str] = []
+    out = experiment.run(straight, lines.append)
+    table = (out / "table.md").read_text()
+    results = json.loads((out / "results.json").read_text())
+    # every arm was evaluated, the warm start included, and the paired test ran at both iterations
+    assert [(r["method"], r["iteration"]) for r in results["pooled"]] == \
+        [("warm start", 0), ("aria", 1), ("aria", 2), ("no_aggregation", 1), ("no_aggregation", 2)]
+    assert [t["iteration"] for t in results["paired_tests"]] == [1, 2]
+    assert all(r["games"] == 4 for r in results["pooled"])
+    assert results["intention_recovery"]["steps"] > 0 and len(results["intention_recovery"]["ari"]) >= 1
+    assert set(results["gradient_variance"]["0"]["methods"]) == {"aria", "no_aggregation"}
+    assert (out / "success_vs_iteration.png").stat().st_size > 0
+    stage_lines = [line for line in lines if line.startswith("[experiment] (")]
+    total = len(stage_lines)
+    assert total == 3 + 1 + 2 * 2 * 3 + 1 and all("ETA" in line for line in stage_lines)
+
+    # Interrupted after stage 1, resumed and interrupted after stage 2, and so on: same table.
+    cut = tiny_experiment(tmp_path / "cut")
+    original_plan = experiment.plan
+    for stop_after in range(1, total + 1):
+        def plan(cfg, generator, echo, stop_after=stop_after):
+            stages = original_plan(cfg, generator, echo)
+            stage = stages[stop_after - 1]
+
+            def run_then_stop():
+                stage.run()
+                raise Interrupted(stage.name)
+            stages[stop_after - 1] = experiment.Stage(stage.name, stage.kind, run_then_stop)
+            return stages
+        monkeypatch.setattr(experiment, "plan", plan)
+        with pytest.raises(Interrupted):
+            experiment.run(cut, lambda line: None)
+    monkeypatch.setattr(experiment, "plan", original_plan)
+    resumed = experiment.run(cut, lambda line: None)
+    assert (resumed / "table.md").read_text().replace(str(tmp_path / "cut"), "") == \
+        table.replace(str(tmp_path / "straight"), "")
+
+
+def test_eta_uses_the_times_of_finished_stages_of_the_same_kind():
+    stages = [experiment.Stage("a", "train", None), experiment.Stage("b", "train", None),
+              experiment.Stage("c", "eval", None), experiment.Stage("d", "other", None)]
+    times = {"a": {"kind": "train", "seconds": 100.0}, "x": {"kind": "train", "seconds": 50.0},
+             "y": {"kind": "eval", "seconds": 20.0}}
+    # a: its own 100; b: mean of train (75); c: mean of eval (20); d: mean of all (170/3)
+    assert experiment.eta(stages, times) == pytest.approx(100 + 75 + 20 + 170 / 3)
+    assert math.isfinite(experiment.eta(stages, {}))
