@@ -138,4 +138,4 @@ def test_expert_games_go_through_pipeline_steps_1_to_4_keeping_the_true_intentio
     train = json.loads(pipeline.step4_build_training_set(cfg, quiet).read_text())
     turns = [t for line in labelled.read_text().splitlines() for t in json.loads(line)["turns"]]
     assert [t["intention"]["player"] for t in turns] == [t["intention"] for r in records for t in r["turns"]]
-    assert all("questions_label" in t["intention"] for t in turns) and len(train) == len(turns)
+    assert all("action_label" in t["intention"] for t in turns) and len(train) == len(turns)
