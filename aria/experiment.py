@@ -150,10 +150,7 @@ def play(cfg: dict, policy, out: Path, num_games: int, seed: int, batch_size: in
     from aria.games.oracle import build_oracle
     from aria.rollout import play_games
 
-    game_cfg = compose_config("collect", [f"game={cfg['game']}"])["game"]
-    oracle = build_oracle(compose_config("collect", [f"game={cfg['game']}", f"oracle={cfg['oracle']}",
-                                                     *cfg["oracle_overrides"]])["oracle"], game_cfg)
-    summary = play_games(build_game(game_cfg), policy, oracle, out, num_games=num_games, seed=seed,
+    summary = play_games(build_game(cfg["game"]), policy, build_oracle(cfg["oracle"], cfg["game"]), out, num_games=num_games, seed=seed,
                          batch_size=batch_size, progress=False, force_new=True)
     echo(f"[experiment] {what}: {summary.line()}")
     if summary.failed:
@@ -175,7 +172,7 @@ def label(cfg: dict, trajectories: Path, out_dir: Path, seed: int, echo: Printer
     """Pipeline steps 1..``steps`` on ``trajectories`` in ``out_dir`` (each step skips itself when up to date)."""
     from aria.intention import pipeline
 
-    c = compose_config("intention", [f"game={cfg['game']}", f"input={trajectories}", f"seed={seed}",
+    c = compose_config("intention", [f"game={cfg['game']['name']}", f"input={trajectories}", f"seed={seed}",
                                      f"run_dir={out_dir}", *cfg["intention_overrides"]])
     quiet = lambda line: None  # noqa: E731  (the stage line says what happened)
     pipeline.step1_embed_and_cluster(c, quiet)
@@ -232,8 +229,7 @@ def bc_training_set(cfg: dict, trajectories: Path, out: Path) -> Path:
     from aria.io import atomic_write_json_rows
     from aria.trajectories import read_trajectories
 
-    game_cfg = compose_config("collect", [f"game={cfg['game']}"])["game"]
-    render = observation_renderer(game_cfg)
+    render = observation_renderer(cfg["game"])
     samples = [{"observation": render(r, i), "action": t["action"], "reward": 1.0, "game_id": r["game_id"], "turn": i}
                for r in read_trajectories(trajectories) for i, t in enumerate(r["turns"])]
     if not out.is_file() or read_json(out) != samples:
@@ -259,8 +255,7 @@ def plan(cfg: dict, generator: Generator, echo: Printer) -> list[Stage]:
             from aria.rollout import build_policy
             from aria.trajectories import describe
 
-            game_cfg = compose_config("collect", [f"game={cfg['game']}"])["game"]
-            expert = build_policy({"name": "scripted", "game": game_cfg, "epsilon": w["epsilon"], "seed": w["seed"]})
+            expert = build_policy({"name": "scripted", "game": cfg["game"], "epsilon": w["epsilon"], "seed": w["seed"]})
             if not games_done(expert_games, w["games"], describe(expert)):
                 play(cfg, expert, expert_games, w["games"], w["seed"], 64, echo, "expert games")
 

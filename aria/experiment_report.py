@@ -126,7 +126,7 @@ def collect_results(cfg: dict) -> dict[str, Any]:
     if selection.is_file():
         s = read_json(selection)
         recovery = {"chosen_k": s["chosen"]["k"], "ks": s["ks"], **(s.get("intention_recovery") or {})}
-    return {"name": cfg["name"], "game": cfg["game"], "eval_games": n_eval, "eval_seed": cfg["eval"]["seed"],
+    return {"name": cfg["name"], "game": cfg["game"]["name"], "eval_games": n_eval, "eval_seed": cfg["eval"]["seed"],
             "arms": arms, "pooled": pooled, "paired_tests": tests, "gradient_variance": variance,
             "intention_recovery": recovery}
 

@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
-# The main job on the embedded defaults, in one command: install, then the whole ARIA loop for
-# Twenty Questions and Guess My City (collect -> pipeline steps 1-4 -> offline REINFORCE with
-# LoRA -> merge -> serve the base and trained models with vLLM -> evaluate both -> report).
-# Sized for about 15 minutes on 2 CPU cores (config/main.yaml); a second run reuses finished
-# steps. Hydra overrides after the script name are passed on, e.g.
-#   bash scripts/run_main.sh eval.num_games=200 collect.num_games=200
+# The main job on the embedded defaults, in one command: install, then the small experiment
+# (config/experiment/small.yaml): a warm start by behaviour cloning on the scripted expert's
+# games, then one iteration of ARIA and of its ablation (no aggregation) from it on ArCHer's
+# Twenty Questions subset, each evaluated on the same 100 seeded targets, and the table with
+# Wilson intervals and the paired test (results/experiments/small/table.md). About 20 minutes on
+# 2 CPU cores; a second run reuses finished stages. Hydra overrides are passed on, e.g.
+#   bash scripts/run_main.sh eval.games=200 collect.games=128
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/install.sh
 bash scripts/serve_vllm.sh install
 PYTHON=${PYTHON:-python3}
-exec "$PYTHON" scripts/main_job.py "$@"
+exec "$PYTHON" scripts/run_experiment.py --config-name experiment "$@"
