@@ -216,8 +216,13 @@ def train(cfg: dict, method: str, train_file: Path, start_model: Path, out_dir: 
             raise RuntimeError(f"training failed: {' '.join(command)} (run the experiment again to resume it)")
         final = out_dir / "train" / "final"
     else:
+        from accelerate.state import AcceleratorState
+
         config = compose_config("reinforce_llm", overrides)
-        final = Path(trainer_for(config)(config).train()["final"])
+        try:
+            final = Path(trainer_for(config)(config).train()["final"])
+        finally:  # accelerate keeps one state per process: the next training may set other precision
+            AcceleratorState._reset_state(reset_partial_state=True)
     merge_lora(final, model)
     echo(f"[experiment] trained {method} from {start_model.name} -> {model}")
     return model

@@ -116,6 +116,17 @@ class ScriptedPolicy:
         pass
 
 
+@pytest.fixture(autouse=True)
+def fresh_accelerate_state():
+    """Every test starts with no accelerate state: it is one per process, and a training test
+    must not run under the device or precision an earlier test chose."""
+    yield
+    import sys
+
+    if "accelerate.state" in sys.modules:
+        sys.modules["accelerate.state"].AcceleratorState._reset_state(reset_partial_state=True)
+
+
 @pytest.fixture(scope="session")
 def tiny_sentence_model_dir(tmp_path_factory) -> Path:
     return build_tiny_sentence_model(tmp_path_factory.mktemp("tiny-bert"))

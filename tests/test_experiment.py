@@ -75,12 +75,15 @@ def tiny_experiment(tmp_path_factory, tiny_model_dir, tiny_sentence_model_dir):
             "name=tiny", f"run_dir={root / 'run'}", f"results_dir={root / 'results'}", f"base_model={tiny_model_dir}",
             "engine=local", "methods=[aria,no_aggregation]", "seeds=[0]", "iterations=2",
             "warm_start.games=6", "warm_start.epsilon=0.3",
-            "warm_start.train_overrides=['train.epochs=1','train.micro_batch_size=4','train.gradient_accumulation_steps=1',"
+            # float32 as every training test (accelerate's state is one per process)
+            "warm_start.train_overrides=['train.mixed_precision=no','train.epochs=1','train.micro_batch_size=4',"
+            "'train.gradient_accumulation_steps=1',"
             "'train.lr=1.0e-3','train.save_freq=2']",
             "collect.games=4", "collect.max_tokens=12", "collect.batch_size=4",
             "eval.games=4", "eval.max_tokens=12", "eval.batch_size=4",
             f"intention_overrides=['embedder.model={tiny_sentence_model_dir}','clustering.k_max=6']",
-            "train_overrides=['train.epochs=1','train.micro_batch_size=4','train.gradient_accumulation_steps=1',"
+            "train_overrides=['train.mixed_precision=no','train.epochs=1','train.micro_batch_size=4',"
+            "'train.gradient_accumulation_steps=1',"
             "'train.save_freq=2']",
             "grad_variance.enabled=true", "grad_variance.max_samples=4",
         ])

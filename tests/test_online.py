@@ -28,6 +28,8 @@ def online_config(tmp_path: Path, model_dir: Path, sentence_dir: Path, *override
         "train.micro_batch_size=4", "train.gradient_accumulation_steps=2", "train.lr=1e-2",
         "online.rollout_size=3", "online.rollout_batch_size=3", "online.actor_updates=2", "online.iterations=1",
         "online.rm_refresh=2", "rollout.max_new_tokens=6", "logging.progress=false",
+        # float32 scores on every CPU (auto is bfloat16 where the CPU has AVX512-BF16), as the test recomputes them
+        "reward_model.dtype=float32",
         f"online.intention_overrides=['embedder.model={sentence_dir}','clustering.k_max=4']",
         "reward_model.train_overrides=['device=cpu','train.mixed_precision=no','train.epochs=1','train.micro_batch_size=8',"
         "'train.gradient_accumulation_steps=1','data.eval_fraction=0.34']",
