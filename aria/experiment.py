@@ -287,7 +287,7 @@ def plan(cfg: dict, generator: Generator, echo: Printer) -> list[Stage]:
     stages.append(Stage("iteration 0: evaluate the warm start", "eval", lambda: evaluate("", 0, 0)))
     for seed in cfg["seeds"]:
         for method in cfg["methods"]:
-            for it in range(1, cfg["iterations"] + 1):
+            for it in range(1, iterations_of(cfg, method) + 1):
                 where = lay.collection_dir(method, seed, it)
                 games = where / "games.jsonl"
 
@@ -311,6 +311,14 @@ def plan(cfg: dict, generator: Generator, echo: Printer) -> list[Stage]:
             stages.append(Stage(f"seed {seed}: gradient variance of the methods on the iteration-1 samples", "variance",
                                 lambda seed=seed: gradient_variance_stage(cfg, lay, seed, warm_model, echo)))
     return stages
+
+
+def iterations_of(cfg: dict, method: str) -> int:
+    """How many iterations ``method`` runs: ``iterations_by_method[method]``, else ``iterations``."""
+    n = (cfg.get("iterations_by_method") or {}).get(method, cfg["iterations"])
+    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+        raise ValueError(f"iterations of {method!r}: expected an integer >= 1, got {n!r}")
+    return n
 
 
 def gradient_variance_stage(cfg: dict, lay: Layout, seed: int, model: Path, echo: Printer) -> Path:

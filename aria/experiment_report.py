@@ -78,7 +78,7 @@ def _row(games: list[dict]) -> dict[str, Any]:
 
 def collect_results(cfg: dict) -> dict[str, Any]:
     """Everything ``results.json`` holds (module doc), from the run folder."""
-    from aria.experiment import Layout
+    from aria.experiment import Layout, iterations_of
 
     lay, n_eval = Layout(cfg), cfg["eval"]["games"]
     evaluations: dict[tuple[str, int, int], dict[str, dict]] = {}
@@ -89,7 +89,7 @@ def collect_results(cfg: dict) -> dict[str, Any]:
                 evaluations[(method, seed, 0)] = games
     for seed in cfg["seeds"]:
         for method in cfg["methods"]:
-            for it in range(1, cfg["iterations"] + 1):
+            for it in range(1, iterations_of(cfg, method) + 1):
                 path = lay.evaluation(method, seed, it)
                 if path.is_file() and len(games := _games(path)) >= n_eval:
                     evaluations[(method, seed, it)] = games
@@ -99,14 +99,14 @@ def collect_results(cfg: dict) -> dict[str, Any]:
         label = "warm start" if cfg["warm_start"]["enabled"] else "base model"
         pooled.append({"method": label, "iteration": 0, "seeds": 1, **_row(list(base_games.values()))})
     for method in cfg["methods"]:
-        for it in range(1, cfg["iterations"] + 1):
+        for it in range(1, iterations_of(cfg, method) + 1):
             seeds = [s for s in cfg["seeds"] if (method, s, it) in evaluations]
             if seeds:
                 games = [g for s in seeds for g in evaluations[(method, s, it)].values()]
                 pooled.append({"method": method, "iteration": it, "seeds": len(seeds), **_row(games)})
     tests = []
     first, second = cfg["report"]["paired"]
-    for it in range(1, cfg["iterations"] + 1):
+    for it in range(1, max(iterations_of(cfg, m) for m in (first, second)) + 1):
         seeds = [s for s in cfg["seeds"] if (first, s, it) in evaluations and (second, s, it) in evaluations]
         if not seeds:
             continue

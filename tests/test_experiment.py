@@ -142,3 +142,15 @@ def test_eta_uses_the_times_of_finished_stages_of_the_same_kind():
     # a: its own 100; b: mean of train (75); c: mean of eval (20); d: mean of all (170/3)
     assert experiment.eta(stages, times) == pytest.approx(100 + 75 + 20 + 170 / 3)
     assert math.isfinite(experiment.eta(stages, {}))
+
+
+def test_methods_may_run_fewer_iterations_than_the_others(tmp_path):
+    cfg = compose_config("experiment", ["experiment=cpu", f"run_dir={tmp_path}"])
+    assert [experiment.iterations_of(cfg, m) for m in cfg["methods"]] == [2, 2, 1, 1]
+    names = [s.name for s in experiment.plan(cfg, experiment.Generator(cfg, print), print)]
+    # per seed: aria and no_aggregation 2 iterations, filtered_bc and bc 1, 3 stages each, + gradient variance
+    assert len(names) == 3 + 1 + 2 * ((2 + 2 + 1 + 1) * 3 + 1)
+    assert "seed 1 · filtered_bc · iteration 1: evaluate" in names
+    assert not any("bc · iteration 2" in n for n in names)
+    with pytest.raises(ValueError, match="iterations of 'bc'"):
+        experiment.iterations_of({**cfg, "iterations_by_method": {"bc": 0}}, "bc")
