@@ -13,7 +13,7 @@ from __future__ import annotations
 import sys
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Any, Callable, Iterator
 
 EXIT_BAD_INPUT = 2
 EXIT_INTERRUPTED = 130
@@ -62,3 +62,24 @@ def checkpoints_in(output_dir: str | Path) -> str:
     steps = sorted(int(p.name.split("-")[1]) for p in folder.glob("step-*") if not p.name.endswith(".tmp")) \
         if folder.is_dir() else []
     return f"checkpoints up to step {steps[-1]} in {folder}" if steps else f"no checkpoint yet in {folder}"
+
+
+def run_step(step: Callable[[dict, Callable[[str], None]], Any], cfg) -> None:
+    """Entry point of the numbered pipeline scripts (``step`` one of the ``step*`` functions of
+    :mod:`aria.intention.pipeline`): bad input prints one line and exits with status 2; Ctrl-C says
+    what was kept (the embedding cache and the k sweep save as they go) and exits 130."""
+    import openai
+    from omegaconf import OmegaConf
+
+    from aria.io import DataError
+
+    try:
+        with command(kept=lambda: f"the saved progress in {cfg.run_dir}"):
+            step(OmegaConf.to_container(cfg, resolve=True), print)
+    except (DataError, FileNotFoundError, ValueError) as err:  # the settings checks of the steps
+        print(f"error: {err}", file=sys.stderr)
+        sys.exit(2)
+    except openai.OpenAIError as err:  # the embeddings endpoint kept failing (after its retries)
+        url = cfg.embedder.get("base_url", "?")
+        print(f"error: embeddings endpoint {url}: {type(err).__name__}: {' '.join(str(err).split())[:300]}", file=sys.stderr)
+        sys.exit(1)

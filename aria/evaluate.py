@@ -127,6 +127,10 @@ def summary_markdown(summary: dict) -> str:
         lines.append(f"| {env} | {s['finished']} | {_pct(s['success_rate'])} | {_pct(low)}-{_pct(high)} | {turns} | "
                      f"{_pct(s['invalid_question_share'])} | {s['failed']} |")
     lines += _two_player_rows(summary)
+    costs = [(env, s["generation"]) for env, s in summary["environments"].items() if s.get("generation")]
+    if any(c["tokens"] for _, c in costs):
+        lines += ["", "Generation (this run's games): " + "; ".join(
+            f"{env} {c['tokens']} reply tokens in {c['seconds']:.0f} s ({c['tokens_per_s']} tokens/s)" for env, c in costs) + "."]
     return "\n".join(lines) + "\n"
 
 

@@ -37,6 +37,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
+from aria.experiment_layout import Layout, games_of, is_two_player, iterations_of
 from aria.io import atomic_write_json, read_json
 from aria.resources import compose_config
 
@@ -50,36 +51,6 @@ class Stage:
     name: str
     kind: str
     run: Callable[[], Any]
-
-
-# ---- where things live ------------------------------------------------------------------------------
-class Layout:
-    """Every path of an experiment's run folder (``run_dir``)."""
-
-    def __init__(self, cfg: dict):
-        self.root = Path(cfg["run_dir"])
-
-    @property
-    def warm(self) -> Path:
-        return self.root / "warm"
-
-    def arm(self, method: str, seed: int, iteration: int) -> Path:
-        """The folder of one method's iteration (iteration 1's games and labels live in :meth:`shared`)."""
-        return self.root / f"s{seed}" / method / f"it{iteration}"
-
-    def shared(self, seed: int) -> Path:
-        return self.root / f"s{seed}" / "it1-shared"
-
-    def collection_dir(self, method: str, seed: int, iteration: int) -> Path:
-        return self.shared(seed) if iteration == 1 else self.arm(method, seed, iteration)
-
-    def model(self, method: str, seed: int, iteration: int) -> Path:
-        return self.warm / "model" if iteration == 0 else self.arm(method, seed, iteration) / "model"
-
-    def evaluation(self, method: str, seed: int, iteration: int) -> Path:
-        if iteration == 0:
-            return self.root / "eval" / "it0.jsonl"
-        return self.arm(method, seed, iteration) / "eval.jsonl"
 
 
 # ---- generation: one model at a time -----------------------------------------------------------------
@@ -103,7 +74,7 @@ class Generator:
     def policy(self, model_dir: Path, settings: dict, seed: int):
         """A chat policy playing ``model_dir`` with ``settings`` (temperature, max_tokens, batch_size);
         the in-process sampler starts from ``seed``, so a stage run again samples the same games."""
-        from aria.rollout import build_policy
+        from aria.llm.registry import build_policy
 
         if self.engine == "local":
             policy = build_policy({"name": "local", "model_path": str(model_dir), "temperature": settings["temperature"],
@@ -143,27 +114,71 @@ def model_version(model_dir: Path) -> str:
     return hashlib.sha256(marker.read_bytes()).hexdigest()[:16] if marker.is_file() else str(model_dir)
 
 
-def play(cfg: dict, policy, out: Path, num_games: int, seed: int, batch_size: int, echo: Printer, what: str) -> Path:
-    """``num_games`` games of the experiment's game into ``out`` (resumes game by game; games of
-    another policy, e.g. of a model since retrained, are moved aside and played again)."""
-    from aria.games.base import build_game
-    from aria.games.oracle import build_oracle
-    from aria.rollout import play_games
+def play(cfg: dict, policy, out: Path, seed: int, section: dict, echo: Printer, what: str) -> Path:
+    """The games of a collection (``section`` = ``collect``, or the warm start's) into ``out``: the
+    question game against the oracle, or two-player self-play. Resumes game by game; games of
+    another policy, e.g. of a model since retrained, are moved aside and played again."""
+    if is_two_player(cfg):
+        from aria.games.glee import config_set
+        from aria.two_player import PolicyPlayer, play_two_player
 
-    summary = play_games(build_game(cfg["game"]), policy, build_oracle(cfg["oracle"], cfg["game"]), out, num_games=num_games, seed=seed,
-                         batch_size=batch_size, progress=False, force_new=True)
+        player = PolicyPlayer(policy)
+        summary = play_two_player(cfg["game"], config_set(cfg["game"], section["config_set"]), {"alice": player, "bob": player},
+                                  out, games_per_config=section["games_per_config"], seed=seed,
+                                  batch_size=section["batch_size"], progress=False, force_new=True)
+    else:
+        from aria.games.base import build_game
+        from aria.games.oracle import build_oracle
+        from aria.rollout import play_games, reply_format
+
+        summary = play_games(build_game(cfg["game"]), policy, build_oracle(cfg["oracle"], cfg["game"]), out,
+                             num_games=section["games"], seed=seed, batch_size=section["batch_size"], progress=False,
+                             force_new=True, reply_format=reply_format(cfg["game"]))
     echo(f"[experiment] {what}: {summary.line()}")
     if summary.failed:
         raise RuntimeError(f"{summary.failed} game(s) failed in {out}; run again to play them again")
     return out
 
 
-def games_done(path: Path, num_games: int, policy: dict) -> bool:
-    """Whether ``path`` holds ``num_games`` finished games, all played by ``policy`` (its producer record)."""
+def evaluate_two_player_arm(cfg: dict, policy, out_dir: Path, echo: Printer) -> Path:
+    """The policy against ``eval.opponent`` in both seats on ``eval.config_set`` (two-player games)."""
+    from aria.games.glee import config_set
+    from aria.two_player import PolicyPlayer, build_player, evaluate_two_player
+
+    e = cfg["eval"]
+    player = PolicyPlayer(policy)
+    summary = evaluate_two_player(cfg["game"], config_set(cfg["game"], e["config_set"]), player,
+                                  build_player(e["opponent"], cfg["game"]["name"], player), out_dir,
+                                  games_per_config=e["games_per_config"], seed=e["seed"], batch_size=e["batch_size"],
+                                  progress=False, echo=lambda line: echo(f"[experiment] {line}"), force_new=True)
+    if summary["overall"]["failed"]:
+        raise RuntimeError(f"{summary['overall']['failed']} game(s) failed in {out_dir}; run again to play them again")
+    return out_dir
+
+
+def evaluation_done(cfg: dict, out: Path, policy: dict) -> bool:
+    """Whether the evaluation at ``out`` (:meth:`Layout.evaluation`) is complete for ``policy``."""
+    n = games_of(cfg, cfg["eval"])
+    if not is_two_player(cfg):
+        return games_done(out, n, {"policy": policy})
+    from aria.games.glee import PLAYERS, other
+    from aria.trajectories import describe
+    from aria.two_player import build_player
+
+    opponent = describe(build_player(cfg["eval"]["opponent"], cfg["game"]["name"]))
+    return all(games_done(out / f"as_{role}.jsonl", n, {"seats": {role: policy, other(role): opponent}}) for role in PLAYERS)
+
+
+def games_done(path: Path, num_games: int, made_by: dict) -> bool:
+    """Whether ``path`` holds ``num_games`` finished games whose producer record has ``made_by``'s
+    fields (``{"policy": ...}`` for a question game, ``{"seats": ...}`` for a two-player game)."""
     from aria.trajectories import read_trajectories
 
     producer = path.with_name(path.name + ".producer.json")
-    if not path.is_file() or not producer.is_file() or read_json(producer)["producer"].get("policy") != policy:
+    if not path.is_file() or not producer.is_file():
+        return False
+    recorded = read_json(producer)["producer"]
+    if any(recorded.get(key) != value for key, value in made_by.items()):
         return False
     return sum(r.get("status") != "failed" for r in read_trajectories(path, allow_partial_last_line=True)) >= num_games
 
@@ -189,7 +204,7 @@ def train(cfg: dict, method: str, train_file: Path, start_model: Path, out_dir: 
           echo: Printer) -> Path:
     """Train ``method`` on ``train_file`` from ``start_model``; merge the adapter into ``out_dir/model``."""
     from aria.policy import merge_lora
-    from aria.trainers.offline import trainer_for
+    from aria.trainers.methods import trainer_for
 
     model = out_dir / "model"
     trained_on = {"train_json_sha256": hashlib.sha256(train_file.read_bytes()).hexdigest(), "method": method,
@@ -257,12 +272,12 @@ def plan(cfg: dict, generator: Generator, echo: Printer) -> list[Stage]:
         expert_games = lay.warm / "expert.jsonl"
 
         def warm_collect():
-            from aria.rollout import build_policy
+            from aria.llm.registry import build_policy
             from aria.trajectories import describe
 
             expert = build_policy({"name": "scripted", "game": cfg["game"], "epsilon": w["epsilon"], "seed": w["seed"]})
-            if not games_done(expert_games, w["games"], describe(expert)):
-                play(cfg, expert, expert_games, w["games"], w["seed"], 64, echo, "expert games")
+            if not games_done(expert_games, w["games"], {"policy": describe(expert)}):
+                play(cfg, expert, expert_games, w["seed"], {"games": w["games"], "batch_size": 64}, echo, "expert games")
 
         def warm_train():
             train_file = bc_training_set(cfg, expert_games, lay.warm / "train.json")
@@ -280,9 +295,12 @@ def plan(cfg: dict, generator: Generator, echo: Printer) -> list[Stage]:
 
     def evaluate(method: str, seed: int, iteration: int):
         out, model = lay.evaluation(method, seed, iteration), model_of(method, seed, iteration)
-        if not games_done(out, e["games"], generator.describe(model, e, e["seed"])):
+        if not evaluation_done(cfg, out, generator.describe(model, e, e["seed"])):
             policy = generator.policy(model, e, e["seed"])
-            play(cfg, policy, out, e["games"], e["seed"], e["batch_size"], echo, f"evaluation {out.parent.name}")
+            if lay.two_player:
+                evaluate_two_player_arm(cfg, policy, out, echo)
+            else:
+                play(cfg, policy, out, e["seed"], e, echo, f"evaluation {out.parent.name}")
 
     stages.append(Stage("iteration 0: evaluate the warm start", "eval", lambda: evaluate("", 0, 0)))
     for seed in cfg["seeds"]:
@@ -294,9 +312,11 @@ def plan(cfg: dict, generator: Generator, echo: Printer) -> list[Stage]:
                 def collect(method=method, seed=seed, it=it, games=games):
                     # the collection seed differs per seed and iteration; evaluation keeps its own
                     model, game_seed = model_of(method, seed, it - 1), 1000 * seed + it
-                    if not games_done(games, c["games"], generator.describe(model, c, game_seed)):
+                    made_by = generator.describe(model, c, game_seed)
+                    made_by = {"seats": {"alice": made_by, "bob": made_by}} if lay.two_player else {"policy": made_by}
+                    if not games_done(games, games_of(cfg, c), made_by):
                         policy = generator.policy(model, c, game_seed)
-                        play(cfg, policy, games, c["games"], game_seed, c["batch_size"], echo, f"collection {where.name}")
+                        play(cfg, policy, games, game_seed, c, echo, f"collection {where.name}")
 
                 def fit(method=method, seed=seed, it=it, where=where, games=games):
                     generator.stop()  # training needs the cores
@@ -311,14 +331,6 @@ def plan(cfg: dict, generator: Generator, echo: Printer) -> list[Stage]:
             stages.append(Stage(f"seed {seed}: gradient variance of the methods on the iteration-1 samples", "variance",
                                 lambda seed=seed: gradient_variance_stage(cfg, lay, seed, warm_model, echo)))
     return stages
-
-
-def iterations_of(cfg: dict, method: str) -> int:
-    """How many iterations ``method`` runs: ``iterations_by_method[method]``, else ``iterations``."""
-    n = (cfg.get("iterations_by_method") or {}).get(method, cfg["iterations"])
-    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-        raise ValueError(f"iterations of {method!r}: expected an integer >= 1, got {n!r}")
-    return n
 
 
 def gradient_variance_stage(cfg: dict, lay: Layout, seed: int, model: Path, echo: Printer) -> Path:

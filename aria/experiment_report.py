@@ -63,39 +63,59 @@ def mcnemar(first: list[bool], second: list[bool]) -> dict[str, Any]:
             "odds_ratio": (b / c) if c else None}
 
 
-def _games(path: Path) -> dict[str, dict]:
+def outcomes(path: Path, two_player: bool, n: int) -> dict[str, dict] | None:
+    """An arm's evaluation games as ``{pair key: {"success", "turns"}}``, or None until all ``n`` are
+    played. A question game: success = the target found, turns = the game's; keyed by game id. A
+    two-player game (``path`` the folder of ``as_alice.jsonl`` and ``as_bob.jsonl``): success = the
+    policy won, turns = the policy's own; keyed by seat and game id, so arms pair by configuration
+    and seat."""
     from aria.trajectories import read_trajectories
 
-    return {r["game_id"]: r for r in read_trajectories(path, allow_partial_last_line=True) if r.get("status") != "failed"}
+    def finished(file: Path) -> list[dict]:
+        if not file.is_file():
+            return []
+        return [r for r in read_trajectories(file, allow_partial_last_line=True) if r.get("status") != "failed"]
+
+    if not two_player:
+        games = {r["game_id"]: {"success": bool(r["success"]), "turns": len(r["turns"])} for r in finished(path)}
+        return games if len(games) >= n else None
+    out = {}
+    for role in ("alice", "bob"):
+        games = finished(path / f"as_{role}.jsonl")
+        if len(games) < n:
+            return None
+        out.update({f"{role}:{r['game_id']}": {"success": r["meta"]["winner"] == role,
+                                                "turns": sum(t["role"] == role for t in r["turns"])} for r in games})
+    return out
 
 
 def _row(games: list[dict]) -> dict[str, Any]:
-    wins, n = sum(bool(g["success"]) for g in games), len(games)
+    wins, n = sum(g["success"] for g in games), len(games)
     low, high = wilson_interval(wins, n)
     return {"games": n, "wins": wins, "success": wins / n if n else None, "ci95": [low, high],
-            "mean_turns": sum(len(g["turns"]) for g in games) / n if n else None}
+            "mean_turns": sum(g["turns"] for g in games) / n if n else None}
 
 
 def collect_results(cfg: dict) -> dict[str, Any]:
     """Everything ``results.json`` holds (module doc), from the run folder."""
-    from aria.experiment import Layout, iterations_of
+    from aria.experiment_layout import Layout, games_of, iterations_of
 
-    lay, n_eval = Layout(cfg), cfg["eval"]["games"]
+    lay, n_eval = Layout(cfg), games_of(cfg, cfg["eval"])
     evaluations: dict[tuple[str, int, int], dict[str, dict]] = {}
-    base = lay.evaluation("", 0, 0)
-    if base.is_file() and len(games := _games(base)) >= n_eval:
+    base_games = outcomes(lay.evaluation("", 0, 0), lay.two_player, n_eval)
+    if base_games is not None:
         for seed in cfg["seeds"]:
             for method in cfg["methods"]:
-                evaluations[(method, seed, 0)] = games
+                evaluations[(method, seed, 0)] = base_games
     for seed in cfg["seeds"]:
         for method in cfg["methods"]:
             for it in range(1, iterations_of(cfg, method) + 1):
-                path = lay.evaluation(method, seed, it)
-                if path.is_file() and len(games := _games(path)) >= n_eval:
+                games = outcomes(lay.evaluation(method, seed, it), lay.two_player, n_eval)
+                if games is not None:
                     evaluations[(method, seed, it)] = games
     arms = [{"method": m, "seed": s, "iteration": i, **_row(list(g.values()))} for (m, s, i), g in sorted(evaluations.items())]
     pooled = []
-    if base.is_file() and len(base_games := _games(base)) >= n_eval:
+    if base_games is not None:
         label = "warm start" if cfg["warm_start"]["enabled"] else "base model"
         pooled.append({"method": label, "iteration": 0, "seeds": 1, **_row(list(base_games.values()))})
     for method in cfg["methods"]:
@@ -126,7 +146,9 @@ def collect_results(cfg: dict) -> dict[str, Any]:
     if selection.is_file():
         s = read_json(selection)
         recovery = {"chosen_k": s["chosen"]["k"], "ks": s["ks"], **(s.get("intention_recovery") or {})}
-    return {"name": cfg["name"], "game": cfg["game"]["name"], "eval_games": n_eval, "eval_seed": cfg["eval"]["seed"],
+    opponent = cfg["eval"]["opponent"] if lay.two_player else None
+    return {"name": cfg["name"], "game": cfg["game"]["name"], "two_player": lay.two_player, "opponent": opponent,
+            "eval_games": n_eval, "eval_seed": cfg["eval"]["seed"],
             "arms": arms, "pooled": pooled, "paired_tests": tests, "gradient_variance": variance,
             "intention_recovery": recovery}
 
@@ -137,16 +159,24 @@ def _pct(x: float | None) -> str:
 
 def render_table(results: dict[str, Any], alpha: float = 0.05) -> str:
     """``table.md`` (module doc)."""
-    lines = [f"# {results['name']}: success on {results['game']}", "",
-             f"{results['eval_games']} evaluation games per arm and seed, the same seeded targets for every arm "
-             f"(evaluation seed {results['eval_seed']}); rows pool the seeds.", "",
-             "| method | iteration | seeds | success % | 95% CI (Wilson) | wins / games | mean turns |",
-             "|---|---|---|---|---|---|---|"]
+    if results.get("two_player"):
+        opponent = ", ".join(f"{k} {v}" for k, v in results["opponent"].items())
+        lines = [f"# {results['name']}: win rate on {results['game']} against the opponent ({opponent})", "",
+                 f"{results['eval_games']} evaluation games per arm, seed and seat, the same configurations for every "
+                 f"arm; a win is a higher payoff than the opponent's; turns are the policy's own; rows pool the seeds.", ""]
+        measure = "win %"
+    else:
+        lines = [f"# {results['name']}: success on {results['game']}", "",
+                 f"{results['eval_games']} evaluation games per arm and seed, the same seeded targets for every arm "
+                 f"(evaluation seed {results['eval_seed']}); rows pool the seeds.", ""]
+        measure = "success %"
+    lines += [f"| method | iteration | seeds | {measure} | 95% CI (Wilson) | wins / games | mean turns |",
+              "|---|---|---|---|---|---|---|"]
     for r in results["pooled"]:
         lines.append(f"| {r['method']} | {r['iteration']} | {r['seeds']} | {_pct(r['success'])} | "
                      f"{_pct(r['ci95'][0])}–{_pct(r['ci95'][1])} | {r['wins']} / {r['games']} | {r['mean_turns']:.2f} |")
     if results["arms"]:
-        lines += ["", "Per seed:", "", "| method | seed | iteration | success % | 95% CI | mean turns |", "|---|---|---|---|---|---|"]
+        lines += ["", "Per seed:", "", f"| method | seed | iteration | {measure} | 95% CI | mean turns |", "|---|---|---|---|---|---|"]
         for r in results["arms"]:
             if r["iteration"] > 0:
                 lines.append(f"| {r['method']} | {r['seed']} | {r['iteration']} | {_pct(r['success'])} | "
@@ -154,7 +184,8 @@ def render_table(results: dict[str, Any], alpha: float = 0.05) -> str:
     for t in results["paired_tests"]:
         significant = t["p_value"] < alpha
         lines += ["", f"**Paired test, iteration {t['iteration']}** ({t['first']} against {t['second']}, "
-                  f"{t['pairs']} games paired by seed and target): {t['first']} alone won {t['first_only']}, "
+                  f"{t['pairs']} games paired by seed and {'configuration and seat' if results.get('two_player') else 'target'}): "
+                  f"{t['first']} alone won {t['first_only']}, "
                   f"{t['second']} alone won {t['second_only']}, both won {t['both']}. Difference of success rates "
                   f"{100 * t['difference']:+.1f} points (95% CI {100 * t['difference_ci95'][0]:+.1f} to "
                   f"{100 * t['difference_ci95'][1]:+.1f}); exact McNemar p = {t['p_value']:.3g}: "
@@ -195,8 +226,8 @@ def plot(results: dict[str, Any], out: Path) -> None:
         y = [100 * r["success"] for r in rows]
         err = [[100 * (r["success"] - r["ci95"][0]) for r in rows], [100 * (r["ci95"][1] - r["success"]) for r in rows]]
         ax.errorbar(x, y, yerr=err, marker="o", capsize=3, label=method)
-    ax.set_xlabel("iteration (0 = warm start)")
-    ax.set_ylabel("success % (Wilson 95% CI)")
+    ax.set_xlabel("iteration (0 = the starting model)")
+    ax.set_ylabel(f"{'win' if results.get('two_player') else 'success'} % (Wilson 95% CI)")
     ax.set_title(f"{results['name']}: {results['game']}")
     ax.legend()
     fig.tight_layout()

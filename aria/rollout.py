@@ -1,9 +1,11 @@
 """Batched, resumable collection of single-agent games (pipeline step 0: "collect").
 
-Many games are played at once: each turn, the prompts of all live games go to the policy in
-one batched call, their questions go to the oracle in one batched call, and a finished game's
-slot is refilled from the queue right away (up to ``batch_size`` live games). Each finished
-game is appended to the output JSONL as one complete line (schema: :mod:`aria.trajectories`).
+Many games are played at once through the one game scheduler (:func:`aria.scheduler.run_games`:
+queue, refill, write, release); this module supplies the question game's turn
+(:class:`QuestionGames`): the prompts of all live games go to the policy in one batched call,
+their questions to the oracle in one batched call. Each finished game is appended to the output
+JSONL as one complete line (schema: :mod:`aria.trajectories`). With ``structured_output: regex``
+(game config) every reply is generated under the game's one-line question format.
 
 Resuming: re-running the same command skips the game ids already in the file; failed games are
 played again. Game ``i`` of seed ``s`` always has the same id and target, so a resumed run plays
@@ -15,59 +17,87 @@ game ``failed`` (with the error in its record); the other games go on.
 from __future__ import annotations
 
 import logging
-import time
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
-from tqdm.auto import tqdm
-
 from aria.games.base import QuestionGame, Target, build_game, target_schedule
 from aria.games.oracle import Oracle, OracleRequest, build_oracle
-from aria.llm.base import ChatModel
-from aria.trajectories import TrajectoryWriter, describe, make_record
+from aria.llm.base import ChatModel, OutputFormat
+from aria.llm.registry import build_policy
+from aria.scheduler import PlaySummary, run_games
+from aria.trajectories import describe, make_record
 
 log = logging.getLogger(__name__)
+
+#: ``structured_output`` values of a question game's config: free text, or each reply constrained
+#: to the game's one-line question format (``reply_regex``, e.g. ``Question: ...?``).
+STRUCTURED_OUTPUTS = ("none", "regex")
 
 
 @dataclass
 class _LiveGame:
     game_id: str
     target: Target
+    max_turns: int
     history: list[tuple[str, str]] = field(default_factory=list)
     turns: list[dict] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
     success: bool = False
     failed: bool = False
 
-
-@dataclass
-class CollectSummary:
-    """What one collection run did (``played`` excludes games found already done)."""
-
-    total: int
-    already_done: int
-    played: int
-    failed: int
-    successes: int
-    turns: int
-    seconds: float
-
     @property
-    def turns_per_s(self) -> float:
-        return self.turns / self.seconds if self.seconds > 0 else 0.0
-
-    def line(self) -> str:
-        done = self.already_done + self.played - self.failed
-        return (
-            f"{done}/{self.total} games done ({self.played} played now, {self.failed} failed), "
-            f"success {self.successes}/{max(self.played - self.failed, 0)} this run, "
-            f"{self.turns} turns in {self.seconds:.1f}s ({self.turns_per_s:.2f} turns/s)"
-        )
+    def over(self) -> bool:
+        return self.success or len(self.turns) >= self.max_turns
 
 
 def game_id(game: str, seed: int, index: int) -> str:
     return f"{game}-s{seed}-{index:05d}"
+
+
+def reply_format(game_cfg: Mapping[str, Any]) -> OutputFormat | None:
+    """The format every reply is constrained to (``structured_output: regex``), or None."""
+    value = game_cfg.get("structured_output") or "none"
+    if value not in STRUCTURED_OUTPUTS:
+        raise ValueError(f"{game_cfg['name']}: structured_output must be one of {STRUCTURED_OUTPUTS}, got {value!r}")
+    if value == "none":
+        return None
+    if not game_cfg.get("reply_regex"):
+        raise ValueError(f"{game_cfg['name']}: structured_output: regex needs reply_regex in the game config")
+    return OutputFormat.regex(game_cfg["reply_regex"])
+
+
+class QuestionGames:
+    """Twenty Questions or Guess My City as a game kind of :func:`aria.scheduler.run_games`."""
+
+    def __init__(self, game: QuestionGame, policy: ChatModel, oracle: Oracle, seed: int,
+                 system_prompt: str | None = None, fmt: OutputFormat | None = None):
+        self.game, self.policy, self.oracle, self.seed = game, policy, oracle, seed
+        self.system_prompt, self.format = system_prompt, fmt
+        self.name = game.name
+
+    def start(self, gid: str, target: Target) -> _LiveGame:
+        return _LiveGame(gid, target, self.game.max_turns)
+
+    def play_turn(self, games: Sequence[_LiveGame]) -> int:
+        _play_turn(self.game, self.policy, self.oracle, games, self.system_prompt, getattr(self.oracle, "name", "oracle"),
+                   self.format)
+        return 0
+
+    def record(self, g: _LiveGame) -> dict:
+        return make_record(game_id=g.game_id, game=self.game.name, target=g.target.name, turns=g.turns,
+                           success=g.success, model=self.policy.name, oracle=getattr(self.oracle, "name", None),
+                           seed=self.seed, status="failed" if g.failed else "finished", errors=g.errors)
+
+    def release(self, g: _LiveGame) -> None:
+        self.policy.release(g.game_id)
+
+    def tally(self, record: dict, counts: Counter) -> None:
+        counts["successes"] += record["success"]
+
+    def describe(self, counts: Counter, finished: int) -> str:
+        return f"success {counts['successes']}/{finished} this run"
 
 
 def play_games(
@@ -82,72 +112,38 @@ def play_games(
     progress: bool = True,
     on_game_end: Callable[[dict], None] | None = None,
     force_new: bool = False,
-) -> CollectSummary:
+    reply_format: OutputFormat | None = None,
+) -> PlaySummary:
     """Play games ``0..num_games-1`` of ``seed`` into ``out_path`` (see module doc).
 
-    A file holding games of another policy, sampling, oracle, seed or system prompt is not
-    continued (:class:`~aria.trajectories.ResumeMismatch`) unless ``force_new`` moves it aside.
+    A file holding games of another policy, sampling, oracle, seed, system prompt or reply
+    format is not continued (:class:`~aria.trajectories.ResumeMismatch`) unless ``force_new``
+    moves it aside. ``reply_format`` constrains every reply (structured outputs).
     """
-    if batch_size < 1:
-        raise ValueError("batch_size must be at least 1")
     if num_games < 0:
         raise ValueError(f"num_games must be >= 0, got {num_games}")
     targets = target_schedule(game.targets, num_games, seed)
     producer = {"game": game.name, "seed": seed, "system_prompt": system_prompt, "policy": describe(policy),
                 "oracle": describe(oracle)}
-    writer = TrajectoryWriter(out_path, producer=producer, force_new=force_new).open()
-    pending = [
-        _LiveGame(game_id(game.name, seed, i), t)
-        for i, t in enumerate(targets)
-        if game_id(game.name, seed, i) not in writer.done
-    ]
-    already_done = num_games - len(pending)
-    summary = CollectSummary(num_games, already_done, 0, 0, 0, 0, 0.0)
-    bar = tqdm(total=num_games, initial=already_done, unit="game", desc=game.name, disable=not progress, dynamic_ncols=True)
-    start = time.perf_counter()
-    live: list[_LiveGame] = []
-    try:
-        while pending or live:
-            while pending and len(live) < batch_size:
-                live.append(pending.pop(0))
-            _play_turn(game, policy, oracle, live, system_prompt, getattr(oracle, "name", "oracle"))
-            summary.turns += len(live)
-            still_live = []
-            for g in live:
-                if g.failed or g.success or len(g.turns) >= game.max_turns:
-                    record = make_record(
-                        game_id=g.game_id, game=game.name, target=g.target.name, turns=g.turns,
-                        success=g.success, model=policy.name, oracle=getattr(oracle, "name", None), seed=seed,
-                        status="failed" if g.failed else "finished", errors=g.errors,
-                    )
-                    writer.write(record)
-                    policy.release(g.game_id)
-                    summary.played += 1
-                    summary.failed += g.failed
-                    summary.successes += g.success
-                    bar.update(1)
-                    if on_game_end:
-                        on_game_end(record)
-                else:
-                    still_live.append(g)
-            live = still_live
-            finished = summary.played - summary.failed
-            bar.set_postfix(success=f"{summary.successes}/{finished}", turns_s=f"{summary.turns / max(time.perf_counter() - start, 1e-9):.2f}")
-    finally:
-        summary.seconds = time.perf_counter() - start
-        bar.close()
-        writer.close()
-    return summary
+    if reply_format is not None:  # files written before the setting existed keep their producer
+        producer["reply_format"] = {"kind": reply_format.kind, "spec": reply_format.spec}
+    kind = QuestionGames(game, policy, oracle, seed, system_prompt, reply_format)
+    jobs = [(game_id(game.name, seed, i), t) for i, t in enumerate(targets)]
+    return run_games(kind, jobs, out_path, producer, batch_size=batch_size, progress=progress, force_new=force_new,
+                     on_game_end=on_game_end)
 
 
-def _play_turn(game, policy, oracle, live: Sequence[_LiveGame], system_prompt, oracle_name) -> None:
+def _play_turn(game, policy, oracle, live: Sequence[_LiveGame], system_prompt, oracle_name,
+               fmt: OutputFormat | None = None) -> None:
     """One turn of every live game: one batched policy call, one batched oracle call."""
     conversations = []
     for g in live:
         messages = [{"role": "system", "content": system_prompt}] if system_prompt else []
         messages.append({"role": "user", "content": game.render_prompt(g.history)})
         conversations.append(messages)
-    completions = policy.generate(conversations, keys=[g.game_id for g in live])
+    keys = [g.game_id for g in live]
+    completions = (policy.generate(conversations, keys=keys) if fmt is None
+                   else policy.generate(conversations, keys=keys, formats=[fmt] * len(live)))
 
     asks: list[tuple[_LiveGame, str, str, str | None]] = []  # (game, action, question, intention) for the oracle
     for g, completion in zip(live, completions):
@@ -185,44 +181,7 @@ def _record_turn(game: QuestionGame, g: _LiveGame, action: str, question: str | 
 
 
 # ---- building the pieces from config ----------------------------------------------------
-def _local_policy(**options) -> ChatModel:
-    from aria.llm.local import LocalChatModel  # imported on use: loads torch and transformers
-
-    return LocalChatModel(**options)
-
-
-def _endpoint_policy(**options) -> ChatModel:
-    from aria.llm.endpoint import EndpointChatModel
-
-    return EndpointChatModel(**options)
-
-
-def _served_policy(**options) -> ChatModel:
-    from aria.llm.served import ServedChatModel
-
-    return ServedChatModel(**options)
-
-
-def _scripted_policy(**options) -> ChatModel:
-    from aria.games.expert import ScriptedExpertPolicy
-
-    return ScriptedExpertPolicy(**options)
-
-
-POLICIES: dict[str, Callable[..., ChatModel]] = {"local": _local_policy, "endpoint": _endpoint_policy,
-                                                 "vllm": _served_policy, "scripted": _scripted_policy}
-
-
-def build_policy(cfg: Mapping[str, Any]) -> ChatModel:
-    """The policy named by ``cfg["name"]`` (a key of :data:`POLICIES`), other keys as options."""
-    options = dict(cfg)
-    kind = options.pop("name")
-    if kind not in POLICIES:
-        raise KeyError(f"unknown policy {kind!r}; registered: {sorted(POLICIES)}")
-    return POLICIES[kind](**options)
-
-
-def collect_from_config(cfg: Mapping[str, Any]) -> CollectSummary:
+def collect_from_config(cfg: Mapping[str, Any]) -> PlaySummary:
     """Run a collection from a (Hydra) config: ``game``, ``policy``, ``oracle`` + run options.
 
     Two-player games (``kind: two_player``) are played by :mod:`aria.two_player` instead, with
@@ -247,6 +206,7 @@ def collect_from_config(cfg: Mapping[str, Any]) -> CollectSummary:
             game, policy, oracle, cfg["out"], num_games=int(cfg["num_games"]), seed=int(cfg["seed"]),
             batch_size=int(cfg["batch_size"]), system_prompt=cfg.get("system_prompt"),
             progress=bool(cfg.get("progress", True)), force_new=bool(cfg.get("force_new", False)),
+            reply_format=reply_format(cfg["game"]),
         )
     finally:
         getattr(policy, "close", lambda: None)()  # a policy=vllm server goes with the run

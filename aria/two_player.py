@@ -3,17 +3,21 @@
 Two seats, Alice and Bob, are each filled by a player: the policy (a local model or an
 OpenAI-compatible endpoint, :class:`PolicyPlayer`), or a scripted opponent
 (:class:`ScriptedPlayer`). The same policy object may fill both seats (self-play). Many games run
-at once: each turn, the live games are grouped by the player to move and every group is one
-batched call. A finished game's slot is refilled from the queue.
+at once through the one game scheduler (:func:`aria.scheduler.run_games`); this module supplies
+the two-player turn (:class:`TwoPlayerGames`): the live games are grouped by the player to move
+and every group is one batched call.
 
 A turn (rules: :mod:`aria.games.glee`):
 
 1. the mover's prompt is its system prompt plus the transcript so far (:class:`aria.data.Transcript`,
    the same renderer that builds training observations);
-2. the reply is parsed (:func:`aria.games.offers.parse_reply`) and checked against the rules; an
+2. with ``structured_output: json_schema`` (game config) the reply is generated under the JSON
+   schema of its turn (:func:`aria.games.offers.reply_schema`: an offer, or accept / reject with
+   a counter-offer / walk away), so a small model always writes a readable move;
+3. the reply is parsed (:func:`aria.games.offers.parse_reply`) and checked against the rules; an
    unreadable or illegal reply is sent back with the reason, up to ``max_reprompts`` times
    (batched across games), then the turn counts as ``on_invalid``;
-3. the move is applied and the other player sees it as one transcript line (:func:`shown_text`).
+4. the move is applied and the other player sees it as one transcript line (:func:`shown_text`).
 
 Each game is written as one schema-v1 two-player record (:mod:`aria.trajectories`). Turn fields:
 ``role``, ``action`` (the reply used, or the last unusable one), ``shown``, ``decision``, ``offer``,
@@ -28,20 +32,19 @@ A request that still fails after its backend's retries marks the game ``failed``
 """
 from __future__ import annotations
 
-import time
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from tqdm.auto import tqdm
-
 from aria.data import Transcript
 from aria.games.glee import PLAYERS, GameConfig, Match, Move, config_set, config_to_dict, normalized_rewards, winner
 from aria.games.glee_text import shown_text, system_prompt
-from aria.games.offers import ParseError, parse_reply
+from aria.games.offers import ParseError, parse_reply, reply_schema
 from aria.games.scripted import SCRIPTED_PLAYERS, reply_json
-from aria.llm.base import ChatModel, Completion, Message
-from aria.trajectories import TrajectoryWriter, describe, make_two_player_record
+from aria.llm.base import ChatModel, Completion, Message, OutputFormat
+from aria.scheduler import PlaySummary, run_games
+from aria.trajectories import describe, make_two_player_record
 
 SYSTEM_PROMPT_KEYS = {"alice": "player_1_system_prompt", "bob": "player_2_system_prompt"}
 
@@ -52,6 +55,7 @@ class TurnRequest:
     key: str  # "<game id>/<role>": one prompt cache per player per game
     match: Match
     conversation: list[Message]
+    format: OutputFormat | None = None  # the reply's JSON schema under structured_output: json_schema
 
 
 class PolicyPlayer:
@@ -63,7 +67,10 @@ class PolicyPlayer:
         self.settings = getattr(model, "settings", {"name": model.name})
 
     def replies(self, requests: Sequence[TurnRequest]) -> list[Completion]:
-        return self.model.generate([r.conversation for r in requests], keys=[r.key for r in requests])
+        conversations, keys = [r.conversation for r in requests], [r.key for r in requests]
+        if any(r.format is not None for r in requests):
+            return self.model.generate(conversations, keys=keys, formats=[r.format for r in requests])
+        return self.model.generate(conversations, keys=keys)
 
     def release(self, key: str) -> None:
         self.model.release(key)
@@ -86,6 +93,11 @@ class ScriptedPlayer:
 
 
 # ---- one game ---------------------------------------------------------------------------------
+#: ``structured_output`` values of a two-player game's config: free replies, or each reply
+#: constrained to the JSON schema of its turn (:func:`aria.games.offers.reply_schema`).
+STRUCTURED_OUTPUTS = ("none", "json_schema")
+
+
 @dataclass
 class _LiveGame:
     game_id: str
@@ -96,35 +108,65 @@ class _LiveGame:
     errors: list[str] = field(default_factory=list)
     failed: bool = False
 
+    @property
+    def over(self) -> bool:
+        return self.match.over
+
     def record_view(self) -> dict:
         """What :class:`Transcript` needs to render the next prompt."""
         return {"game_id": self.game_id, "turns": self.turns + [{"role": self.match.mover}],
                 "meta": {SYSTEM_PROMPT_KEYS[r]: p for r, p in self.prompts.items()}}
 
 
-@dataclass
-class PlaySummary:
-    """What one run did (``played`` excludes games found already done)."""
-
-    total: int
-    already_done: int
-    played: int = 0
-    failed: int = 0
-    deals: int = 0
-    wins: dict[str, int] = field(default_factory=lambda: {"alice": 0, "bob": 0})
-    turns: int = 0
-    reprompts: int = 0
-    seconds: float = 0.0
-
-    def line(self) -> str:
-        done = self.played - self.failed
-        return (f"{self.already_done + done}/{self.total} games done ({self.played} played now, {self.failed} failed), "
-                f"{self.deals} deals, wins alice {self.wins['alice']} / bob {self.wins['bob']} of {done}, "
-                f"{self.turns} turns, {self.reprompts} re-prompts, {self.seconds:.1f}s")
-
-
 def game_id(config: GameConfig, seed: int, index: int) -> str:
     return f"{config.id}-s{seed}-{index:03d}"
+
+
+def structured_output(game_cfg: Mapping[str, Any]) -> str:
+    """The game's ``structured_output`` setting (default ``none``), checked."""
+    value = game_cfg.get("structured_output") or "none"
+    if value not in STRUCTURED_OUTPUTS:
+        raise ValueError(f"{game_cfg['name']}: structured_output must be one of {STRUCTURED_OUTPUTS}, got {value!r}")
+    return value
+
+
+class TwoPlayerGames:
+    """Bargaining or Negotiation as a game kind of :func:`aria.scheduler.run_games`.
+
+    Each turn the live games are grouped by the player to move and every group is one batched
+    call (self-play: one call for all games).
+    """
+
+    def __init__(self, game_cfg: Mapping[str, Any], seats: Mapping[str, Any], seed: int):
+        self.game_cfg, self.seats, self.seed = game_cfg, seats, seed
+        self.name = game_cfg["name"]
+        self.transcript = Transcript.from_config(game_cfg)
+        self.constrained = structured_output(game_cfg) == "json_schema"
+
+    def start(self, gid: str, config: GameConfig) -> _LiveGame:
+        prompts = {r: system_prompt(config, r, self.game_cfg["prompts"]) for r in PLAYERS}
+        return _LiveGame(gid, Match(config), self.seats, prompts)
+
+    def play_turn(self, games: Sequence[_LiveGame]) -> int:
+        by_player: dict[int, list[_LiveGame]] = {}
+        for g in games:
+            by_player.setdefault(id(g.seats[g.match.mover]), []).append(g)
+        return sum(_play_turn(self.game_cfg, self.transcript, group, self.constrained) for group in by_player.values())
+
+    def record(self, g: _LiveGame) -> dict:
+        return _record(self.name, g, self.seed)
+
+    def release(self, g: _LiveGame) -> None:
+        for role in PLAYERS:
+            g.seats[role].release(f"{g.game_id}/{role}")
+
+    def tally(self, record: dict, counts: Counter) -> None:
+        counts["deals"] += record["meta"]["outcome"] == "deal"
+        if record["meta"]["winner"]:
+            counts[f"wins_{record['meta']['winner']}"] += 1
+
+    def describe(self, counts: Counter, finished: int) -> str:
+        return f"{counts['deals']} deals, wins alice {counts['wins_alice']} / bob {counts['wins_bob']} of {finished}"
 
 
 def play_two_player(
@@ -141,62 +183,26 @@ def play_two_player(
     """Play ``games_per_config`` games of every configuration into ``out_path`` (module doc).
 
     Args:
-        game_cfg: ``config/game/<game>.yaml`` as a mapping (prompts, transcript, re-prompt rules).
+        game_cfg: ``config/game/<game>.yaml`` as a mapping (prompts, transcript, re-prompt rules,
+            ``structured_output``).
         seats: ``{"alice": player, "bob": player}``; one object in both seats is self-play.
         batch_size: games live at once.
     """
-    if batch_size < 1 or games_per_config < 1:
-        raise ValueError("batch_size and games_per_config must be at least 1")
+    if games_per_config < 1:
+        raise ValueError("games_per_config must be at least 1")
     if set(seats) != set(PLAYERS):
         raise ValueError(f"seats must name exactly {PLAYERS}, got {sorted(seats)}")
-    transcript = Transcript.from_config(game_cfg)
+    kind = TwoPlayerGames(game_cfg, seats, seed)
     producer = {"game": game_cfg["name"], "seed": seed, "configurations": [c.id for c in configs],
                 "seats": {role: describe(player) for role, player in seats.items()}}
-    writer = TrajectoryWriter(out_path, producer=producer, force_new=force_new).open()
-    queue = [(game_id(c, seed, i), c) for c in configs for i in range(games_per_config)]
-    todo = [(gid, c) for gid, c in queue if gid not in writer.done]
-    summary = PlaySummary(total=len(queue), already_done=len(queue) - len(todo))
-    bar = tqdm(total=len(queue), initial=summary.already_done, unit="game", desc=game_cfg["name"],
-               disable=not progress, dynamic_ncols=True)
-    start = time.perf_counter()
-    live: list[_LiveGame] = []
-    try:
-        while todo or live:
-            while todo and len(live) < batch_size:
-                gid, config = todo.pop(0)
-                prompts = {r: system_prompt(config, r, game_cfg["prompts"]) for r in PLAYERS}
-                live.append(_LiveGame(gid, Match(config), seats, prompts))
-            by_player: dict[int, list[_LiveGame]] = {}
-            for g in live:
-                by_player.setdefault(id(g.seats[g.match.mover]), []).append(g)
-            for games in by_player.values():
-                summary.reprompts += _play_turn(game_cfg, transcript, games)
-            summary.turns += len(live)
-            still_live = []
-            for g in live:
-                if not (g.failed or g.match.over):
-                    still_live.append(g)
-                    continue
-                record = _record(game_cfg["name"], g, seed)
-                writer.write(record)
-                for role in PLAYERS:
-                    g.seats[role].release(f"{g.game_id}/{role}")
-                summary.played += 1
-                summary.failed += g.failed
-                if not g.failed:
-                    summary.deals += g.match.outcome == "deal"
-                    if record["meta"]["winner"]:
-                        summary.wins[record["meta"]["winner"]] += 1
-                bar.update(1)
-            live = still_live
-    finally:
-        summary.seconds = time.perf_counter() - start
-        bar.close()
-        writer.close()
-    return summary
+    if kind.constrained:  # files written before the setting existed keep their producer
+        producer["structured_output"] = "json_schema"
+    jobs = [(game_id(c, seed, i), c) for c in configs for i in range(games_per_config)]
+    return run_games(kind, jobs, out_path, producer, batch_size=batch_size, progress=progress, force_new=force_new)
 
 
-def _play_turn(game_cfg: Mapping[str, Any], transcript: Transcript, games: Sequence[_LiveGame]) -> int:
+def _play_turn(game_cfg: Mapping[str, Any], transcript: Transcript, games: Sequence[_LiveGame],
+               constrained: bool = False) -> int:
     """One turn of games whose mover is the same player; returns the number of re-prompts."""
     player = games[0].seats[games[0].match.mover]
     max_reprompts, on_invalid = int(game_cfg.get("max_reprompts", 2)), game_cfg.get("on_invalid", "reject")
@@ -204,7 +210,8 @@ def _play_turn(game_cfg: Mapping[str, Any], transcript: Transcript, games: Seque
     for g in games:
         view = g.record_view()
         conversation = [{"role": "user", "content": transcript.render(view, len(view["turns"]) - 1)}]
-        requests.append(TurnRequest(f"{g.game_id}/{g.match.mover}", g.match, conversation))
+        fmt = OutputFormat.json_schema(reply_schema(g.match)) if constrained else None
+        requests.append(TurnRequest(f"{g.game_id}/{g.match.mover}", g.match, conversation, fmt))
     attempts: dict[int, list[dict]] = {id(g): [] for g in games}
     pending = list(zip(games, requests))
     reprompts = 0
@@ -286,14 +293,14 @@ def build_player(cfg: Mapping[str, Any], game: str, policy: PolicyPlayer | None 
         return policy
     if kind == "scripted":
         return ScriptedPlayer(game, float(options.get("strength", 1.0)))
-    from aria.rollout import build_policy
+    from aria.llm.registry import build_policy
 
     return PolicyPlayer(build_policy({"name": kind, **options}))
 
 
 def collect_two_player_from_config(cfg: Mapping[str, Any]) -> PlaySummary:
     """Self-play (or policy vs opponent) collection from a Hydra config (``config/collect.yaml``)."""
-    from aria.rollout import build_policy
+    from aria.llm.registry import build_policy
 
     game_cfg = cfg["game"]
     policy = PolicyPlayer(build_policy(cfg["policy"]))

@@ -39,7 +39,7 @@ def run(variant: str, batch_size: int, reuse_cache: bool, games: int, seed: int,
     return {
         "variant": variant, "batch_size": batch_size, "reuse_cache": reuse_cache, "dtype": str(policy.model.dtype),
         "games": summary.played,
-        "successes": summary.successes, "turns": summary.turns, "seconds": round(summary.seconds, 2),
+        "successes": summary.counts["successes"], "turns": summary.turns, "seconds": round(summary.seconds, 2),
         "turns_per_s": round(summary.turns_per_s, 4),
     }
 

@@ -5,7 +5,8 @@
 """
 import hydra
 
-from aria.intention.pipeline import step4_build_training_set, run_step
+from aria.cli import run_step
+from aria.intention.pipeline import step4_build_training_set
 
 
 @hydra.main(config_path="../config", config_name="intention", version_base="1.3")

@@ -25,7 +25,8 @@ from aria.games.base import build_game, known_games, load_game_config
 from aria.games.glee import config_set
 from aria.games.oracle import build_oracle
 from aria.llm.endpoint import check_server
-from aria.rollout import build_policy, play_games
+from aria.llm.registry import build_policy
+from aria.rollout import play_games, reply_format
 from aria.cli import command
 from aria.trajectories import read_trajectories
 from aria.two_player import PolicyPlayer, build_player, evaluate_two_player
@@ -63,12 +64,17 @@ def evaluate(cfg: dict) -> None:
     policy = build_policy(p)
     summary = {"model": p["model"] if served else p["model_path"], "base_url": p.get("base_url"),
                "oracle": cfg["oracle"]["name"], "seed": cfg["seed"], "num_games": cfg["num_games"],
-               "sampling": {k: p.get(k) for k in ("temperature", "top_p", reply_tokens)}, "environments": {}}
+               "sampling": {k: p.get(k) for k in ("temperature", "top_p", reply_tokens)},
+               "structured_output": cfg["structured_output"], "environments": {}}
     if two_player:  # what the win rates were measured under (reply length matters a lot to a small model)
-        summary["two_player"] = {**{k: cfg["two_player"][k] for k in ("config_set", "games_per_config", "max_tokens")},
+        summary["two_player"] = {**{k: cfg["two_player"][k] for k in ("config_set", "games_per_config", "max_tokens",
+                                                                    "structured_output")},
                                  "opponent": {k: v for k, v in cfg["opponent"].items() if k != "api_key"}}  # no secrets in results
     for env in cfg["envs"]:
         game_cfg = load_game_config(env)
+        chosen = cfg["two_player"]["structured_output"] if env in two_player else cfg["structured_output"]
+        if chosen is not None:
+            game_cfg["structured_output"] = chosen
         if env in two_player:
             tp = cfg["two_player"]
             player = PolicyPlayer(build_policy({**p, reply_tokens: tp["max_tokens"]}))
@@ -76,19 +82,30 @@ def evaluate(cfg: dict) -> None:
                 game_cfg, config_set(game_cfg, tp["config_set"]), player, build_player(cfg["opponent"], env, player),
                 out / env, games_per_config=tp["games_per_config"], seed=cfg["seed"], batch_size=batch_size,
                 progress=cfg["progress"], force_new=cfg["force_new"])
+            summary["environments"][env]["generation"] = generation_cost(player.model, 0, 0.0)
             continue
         transcripts = out / env / "transcripts.jsonl"
+        tokens, seconds = getattr(policy, "generated_tokens", 0), getattr(policy, "generation_seconds", 0.0)
         run = play_games(build_game(game_cfg), policy, build_oracle(cfg["oracle"], game_cfg), transcripts,
                          num_games=cfg["num_games"], seed=cfg["seed"], batch_size=batch_size, progress=cfg["progress"],
-                         force_new=cfg["force_new"])
+                         force_new=cfg["force_new"], reply_format=reply_format(game_cfg))
         print(f"[eval] {env}: {run.line()}")
         summary["environments"][env] = summarize_games(list(read_trajectories(transcripts)))
+        summary["environments"][env]["generation"] = generation_cost(policy, tokens, seconds)
     write_summary(out, summary)
     print(f"[eval] wrote {out / 'summary.json'} and {out / 'summary.md'}")
     print((out / "summary.md").read_text())
     if any(s.get("overall", s)["failed"] for s in summary["environments"].values()):
         print("[eval] some games failed (listed in summary.json); re-run to retry them", file=sys.stderr)
         sys.exit(1)
+
+
+def generation_cost(policy, tokens_before: int, seconds_before: float) -> dict:
+    """Reply tokens the policy generated in this run of an environment, the seconds its generate
+    calls took, and their ratio (games already in the transcripts cost nothing)."""
+    tokens = getattr(policy, "generated_tokens", 0) - tokens_before
+    seconds = getattr(policy, "generation_seconds", 0.0) - seconds_before
+    return {"tokens": tokens, "seconds": round(seconds, 2), "tokens_per_s": round(tokens / seconds, 1) if seconds > 0 else None}
 
 
 if __name__ == "__main__":

@@ -13,7 +13,7 @@ import hydra
 from omegaconf import OmegaConf
 
 from aria.cli import checkpoints_in, command
-from aria.trainers.offline import trainer_for
+from aria.trainers.methods import trainer_for
 
 
 @hydra.main(config_path="../config", config_name="reinforce_llm", version_base="1.3")

@@ -192,6 +192,8 @@ def test_interrupted_evaluation_resumes_without_duplicates(tmp_path):
         records = list(read_trajectories(transcripts))
         assert sorted(r["game_id"] for r in records) == [f"twenty_questions-s0-{i:05d}" for i in range(4)]
         summary = json.loads((out / "summary.json").read_text())["environments"]["twenty_questions"]
+        cost = summary.pop("generation")  # the resumed run's games only: 20 requests each, 1 token per reply
+        assert cost["tokens"] == 20 * (4 - len(first)) and cost["seconds"] > 0
         # By hand: the server always asks "Is it alive?", so 4 lost games of 20 valid questions each;
         # Wilson's upper bound for 0 of 4 is z²/(4 + z²) = 3.8415/7.8415.
         assert summary == {"games": 4, "finished": 4, "failed": 0, "failed_game_ids": [], "successes": 0,

@@ -154,3 +154,39 @@ def test_methods_may_run_fewer_iterations_than_the_others(tmp_path):
     assert not any("bc · iteration 2" in n for n in names)
     with pytest.raises(ValueError, match="iterations of 'bc'"):
         experiment.iterations_of({**cfg, "iterations_by_method": {"bc": 0}}, "bc")
+
+
+def test_a_two_player_experiment_runs_self_play_and_evaluates_against_the_opponent(tmp_path, tiny_model_dir,
+                                                                                   tiny_sentence_model_dir):
+    """experiment=bargaining on a tiny model: constrained self-play, steps 1-4, training, and the
+    win rate of every model in both seats against the scripted opponent, paired by configuration and seat."""
+    cfg = compose_config("experiment", [
+        "experiment=bargaining", f"run_dir={tmp_path / 'run'}", f"results_dir={tmp_path / 'results'}",
+        f"base_model={tiny_model_dir}", "engine=local",
+        "collect.config_set=smoke", "collect.games_per_config=4", "collect.max_tokens=200", "collect.batch_size=4",
+        "eval.config_set=smoke", "eval.games_per_config=3", "eval.max_tokens=200", "eval.batch_size=4",
+        f"intention_overrides=['embedder.model={tiny_sentence_model_dir}','clustering.k_max=4']",
+        "train_overrides=['train.mixed_precision=no','train.epochs=1','train.micro_batch_size=4',"
+        "'train.gradient_accumulation_steps=1','train.save_freq=2']",
+        "grad_variance.max_samples=4",
+    ])
+    lines: list[str] = []
+    out = experiment.run(cfg, lines.append)
+    results = json.loads((out / "results.json").read_text())
+    assert [(r["method"], r["iteration"]) for r in results["pooled"]] == [("base model", 0), ("aria", 1), ("no_aggregation", 1)]
+    assert all(r["games"] == 6 for r in results["pooled"])  # 3 games as Alice, 3 as Bob
+    test, = results["paired_tests"]
+    assert test["pairs"] == 6 and test["first"] == "aria"
+    table = (out / "table.md").read_text()
+    assert "win rate on bargaining against the opponent (name scripted, strength 1.0)" in table
+    assert "paired by seed and configuration and seat" in table
+    run = tmp_path / "run"
+    producer = json.loads((run / "s0" / "it1-shared" / "games.jsonl.producer.json").read_text())["producer"]
+    assert producer["structured_output"] == "json_schema" and producer["seats"]["alice"] == producer["seats"]["bob"]
+    for role in ("alice", "bob"):
+        assert (run / "s0" / "aria" / "it1" / "eval" / f"as_{role}.jsonl").is_file()
+    # everything is done: running again plays and trains nothing and writes the same table
+    again: list[str] = []
+    experiment.run(cfg, again.append)
+    assert not any("games done (" in line and "played now" in line and "(0 played now" not in line for line in again)
+    assert (out / "table.md").read_text() == table

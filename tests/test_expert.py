@@ -90,7 +90,7 @@ def test_policy_scripted_through_the_collection_config(tmp_path):
     cfg = compose_config("collect", ["game=guess_my_city_subset", "policy=scripted", "policy.epsilon=0.2", "num_games=5",
                                      f"out={out}", "progress=false"])
     summary = collect_from_config(cfg)
-    assert summary.successes == 5
+    assert summary.counts["successes"] == 5
     records = list(read_trajectories(out))
     assert all(t["intention"] for r in records for t in r["turns"])
     producer = json.loads(out.with_name(out.name + ".producer.json").read_text())

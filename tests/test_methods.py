@@ -207,7 +207,7 @@ def test_two_steps_of_trajectory_dpo_on_a_tiny_model(tmp_path, tiny_model_dir):
 
     from aria.policy import Encoding
     from aria.trainers.dpo import TrajectoryDPOTrainer
-    from aria.trainers.offline import trainer_for
+    from aria.trainers.methods import trainer_for
     from conftest import naive_action_logprob
 
     cfg = method_config(tmp_path, tiny_model_dir, "train.epochs=2", "train.micro_batch_size=1", "train.warmup_ratio=0",

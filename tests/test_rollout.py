@@ -36,7 +36,7 @@ def test_reward_and_turn_accounting(tmp_path, twenty_questions, game_configs):
     out = tmp_path / "games.jsonl"
     summary = play_games(twenty_questions, policy, oracle, out, num_games=3, seed=7, batch_size=2, progress=False)
     records = {r["game_id"]: r for r in read_trajectories(out)}
-    assert summary.played == 3 and summary.failed == 0 and summary.successes == 2
+    assert summary.played == 3 and summary.failed == 0 and summary.counts["successes"] == 2
 
     won_third = records[ids[0]]
     assert [t["reward"] for t in won_third["turns"]] == [-1.0, -1.0, 0.0]

@@ -82,7 +82,7 @@ def test_reprompts_are_recorded_and_the_prompt_is_the_training_observation(tmp_p
     summary = play_two_player(game_cfg, [config], seats, out, progress=False)
     record = next(read_trajectories(out))
     # 2 re-prompts on turn 0; on the last turn (5th) the repeated proposal is refused twice more
-    assert summary.reprompts == 4 and record["num_turns"] == 5
+    assert summary.extra_requests == 4 and record["num_turns"] == 5
     last = record["turns"][-1]
     assert last["forfeit"] == "reject" and all("last round" in a["error"] for a in last["attempts"])
     assert record["meta"]["outcome"] == "no_deal"

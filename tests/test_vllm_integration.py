@@ -57,7 +57,9 @@ def test_eval_sh_against_a_real_vllm_server(tmp_path, vllm_server):
     for env_name in ("twenty_questions", "guess_my_city"):
         records = list(read_trajectories(out / env_name / "transcripts.jsonl"))
         assert len(records) == 3 and all(r["model"] == vllm_server["MODEL_NAME"] for r in records)
-        s = summary["environments"][env_name]
+        s = dict(summary["environments"][env_name])
+        cost = s.pop("generation")  # the server's count of reply tokens, and the time they took
+        assert cost["tokens"] >= sum(r["num_turns"] for r in records) and cost["tokens_per_s"] > 0
         assert s == summarize_games(records)
         assert s["successes"] == sum(r["success"] for r in records)
         assert s["finished"] + s["failed"] == 3 and s["failed"] == 0
@@ -85,3 +87,31 @@ def test_collection_by_default_serves_the_model_with_vllm_and_stops_it(tmp_path)
     # Stopped: no vLLM process serves the policy any more.
     left = subprocess.run(["pgrep", "-f", "--", "--served-model-name policy"], capture_output=True, text=True)
     assert left.stdout.strip() == "", left.stdout
+
+
+def test_structured_outputs_through_the_real_server(vllm_server):
+    """The endpoint policy's JSON-schema and regex replies, enforced by the server (its default
+    structured-outputs engine, set by serve_vllm.sh): every sampled reply is valid."""
+    import jsonschema
+
+    from aria.games.glee import BargainingConfig, Match, Move
+    from aria.games.offers import parse_reply, reply_schema
+    from aria.llm.base import OutputFormat
+    from aria.llm.endpoint import EndpointChatModel
+
+    policy = EndpointChatModel(vllm_server["BASE_URL"], vllm_server["MODEL_NAME"], temperature=1.0, max_tokens=96,
+                               concurrency=4)
+    config = BargainingConfig(money=100, delta_alice=0.9, delta_bob=0.8, max_rounds=12)
+    opening, answer = Match(config), Match(config)
+    answer.apply(Move(None, {"alice_gain": 70, "bob_gain": 30}, "70 for me."))
+    matches = [opening, answer] * 4
+    formats = [OutputFormat.json_schema(reply_schema(m)) for m in matches]
+    prompt = "You are Bob. Alice offers 70 for her and 30 for you. Reply with one JSON object."
+    replies = policy.generate([[{"role": "user", "content": prompt}]] * len(matches), formats=formats)
+    for match, fmt, reply in zip(matches, formats, replies):
+        assert reply.ok, reply.error
+        jsonschema.validate(json.loads(reply.text), fmt.schema)
+        parse_reply(reply.text, config.offer_fields, config.money, match.mover)
+    regex = OutputFormat.regex("Question: [^\\n?:]{1,200}\\?")
+    for reply in policy.generate([[{"role": "user", "content": "Ask me a yes/no question."}]] * 4, formats=[regex] * 4):
+        assert reply.ok and reply.text.startswith("Question: ") and reply.text.endswith("?"), reply

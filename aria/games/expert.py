@@ -327,7 +327,9 @@ class ScriptedExpertPolicy:
         self.name = f"scripted-eps{self.epsilon:g}"
         self.settings = {"name": "scripted", "epsilon": self.epsilon, "seed": self.seed}
 
-    def generate(self, conversations: Sequence[list[Message]], keys: Sequence[str] | None = None) -> list[Completion]:
+    def generate(self, conversations: Sequence[list[Message]], keys: Sequence[str] | None = None,
+                 formats=None) -> list[Completion]:
+        """The expert's turns; ``formats`` is ignored (its templates are the game's question format)."""
         keys = list(keys) if keys is not None else [str(i) for i in range(len(conversations))]
         out = []
         for messages, key in zip(conversations, keys):

@@ -22,7 +22,7 @@ from typing import Any, Mapping, Sequence
 
 import torch
 
-from aria.games.oracle import OracleRequest, normalize_yes_no, register_oracle
+from aria.games.oracle import OracleRequest, normalize_yes_no
 from aria.llm.base import Completion
 
 TWENTY_QUESTIONS = "twenty_questions"
@@ -61,7 +61,6 @@ def _state_dict(checkpoint: Any) -> Mapping[str, torch.Tensor]:
     return checkpoint
 
 
-@register_oracle("flan_t5")
 class FlanT5Oracle:
     """ArCHer's fine-tuned flan-t5-small Twenty Questions oracle, run locally in batches.
 

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from aria.games.base import build_game
-from aria.games.oracle import OracleRequest, register_oracle
+from aria.games.oracle import OracleRequest
 from aria.games.text import normalize
 from aria.io import DataError, read_json
 from aria.llm.base import Completion
@@ -139,7 +139,6 @@ class _ObjectFacts:
     tags: set[tuple[str, ...]]
 
 
-@register_oracle("knowledge_base")
 class KnowledgeBaseOracle:
     """Deterministic offline oracle for Twenty Questions and Guess My City (see module doc).
 

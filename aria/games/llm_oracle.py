@@ -15,7 +15,7 @@ import re
 from typing import Any, Mapping, Sequence
 
 from aria.games.base import load_targets
-from aria.games.oracle import OracleRequest, normalize_yes_no, register_oracle
+from aria.games.oracle import OracleRequest, normalize_yes_no
 from aria.games.text import contains_phrase, normalize
 from aria.llm.base import Completion
 from aria.llm.endpoint import EndpointChatModel
@@ -84,7 +84,6 @@ def redact_names(text: str, names: Sequence[str], replacement: str = CITY_REDACT
     return "".join(pieces) + text[cursor:]
 
 
-@register_oracle("llm")
 class LLMOracle:
     """Answers questions with an LLM served by an OpenAI-compatible endpoint, greedily.
 

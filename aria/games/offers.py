@@ -4,8 +4,8 @@ Models are asked for one JSON object, e.g. ``{"decision": "reject", "alice_gain"
 "bob_gain": 40, "message": "..."}``, but often wrap it in prose or code fences, use other
 spellings, or write plain sentences. Parsing therefore goes in two stages:
 
-1. **JSON**: every ``{...}`` in the text (fenced or not; single quotes and trailing commas are
-   tolerated) is tried in order; the first object with a known key is used. Keys are matched
+1. **JSON**: every JSON object in the text (fenced or not; braces inside its strings are fine),
+   then every balanced ``{...}`` (single quotes and trailing commas are tolerated), is tried in order; the first object with a known key is used. Keys are matched
    loosely (``"Alice gain"``, ``aliceGain`` and ``alice_gain`` are the same), numbers may be
    strings (``"$1,200"``), decisions may be any of the words in :data:`DECISION_WORDS`.
 2. **Text**, when no JSON object is usable: the decision from accept / reject / walk-away
@@ -81,8 +81,25 @@ def decision_from_word(word: str) -> str | None:
 
 
 # ---- stage 1: JSON --------------------------------------------------------------------------
+def _json_objects(text: str) -> list[dict]:
+    """Every JSON object the text holds where a ``{`` starts one (strings may hold braces), in order."""
+    decoder, out, end = json.JSONDecoder(), [], 0
+    for i, ch in enumerate(text):
+        if ch != "{" or i < end:
+            continue
+        try:
+            obj, stop = decoder.raw_decode(text, i)
+        except json.JSONDecodeError:
+            continue
+        if isinstance(obj, dict):
+            out.append(obj)
+            end = stop
+    return out
+
+
 def _json_candidates(text: str) -> list[str]:
-    """Every balanced ``{...}`` substring, outermost first, in order of appearance."""
+    """Every balanced ``{...}`` substring, outermost first, in order of appearance (for almost-JSON:
+    single quotes, trailing commas)."""
     out, depth, start = [], 0, None
     for i, ch in enumerate(text):
         if ch == "{":
@@ -229,8 +246,7 @@ def parse_reply(text: str | None, offer_fields: Sequence[str], money: float, spe
     """
     if text is None or not text.strip():
         raise ParseError("the reply is empty")
-    for candidate in _json_candidates(text):
-        obj = _loads(candidate)
+    for obj in _json_objects(text) + [_loads(c) for c in _json_candidates(text)]:
         if isinstance(obj, dict):
             move = _from_json(obj, offer_fields)
             if move is not None:
@@ -244,3 +260,48 @@ def parse_reply(text: str | None, offer_fields: Sequence[str], money: float, spe
             return Move("reject", None, text.strip())
         raise ParseError("no JSON object and no offer or decision found in the reply")
     return Move(decision, offer, text.strip())
+
+
+# ---- the schema of a reply (structured outputs) -----------------------------------------------
+#: Longest message in a constrained reply: one short sentence keeps the JSON within a reply's tokens.
+MESSAGE_CHARS = 80
+
+
+def reply_schema(match, message_chars: int = MESSAGE_CHARS) -> dict:
+    """The JSON schema of a usable reply on this turn of ``match`` (:class:`aria.games.glee.Match`),
+    as the prompt's reply format describes it (``config/game/<game>.yaml``, ``reply_format``).
+
+    * nothing on the table: an offer ``{<offer fields>, "message"}`` (Negotiation: or walk away);
+    * an offer on the table: ``{"decision": "accept"}``, a rejection with a counter-offer, or
+      (Negotiation) ``{"decision": "walk_away"}``;
+    * the last round: accept or a plain ``{"decision": "reject"}``.
+
+    Amounts are integers in the legal range (Bargaining: 0..M each; Negotiation: 1..the highest
+    legal price); what a schema cannot say (Bargaining's two gains adding up to M) is still
+    checked by the rules, and an illegal offer is sent back as before. ``"message"`` is present
+    only where messages are relayed (``config.messages``).
+    """
+    config = match.config
+    if "alice_gain" in config.offer_fields:
+        amount = {"type": "integer", "minimum": 0, "maximum": int(config.money)}
+    else:  # a price is positive
+        amount = {"type": "integer", "minimum": 1, "maximum": int(config.max_price)}
+    offer = {name: amount for name in config.offer_fields}
+    if config.messages:
+        offer["message"] = {"type": "string", "maxLength": message_chars}
+
+    def obj(properties: dict) -> dict:
+        return {"type": "object", "properties": properties, "required": list(properties), "additionalProperties": False}
+
+    def decision(word: str, **more) -> dict:
+        return obj({"decision": {"const": word}, **more})
+
+    options = []
+    if match.pending is None:
+        options.append(obj(offer))
+    else:
+        options.append(decision("accept"))
+        options.append(decision("reject", **offer) if match.can_offer else decision("reject"))
+    if config.walk_away:
+        options.append(decision("walk_away"))
+    return options[0] if len(options) == 1 else {"anyOf": options}

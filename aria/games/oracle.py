@@ -4,9 +4,14 @@ An oracle answers the agent's questions about a hidden target. Oracles are regis
 and chosen by config (``oracle=knowledge_base`` | ``llm`` | ``flan_t5``), never by ``if`` chains
 in the rollout code. Every oracle answers a *batch* of questions (one per live game) so that
 remote oracles can send them concurrently.
+
+The registry holds import paths, resolved when an oracle is built: the oracle modules import
+this one for :class:`OracleRequest`, and this one imports none of them (no import cycle, and
+naming ``flan_t5`` does not load torch until it is used).
 """
 from __future__ import annotations
 
+import importlib
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Protocol, Sequence
 
@@ -30,11 +35,17 @@ class Oracle(Protocol):
         ...
 
 
-ORACLES: dict[str, Callable[..., Oracle]] = {}
+#: name -> "module:Class" (built in) or a class (registered with :func:`register_oracle`). The class
+#: takes ``game_cfg`` and the config's other keys as keyword arguments.
+ORACLES: dict[str, str | Callable[..., Oracle]] = {
+    "knowledge_base": "aria.games.knowledge_base:KnowledgeBaseOracle",  # fact tables, offline
+    "llm": "aria.games.llm_oracle:LLMOracle",  # an LLM behind an OpenAI-compatible server
+    "flan_t5": "aria.games.flan_t5_oracle:FlanT5Oracle",  # a local seq2seq model
+}
 
 
 def register_oracle(name: str):
-    """Class decorator: make an oracle constructible by name from config."""
+    """Class decorator for an oracle of your own: make it constructible by name from config."""
 
     def wrap(cls):
         ORACLES[name] = cls
@@ -49,14 +60,15 @@ def build_oracle(cfg: Mapping[str, Any], game_cfg: Mapping[str, Any]) -> Oracle:
     ``game_cfg`` is the game's config (its data files and answer strings), which the
     knowledge-base oracle needs and the others may use for their answer sets.
     """
-    # Importing the modules registers their oracles.
-    from aria.games import flan_t5_oracle, knowledge_base, llm_oracle  # noqa: F401
-
     options = dict(cfg)
     name = options.pop("name")
     if name not in ORACLES:
         raise KeyError(f"unknown oracle {name!r}; registered: {sorted(ORACLES)}")
-    return ORACLES[name](game_cfg=dict(game_cfg), **options)
+    factory = ORACLES[name]
+    if isinstance(factory, str):
+        module, cls = factory.split(":")
+        factory = getattr(importlib.import_module(module), cls)
+    return factory(game_cfg=dict(game_cfg), **options)
 
 
 def normalize_yes_no(text: str, invalid: str = "Invalid Question.") -> str:

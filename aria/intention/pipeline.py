@@ -615,26 +615,3 @@ def resolve_game(cfg: dict) -> dict:
     if isinstance(cfg.get("game"), str):
         cfg = {**cfg, "game": load_game_config(cfg["game"])}
     return cfg
-
-
-def run_step(step: Callable[[dict, Printer], Any], cfg) -> None:
-    """Entry point of the numbered scripts: bad input prints one line and exits with status 2;
-    Ctrl-C says what was kept (the embedding cache and the k sweep save as they go) and exits 130."""
-    import sys
-
-    from omegaconf import OmegaConf
-
-    import openai
-
-    from aria.cli import command
-
-    try:
-        with command(kept=lambda: f"the saved progress in {cfg.run_dir}"):
-            step(OmegaConf.to_container(cfg, resolve=True), print)
-    except (DataError, FileNotFoundError, ValueError) as err:  # the settings checks of the steps
-        print(f"error: {err}", file=sys.stderr)
-        sys.exit(2)
-    except openai.OpenAIError as err:  # the embeddings endpoint kept failing (after its retries)
-        url = cfg.embedder.get("base_url", "?")
-        print(f"error: embeddings endpoint {url}: {type(err).__name__}: {' '.join(str(err).split())[:300]}", file=sys.stderr)
-        sys.exit(1)

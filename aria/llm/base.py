@@ -7,10 +7,47 @@ never takes down the other games in a batch.
 """
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
-from typing import Protocol, Sequence
+from typing import Any, Mapping, Protocol, Sequence
 
 Message = dict  # {"role": "system" | "user" | "assistant", "content": str}
+
+#: The kinds of constraint a reply can be generated under.
+FORMAT_KINDS = ("json_schema", "regex")
+
+
+@dataclass(frozen=True)
+class OutputFormat:
+    """A constraint on one reply: a JSON schema or a regular expression it must match.
+
+    Backends enforce it while generating (structured outputs): the local model through a
+    grammar-constrained decoding library (:mod:`aria.llm.constrained`), an OpenAI-compatible
+    server through ``response_format`` / vLLM's ``structured_outputs``. ``spec`` is the schema as
+    JSON text, keys in the schema's order (constrained decoders write properties in that order),
+    so schemas built alike are equal formats and share one compiled grammar.
+    """
+
+    kind: str
+    spec: str
+
+    def __post_init__(self) -> None:
+        if self.kind not in FORMAT_KINDS:
+            raise ValueError(f"unknown output format {self.kind!r} (known: {', '.join(FORMAT_KINDS)})")
+
+    @classmethod
+    def json_schema(cls, schema: Mapping[str, Any]) -> "OutputFormat":
+        return cls("json_schema", json.dumps(schema))
+
+    @classmethod
+    def regex(cls, pattern: str) -> "OutputFormat":
+        return cls("regex", pattern)
+
+    @property
+    def schema(self) -> dict:
+        if self.kind != "json_schema":
+            raise ValueError("a regex format has no JSON schema")
+        return json.loads(self.spec)
 
 
 @dataclass(frozen=True)
@@ -31,12 +68,15 @@ class ChatModel(Protocol):
 
     name: str
 
-    def generate(self, conversations: Sequence[list[Message]], keys: Sequence[str] | None = None) -> list[Completion]:
+    def generate(self, conversations: Sequence[list[Message]], keys: Sequence[str] | None = None,
+                 formats: Sequence[OutputFormat | None] | None = None) -> list[Completion]:
         """One completion per conversation.
 
         ``keys`` (optional) names the game each conversation belongs to; a backend may keep
         state per key between calls (the local model keeps each game's prompt KV cache, since
         the next turn's prompt extends this one) until :meth:`release` is called for it.
+        ``formats`` (optional) constrains each reply (None: free text). Callers pass it only when
+        some reply is constrained, so a backend without structured outputs still plays free text.
         """
         ...
 

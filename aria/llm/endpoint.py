@@ -12,13 +12,14 @@ from __future__ import annotations
 import logging
 import os
 import random
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Sequence
 
 import openai
 
-from aria.llm.base import Completion, Message
+from aria.llm.base import Completion, Message, OutputFormat
 
 _MAX_ERROR_CHARS = 300
 
@@ -107,6 +108,9 @@ class EndpointChatModel:
         # What produced a game (recorded beside resumable transcripts; no key).
         self.settings = {"engine": "endpoint", "base_url": base_url, **self._options}
         self._pool = ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="endpoint")
+        # What generation cost so far: reply tokens as the server counts them, wall seconds in generate.
+        self.generated_tokens, self.generation_seconds = 0, 0.0
+        self._usage_lock = threading.Lock()
 
     def _sampling_options(
         self,
@@ -122,19 +126,32 @@ class EndpointChatModel:
         options.update({key: value for key, value in optional.items() if value is not None})
         return options
 
-    def generate(self, conversations: Sequence[list[Message]], keys: Sequence[str] | None = None) -> list[Completion]:
-        """One completion per conversation, in input order; ``keys`` is unused (no server-side state)."""
-        return list(self._pool.map(self._complete, conversations))
+    def generate(self, conversations: Sequence[list[Message]], keys: Sequence[str] | None = None,
+                 formats: Sequence[OutputFormat | None] | None = None) -> list[Completion]:
+        """One completion per conversation, in input order; ``keys`` is unused (no server-side state).
+
+        ``formats`` constrains replies through the server's structured outputs: a JSON schema as
+        the OpenAI API's ``response_format`` (vLLM, OpenAI), a regex as vLLM's
+        ``structured_outputs`` request field.
+        """
+        if formats is None:
+            formats = [None] * len(conversations)
+        if len(formats) != len(conversations):
+            raise ValueError(f"{len(formats)} formats for {len(conversations)} conversations")
+        start = time.perf_counter()
+        completions = list(self._pool.map(self._complete, conversations, formats))
+        self.generation_seconds += time.perf_counter() - start
+        return completions
 
     def release(self, key: str) -> None:
         """Nothing to forget: the endpoint keeps no per-game state on this side."""
 
-    def _complete(self, messages: list[Message]) -> Completion:
+    def _complete(self, messages: list[Message], fmt: OutputFormat | None = None) -> Completion:
         """Send one request, retrying transient failures; never raises."""
         attempts = 0
         while True:
             try:
-                return self._request(messages)
+                return self._request(messages, fmt)
             except Exception as err:  # every failure becomes an error completion
                 attempts += 1
                 if attempts > self.max_retries or not is_retryable(err):
@@ -145,10 +162,13 @@ class EndpointChatModel:
                     )
                 time.sleep(self._backoff(attempts - 1))
 
-    def _request(self, messages: list[Message]) -> Completion:
+    def _request(self, messages: list[Message], fmt: OutputFormat | None = None) -> Completion:
         """One HTTP request; an empty reply is reported as an error, not retried."""
-        response = self._client.chat.completions.create(messages=messages, **self._options)
+        response = self._client.chat.completions.create(messages=messages, **self._options, **structured_request(fmt))
         content = response.choices[0].message.content if response.choices else None
+        if response.usage is not None:
+            with self._usage_lock:
+                self.generated_tokens += response.usage.completion_tokens or 0
         if content is None:
             return Completion(text=None, error=f"empty reply from {self.base_url} (model {self.name!r})")
         return Completion(text=content)
@@ -156,6 +176,16 @@ class EndpointChatModel:
     def _backoff(self, attempt: int) -> float:
         """Exponential backoff with jitter: between half and all of ``base * 2**attempt`` seconds."""
         return self.retry_base_delay_s * (2**attempt) * random.uniform(0.5, 1.0)
+
+
+def structured_request(fmt: OutputFormat | None) -> dict[str, Any]:
+    """The request fields that constrain a reply to ``fmt`` (none for free text)."""
+    if fmt is None:
+        return {}
+    if fmt.kind == "json_schema":
+        return {"response_format": {"type": "json_schema", "json_schema": {"name": "reply", "schema": fmt.schema,
+                                                                            "strict": True}}}
+    return {"extra_body": {"structured_outputs": {"regex": fmt.spec}}}
 
 
 def check_server(

@@ -18,6 +18,7 @@ outputs equal those of unbatched, uncached generation. ``reuse_cache=False`` tur
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -33,7 +34,7 @@ from transformers import (
     TopPLogitsWarper,
 )
 
-from aria.llm.base import Completion, Message
+from aria.llm.base import Completion, Message, OutputFormat
 from aria.llm.embedded import resolve_model_path
 
 log = logging.getLogger(__name__)
@@ -168,6 +169,9 @@ class LocalChatModel:
         self.eos_ids = [eos] if isinstance(eos, int) else list(eos)
         self._caches: dict[str, _PromptCache] = {}
         self._last_released: _PromptCache | None = None
+        self._grammar_cache = None
+        # What generation cost so far (reply tokens, end-of-sequence excluded; wall seconds in generate).
+        self.generated_tokens, self.generation_seconds = 0, 0.0
         if seed is not None:
             torch.manual_seed(seed)
 
@@ -188,22 +192,42 @@ class LocalChatModel:
         return list(ids)[-self.max_prompt_tokens :]
 
     @torch.no_grad()
-    def generate(self, conversations: Sequence[list[Message]], keys: Sequence[str] | None = None) -> list[Completion]:
+    def generate(self, conversations: Sequence[list[Message]], keys: Sequence[str] | None = None,
+                 formats: Sequence[OutputFormat | None] | None = None) -> list[Completion]:
+        """One reply per conversation; ``formats`` constrains replies (:mod:`aria.llm.constrained`)."""
         if not conversations:
             return []
+        start = time.perf_counter()
+        if formats is not None and len(formats) != len(conversations):
+            raise ValueError(f"{len(formats)} formats for {len(conversations)} conversations")
+        constraint = None
+        if formats is not None and any(f is not None for f in formats):
+            from aria.llm.constrained import BatchConstraint
+
+            constraint = BatchConstraint(self._grammars(), formats)
         prompts = [self.encode(c) for c in conversations]
         use_cache = self.reuse_cache and keys is not None
         cached = [self._reusable(k, p) if use_cache else None for k, p in zip(keys or [None] * len(prompts), prompts)]
         reused = [len(c.token_ids) if c else 0 for c in cached]
         input_ids, attention_mask, past = self._layout(prompts, cached, reused)
         width = input_ids.shape[1]
-        replies = self._decode(input_ids, attention_mask, past)
+        replies = self._decode(input_ids, attention_mask, past, constraint)
+        self.generated_tokens += sum(len(r) for r in replies)
         texts = [self.tokenizer.decode(reply, skip_special_tokens=True).strip() for reply in replies]
         if use_cache:
             self._store(keys, prompts, reused, past, width)
+        self.generation_seconds += time.perf_counter() - start
         return [Completion(t) for t in texts]
 
-    def _decode(self, input_ids, attention_mask, past) -> list[list[int]]:
+    def _grammars(self):
+        """The tokenizer's compiled grammars (built on the first constrained reply, about 1 s)."""
+        if self._grammar_cache is None:
+            from aria.llm.constrained import Grammars
+
+            self._grammar_cache = Grammars(self.tokenizer, self.model.config.vocab_size, self.eos_ids)
+        return self._grammar_cache
+
+    def _decode(self, input_ids, attention_mask, past, constraint=None) -> list[list[int]]:
         """Encode the batch, then decode token by token, dropping rows that have finished.
 
         Rows that reached an end-of-sequence token leave the batch (their cache rows are
@@ -211,6 +235,9 @@ class LocalChatModel:
         end instead of staying at the full batch until the longest reply is done. Row ``i`` of
         ``past`` keeps its prompt positions for :meth:`_store`: compaction works on a view of
         the cache that is written back at the end.
+
+        With ``constraint`` (:class:`~aria.llm.constrained.BatchConstraint`), tokens a row's
+        grammar forbids are masked before sampling, and a row ends once its grammar is complete.
 
         Returns the generated token ids of each row, end-of-sequence token excluded.
         """
@@ -226,14 +253,24 @@ class LocalChatModel:
         next_position = position_ids[:, -1:] + 1
         done = torch.zeros(batch, dtype=torch.bool, device=self.device)
         for step in range(self.max_new_tokens):
-            scores = self.logits_processor(input_ids, logits.float())
+            logits = logits.float()
+            if constraint is not None:
+                logits = constraint.apply(rows.tolist(), logits)
+            scores = self.logits_processor(input_ids, logits)
             tokens = scores.argmax(-1)
             finished = torch.isin(tokens, eos)
             # A finished row stays in the batch until compaction; nothing it "says" after its
             # end-of-sequence token belongs to its reply.
-            for row, token, end, was_done in zip(rows.tolist(), tokens.tolist(), finished.tolist(), done.tolist()):
-                if not (end or was_done):
-                    replies[row].append(token)
+            live = [(i, row, token) for i, (row, token, end, was_done)
+                    in enumerate(zip(rows.tolist(), tokens.tolist(), finished.tolist(), done.tolist()))
+                    if not (end or was_done)]
+            for _, row, token in live:
+                replies[row].append(token)
+            if constraint is not None and live:
+                complete = constraint.advance([row for _, row, _ in live], [token for _, _, token in live])
+                for (i, _, _), stop in zip(live, complete):
+                    if stop:
+                        finished[i] = True
             done |= finished
             if bool(done.all()) or step == self.max_new_tokens - 1:
                 break

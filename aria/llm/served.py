@@ -17,7 +17,7 @@ import threading
 from pathlib import Path
 from typing import Sequence
 
-from aria.llm.base import Completion, Message
+from aria.llm.base import Completion, Message, OutputFormat
 from aria.resources import REPO_ROOT
 
 
@@ -92,8 +92,17 @@ class ServedChatModel:
                 self._endpoint = EndpointChatModel(info["BASE_URL"], info["MODEL_NAME"], **self._options)
         return self._endpoint
 
-    def generate(self, conversations: Sequence[list[Message]], keys: Sequence[str] | None = None) -> list[Completion]:
-        return self._started().generate(conversations, keys)
+    def generate(self, conversations: Sequence[list[Message]], keys: Sequence[str] | None = None,
+                 formats: Sequence[OutputFormat | None] | None = None) -> list[Completion]:
+        return self._started().generate(conversations, keys, formats)
+
+    @property
+    def generated_tokens(self) -> int:
+        return self._endpoint.generated_tokens if self._endpoint is not None else 0
+
+    @property
+    def generation_seconds(self) -> float:
+        return self._endpoint.generation_seconds if self._endpoint is not None else 0.0
 
     def release(self, key: str) -> None:
         """Nothing to forget: the server keeps no per-game state for us."""

@@ -26,7 +26,7 @@ A step is a dict with the fields step 4 of the pipeline writes (``aria.intention
 Registry as in verl's ``register_adv_est``: :func:`register_method` adds a method,
 :func:`get_method` returns it and rejects unknown names. ArCHer (a token-level actor with an
 utterance-level critic) needs a critic, not weights or pairs: it would be a third kind, with a
-trainer of its own beside the two above (:func:`aria.trainers.offline.trainer_for` picks the
+trainer of its own beside the two above (:func:`trainer_for` picks the
 trainer from the kind).
 """
 from __future__ import annotations
@@ -46,6 +46,9 @@ EPSILON = 1e-6
 Pair = tuple[tuple[int, ...], tuple[int, ...]]
 #: What a method trains on, by kind.
 KINDS = ("weights", "pairs")
+#: The offline trainer of each kind ("module:Class", imported when chosen: the trainers import this module).
+TRAINERS = {"weights": "aria.trainers.offline:OfflineTrainer",  # REINFORCE on per-step weights
+            "pairs": "aria.trainers.dpo:TrajectoryDPOTrainer"}  # trajectory DPO on pairs
 
 
 @dataclass(frozen=True)
@@ -228,3 +231,14 @@ def traj_dpo(steps: Sequence[dict]) -> list[Pair]:
         if won and lost:
             pairs += [(won[j % len(won)], lost[j % len(lost)]) for j in range(max(len(won), len(lost)))]
     return pairs
+
+
+def trainer_for(cfg: dict) -> type:
+    """The offline trainer of the configured method's kind (:data:`TRAINERS`): REINFORCE on
+    per-step weights, or trajectory DPO on pairs. An unknown method is the REINFORCE trainer's to
+    reject (one line, before any model loads)."""
+    import importlib
+
+    method = METHODS.get(cfg.get("method", "aria"))
+    module, cls = TRAINERS[method.kind if method is not None else "weights"].split(":")
+    return getattr(importlib.import_module(module), cls)

@@ -365,18 +365,6 @@ class OfflineTrainer:
                                 {"steps": self.state.step, "train_file": str(self.train_path), "config": self.cfg}, state_dict)
 
 
-def trainer_for(cfg: dict) -> type[OfflineTrainer]:
-    """The offline trainer of the configured method's kind (:data:`aria.trainers.methods.KINDS`):
-    REINFORCE on per-step weights, or trajectory DPO on pairs. An unknown method is the REINFORCE
-    trainer's to reject (one line, before any model loads)."""
-    method = METHODS.get(cfg.get("method", "aria"))
-    if method is not None and method.kind == "pairs":
-        from aria.trainers.dpo import TrajectoryDPOTrainer
-
-        return TrajectoryDPOTrainer
-    return OfflineTrainer
-
-
 def _plain_batches(n: int, batch_size: int, seed: int, epoch: int) -> list[list[int]]:
     order = np.random.default_rng([seed, epoch]).permutation(n).tolist()
     return [order[i : i + batch_size] for i in range(0, n, batch_size)]

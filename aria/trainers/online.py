@@ -216,7 +216,7 @@ class OnlineTrainer:
         """Play this process's share of the iteration's games with the current weights; returns the
         finished records (failed games are kept in the file, not trained on)."""
         from aria.llm.local import LocalChatModel
-        from aria.rollout import play_games
+        from aria.rollout import play_games, reply_format
         from aria.trajectories import read_trajectories
 
         acc, o, r = self.accelerator, self.cfg["online"], self.cfg["rollout"]
@@ -230,13 +230,14 @@ class OnlineTrainer:
         model.eval()
         try:
             with acc.autocast():
-                for name, (_, game, oracle) in self.games.items():
+                for name, (game_cfg, game, oracle) in self.games.items():
                     path = self.rollout_file(iteration, name, acc.process_index)
                     # seed + iteration · processes + rank: distinct targets and game ids everywhere
                     seed = self.cfg["seed"] + iteration * acc.num_processes + acc.process_index
                     summary = play_games(game, policy, oracle, path, per_process, seed=seed,
                                          batch_size=o["rollout_batch_size"], system_prompt=r.get("system_prompt"),
-                                         progress=self.cfg["logging"].get("progress", True) and acc.is_local_main_process)
+                                         progress=self.cfg["logging"].get("progress", True) and acc.is_local_main_process,
+                                         reply_format=reply_format(game_cfg))
                     if summary.failed:
                         print(f"[online] iteration {iteration}: {summary.failed} {name} game(s) failed; see {path}",
                               file=sys.stderr)

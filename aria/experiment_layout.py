@@ -1,0 +1,63 @@
+"""Where an experiment's files live (its run folder) and how many iterations each method runs.
+
+Shared by the runner (:mod:`aria.experiment`) and the report (:mod:`aria.experiment_report`),
+which reads what the runner wrote.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+
+# ---- where things live ------------------------------------------------------------------------------
+class Layout:
+    """Every path of an experiment's run folder (``run_dir``)."""
+
+    def __init__(self, cfg: dict):
+        self.root = Path(cfg["run_dir"])
+        self.two_player = is_two_player(cfg)
+
+    @property
+    def warm(self) -> Path:
+        return self.root / "warm"
+
+    def arm(self, method: str, seed: int, iteration: int) -> Path:
+        """The folder of one method's iteration (iteration 1's games and labels live in :meth:`shared`)."""
+        return self.root / f"s{seed}" / method / f"it{iteration}"
+
+    def shared(self, seed: int) -> Path:
+        return self.root / f"s{seed}" / "it1-shared"
+
+    def collection_dir(self, method: str, seed: int, iteration: int) -> Path:
+        return self.shared(seed) if iteration == 1 else self.arm(method, seed, iteration)
+
+    def model(self, method: str, seed: int, iteration: int) -> Path:
+        return self.warm / "model" if iteration == 0 else self.arm(method, seed, iteration) / "model"
+
+    def evaluation(self, method: str, seed: int, iteration: int) -> Path:
+        """A question game's evaluation file; for a two-player game the folder of its two files,
+        ``as_alice.jsonl`` and ``as_bob.jsonl`` (the policy in each seat against the opponent)."""
+        where = self.root / "eval" / "it0" if iteration == 0 else self.arm(method, seed, iteration) / "eval"
+        return where if self.two_player else where.with_suffix(".jsonl")
+
+
+def is_two_player(cfg: dict) -> bool:
+    """Bargaining or Negotiation (self-play collection, evaluation against an opponent)."""
+    return cfg["game"].get("kind") == "two_player"
+
+
+def iterations_of(cfg: dict, method: str) -> int:
+    """How many iterations ``method`` runs: ``iterations_by_method[method]``, else ``iterations``."""
+    n = (cfg.get("iterations_by_method") or {}).get(method, cfg["iterations"])
+    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+        raise ValueError(f"iterations of {method!r}: expected an integer >= 1, got {n!r}")
+    return n
+
+
+def games_of(cfg: dict, section: dict) -> int:
+    """How many games a collection or evaluation plays: ``games``, or for a two-player game every
+    configuration of ``config_set`` ``games_per_config`` times (per seat, in an evaluation)."""
+    if not is_two_player(cfg):
+        return section["games"]
+    from aria.games.glee import config_set
+
+    return len(config_set(cfg["game"], section["config_set"])) * section["games_per_config"]

@@ -1,0 +1,31 @@
+"""Policies by name (``config/policy/<name>.yaml``): which class plays, imported only when built.
+
+A registry of import paths rather than classes, so that naming a policy loads nothing: the local
+model's torch and transformers, the expert's fact tables and the vLLM launcher are imported by
+:func:`build_policy` for the one policy a run uses, and no module that plays games imports
+another to reach a policy (no import cycles; ``tests/test_imports.py``).
+"""
+from __future__ import annotations
+
+import importlib
+from typing import Any, Mapping
+
+from aria.llm.base import ChatModel
+
+#: name -> "module:Class"; the class takes the config's other keys as keyword arguments.
+POLICIES: dict[str, str] = {
+    "local": "aria.llm.local:LocalChatModel",  # a Hugging Face model in this process
+    "endpoint": "aria.llm.endpoint:EndpointChatModel",  # an OpenAI-compatible server
+    "vllm": "aria.llm.served:ServedChatModel",  # a vLLM server started for the run
+    "scripted": "aria.games.expert:ScriptedExpertPolicy",  # the scripted expert questioner
+}
+
+
+def build_policy(cfg: Mapping[str, Any]) -> ChatModel:
+    """The policy named by ``cfg["name"]`` (a key of :data:`POLICIES`), other keys as options."""
+    options = dict(cfg)
+    kind = options.pop("name")
+    if kind not in POLICIES:
+        raise KeyError(f"unknown policy {kind!r}; registered: {sorted(POLICIES)}")
+    module, cls = POLICIES[kind].split(":")
+    return getattr(importlib.import_module(module), cls)(**options)

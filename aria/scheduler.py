@@ -1,0 +1,145 @@
+"""One batched, resumable game scheduler for every kind of game.
+
+Single-agent question games (:mod:`aria.rollout`) and two-player games (:mod:`aria.two_player`)
+are played by the same loop; a game kind supplies only what differs (verl's agent loop and
+RAGEN's split between stepping the environment and building prompts work the same way):
+
+* :meth:`GameKind.start`: a new live game from a job (a target, a configuration);
+* :meth:`GameKind.play_turn`: one turn of every live game, batched (one policy call per player);
+* :meth:`GameKind.record`: the finished game's schema-v1 record (:mod:`aria.trajectories`);
+* :meth:`GameKind.release`: forget the players' per-game state (prompt caches);
+* :meth:`GameKind.tally`: the kind's own counts for the summary (successes, deals, wins).
+
+The loop, :func:`run_games`: jobs whose game id is already in the output file are skipped
+(resume); up to ``batch_size`` games are live at once; after every turn each finished game is
+written as one complete line, released, and its slot refilled from the queue. The output file is
+never continued under other settings (``producer``, :class:`~aria.trajectories.TrajectoryWriter`).
+"""
+from __future__ import annotations
+
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Protocol, Sequence
+
+from tqdm.auto import tqdm
+
+from aria.trajectories import TrajectoryWriter
+
+
+class LiveGame(Protocol):
+    game_id: str
+    failed: bool  # a request failed after its retries: written as ``status: failed``
+
+    @property
+    def over(self) -> bool:
+        """Finished by the rules (won, out of turns, a deal, ...)."""
+        ...
+
+
+class GameKind(Protocol):
+    name: str  # the progress bar's label
+
+    def start(self, game_id: str, job: Any) -> LiveGame: ...
+
+    def play_turn(self, games: Sequence[LiveGame]) -> int:
+        """One turn of every game in ``games``; returns extra requests made (re-prompts)."""
+        ...
+
+    def record(self, game: LiveGame) -> dict: ...
+
+    def release(self, game: LiveGame) -> None: ...
+
+    def tally(self, record: dict, counts: Counter) -> None: ...
+
+    def describe(self, counts: Counter, finished: int) -> str:
+        """The kind's counts in words, for :meth:`PlaySummary.line`."""
+        ...
+
+
+@dataclass
+class PlaySummary:
+    """What one run did (``played`` excludes games found already done).
+
+    ``counts`` are the game kind's own tallies (:meth:`GameKind.tally`): ``successes`` for
+    question games; ``deals``, ``wins_alice``, ``wins_bob`` for two-player games.
+    """
+
+    total: int
+    already_done: int
+    played: int = 0
+    failed: int = 0
+    turns: int = 0
+    extra_requests: int = 0  # re-prompts of unusable replies
+    seconds: float = 0.0
+    counts: Counter = field(default_factory=Counter)
+    _describe: Callable[[Counter, int], str] | None = field(default=None, repr=False)
+
+    @property
+    def finished(self) -> int:
+        return self.played - self.failed
+
+    @property
+    def turns_per_s(self) -> float:
+        return self.turns / self.seconds if self.seconds > 0 else 0.0
+
+    def line(self) -> str:
+        own = f", {self._describe(self.counts, self.finished)}" if self._describe else ""
+        reprompts = f", {self.extra_requests} re-prompts" if self.extra_requests else ""
+        return (f"{self.already_done + self.finished}/{self.total} games done ({self.played} played now, "
+                f"{self.failed} failed){own}, {self.turns} turns{reprompts} in {self.seconds:.1f}s "
+                f"({self.turns_per_s:.2f} turns/s)")
+
+
+def run_games(
+    kind: GameKind,
+    jobs: Sequence[tuple[str, Any]],
+    out_path: str | Path,
+    producer: dict,
+    batch_size: int = 16,
+    progress: bool = True,
+    force_new: bool = False,
+    on_game_end: Callable[[dict], None] | None = None,
+) -> PlaySummary:
+    """Play every ``(game_id, job)`` not yet in ``out_path`` (module doc)."""
+    if batch_size < 1:
+        raise ValueError("batch_size must be at least 1")
+    ids = [gid for gid, _ in jobs]
+    if len(set(ids)) != len(ids):
+        raise ValueError("game ids must be unique")
+    writer = TrajectoryWriter(out_path, producer=producer, force_new=force_new).open()
+    todo = [(gid, job) for gid, job in jobs if gid not in writer.done]
+    summary = PlaySummary(total=len(jobs), already_done=len(jobs) - len(todo), _describe=kind.describe)
+    bar = tqdm(total=len(jobs), initial=summary.already_done, unit="game", desc=kind.name, disable=not progress,
+               dynamic_ncols=True)
+    start = time.perf_counter()
+    live: list[LiveGame] = []
+    try:
+        while todo or live:
+            while todo and len(live) < batch_size:
+                live.append(kind.start(*todo.pop(0)))
+            summary.extra_requests += kind.play_turn(live)
+            summary.turns += len(live)
+            still_live = []
+            for game in live:
+                if not (game.failed or game.over):
+                    still_live.append(game)
+                    continue
+                record = kind.record(game)
+                writer.write(record)
+                kind.release(game)
+                summary.played += 1
+                summary.failed += game.failed
+                if not game.failed:
+                    kind.tally(record, summary.counts)
+                bar.update(1)
+                if on_game_end:
+                    on_game_end(record)
+            live = still_live
+            bar.set_postfix_str(kind.describe(summary.counts, summary.finished), refresh=False)
+    finally:
+        summary.seconds = time.perf_counter() - start
+        bar.close()
+        writer.close()
+    return summary

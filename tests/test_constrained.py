@@ -1,0 +1,138 @@
+"""Schema-constrained replies (issue: two-player games that small models can play).
+
+The local policy under a JSON schema or a regex (aria/llm/constrained.py, llguidance) on a tiny
+random model built in the test: whatever it samples, the reply is valid and the game's parser
+reads it; rows without a format, and the prompt-cache reuse, are left exactly as they were.
+"""
+from __future__ import annotations
+
+import json
+
+import jsonschema
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from aria.games.base import build_game, load_game_config
+from aria.games.glee import BargainingConfig, Match, Move, NegotiationConfig
+from aria.games.offers import parse_reply, reply_schema
+from aria.llm.base import OutputFormat
+from aria.llm.endpoint import structured_request
+from aria.llm.local import LocalChatModel
+
+BARGAINING = BargainingConfig(money=10000, delta_alice=0.9, delta_bob=0.8, max_rounds=3)
+BARGAINING_QUIET = BargainingConfig(money=100, delta_alice=1.0, delta_bob=0.95, max_rounds=12, messages=False)
+NEGOTIATION = NegotiationConfig(money=1000, seller_factor=0.8, buyer_factor=1.2, max_rounds=2)
+
+
+def states() -> list[Match]:
+    """Every kind of turn: an opening offer, an answer to an offer, the last round."""
+    out = []
+    for config, first in ((BARGAINING, {"alice_gain": 6000, "bob_gain": 4000}),
+                          (BARGAINING_QUIET, {"alice_gain": 60, "bob_gain": 40}),
+                          (NEGOTIATION, {"product_price": 1100})):
+        opening = Match(config)
+        answer = Match(config)
+        answer.apply(Move(None, first, ""))
+        out += [opening, answer]
+    last = Match(BARGAINING)  # three rounds: turn 3 may only accept or reject
+    for gains in ({"alice_gain": 6000, "bob_gain": 4000}, {"alice_gain": 5000, "bob_gain": 5000},
+                  {"alice_gain": 5500, "bob_gain": 4500}):
+        last.apply(Move("reject" if last.pending else None, gains, ""))
+    assert not last.can_offer and last.pending is not None
+    return out + [last]
+
+
+@pytest.fixture(scope="module")
+def sampler(tiny_model_dir):
+    # Enough tokens for the longest valid reply even when every token is one character.
+    return LocalChatModel(str(tiny_model_dir), max_new_tokens=256, temperature=1.0, dtype="float32")
+
+
+def test_reply_schema_follows_the_turn():
+    opening, answer, quiet_opening, _, nego_opening, nego_answer, last = states()
+    assert reply_schema(opening)["required"] == ["alice_gain", "bob_gain", "message"]
+    assert reply_schema(opening)["properties"]["alice_gain"] == {"type": "integer", "minimum": 0, "maximum": 10000}
+    assert reply_schema(quiet_opening)["required"] == ["alice_gain", "bob_gain"]  # messages are not relayed
+    decisions = [o["properties"]["decision"]["const"] for o in reply_schema(answer)["anyOf"]]
+    assert decisions == ["accept", "reject"] and reply_schema(answer)["anyOf"][1]["required"][1:] == ["alice_gain", "bob_gain", "message"]
+    assert [o["required"] for o in reply_schema(last)["anyOf"]] == [["decision"], ["decision"]]  # no counter-offer left
+    # Negotiation: walking away is always an option; prices up to the highest legal one
+    assert [o.get("properties", {}).get("decision", {}).get("const") for o in reply_schema(nego_opening)["anyOf"]] == [None, "walk_away"]
+    assert reply_schema(nego_answer)["anyOf"][1]["properties"]["product_price"]["maximum"] == int(NEGOTIATION.max_price)
+
+
+@settings(max_examples=12, deadline=None)
+@given(seed=st.integers(0, 2**31 - 1))
+def test_constrained_replies_always_parse(sampler, seed):
+    """Whatever a random model samples under a turn's schema is a valid reply that the game reads
+    as a move the rules accept (except Bargaining's two gains adding up to M, which a schema cannot say)."""
+    import torch
+
+    torch.manual_seed(seed)
+    matches = states()
+    formats = [OutputFormat.json_schema(reply_schema(m)) for m in matches]
+    conversations = [[{"role": "user", "content": f"Game {i}: reply with JSON."}] for i in range(len(matches))]
+    replies = sampler.generate(conversations, formats=formats)
+    for match, fmt, reply in zip(matches, formats, replies):
+        obj = json.loads(reply.text)
+        jsonschema.validate(obj, fmt.schema)
+        move = parse_reply(reply.text, match.config.offer_fields, match.config.money, match.mover)
+        problem = match.check(move)
+        assert problem is None or "must equal" in problem, (reply.text, problem)
+
+
+def test_regex_replies_are_one_question_line(sampler):
+    import torch
+
+    game_cfg = load_game_config("twenty_questions")
+    game = build_game(game_cfg)
+    fmt = OutputFormat.regex(game_cfg["reply_regex"])
+    torch.manual_seed(3)
+    replies = sampler.generate([[{"role": "user", "content": "Ask."}]] * 6, formats=[fmt] * 6)
+    for reply in replies:
+        assert reply.text.startswith("Question: ") and reply.text.endswith("?") and "\n" not in reply.text
+        question = game.extract_question(reply.text)  # never answered "Invalid Question."
+        assert question is not None and question in reply.text
+
+
+def test_rows_without_a_format_are_untouched(tiny_model_dir):
+    greedy = LocalChatModel(str(tiny_model_dir), max_new_tokens=200, temperature=0, dtype="float32")
+    conversations = [[{"role": "user", "content": text}] for text in ("Is it an animal?", "Offer?", "Guess the object.")]
+    alone = [c.text for c in greedy.generate([conversations[0], conversations[2]])]
+    fmt = OutputFormat.json_schema(reply_schema(Match(BARGAINING)))
+    mixed = greedy.generate(conversations, formats=[None, fmt, None])
+    assert [mixed[0].text, mixed[2].text] == alone
+    json.loads(mixed[1].text)
+
+
+def test_constrained_decoding_keeps_the_prompt_cache_exact(tiny_model_dir):
+    """Greedy constrained replies with per-game cache reuse equal those without, turn after turn."""
+    cached = LocalChatModel(str(tiny_model_dir), max_new_tokens=200, temperature=0, reuse_cache=True, dtype="float32")
+    plain = LocalChatModel(str(tiny_model_dir), max_new_tokens=200, temperature=0, reuse_cache=False, dtype="float32")
+    matches = states()[:3]
+    formats = [OutputFormat.json_schema(reply_schema(m)) for m in matches]
+    prompts = ["Alice:", "Bob: I reject.", "Let's play."]
+    for turn in range(3):
+        conversations = [[{"role": "user", "content": p}] for p in prompts]
+        with_cache = [c.text for c in cached.generate(conversations, keys=["a", "b", "c"], formats=formats)]
+        without = [c.text for c in plain.generate(conversations, formats=formats)]
+        assert with_cache == without, f"turn {turn}"
+        assert all(len(cached._caches[k].token_ids) > 0 for k in "abc")
+        prompts = [p + f"\n{reply}\nOther: ok" for p, reply in zip(prompts, with_cache)]
+
+
+def test_a_format_the_engine_cannot_compile_is_refused(sampler):
+    with pytest.raises(ValueError, match="cannot compile the regex"):
+        sampler.generate([[{"role": "user", "content": "x"}]], formats=[OutputFormat.regex("Question: (unclosed")])
+    with pytest.raises(ValueError, match="unknown output format"):
+        OutputFormat("grammar", "x")
+
+
+def test_endpoint_requests_carry_the_format():
+    schema = reply_schema(Match(BARGAINING))
+    assert structured_request(None) == {}
+    assert structured_request(OutputFormat.json_schema(schema)) == {
+        "response_format": {"type": "json_schema", "json_schema": {"name": "reply", "schema": schema, "strict": True}}}
+    assert structured_request(OutputFormat.regex("Question: .+\\?")) == {
+        "extra_body": {"structured_outputs": {"regex": "Question: .+\\?"}}}

@@ -1,0 +1,60 @@
+"""No import cycles: the package's import graph, deferred imports included, is acyclic, and the
+modules that play games import alone.
+
+A cycle that only closes inside a function still breaks whoever imports the modules in the
+"wrong" order, and it makes the playing code one tangle: the rollout, two-player play, the
+scheduler and the oracles reach each other only through registries of import paths
+(:mod:`aria.llm.registry`, :data:`aria.games.oracle.ORACLES`).
+"""
+import ast
+import graphlib
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parents[1] / "aria"
+
+
+def import_graph() -> dict[str, set[str]]:
+    """module -> the package's modules it imports anywhere in its file (top level or in a function)."""
+    files = {}
+    for path in PACKAGE.rglob("*.py"):
+        parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+        files[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    graph = {}
+    for name, path in files.items():
+        edges = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                targets = [node.module] + [f"{node.module}.{alias.name}" for alias in node.names]
+            elif isinstance(node, ast.Import):
+                targets = [alias.name for alias in node.names]
+            else:
+                continue
+            edges |= {t for t in targets if t in files and t != name}
+        graph[name] = edges
+    return graph
+
+
+def test_the_graph_reader_sees_deferred_imports():
+    graph = import_graph()
+    assert "aria.games.knowledge_base" in graph["aria.games.expert"]  # imported inside a function there
+    assert "aria.scheduler" in graph["aria.rollout"] and "aria.scheduler" in graph["aria.two_player"]
+
+
+def test_the_package_has_no_import_cycle():
+    try:
+        list(graphlib.TopologicalSorter(import_graph()).static_order())
+    except graphlib.CycleError as err:
+        pytest.fail(f"import cycle: {' -> '.join(err.args[1])}")
+
+
+@pytest.mark.parametrize("module", ["aria.scheduler", "aria.rollout", "aria.two_player", "aria.games.oracle",
+                                    "aria.games.knowledge_base", "aria.games.llm_oracle", "aria.games.expert",
+                                    "aria.llm.registry", "aria.llm.constrained", "aria.games.offers"])
+def test_each_playing_module_imports_alone(module):
+    done = subprocess.run([sys.executable, "-c", f"import {module}"], capture_output=True, text=True,
+                          cwd=PACKAGE.parent, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
