@@ -64,7 +64,7 @@ def summarize_two_player(games: Mapping[str, Sequence[dict]]) -> dict:
     pairs = [(role, r) for role, records in games.items() for r in records]
     finished = [(role, r) for role, r in pairs if r["status"] == "finished"]
     failed = [r["game_id"] for _, r in pairs if r["status"] != "finished"]
-    wins = ties = deals = turns = unusable = 0
+    wins = ties = deals = turns = unusable = reprompted = 0
     shares = []
     for me, r in finished:
         winner = r["meta"]["winner"]
@@ -75,6 +75,7 @@ def summarize_two_player(games: Mapping[str, Sequence[dict]]) -> dict:
         mine = [t for t in r["turns"] if t["role"] == me]
         turns += len(mine)
         unusable += sum(1 for t in mine if t.get("forfeit"))
+        reprompted += sum(1 for t in mine if t.get("attempts"))
     n = len(finished)
     low, high = wilson_interval(wins, n)
     return {
@@ -83,7 +84,8 @@ def summarize_two_player(games: Mapping[str, Sequence[dict]]) -> dict:
         "win_rate": wins / n if n else None, "win_rate_ci95": [low, high],
         "tie_rate": ties / n if n else None, "deal_rate": deals / n if n else None,
         "mean_payoff_share": sum(shares) / n if n else None,
-        "unusable_reply_share": unusable / turns if turns else None,
+        "unusable_reply_share": unusable / turns if turns else None,  # no usable reply after the re-prompts
+        "reprompted_turn_share": reprompted / turns if turns else None,  # the first reply was not usable
     }
 
 
@@ -127,8 +129,8 @@ def summary_markdown(summary: dict) -> str:
         lines.append(f"| {env} | {s['finished']} | {_pct(s['success_rate'])} | {_pct(low)}-{_pct(high)} | {turns} | "
                      f"{_pct(s['invalid_question_share'])} | {s['failed']} |")
     lines += _two_player_rows(summary)
-    costs = [(env, s["generation"]) for env, s in summary["environments"].items() if s.get("generation")]
-    if any(c["tokens"] for _, c in costs):
+    costs = [(env, s["generation"]) for env, s in summary["environments"].items() if (s.get("generation") or {}).get("tokens")]
+    if costs:  # environments whose games were all played before this run generated nothing now
         lines += ["", "Generation (this run's games): " + "; ".join(
             f"{env} {c['tokens']} reply tokens in {c['seconds']:.0f} s ({c['tokens_per_s']} tokens/s)" for env, c in costs) + "."]
     return "\n".join(lines) + "\n"

@@ -158,27 +158,45 @@ def evaluate_two_player_arm(cfg: dict, policy, out_dir: Path, echo: Printer) -> 
 
 def evaluation_done(cfg: dict, out: Path, policy: dict) -> bool:
     """Whether the evaluation at ``out`` (:meth:`Layout.evaluation`) is complete for ``policy``."""
-    n = games_of(cfg, cfg["eval"])
+    e = cfg["eval"]
+    n = games_of(cfg, e)
     if not is_two_player(cfg):
-        return games_done(out, n, {"policy": policy})
+        return games_done(out, n, expected_producer(cfg, e, e["seed"], policy))
     from aria.games.glee import PLAYERS, other
     from aria.trajectories import describe
     from aria.two_player import build_player
 
-    opponent = describe(build_player(cfg["eval"]["opponent"], cfg["game"]["name"]))
-    return all(games_done(out / f"as_{role}.jsonl", n, {"seats": {role: policy, other(role): opponent}}) for role in PLAYERS)
+    opponent = describe(build_player(e["opponent"], cfg["game"]["name"]))
+    return all(games_done(out / f"as_{role}.jsonl", n, expected_producer(cfg, e, e["seed"], {role: policy, other(role): opponent}))
+               for role in PLAYERS)
 
 
-def games_done(path: Path, num_games: int, made_by: dict) -> bool:
-    """Whether ``path`` holds ``num_games`` finished games whose producer record has ``made_by``'s
-    fields (``{"policy": ...}`` for a question game, ``{"seats": ...}`` for a two-player game)."""
+def expected_producer(cfg: dict, section: dict, seed: int, players: dict) -> dict:
+    """The producer record :func:`play` (or the two-player evaluation) writes for games of
+    ``section`` (``collect``, ``eval``, the warm start's) played with ``seed`` by ``players``: a
+    description of the policy (question games) or ``{role: description}`` (two-player games)."""
+    if is_two_player(cfg):
+        from aria.games.glee import config_set
+        from aria.two_player import two_player_producer
+
+        return two_player_producer(cfg["game"], config_set(cfg["game"], section["config_set"]), players, seed)
+    from aria.games.oracle import build_oracle
+    from aria.rollout import question_producer, reply_format
+    from aria.trajectories import describe
+
+    return question_producer(cfg["game"]["name"], seed, players, describe(build_oracle(cfg["oracle"], cfg["game"])),
+                             reply_format=reply_format(cfg["game"]))
+
+
+def games_done(path: Path, num_games: int, producer: dict) -> bool:
+    """Whether ``path`` holds ``num_games`` finished games made under exactly ``producer``'s
+    settings (:func:`expected_producer`); games of other settings are played again, never counted."""
     from aria.trajectories import read_trajectories
 
-    producer = path.with_name(path.name + ".producer.json")
-    if not path.is_file() or not producer.is_file():
+    producer_path = path.with_name(path.name + ".producer.json")
+    if not path.is_file() or not producer_path.is_file():
         return False
-    recorded = read_json(producer)["producer"]
-    if any(recorded.get(key) != value for key, value in made_by.items()):
+    if read_json(producer_path)["producer"] != producer:
         return False
     return sum(r.get("status") != "failed" for r in read_trajectories(path, allow_partial_last_line=True)) >= num_games
 
@@ -276,7 +294,7 @@ def plan(cfg: dict, generator: Generator, echo: Printer) -> list[Stage]:
             from aria.trajectories import describe
 
             expert = build_policy({"name": "scripted", "game": cfg["game"], "epsilon": w["epsilon"], "seed": w["seed"]})
-            if not games_done(expert_games, w["games"], {"policy": describe(expert)}):
+            if not games_done(expert_games, w["games"], expected_producer(cfg, w, w["seed"], describe(expert))):
                 play(cfg, expert, expert_games, w["seed"], {"games": w["games"], "batch_size": 64}, echo, "expert games")
 
         def warm_train():
@@ -313,8 +331,8 @@ def plan(cfg: dict, generator: Generator, echo: Printer) -> list[Stage]:
                     # the collection seed differs per seed and iteration; evaluation keeps its own
                     model, game_seed = model_of(method, seed, it - 1), 1000 * seed + it
                     made_by = generator.describe(model, c, game_seed)
-                    made_by = {"seats": {"alice": made_by, "bob": made_by}} if lay.two_player else {"policy": made_by}
-                    if not games_done(games, games_of(cfg, c), made_by):
+                    players = {"alice": made_by, "bob": made_by} if lay.two_player else made_by
+                    if not games_done(games, games_of(cfg, c), expected_producer(cfg, c, game_seed, players)):
                         policy = generator.policy(model, c, game_seed)
                         play(cfg, policy, games, game_seed, c, echo, f"collection {where.name}")
 

@@ -191,8 +191,11 @@ def render_table(results: dict[str, Any], alpha: float = 0.05) -> str:
                   f"{100 * t['difference_ci95'][1]:+.1f}); exact McNemar p = {t['p_value']:.3g}: "
                   + ("**significant** at the 5% level." if significant else "**not significant** at the 5% level.")]
     for seed, v in results["gradient_variance"].items():
+        # in self-play every game is two players' games, each won or not
+        games = (f"{v['games']} players' games (both seats of {v['games'] // 2} self-play games), {v['games_won']} won"
+                 if results.get("two_player") else f"{v['games']} games, {v['games_won']} won")
         lines += ["", f"**Rewards and gradients, seed {seed}** (iteration-1 training set, {v['samples']} samples of "
-                  f"{v['games']} games, {v['games_won']} won):", "",
+                  f"{games}):", "",
                   "| weighting | reward variance | tr Cov of the per-sample gradient | signal-to-noise |", "|---|---|---|---|"]
         for kind in ["raw_step_return", "aggregated_reward", *[f"method_{m}" for m in v["methods"]]]:
             snr = v.get(f"snr_{kind}")

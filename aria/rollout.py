@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
-from aria.games.base import QuestionGame, Target, build_game, target_schedule
+from aria.games.base import QuestionGame, Target, build_game, structured_output, target_schedule
 from aria.games.oracle import Oracle, OracleRequest, build_oracle
 from aria.llm.base import ChatModel, OutputFormat
 from aria.llm.registry import build_policy
@@ -30,11 +30,6 @@ from aria.scheduler import PlaySummary, run_games
 from aria.trajectories import describe, make_record
 
 log = logging.getLogger(__name__)
-
-#: ``structured_output`` values of a question game's config: free text, or each reply constrained
-#: to the game's one-line question format (``reply_regex``, e.g. ``Question: ...?``).
-STRUCTURED_OUTPUTS = ("none", "regex")
-
 
 @dataclass
 class _LiveGame:
@@ -58,14 +53,7 @@ def game_id(game: str, seed: int, index: int) -> str:
 
 def reply_format(game_cfg: Mapping[str, Any]) -> OutputFormat | None:
     """The format every reply is constrained to (``structured_output: regex``), or None."""
-    value = game_cfg.get("structured_output") or "none"
-    if value not in STRUCTURED_OUTPUTS:
-        raise ValueError(f"{game_cfg['name']}: structured_output must be one of {STRUCTURED_OUTPUTS}, got {value!r}")
-    if value == "none":
-        return None
-    if not game_cfg.get("reply_regex"):
-        raise ValueError(f"{game_cfg['name']}: structured_output: regex needs reply_regex in the game config")
-    return OutputFormat.regex(game_cfg["reply_regex"])
+    return OutputFormat.regex(game_cfg["reply_regex"]) if structured_output(game_cfg, "question") == "regex" else None
 
 
 class QuestionGames:
@@ -100,6 +88,16 @@ class QuestionGames:
         return f"success {counts['successes']}/{finished} this run"
 
 
+def question_producer(game: str, seed: int, policy: dict, oracle: dict, system_prompt: str | None = None,
+                      reply_format: OutputFormat | None = None) -> dict:
+    """The producer record of a file of question games (:class:`~aria.trajectories.TrajectoryWriter`):
+    the settings its games were played under, which a resumed run must match exactly."""
+    producer = {"game": game, "seed": seed, "system_prompt": system_prompt, "policy": policy, "oracle": oracle}
+    if reply_format is not None:  # files written before the setting existed keep their producer
+        producer["reply_format"] = {"kind": reply_format.kind, "spec": reply_format.spec}
+    return producer
+
+
 def play_games(
     game: QuestionGame,
     policy: ChatModel,
@@ -123,10 +121,7 @@ def play_games(
     if num_games < 0:
         raise ValueError(f"num_games must be >= 0, got {num_games}")
     targets = target_schedule(game.targets, num_games, seed)
-    producer = {"game": game.name, "seed": seed, "system_prompt": system_prompt, "policy": describe(policy),
-                "oracle": describe(oracle)}
-    if reply_format is not None:  # files written before the setting existed keep their producer
-        producer["reply_format"] = {"kind": reply_format.kind, "spec": reply_format.spec}
+    producer = question_producer(game.name, seed, describe(policy), describe(oracle), system_prompt, reply_format)
     kind = QuestionGames(game, policy, oracle, seed, system_prompt, reply_format)
     jobs = [(game_id(game.name, seed, i), t) for i, t in enumerate(targets)]
     return run_games(kind, jobs, out_path, producer, batch_size=batch_size, progress=progress, force_new=force_new,

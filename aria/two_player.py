@@ -32,15 +32,17 @@ A request that still fails after its backend's retries marks the game ``failed``
 """
 from __future__ import annotations
 
+import json
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from aria.data import Transcript
+from aria.games.base import structured_output
 from aria.games.glee import PLAYERS, GameConfig, Match, Move, config_set, config_to_dict, normalized_rewards, winner
 from aria.games.glee_text import shown_text, system_prompt
-from aria.games.offers import ParseError, parse_reply, reply_schema
+from aria.games.offers import MESSAGE_CHARS, OFFER_STEPS, ParseError, parse_reply, reply_schema
 from aria.games.scripted import SCRIPTED_PLAYERS, reply_json
 from aria.llm.base import ChatModel, Completion, Message, OutputFormat
 from aria.scheduler import PlaySummary, run_games
@@ -93,11 +95,6 @@ class ScriptedPlayer:
 
 
 # ---- one game ---------------------------------------------------------------------------------
-#: ``structured_output`` values of a two-player game's config: free replies, or each reply
-#: constrained to the JSON schema of its turn (:func:`aria.games.offers.reply_schema`).
-STRUCTURED_OUTPUTS = ("none", "json_schema")
-
-
 @dataclass
 class _LiveGame:
     game_id: str
@@ -122,14 +119,6 @@ def game_id(config: GameConfig, seed: int, index: int) -> str:
     return f"{config.id}-s{seed}-{index:03d}"
 
 
-def structured_output(game_cfg: Mapping[str, Any]) -> str:
-    """The game's ``structured_output`` setting (default ``none``), checked."""
-    value = game_cfg.get("structured_output") or "none"
-    if value not in STRUCTURED_OUTPUTS:
-        raise ValueError(f"{game_cfg['name']}: structured_output must be one of {STRUCTURED_OUTPUTS}, got {value!r}")
-    return value
-
-
 class TwoPlayerGames:
     """Bargaining or Negotiation as a game kind of :func:`aria.scheduler.run_games`.
 
@@ -141,7 +130,7 @@ class TwoPlayerGames:
         self.game_cfg, self.seats, self.seed = game_cfg, seats, seed
         self.name = game_cfg["name"]
         self.transcript = Transcript.from_config(game_cfg)
-        self.constrained = structured_output(game_cfg) == "json_schema"
+        self.constrained = structured_output(game_cfg, "two_player") == "json_schema"
 
     def start(self, gid: str, config: GameConfig) -> _LiveGame:
         prompts = {r: system_prompt(config, r, self.game_cfg["prompts"]) for r in PLAYERS}
@@ -169,6 +158,18 @@ class TwoPlayerGames:
         return f"{counts['deals']} deals, wins alice {counts['wins_alice']} / bob {counts['wins_bob']} of {finished}"
 
 
+def two_player_producer(game_cfg: Mapping[str, Any], configs: Sequence[GameConfig], seats: Mapping[str, dict],
+                        seed: int) -> dict:
+    """The producer record of a file of two-player games (:class:`~aria.trajectories.TrajectoryWriter`):
+    the settings its games were played under, which a resumed run must match exactly. ``seats``
+    maps each role to its player's description (:func:`aria.trajectories.describe`)."""
+    producer = {"game": game_cfg["name"], "seed": seed, "configurations": [c.id for c in configs], "seats": dict(seats)}
+    if structured_output(game_cfg, "two_player") == "json_schema":  # files written before the setting existed keep their producer
+        producer["structured_output"] = "json_schema"
+        producer["reply_schema"] = {"offer_steps": OFFER_STEPS, "message_chars": MESSAGE_CHARS}
+    return producer
+
+
 def play_two_player(
     game_cfg: Mapping[str, Any],
     configs: Sequence[GameConfig],
@@ -193,10 +194,10 @@ def play_two_player(
     if set(seats) != set(PLAYERS):
         raise ValueError(f"seats must name exactly {PLAYERS}, got {sorted(seats)}")
     kind = TwoPlayerGames(game_cfg, seats, seed)
-    producer = {"game": game_cfg["name"], "seed": seed, "configurations": [c.id for c in configs],
-                "seats": {role: describe(player) for role, player in seats.items()}}
-    if kind.constrained:  # files written before the setting existed keep their producer
-        producer["structured_output"] = "json_schema"
+    if kind.constrained:  # a configuration no schema can serve fails here, before any game is played
+        for config in configs:
+            reply_schema(Match(config))
+    producer = two_player_producer(game_cfg, configs, {role: describe(player) for role, player in seats.items()}, seed)
     jobs = [(game_id(c, seed, i), c) for c in configs for i in range(games_per_config)]
     return run_games(kind, jobs, out_path, producer, batch_size=batch_size, progress=progress, force_new=force_new)
 
@@ -225,9 +226,8 @@ def _play_turn(game_cfg: Mapping[str, Any], transcript: Transcript, games: Seque
                 g.failed = True
                 g.errors.append(f"{g.match.mover} ({player.name}): {completion.error}")
                 continue
-            config = g.match.config
             try:
-                move = parse_reply(completion.text, config.offer_fields, config.money, g.match.mover)
+                move = read_move(completion.text, g.match, request.format is not None)
                 problem = g.match.check(move)
             except ParseError as err:
                 move, problem = None, str(err)
@@ -250,6 +250,21 @@ def _play_turn(game_cfg: Mapping[str, Any], transcript: Transcript, games: Seque
                         "decision": g.match.history[-1]["decision"], "offer": None, "round": None, "message": "",
                         "attempts": tries, "forfeit": on_invalid})
     return reprompts
+
+
+def read_move(text: str, match: Match, constrained: bool = False) -> Move:
+    """The move in a reply on ``match``'s turn (raises :class:`ParseError`).
+
+    A constrained reply is one JSON object or nothing: a reply that ends before its object
+    closes ran out of tokens, and is sent back rather than read as prose, where the words of a
+    cut-off message ("... I agree it is close, but ...") could be taken for the opposite move.
+    """
+    if constrained:
+        try:
+            json.loads(text)
+        except json.JSONDecodeError:
+            raise ParseError("the reply ended before its JSON object was complete (keep the message short)") from None
+    return parse_reply(text, match.config.offer_fields, match.config.money, match.mover)
 
 
 def _apply(game_cfg: Mapping[str, Any], g: _LiveGame, move: Move, text: str, attempts: list[dict]) -> None:

@@ -16,7 +16,8 @@ of 5 repeats.
 
 **policy**: the embedded SmolLM2-135M-Instruct answering Bargaining offers, 16 games at once,
 free and under the turn's schema: seconds per batch of 16 replies and generated tokens per second
-(medians of 3 repeats), reply lengths, and the share of replies the game's parser reads. A batch
+(medians of 3 repeats), reply lengths, the share of replies the game's parser reads, and the share
+that are legal moves (a Bargaining counter-offer's gains must add up to M). A batch
 decodes until its longest reply ends, so short constrained replies lower tokens/s while the
 batch takes less time.
 """
@@ -32,15 +33,22 @@ from pathlib import Path
 
 OUT = Path(__file__).resolve().parent / "results" / "constrained_decoding.json"
 ROWS = 16
-# The answer schema of a Bargaining turn with an offer on the table (reply_schema(match) for
-# M = 10000, messages on), written out so the engines part runs without this package.
-ANSWER_SCHEMA = {"anyOf": [
-    {"type": "object", "properties": {"decision": {"const": "accept"}}, "required": ["decision"], "additionalProperties": False},
-    {"type": "object", "properties": {"decision": {"const": "reject"},
-                                      "alice_gain": {"type": "integer", "minimum": 0, "maximum": 10000},
-                                      "bob_gain": {"type": "integer", "minimum": 0, "maximum": 10000},
-                                      "message": {"type": "string", "maxLength": 80}},
-     "required": ["decision", "alice_gain", "bob_gain", "message"], "additionalProperties": False}]}
+# aria.games.offers and aria.games.glee need only the standard library, so the engines part can
+# run in the vLLM build's environment, which does not have this package installed.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from aria.games.glee import BargainingConfig, Match, Move  # noqa: E402
+from aria.games.offers import ParseError, parse_reply, reply_schema  # noqa: E402
+
+
+def answer_match() -> Match:
+    """Bob's turn with Alice's offer on the table (M = 10000, messages on): accept, or reject with
+    one of the 101 listed divisions of M."""
+    match = Match(BargainingConfig(money=10000, delta_alice=0.9, delta_bob=0.8, max_rounds=12))
+    match.apply(Move(None, {"alice_gain": 7000, "bob_gain": 3000}, "A fair start."))
+    return match
+
+
+ANSWER_SCHEMA = reply_schema(answer_match())
 REPLY = '{"decision":"reject","alice_gain":5500,"bob_gain":4500,"message":"Meet me closer to the middle, please."}'
 
 
@@ -123,14 +131,11 @@ def engines(tokenizer_dir: str) -> None:
 def policy(repeats: int) -> None:
     import torch
 
-    from aria.games.glee import BargainingConfig, Match, Move
-    from aria.games.offers import ParseError, parse_reply, reply_schema
     from aria.llm.base import OutputFormat
     from aria.llm.local import LocalChatModel
 
-    config = BargainingConfig(money=10000, delta_alice=0.9, delta_bob=0.8, max_rounds=12)
-    match = Match(config)
-    match.apply(Move(None, {"alice_gain": 7000, "bob_gain": 3000}, "A fair start."))
+    match = answer_match()
+    config = match.config
     fmt = OutputFormat.json_schema(reply_schema(match))
     prompt = ("You are Bob. You and Alice divide 10000. Alice proposes: Alice gets 7000, Bob gets 3000. Reply with one JSON "
               'object: {"decision": "accept"}, or {"decision": "reject", "alice_gain": <number>, "bob_gain": <number>, '
@@ -142,7 +147,7 @@ def policy(repeats: int) -> None:
     model.generate(conversations[:2])  # warm up
     model.generate(conversations[:2], formats=[fmt] * 2)  # and compile the tokenizer's grammar tables
     for name, formats in (("free", None), ("json_schema", [fmt] * ROWS)):
-        rates, batch_seconds, lengths, readable = [], [], [], 0
+        rates, batch_seconds, lengths, readable, legal = [], [], [], 0, 0
         for _ in range(repeats):
             start = time.perf_counter()
             replies = model.generate(conversations, formats=formats)
@@ -153,15 +158,17 @@ def policy(repeats: int) -> None:
             lengths += counts
             for r in replies:
                 try:
-                    parse_reply(r.text, config.offer_fields, config.money, "bob")
+                    move = parse_reply(r.text, config.offer_fields, config.money, "bob")
                     readable += 1
+                    legal += match.check(move) is None
                 except ParseError:
                     pass
         result[name] = {"tokens_per_s_median": round(statistics.median(rates), 1),
                         "tokens_per_s": [round(x, 1) for x in rates],
                         "seconds_per_batch_median": round(statistics.median(batch_seconds), 2),
                         "mean_reply_tokens": round(sum(lengths) / len(lengths), 1), "longest_reply_tokens": max(lengths),
-                        "readable_share": round(readable / (repeats * ROWS), 3)}
+                        "readable_share": round(readable / (repeats * ROWS), 3),
+                        "legal_share": round(legal / (repeats * ROWS), 3)}
     result["constrained_over_free_tokens_per_s"] = round(result["json_schema"]["tokens_per_s_median"]
                                                          / result["free"]["tokens_per_s_median"], 3)
     _write("policy", result)

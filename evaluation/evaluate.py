@@ -21,7 +21,7 @@ import hydra
 from omegaconf import OmegaConf
 
 from aria.evaluate import summarize_games, write_summary
-from aria.games.base import build_game, known_games, load_game_config
+from aria.games.base import build_game, known_games, load_game_config, structured_output
 from aria.games.glee import config_set
 from aria.games.oracle import build_oracle
 from aria.llm.endpoint import check_server
@@ -65,10 +65,9 @@ def evaluate(cfg: dict) -> None:
     summary = {"model": p["model"] if served else p["model_path"], "base_url": p.get("base_url"),
                "oracle": cfg["oracle"]["name"], "seed": cfg["seed"], "num_games": cfg["num_games"],
                "sampling": {k: p.get(k) for k in ("temperature", "top_p", reply_tokens)},
-               "structured_output": cfg["structured_output"], "environments": {}}
+               "environments": {}}
     if two_player:  # what the win rates were measured under (reply length matters a lot to a small model)
-        summary["two_player"] = {**{k: cfg["two_player"][k] for k in ("config_set", "games_per_config", "max_tokens",
-                                                                    "structured_output")},
+        summary["two_player"] = {**{k: cfg["two_player"][k] for k in ("config_set", "games_per_config", "max_tokens")},
                                  "opponent": {k: v for k, v in cfg["opponent"].items() if k != "api_key"}}  # no secrets in results
     for env in cfg["envs"]:
         game_cfg = load_game_config(env)
@@ -83,6 +82,7 @@ def evaluate(cfg: dict) -> None:
                 out / env, games_per_config=tp["games_per_config"], seed=cfg["seed"], batch_size=batch_size,
                 progress=cfg["progress"], force_new=cfg["force_new"])
             summary["environments"][env]["generation"] = generation_cost(player.model, 0, 0.0)
+            summary["environments"][env]["structured_output"] = structured_output(game_cfg, "two_player")
             continue
         transcripts = out / env / "transcripts.jsonl"
         tokens, seconds = getattr(policy, "generated_tokens", 0), getattr(policy, "generation_seconds", 0.0)
@@ -92,6 +92,7 @@ def evaluate(cfg: dict) -> None:
         print(f"[eval] {env}: {run.line()}")
         summary["environments"][env] = summarize_games(list(read_trajectories(transcripts)))
         summary["environments"][env]["generation"] = generation_cost(policy, tokens, seconds)
+        summary["environments"][env]["structured_output"] = structured_output(game_cfg, "question")  # what was used
     write_summary(out, summary)
     print(f"[eval] wrote {out / 'summary.json'} and {out / 'summary.md'}")
     print((out / "summary.md").read_text())

@@ -193,6 +193,7 @@ def test_interrupted_evaluation_resumes_without_duplicates(tmp_path):
         assert sorted(r["game_id"] for r in records) == [f"twenty_questions-s0-{i:05d}" for i in range(4)]
         summary = json.loads((out / "summary.json").read_text())["environments"]["twenty_questions"]
         cost = summary.pop("generation")  # the resumed run's games only: 20 requests each, 1 token per reply
+        assert summary.pop("structured_output") == "none"  # the setting the games were played under
         assert cost["tokens"] == 20 * (4 - len(first)) and cost["seconds"] > 0
         # By hand: the server always asks "Is it alive?", so 4 lost games of 20 valid questions each;
         # Wilson's upper bound for 0 of 4 is z²/(4 + z²) = 3.8415/7.8415.
@@ -262,23 +263,27 @@ def test_two_player_win_rates_through_eval_sh(tmp_path):
 
 
 def test_two_player_summary_by_hand():
-    def record(winner, outcome, share_alice, forfeits=0):
-        turns = [{"role": "alice", "action": "x", **({"forfeit": "reject"} if i < forfeits else {})} for i in range(2)]
+    def record(winner, outcome, share_alice, forfeits=0, reprompted=0):
+        # a forfeited turn kept its unusable replies; a re-prompted one was usable at a later try
+        turns = [{"role": "alice", "action": "x", **({"forfeit": "reject", "attempts": [{}, {}, {}]} if i < forfeits else
+                                                    {"attempts": [{}]} if i < forfeits + reprompted else {})} for i in range(2)]
         turns += [{"role": "bob", "action": "y"}]
         return {"game_id": f"g{winner}{outcome}{share_alice}", "status": "finished", "turns": turns,
                 "role_rewards": {"alice": share_alice, "bob": 1 - share_alice},
                 "meta": {"winner": winner, "outcome": outcome}}
-    games = [record("alice", "deal", 0.7), record(None, "no_deal", 0.5, forfeits=2), record("bob", "deal", 0.2, forfeits=1)]
+    games = [record("alice", "deal", 0.7, reprompted=1), record(None, "no_deal", 0.5, forfeits=2),
+             record("bob", "deal", 0.2, forfeits=1)]
     s = summarize_two_player({"alice": games})
     assert (s["wins"], s["ties"], s["losses"], s["finished"]) == (1, 1, 1, 3)
     assert s["deal_rate"] == pytest.approx(2 / 3) and s["mean_payoff_share"] == pytest.approx((0.7 + 0.5 + 0.2) / 3)
-    assert s["unusable_reply_share"] == pytest.approx(3 / 6)
+    assert s["unusable_reply_share"] == pytest.approx(3 / 6) and s["reprompted_turn_share"] == pytest.approx(4 / 6)
     s = summarize_two_player({"bob": games})
     assert (s["wins"], s["losses"]) == (1, 1) and s["mean_payoff_share"] == pytest.approx((0.3 + 0.5 + 0.8) / 3)
     failed = [{**games[0], "status": "failed", "game_id": "f"}]
     s = summarize_two_player({"alice": failed})
     assert (s["games"], s["finished"], s["failed_game_ids"], s["win_rate"], s["tie_rate"], s["deal_rate"],
-            s["mean_payoff_share"], s["unusable_reply_share"]) == (1, 0, ["f"], None, None, None, None, None)
+            s["mean_payoff_share"], s["unusable_reply_share"], s["reprompted_turn_share"]) == (1, 0, ["f"], None, None, None, None,
+                                                                                             None, None)
 
 
 @pytest.mark.subprocess

@@ -183,6 +183,11 @@ def test_a_two_player_experiment_runs_self_play_and_evaluates_against_the_oppone
     run = tmp_path / "run"
     producer = json.loads((run / "s0" / "it1-shared" / "games.jsonl.producer.json").read_text())["producer"]
     assert producer["structured_output"] == "json_schema" and producer["seats"]["alice"] == producer["seats"]["bob"]
+    # the collection counts as done only under exactly its settings: with free replies it is played again
+    games, n, seed = run / "s0" / "it1-shared" / "games.jsonl", experiment.games_of(cfg, cfg["collect"]), producer["seed"]
+    assert experiment.games_done(games, n, experiment.expected_producer(cfg, cfg["collect"], seed, producer["seats"]))
+    free = {**cfg, "game": {**cfg["game"], "structured_output": "none"}}
+    assert not experiment.games_done(games, n, experiment.expected_producer(free, free["collect"], seed, producer["seats"]))
     for role in ("alice", "bob"):
         assert (run / "s0" / "aria" / "it1" / "eval" / f"as_{role}.jsonl").is_file()
     # everything is done: running again plays and trains nothing and writes the same table

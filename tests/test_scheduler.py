@@ -75,9 +75,10 @@ def test_game_ids_must_be_unique(tmp_path):
         run_games(kind, jobs + jobs[:1], tmp_path / "x.jsonl", {}, progress=False)
 
 
-def test_constrained_self_play_writes_only_readable_replies(tmp_path, tiny_model_dir):
+def test_constrained_self_play_writes_only_legal_replies(tmp_path, tiny_model_dir):
     cfg = {**load_game_config("bargaining"), "structured_output": "json_schema"}
-    model = LocalChatModel(str(tiny_model_dir), max_new_tokens=200, temperature=1.0, dtype="float32", seed=1)
+    # enough tokens for the longest legal reply: 80 message characters, each possibly a 6-character escape
+    model = LocalChatModel(str(tiny_model_dir), max_new_tokens=600, temperature=1.0, dtype="float32", seed=1)
     player = PolicyPlayer(model)
     configs = [BargainingConfig(money=100, delta_alice=0.9, delta_bob=0.8, max_rounds=3)]
     out = tmp_path / "self_play.jsonl"
@@ -85,10 +86,8 @@ def test_constrained_self_play_writes_only_readable_replies(tmp_path, tiny_model
                               progress=False)
     assert (summary.played, summary.failed) == (4, 0)
     for record in read_trajectories(out):
-        for turn in record["turns"]:
-            for attempt in turn["attempts"]:  # a random model still can't add up: the only rule it breaks
-                json.loads(attempt["output"])
-                assert "must equal 100" in attempt["error"]
+        for turn in record["turns"]:  # every reply of a random model is a legal move at the first try
+            assert turn["attempts"] == [] and "forfeit" not in turn, turn
             json.loads(turn["action"])
     # the games were made under constrained replies: free replies do not continue the file
     with pytest.raises(ResumeMismatch, match="structured_output"):

@@ -11,11 +11,12 @@ from omegaconf import OmegaConf
 
 from aria.data import Transcript
 from aria.games.base import load_game_config
-from aria.games.glee import BargainingConfig, NegotiationConfig, config_set, normalized_rewards
+from aria.games.glee import BargainingConfig, Match, NegotiationConfig, config_set, normalized_rewards
+from aria.games.offers import ParseError, parse_reply
 from aria.intention import pipeline
 from aria.llm.base import Completion
 from aria.trajectories import read_trajectories
-from aria.two_player import PolicyPlayer, ScriptedPlayer, play_two_player
+from aria.two_player import PolicyPlayer, ScriptedPlayer, play_two_player, read_move
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -185,3 +186,33 @@ def test_tiny_model_self_play_into_steps_1_to_4(tmp_path, tiny_model_dir, tiny_s
         record = by_id[sample["game_id"]]
         assert sample["observation"] == transcript.render(record, sample["turn"])
         assert sample["action"] == record["turns"][sample["turn"]]["action"]
+
+
+class CannedConstrainedModel(CannedModel):
+    """CannedModel that also takes the per-reply formats (and keeps them), as a constrained backend does."""
+
+    def __init__(self, replies):
+        super().__init__(replies)
+        self.formats = []
+
+    def generate(self, conversations, keys=None, formats=None):
+        self.formats += list(formats)
+        return super().generate(conversations, keys)
+
+
+def test_a_cut_off_constrained_reply_is_sent_back_not_read_as_prose(tmp_path):
+    """A constrained reply that ran out of tokens mid-message is re-prompted. Read as prose, its
+    words would be taken for the opposite move: "I agree" is an acceptance."""
+    cut_off = '{"decision":"reject","alice_gain":50,"bob_gain":50,"message":"I agree it is close but I want mo'
+    assert parse_reply(cut_off, ("alice_gain", "bob_gain"), 100, "bob").decision == "accept"  # the hazard
+    game_cfg = {**load_game_config("bargaining"), "structured_output": "json_schema"}
+    model = CannedConstrainedModel(lambda key: [cut_off, '{"decision":"reject","alice_gain":40,"bob_gain":60,"message":"Less."}'])
+    seats = {"alice": ScriptedPlayer("bargaining", 1.0), "bob": PolicyPlayer(model)}
+    play_two_player(game_cfg, [BargainingConfig(100, 0.9, 0.8, 2)], seats, tmp_path / "g.jsonl", progress=False)
+    bob = next(read_trajectories(tmp_path / "g.jsonl"))["turns"][1]
+    assert [a["output"] for a in bob["attempts"]] == [cut_off]
+    assert "ended before its JSON object was complete" in bob["attempts"][0]["error"]
+    assert bob["decision"] == "reject" and bob["offer"] == {"alice_gain": 40.0, "bob_gain": 60.0}
+    assert all(f is not None and f.kind == "json_schema" for f in model.formats)  # every reply under its turn's schema
+    with pytest.raises(ParseError, match="ended before"):
+        read_move(cut_off, Match(BargainingConfig(100, 0.9, 0.8, 2)), constrained=True)

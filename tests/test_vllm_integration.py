@@ -59,6 +59,7 @@ def test_eval_sh_against_a_real_vllm_server(tmp_path, vllm_server):
         assert len(records) == 3 and all(r["model"] == vllm_server["MODEL_NAME"] for r in records)
         s = dict(summary["environments"][env_name])
         cost = s.pop("generation")  # the server's count of reply tokens, and the time they took
+        assert s.pop("structured_output") == "none"  # the setting the games were played under
         assert cost["tokens"] >= sum(r["num_turns"] for r in records) and cost["tokens_per_s"] > 0
         assert s == summarize_games(records)
         assert s["successes"] == sum(r["success"] for r in records)
@@ -91,7 +92,7 @@ def test_collection_by_default_serves_the_model_with_vllm_and_stops_it(tmp_path)
 
 def test_structured_outputs_through_the_real_server(vllm_server):
     """The endpoint policy's JSON-schema and regex replies, enforced by the server (its default
-    structured-outputs engine, set by serve_vllm.sh): every sampled reply is valid."""
+    structured-outputs engine, set by serve_vllm.sh): every sampled reply is valid and a legal move."""
     import jsonschema
 
     from aria.games.glee import BargainingConfig, Match, Move
@@ -111,7 +112,7 @@ def test_structured_outputs_through_the_real_server(vllm_server):
     for match, fmt, reply in zip(matches, formats, replies):
         assert reply.ok, reply.error
         jsonschema.validate(json.loads(reply.text), fmt.schema)
-        parse_reply(reply.text, config.offer_fields, config.money, match.mover)
+        assert match.check(parse_reply(reply.text, config.offer_fields, config.money, match.mover)) is None, reply.text
     regex = OutputFormat.regex("Question: [^\\n?:]{1,200}\\?")
     for reply in policy.generate([[{"role": "user", "content": "Ask me a yes/no question."}]] * 4, formats=[regex] * 4):
         assert reply.ok and reply.text.startswith("Question: ") and reply.text.endswith("?"), reply

@@ -294,6 +294,24 @@ def load_game_config(name: str, _within: tuple[str, ...] = ()) -> dict:
     return OmegaConf.to_container(OmegaConf.merge(*bases, own))
 
 
+#: ``structured_output`` values of a game config, per kind of game: free replies, a question game's
+#: one-line question format (``reply_regex``, e.g. ``Question: ...?``), or a two-player reply
+#: under the JSON schema of its turn (:func:`aria.games.offers.reply_schema`).
+STRUCTURED_OUTPUTS = {"question": ("none", "regex"), "two_player": ("none", "json_schema")}
+
+
+def structured_output(game_cfg: Mapping[str, Any], kind: str | None = None) -> str:
+    """The game's ``structured_output`` setting (default ``none``), checked against its ``kind``
+    (``question`` or ``two_player``; default: the config's own ``kind``)."""
+    allowed = STRUCTURED_OUTPUTS[kind or ("two_player" if game_cfg.get("kind") == "two_player" else "question")]
+    value = game_cfg.get("structured_output") or "none"
+    if value not in allowed:
+        raise ValueError(f"{game_cfg['name']}: structured_output must be one of {allowed}, got {value!r}")
+    if value == "regex" and not game_cfg.get("reply_regex"):
+        raise ValueError(f"{game_cfg['name']}: structured_output: regex needs reply_regex in the game config")
+    return value
+
+
 def load_game(name: str) -> QuestionGame:
     """The game built from ``config/game/<name>.yaml``."""
     return build_game(load_game_config(name))

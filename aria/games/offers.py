@@ -20,6 +20,7 @@ model when it is asked again; whether a readable move is *legal* is the rules' b
 from __future__ import annotations
 
 import json
+import math
 import re
 from typing import Any, Sequence
 
@@ -267,8 +268,33 @@ def parse_reply(text: str | None, offer_fields: Sequence[str], money: float, spe
 MESSAGE_CHARS = 80
 
 
+#: A constrained Bargaining offer names one of at most this many + 1 divisions of M (all whole
+#: splits when M <= 100, else steps of M/100): a JSON schema cannot say "the two gains add up to
+#: M", so the legal pairs are listed, and a grammar over a million pairs (M = 1e6) would not compile.
+OFFER_STEPS = 100
+
+
+def split_grid(money: float, steps: int = OFFER_STEPS) -> list[tuple[float, float]]:
+    """The divisions ``(alice_gain, bob_gain)`` of ``money`` that a constrained offer may name.
+
+    Every whole-number split when M is a whole number no larger than ``steps``; otherwise ``steps``
+    equal steps of M, rounded to whole units (cents when M is not a whole number). Each pair adds
+    up to M exactly (to the cent), so every listed offer is legal
+    (:meth:`aria.games.glee.BargainingConfig.check_offer`), and the grid includes 0, M and (for
+    an even ``steps``) the even split.
+    """
+    if steps < 1:
+        raise ValueError(f"steps must be >= 1, got {steps}")
+    if float(money).is_integer():
+        m = int(money)
+        gains = range(m + 1) if m <= steps else sorted({round(i * m / steps) for i in range(steps + 1)})
+        return [(a, m - a) for a in gains]
+    gains = sorted({round(i * money / steps, 2) for i in range(steps + 1)})
+    return [(a, round(money - a, 2)) for a in gains]
+
+
 def reply_schema(match, message_chars: int = MESSAGE_CHARS) -> dict:
-    """The JSON schema of a usable reply on this turn of ``match`` (:class:`aria.games.glee.Match`),
+    """The JSON schema of a legal reply on this turn of ``match`` (:class:`aria.games.glee.Match`),
     as the prompt's reply format describes it (``config/game/<game>.yaml``, ``reply_format``).
 
     * nothing on the table: an offer ``{<offer fields>, "message"}`` (Negotiation: or walk away);
@@ -276,19 +302,25 @@ def reply_schema(match, message_chars: int = MESSAGE_CHARS) -> dict:
       (Negotiation) ``{"decision": "walk_away"}``;
     * the last round: accept or a plain ``{"decision": "reject"}``.
 
-    Amounts are integers in the legal range (Bargaining: 0..M each; Negotiation: 1..the highest
-    legal price); what a schema cannot say (Bargaining's two gains adding up to M) is still
-    checked by the rules, and an illegal offer is sent back as before. ``"message"`` is present
-    only where messages are relayed (``config.messages``).
+    Every reply the schema allows is a move the rules accept. Negotiation: a whole-number price
+    from 1 to the highest legal price (a configuration without one raises ``ValueError``). Bargaining: one of the divisions of :func:`split_grid`
+    (the two gains must add up to M, which a schema can only say by listing the pairs), so at
+    M = 1e4 or 1e6 a constrained offer moves in steps of M/100. ``"message"`` is present only
+    where messages are relayed (``config.messages``).
     """
     config = match.config
     if "alice_gain" in config.offer_fields:
-        amount = {"type": "integer", "minimum": 0, "maximum": int(config.money)}
-    else:  # a price is positive
-        amount = {"type": "integer", "minimum": 1, "maximum": int(config.max_price)}
-    offer = {name: amount for name in config.offer_fields}
+        offers = [{"alice_gain": {"const": a}, "bob_gain": {"const": b}} for a, b in split_grid(config.money)]
+    else:  # a positive whole-number price (the rules also allow fractions; a schema of numbers would let a
+        # small model write long decimals), at most the highest legal one
+        top = math.floor(config.max_price)
+        if top < 1:
+            raise ValueError(f"{config.id}: no whole-number price is legal (the highest is {config.max_price:g}), "
+                             f"so replies cannot be constrained to one")
+        offers = [{"product_price": {"type": "integer", "minimum": 1, "maximum": top}}]
     if config.messages:
-        offer["message"] = {"type": "string", "maxLength": message_chars}
+        message = {"type": "string", "maxLength": message_chars}
+        offers = [{**offer, "message": message} for offer in offers]
 
     def obj(properties: dict) -> dict:
         return {"type": "object", "properties": properties, "required": list(properties), "additionalProperties": False}
@@ -296,12 +328,11 @@ def reply_schema(match, message_chars: int = MESSAGE_CHARS) -> dict:
     def decision(word: str, **more) -> dict:
         return obj({"decision": {"const": word}, **more})
 
-    options = []
     if match.pending is None:
-        options.append(obj(offer))
+        options = [obj(offer) for offer in offers]
     else:
-        options.append(decision("accept"))
-        options.append(decision("reject", **offer) if match.can_offer else decision("reject"))
+        options = [decision("accept")]
+        options += [decision("reject", **offer) for offer in offers] if match.can_offer else [decision("reject")]
     if config.walk_away:
         options.append(decision("walk_away"))
     return options[0] if len(options) == 1 else {"anyOf": options}

@@ -11,11 +11,11 @@ naming ``flan_t5`` does not load torch until it is used).
 """
 from __future__ import annotations
 
-import importlib
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Protocol, Sequence
 
 from aria.llm.base import Completion
+from aria.registry import load_object
 
 
 @dataclass(frozen=True)
@@ -66,8 +66,7 @@ def build_oracle(cfg: Mapping[str, Any], game_cfg: Mapping[str, Any]) -> Oracle:
         raise KeyError(f"unknown oracle {name!r}; registered: {sorted(ORACLES)}")
     factory = ORACLES[name]
     if isinstance(factory, str):
-        module, cls = factory.split(":")
-        factory = getattr(importlib.import_module(module), cls)
+        factory = load_object(factory)
     return factory(game_cfg=dict(game_cfg), **options)
 
 

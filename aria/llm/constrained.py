@@ -9,7 +9,7 @@ against xgrammar, the other maintained engine, whose wheel pulls triton on Linux
 unpacked onto the logits with three torch operations (its own torch kernel needs
 ``torch.compile``, and its numpy kernel was 4x slower here).
 
-Per row of a batch a :class:`RowGrammar` follows the tokens generated so far; rows without a
+Per row of a batch a matcher of :class:`BatchConstraint` follows the tokens generated so far; rows without a
 format are left alone. Compiled grammars are cached per format, and each reply starts from a
 copy, so a batch of games pays the compilation once per schema.
 """
@@ -88,7 +88,8 @@ class BatchConstraint:
         allowed = (words.unsqueeze(-1) & self._bits.to(logits.device)).ne(0).view(len(rows), -1)
         width = min(allowed.shape[1], logits.shape[1])
         logits[:, :width].masked_fill_(~allowed[:, :width], float("-inf"))
-        logits[:, width:] = float("-inf")  # tokens beyond the tokenizer's vocabulary
+        if width < logits.shape[1]:  # padding beyond the tokenizer's vocabulary, in constrained rows only
+            logits[[i for i, _ in constrained], width:] = float("-inf")
         return logits
 
     def advance(self, rows: Sequence[int], tokens: Sequence[int]) -> list[bool]:

@@ -131,7 +131,7 @@ class EndpointChatModel:
         """One completion per conversation, in input order; ``keys`` is unused (no server-side state).
 
         ``formats`` constrains replies through the server's structured outputs: a JSON schema as
-        the OpenAI API's ``response_format`` (vLLM, OpenAI), a regex as vLLM's
+        the OpenAI API's ``response_format`` (vLLM), a regex as vLLM's
         ``structured_outputs`` request field.
         """
         if formats is None:
@@ -179,7 +179,9 @@ class EndpointChatModel:
 
 
 def structured_request(fmt: OutputFormat | None) -> dict[str, Any]:
-    """The request fields that constrain a reply to ``fmt`` (none for free text)."""
+    """The request fields that constrain a reply to ``fmt`` (none for free text): vLLM's structured
+    outputs. (OpenAI's strict schemas need an object at the root, which a two-player turn's
+    ``anyOf`` schema is not: constrained replies are for vLLM servers.)"""
     if fmt is None:
         return {}
     if fmt.kind == "json_schema":

@@ -7,10 +7,10 @@ another to reach a policy (no import cycles; ``tests/test_imports.py``).
 """
 from __future__ import annotations
 
-import importlib
 from typing import Any, Mapping
 
 from aria.llm.base import ChatModel
+from aria.registry import load_object
 
 #: name -> "module:Class"; the class takes the config's other keys as keyword arguments.
 POLICIES: dict[str, str] = {
@@ -27,5 +27,4 @@ def build_policy(cfg: Mapping[str, Any]) -> ChatModel:
     kind = options.pop("name")
     if kind not in POLICIES:
         raise KeyError(f"unknown policy {kind!r}; registered: {sorted(POLICIES)}")
-    module, cls = POLICIES[kind].split(":")
-    return getattr(importlib.import_module(module), cls)(**options)
+    return load_object(POLICIES[kind])(**options)

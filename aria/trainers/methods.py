@@ -37,6 +37,7 @@ from typing import Callable, Sequence, Union
 import numpy as np
 
 from aria.intention.aggregate import AGGREGATION_MODES
+from aria.registry import load_object
 
 #: GRPO / GiGPO's ε in (x − mean)/(std + ε).
 EPSILON = 1e-6
@@ -237,8 +238,5 @@ def trainer_for(cfg: dict) -> type:
     """The offline trainer of the configured method's kind (:data:`TRAINERS`): REINFORCE on
     per-step weights, or trajectory DPO on pairs. An unknown method is the REINFORCE trainer's to
     reject (one line, before any model loads)."""
-    import importlib
-
     method = METHODS.get(cfg.get("method", "aria"))
-    module, cls = TRAINERS[method.kind if method is not None else "weights"].split(":")
-    return getattr(importlib.import_module(module), cls)
+    return load_object(TRAINERS[method.kind if method is not None else "weights"])

@@ -8,6 +8,10 @@ One story per iteration ``i`` (``config/onlinereinforce_llm.yaml`` names every s
    :meth:`LocalChatModel.from_model`), into ``rollouts/iter-<i>/<game>.rank<r>.jsonl``. These
    files are the rollout buffer: a refresh reads them, and an interrupted rollout resumes game by
    game.
+   With ``structured_output: regex`` in a game's config the replies are sampled under the
+   question format, but the loss below scores them with the unconstrained model's
+   log-probabilities: the gradient is then not the masked policy's, and also pushes the model
+   towards the format (off by default).
 2. **Score** every agent step (observation = the exact prompt the policy saw, action = its reply)
    with the reward model; the score, through ``online.advantage`` (:data:`ADVANTAGES`), is the
    step's advantage A.
