@@ -130,7 +130,8 @@ class TwoPlayerGames:
         self.game_cfg, self.seats, self.seed = game_cfg, seats, seed
         self.name = game_cfg["name"]
         self.transcript = Transcript.from_config(game_cfg)
-        self.constrained = structured_output(game_cfg, "two_player") == "json_schema"
+        # the options of every turn's JSON schema under structured_output: json_schema, else None
+        self.schema = schema_options(game_cfg) if structured_output(game_cfg, "two_player") == "json_schema" else None
 
     def start(self, gid: str, config: GameConfig) -> _LiveGame:
         prompts = {r: system_prompt(config, r, self.game_cfg["prompts"]) for r in PLAYERS}
@@ -140,7 +141,7 @@ class TwoPlayerGames:
         by_player: dict[int, list[_LiveGame]] = {}
         for g in games:
             by_player.setdefault(id(g.seats[g.match.mover]), []).append(g)
-        return sum(_play_turn(self.game_cfg, self.transcript, group, self.constrained) for group in by_player.values())
+        return sum(_play_turn(self.game_cfg, self.transcript, group, self.schema) for group in by_player.values())
 
     def record(self, g: _LiveGame) -> dict:
         return _record(self.name, g, self.seed)
@@ -158,6 +159,20 @@ class TwoPlayerGames:
         return f"{counts['deals']} deals, wins alice {counts['wins_alice']} / bob {counts['wins_bob']} of {finished}"
 
 
+def schema_options(game_cfg: Mapping[str, Any]) -> dict[str, int]:
+    """The game config's ``reply_schema`` options of :func:`aria.games.offers.reply_schema`
+    (``message_chars``, ``offer_steps``) over their defaults, checked."""
+    options = {"message_chars": MESSAGE_CHARS, "offer_steps": OFFER_STEPS}
+    given = dict(game_cfg.get("reply_schema") or {})
+    unknown = sorted(set(given) - set(options))
+    if unknown:
+        raise ValueError(f"{game_cfg['name']}: unknown reply_schema option(s) {unknown} (known: {sorted(options)})")
+    options.update(given)
+    if not all(isinstance(v, int) and not isinstance(v, bool) and v >= 1 for v in options.values()):
+        raise ValueError(f"{game_cfg['name']}: reply_schema options must be whole numbers >= 1, got {options}")
+    return options
+
+
 def two_player_producer(game_cfg: Mapping[str, Any], configs: Sequence[GameConfig], seats: Mapping[str, dict],
                         seed: int) -> dict:
     """The producer record of a file of two-player games (:class:`~aria.trajectories.TrajectoryWriter`):
@@ -166,7 +181,7 @@ def two_player_producer(game_cfg: Mapping[str, Any], configs: Sequence[GameConfi
     producer = {"game": game_cfg["name"], "seed": seed, "configurations": [c.id for c in configs], "seats": dict(seats)}
     if structured_output(game_cfg, "two_player") == "json_schema":  # files written before the setting existed keep their producer
         producer["structured_output"] = "json_schema"
-        producer["reply_schema"] = {"offer_steps": OFFER_STEPS, "message_chars": MESSAGE_CHARS}
+        producer["reply_schema"] = schema_options(game_cfg)
     return producer
 
 
@@ -194,16 +209,16 @@ def play_two_player(
     if set(seats) != set(PLAYERS):
         raise ValueError(f"seats must name exactly {PLAYERS}, got {sorted(seats)}")
     kind = TwoPlayerGames(game_cfg, seats, seed)
-    if kind.constrained:  # a configuration no schema can serve fails here, before any game is played
+    if kind.schema is not None:  # a configuration no schema can serve fails here, before any game is played
         for config in configs:
-            reply_schema(Match(config))
+            reply_schema(Match(config), **kind.schema)
     producer = two_player_producer(game_cfg, configs, {role: describe(player) for role, player in seats.items()}, seed)
     jobs = [(game_id(c, seed, i), c) for c in configs for i in range(games_per_config)]
     return run_games(kind, jobs, out_path, producer, batch_size=batch_size, progress=progress, force_new=force_new)
 
 
 def _play_turn(game_cfg: Mapping[str, Any], transcript: Transcript, games: Sequence[_LiveGame],
-               constrained: bool = False) -> int:
+               schema: Mapping[str, int] | None = None) -> int:
     """One turn of games whose mover is the same player; returns the number of re-prompts."""
     player = games[0].seats[games[0].match.mover]
     max_reprompts, on_invalid = int(game_cfg.get("max_reprompts", 2)), game_cfg.get("on_invalid", "reject")
@@ -211,7 +226,7 @@ def _play_turn(game_cfg: Mapping[str, Any], transcript: Transcript, games: Seque
     for g in games:
         view = g.record_view()
         conversation = [{"role": "user", "content": transcript.render(view, len(view["turns"]) - 1)}]
-        fmt = OutputFormat.json_schema(reply_schema(g.match)) if constrained else None
+        fmt = OutputFormat.json_schema(reply_schema(g.match, **schema)) if schema is not None else None
         requests.append(TurnRequest(f"{g.game_id}/{g.match.mover}", g.match, conversation, fmt))
     attempts: dict[int, list[dict]] = {id(g): [] for g in games}
     pending = list(zip(games, requests))

@@ -157,3 +157,18 @@ def test_endpoint_requests_carry_the_format():
         "response_format": {"type": "json_schema", "json_schema": {"name": "reply", "schema": schema, "strict": True}}}
     assert structured_request(OutputFormat.regex("Question: .+\\?")) == {
         "extra_body": {"structured_outputs": {"regex": "Question: .+\\?"}}}
+
+
+def test_the_schema_options_come_from_the_game_config():
+    from aria.two_player import schema_options
+
+    cfg = load_game_config("bargaining")
+    assert schema_options(cfg) == {"message_chars": 80, "offer_steps": 100}
+    coarse = schema_options({**cfg, "reply_schema": {"offer_steps": 4, "message_chars": 20}})
+    options = reply_schema(Match(BARGAINING), **coarse)["anyOf"]
+    assert [o["properties"]["alice_gain"]["const"] for o in options] == [0, 2500, 5000, 7500, 10000]
+    assert options[0]["properties"]["message"] == {"type": "string", "maxLength": 20}
+    with pytest.raises(ValueError, match="unknown reply_schema option"):
+        schema_options({**cfg, "reply_schema": {"offer_step": 4}})
+    with pytest.raises(ValueError, match="whole numbers >= 1"):
+        schema_options({**cfg, "reply_schema": {"offer_steps": 0}})

@@ -271,6 +271,7 @@ MESSAGE_CHARS = 80
 #: A constrained Bargaining offer names one of at most this many + 1 divisions of M (all whole
 #: splits when M <= 100, else steps of M/100): a JSON schema cannot say "the two gains add up to
 #: M", so the legal pairs are listed, and a grammar over a million pairs (M = 1e6) would not compile.
+#: Game config: ``reply_schema.offer_steps`` (and ``reply_schema.message_chars``).
 OFFER_STEPS = 100
 
 
@@ -293,7 +294,7 @@ def split_grid(money: float, steps: int = OFFER_STEPS) -> list[tuple[float, floa
     return [(a, round(money - a, 2)) for a in gains]
 
 
-def reply_schema(match, message_chars: int = MESSAGE_CHARS) -> dict:
+def reply_schema(match, message_chars: int = MESSAGE_CHARS, offer_steps: int = OFFER_STEPS) -> dict:
     """The JSON schema of a legal reply on this turn of ``match`` (:class:`aria.games.glee.Match`),
     as the prompt's reply format describes it (``config/game/<game>.yaml``, ``reply_format``).
 
@@ -305,12 +306,12 @@ def reply_schema(match, message_chars: int = MESSAGE_CHARS) -> dict:
     Every reply the schema allows is a move the rules accept. Negotiation: a whole-number price
     from 1 to the highest legal price (a configuration without one raises ``ValueError``). Bargaining: one of the divisions of :func:`split_grid`
     (the two gains must add up to M, which a schema can only say by listing the pairs), so at
-    M = 1e4 or 1e6 a constrained offer moves in steps of M/100. ``"message"`` is present only
+    M = 1e4 or 1e6 a constrained offer moves in steps of M/``offer_steps`` (M/100). ``"message"`` is present only
     where messages are relayed (``config.messages``).
     """
     config = match.config
     if "alice_gain" in config.offer_fields:
-        offers = [{"alice_gain": {"const": a}, "bob_gain": {"const": b}} for a, b in split_grid(config.money)]
+        offers = [{"alice_gain": {"const": a}, "bob_gain": {"const": b}} for a, b in split_grid(config.money, offer_steps)]
     else:  # a positive whole-number price (the rules also allow fractions; a schema of numbers would let a
         # small model write long decimals), at most the highest legal one
         top = math.floor(config.max_price)
