@@ -320,7 +320,7 @@ def plan(cfg: dict, generator: Generator, echo: Printer) -> list[Stage]:
             else:
                 play(cfg, policy, out, e["seed"], e, echo, f"evaluation {out.parent.name}")
 
-    stages.append(Stage("iteration 0: evaluate the warm start", "eval", lambda: evaluate("", 0, 0)))
+    stages.append(Stage(f"iteration 0: evaluate the {'warm start' if w['enabled'] else 'base model'}", "eval", lambda: evaluate("", 0, 0)))
     for seed in cfg["seeds"]:
         for method in cfg["methods"]:
             for it in range(1, iterations_of(cfg, method) + 1):

@@ -162,7 +162,7 @@ def test_a_two_player_experiment_runs_self_play_and_evaluates_against_the_oppone
     win rate of every model in both seats against the scripted opponent, paired by configuration and seat."""
     cfg = compose_config("experiment", [
         "experiment=bargaining", f"run_dir={tmp_path / 'run'}", f"results_dir={tmp_path / 'results'}",
-        f"base_model={tiny_model_dir}", "engine=local",
+        f"base_model={tiny_model_dir}", "engine=local", "seeds=[0]",
         "collect.config_set=smoke", "collect.games_per_config=4", "collect.max_tokens=200", "collect.batch_size=4",
         "eval.config_set=smoke", "eval.games_per_config=3", "eval.max_tokens=200", "eval.batch_size=4",
         f"intention_overrides=['embedder.model={tiny_sentence_model_dir}','clustering.k_max=4']",
