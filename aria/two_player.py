@@ -13,7 +13,7 @@ A turn (rules: :mod:`aria.games.glee`):
    the same renderer that builds training observations);
 2. with ``structured_output: json_schema`` (game config) the reply is generated under the JSON
    schema of its turn (:func:`aria.games.offers.reply_schema`: an offer, or accept / reject with
-   a counter-offer / walk away), so a small model always writes a readable move;
+   a counter-offer / walk away), so a small model always writes a legal move;
 3. the reply is parsed (:func:`aria.games.offers.parse_reply`) and checked against the rules; an
    unreadable or illegal reply is sent back with the reason, up to ``max_reprompts`` times
    (batched across games), then the turn counts as ``on_invalid``;
