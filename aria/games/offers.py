@@ -304,10 +304,11 @@ def reply_schema(match, message_chars: int = MESSAGE_CHARS, offer_steps: int = O
     * the last round: accept or a plain ``{"decision": "reject"}``.
 
     Every reply the schema allows is a move the rules accept. Negotiation: a whole-number price
-    from 1 to the highest legal price (a configuration without one raises ``ValueError``). Bargaining: one of the divisions of :func:`split_grid`
-    (the two gains must add up to M, which a schema can only say by listing the pairs), so at
-    M = 1e4 or 1e6 a constrained offer moves in steps of M/``offer_steps`` (M/100). ``"message"`` is present only
-    where messages are relayed (``config.messages``).
+    from 1 to the highest legal price (a configuration without one raises ``ValueError``).
+    Bargaining: one of the divisions of :func:`split_grid` (the two gains must add up to M, which
+    a schema can only say by listing the pairs), so at M = 1e4 or 1e6 a constrained offer moves
+    in steps of M/``offer_steps`` (M/100). ``"message"`` (at most ``message_chars`` characters) is
+    present only where messages are relayed (``config.messages``).
     """
     config = match.config
     if "alice_gain" in config.offer_fields:
