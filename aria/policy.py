@@ -23,6 +23,7 @@ import torch
 class EncodedSample:
     input_ids: list[int]  # prompt then action
     prompt_len: int
+    truncated: bool = False  # the prompt was cut on the left to max_prompt_tokens
 
     @property
     def action_len(self) -> int:
@@ -31,10 +32,14 @@ class EncodedSample:
 
 def prompt_ids(tokenizer, observation: str, max_prompt_tokens: int, system_prompt: str | None = None) -> list[int]:
     """The chat-templated prompt (with the assistant header), truncated on the left."""
+    return full_prompt_ids(tokenizer, observation, system_prompt)[-max_prompt_tokens:]
+
+
+def full_prompt_ids(tokenizer, observation: str, system_prompt: str | None = None) -> list[int]:
+    """The chat-templated prompt (with the assistant header), whole."""
     messages = [{"role": "system", "content": system_prompt}] if system_prompt else []
     messages.append({"role": "user", "content": observation})
-    ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=True)["input_ids"]
-    return list(ids)[-max_prompt_tokens:]
+    return list(tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=True)["input_ids"])
 
 
 def action_ids(tokenizer, action: str, append_eos: bool = True) -> list[int]:
@@ -47,8 +52,9 @@ def action_ids(tokenizer, action: str, append_eos: bool = True) -> list[int]:
 
 def encode_sample(tokenizer, observation: str, action: str, max_prompt_tokens: int, append_eos: bool = True,
                   system_prompt: str | None = None) -> EncodedSample:
-    prompt = prompt_ids(tokenizer, observation, max_prompt_tokens, system_prompt)
-    return EncodedSample(prompt + action_ids(tokenizer, action, append_eos), len(prompt))
+    whole = full_prompt_ids(tokenizer, observation, system_prompt)
+    prompt = whole[-max_prompt_tokens:]
+    return EncodedSample(prompt + action_ids(tokenizer, action, append_eos), len(prompt), len(whole) > len(prompt))
 
 
 #: The file beside every trained model that says how its samples were encoded.
@@ -117,12 +123,29 @@ def collate(samples: Sequence[EncodedSample], pad_id: int) -> dict[str, torch.Te
             "prompt_len": torch.tensor([s.prompt_len for s in samples])}
 
 
+def collate_as(samples: Sequence[EncodedSample], pad_id: int, packing: str = "padded") -> dict[str, torch.Tensor]:
+    """A micro-batch laid out as ``packing`` says (config ``train.packing``): ``padded`` rows
+    (:func:`collate`) or one prefix tree (:func:`aria.packing.collate_tree`). Both read back to
+    the same log-probabilities and scores (:func:`action_logprobs`)."""
+    from aria.packing import PACKINGS, collate_tree
+
+    if packing not in PACKINGS:
+        raise ValueError(f"unknown packing {packing!r} (known: {', '.join(PACKINGS)})")
+    return collate_tree(samples, pad_id) if packing == "prefix_tree" else collate(samples, pad_id)
+
+
 def action_logprobs(model, batch: dict[str, torch.Tensor]) -> torch.Tensor:
     """Σ over action tokens of log π(token | everything before it), per sample: shape [B].
 
-    Only the last positions that predict some action token go through the LM head
-    (``logits_to_keep``), and ``log_softmax`` runs only at action positions.
+    Padded rows (:func:`collate`): only the last positions that predict some action token go
+    through the LM head (``logits_to_keep``), and ``log_softmax`` runs only at action positions.
+    A prefix tree (:func:`aria.packing.collate_tree`): one pass over the tree
+    (:func:`aria.packing.tree_action_logprobs`), the same values up to float rounding.
     """
+    from aria.packing import is_tree_batch, tree_action_logprobs
+
+    if is_tree_batch(batch):
+        return tree_action_logprobs(model, batch)
     input_ids, action_mask = batch["input_ids"], batch["action_mask"]
     width = input_ids.shape[1]
     first_action = int(batch["prompt_len"].min())

@@ -201,7 +201,7 @@ class InProcessScorer:
         probe = [self.encoding.encode(self.tokenizer, history * 2 + "Ask.", "Is it a tool?"),
                  self.encoding.encode(self.tokenizer, history * 3 + "Ask.", "Is it a fruit?")]
         padded = score_encoded(self.model, probe, self.tokenizer.pad_token_id, 2, self.device)
-        tree = score_prefix_trees(self.model, probe, self.pack_tokens, self.device)
+        tree = score_prefix_trees(self.model, probe, self.pack_tokens, self.device, self.tokenizer.pad_token_id)
         bf16 = next(self.model.parameters()).dtype != torch.float32
         tolerance = BF16_SCORE_TOLERANCE if bf16 else 1e-3
         if np.abs(tree - padded).max() > tolerance * max(1.0, np.abs(padded).max()):
@@ -219,7 +219,7 @@ class InProcessScorer:
             return np.zeros(0)
         encoded = [self.encoding.encode(self.tokenizer, s["observation"], s["action"]) for s in samples]
         if self.prefix_trees:
-            return score_prefix_trees(self.model, encoded, self.pack_tokens, self.device)
+            return score_prefix_trees(self.model, encoded, self.pack_tokens, self.device, self.tokenizer.pad_token_id)
         return score_encoded(self.model, encoded, self.tokenizer.pad_token_id, self.batch_size, self.device)
 
 

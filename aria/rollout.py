@@ -24,7 +24,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 from aria.games.base import QuestionGame, Target, build_game, structured_output, target_schedule
 from aria.games.oracle import Oracle, OracleRequest, build_oracle
-from aria.llm.base import ChatModel, OutputFormat
+from aria.llm.base import ChatModel, OutputFormat, concurrent
 from aria.llm.registry import build_policy
 from aria.scheduler import PlaySummary, run_games
 from aria.trajectories import describe, make_record
@@ -64,6 +64,7 @@ class QuestionGames:
         self.game, self.policy, self.oracle, self.seed = game, policy, oracle, seed
         self.system_prompt, self.format = system_prompt, fmt
         self.name = game.name
+        self.independent = concurrent(policy) and concurrent(oracle)
 
     def start(self, gid: str, target: Target) -> _LiveGame:
         return _LiveGame(gid, target, self.game.max_turns)

@@ -44,7 +44,7 @@ from aria.games.glee import PLAYERS, GameConfig, Match, Move, config_set, config
 from aria.games.glee_text import shown_text, system_prompt
 from aria.games.offers import MESSAGE_CHARS, OFFER_STEPS, ParseError, parse_reply, reply_schema
 from aria.games.scripted import SCRIPTED_PLAYERS, reply_json
-from aria.llm.base import ChatModel, Completion, Message, OutputFormat
+from aria.llm.base import ChatModel, Completion, Message, OutputFormat, concurrent
 from aria.scheduler import PlaySummary, run_games
 from aria.trajectories import describe, make_two_player_record
 
@@ -65,6 +65,7 @@ class PolicyPlayer:
 
     def __init__(self, model: ChatModel):
         self.model = model
+        self.concurrent = concurrent(model)
         self.name = model.name
         self.settings = getattr(model, "settings", {"name": model.name})
 
@@ -80,6 +81,8 @@ class PolicyPlayer:
 
 class ScriptedPlayer:
     """A scripted opponent (:mod:`aria.games.scripted`) in a seat; it reads the game state, not the text."""
+
+    concurrent = True  # a function of the game's state: safe from any thread
 
     def __init__(self, game: str, strength: float = 1.0):
         if game not in SCRIPTED_PLAYERS:
@@ -129,6 +132,7 @@ class TwoPlayerGames:
     def __init__(self, game_cfg: Mapping[str, Any], seats: Mapping[str, Any], seed: int):
         self.game_cfg, self.seats, self.seed = game_cfg, seats, seed
         self.name = game_cfg["name"]
+        self.independent = all(concurrent(player) for player in seats.values())
         self.transcript = Transcript.from_config(game_cfg)
         # the options of every turn's JSON schema under structured_output: json_schema, else None
         self.schema = schema_options(game_cfg) if structured_output(game_cfg, "two_player") == "json_schema" else None

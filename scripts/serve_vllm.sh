@@ -83,6 +83,10 @@ else
   DTYPE=${VLLM_DTYPE:-$(python3 "$(dirname "$0")/../aria/llm/hardware.py" vllm-dtype)}
   ARGS=(--dtype "$DTYPE")
   [ "${VLLM_EAGER:-1}" = "1" ] && ARGS+=(--enforce-eager)
+  # The prefix cache reuses whole KV blocks only: with the CPU default of 128 tokens a game's next
+  # turn recomputed on average half a block of its own history; 32 is the smallest block the CPU
+  # attention takes (benchmarks/served_evaluation.py).
+  ARGS+=(--block-size "${VLLM_BLOCK_SIZE:-32}")
 fi
 
 STRUCTURED_DEFAULT='{"backend": "guidance", "disable_any_whitespace": true}'

@@ -192,7 +192,7 @@ def test_bfloat16_scores_are_within_the_stated_tolerance_of_float32(trained_toy_
 
 # ---- prefix-tree scoring --------------------------------------------------------------------------
 def test_prefix_tree_packs_by_hand():
-    from aria.trainers.reward_model import prefix_tree_packs
+    from aria.packing import prefix_tree_packs
 
     sequences = [[1, 2, 3], [1, 2, 4], [1, 5], [1, 2, 3]]
     (pack,) = prefix_tree_packs(sequences, max_tokens=100)
@@ -217,7 +217,7 @@ def test_prefix_tree_packs_by_hand():
 def test_prefix_tree_packs_rebuild_every_sequence(sequences, max_tokens):
     """Brute force: the nodes a sample's leaf sees, in order of position, are exactly its tokens;
     every sample sits in one pack; a pack is over budget only when one sequence alone is."""
-    from aria.trainers.reward_model import prefix_tree_packs
+    from aria.packing import prefix_tree_packs
 
     packs = prefix_tree_packs(sequences, max_tokens)
     placed = sorted(i for p in packs for i in p.samples.tolist())
@@ -252,7 +252,8 @@ def game_steps(tokenizer, games: int = 3, turns: int = 5) -> list:
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_prefix_tree_scores_equal_padded_scores(tiny_model_dir, dtype):
-    from aria.trainers.reward_model import prefix_tree_packs, score_prefix_trees
+    from aria.packing import prefix_tree_packs
+    from aria.trainers.reward_model import score_prefix_trees
 
     from aria.reward_service import BF16_SCORE_TOLERANCE
 
@@ -265,7 +266,7 @@ def test_prefix_tree_scores_equal_padded_scores(tiny_model_dir, dtype):
     tolerance = 1e-4 if dtype == "float32" else BF16_SCORE_TOLERANCE  # bfloat16: another summation order
     for budget in (10_000, 150, 1):
         packs = prefix_tree_packs([s.input_ids for s in steps], budget)
-        assert np.abs(score_prefix_trees(model, steps, budget) - padded).max() < tolerance, budget
+        assert np.abs(score_prefix_trees(model, steps, budget, pad_id=tokenizer.pad_token_id) - padded).max() < tolerance, budget
     whole = prefix_tree_packs([s.input_ids for s in steps], 10_000)
     assert len(whole) == 1 and len(whole[0].input_ids) < 0.6 * sum(len(s.input_ids) for s in steps)
     assert len(packs) == len(steps)  # budget 1: one sample per pass, the plain forward

@@ -147,6 +147,7 @@ class KnowledgeBaseOracle:
     """
 
     name = "knowledge_base"
+    concurrent = True  # answers read fixed tables only: safe from any thread, nothing to batch
 
     def __init__(self, game_cfg: Mapping[str, Any], facts_file: str | None = None):
         self.game = build_game(game_cfg)

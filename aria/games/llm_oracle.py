@@ -93,6 +93,7 @@ class LLMOracle:
     """
 
     name = "llm"
+    concurrent = True  # one request per question to an endpoint, which batches them
 
     def __init__(
         self,

@@ -50,6 +50,12 @@ class OutputFormat:
         return json.loads(self.spec)
 
 
+def concurrent(player: Any) -> bool:
+    """Whether ``player`` (a chat model, oracle or scripted player) serves each game's requests on
+    their own from any thread (:class:`ChatModel`, ``concurrent``)."""
+    return bool(getattr(player, "concurrent", False))
+
+
 @dataclass(frozen=True)
 class Completion:
     """One generated reply, or the error that prevented it."""
@@ -64,7 +70,13 @@ class Completion:
 
 
 class ChatModel(Protocol):
-    """A batched chat-completion backend (local transformers model or OpenAI-compatible endpoint)."""
+    """A batched chat-completion backend (local transformers model or OpenAI-compatible endpoint).
+
+    ``concurrent`` (optional, default False): requests of different games may be sent one at a
+    time from many threads and lose nothing by it (a server batches what is in flight), so the
+    scheduler plays each game on its own (:mod:`aria.scheduler`); False for a model that
+    computes a batch of games in one pass.
+    """
 
     name: str
 

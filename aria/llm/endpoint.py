@@ -76,6 +76,9 @@ class EndpointChatModel:
         concurrency: requests in flight at once.
     """
 
+    #: each request is its own HTTP call; the server batches what is in flight (aria.scheduler)
+    concurrent = True
+
     def __init__(
         self,
         base_url: str,

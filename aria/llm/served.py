@@ -29,10 +29,11 @@ def free_port() -> int:
 
 
 def start_server(model_dir: Path, name: str, port: int, log: Path | None = None, eager: bool | None = None,
-                 dtype: str | None = None) -> dict:
+                 dtype: str | None = None, block_size: int | None = None) -> dict:
     """``scripts/serve_vllm.sh MODEL_DIR PORT``: returns its BASE_URL, MODEL_NAME and PID once the
-    server answers (RuntimeError with the end of its log otherwise). ``eager`` and ``dtype`` set
-    the CPU build's ``VLLM_EAGER`` and ``VLLM_DTYPE`` (None: the script's defaults)."""
+    server answers (RuntimeError with the end of its log otherwise). ``eager``, ``dtype`` and
+    ``block_size`` set the CPU build's ``VLLM_EAGER``, ``VLLM_DTYPE`` and ``VLLM_BLOCK_SIZE``
+    (None: the script's defaults)."""
     import os
 
     env = {**os.environ, "SERVED_MODEL_NAME": name}
@@ -42,6 +43,8 @@ def start_server(model_dir: Path, name: str, port: int, log: Path | None = None,
         env["VLLM_EAGER"] = "1" if eager else "0"
     if dtype is not None:
         env["VLLM_DTYPE"] = dtype
+    if block_size is not None:
+        env["VLLM_BLOCK_SIZE"] = str(block_size)
     started = subprocess.run(["bash", str(REPO_ROOT / "scripts" / "serve_vllm.sh"), str(model_dir), str(port)],
                              env=env, capture_output=True, text=True)
     if started.returncode != 0:
@@ -63,6 +66,8 @@ class ServedChatModel:
         timeout_s, max_retries: per request, as :class:`EndpointChatModel`.
         log: the server's log file (default: ``/tmp/vllm-<port>.log``).
     """
+
+    concurrent = True  # requests go to the server one by one, which batches them (aria.scheduler)
 
     def __init__(self, model_path: str = "embedded", temperature: float = 1.0, top_p: float | None = 1.0,
                  max_tokens: int = 48, concurrency: int = 16, timeout_s: float = 120.0, max_retries: int = 3,

@@ -19,8 +19,8 @@ are this module's:
 * **Loss.** :func:`aria.trainers.losses.dpo_loss` with ``loss.dpo.beta`` (TRL's sigmoid loss).
 
 Memory: a micro-batch holds every step of both games of its pairs in one forward pass (a
-20-turn game pair is 40 rows), so long games want ``train.micro_batch_size=1`` and gradient
-checkpointing.
+20-turn game pair is 40 rows; with ``train.packing: prefix_tree`` one tree, each game's history
+computed once), so long games want ``train.micro_batch_size=1`` and, padded, gradient checkpointing.
 """
 from __future__ import annotations
 
@@ -29,7 +29,8 @@ from contextlib import nullcontext
 import torch
 
 from aria.io import DataError
-from aria.policy import action_logprobs, collate
+from aria.packing import packing_stats
+from aria.policy import action_logprobs, collate_as
 from aria.trainers.losses import dpo_loss
 from aria.trainers.methods import method_pairs
 from aria.trainers.offline import OfflineTrainer
@@ -70,15 +71,25 @@ class TrajectoryDPOTrainer(OfflineTrainer):
     def fingerprint(self) -> list:
         return super().fingerprint() + [self.trajectories, self.pairs.tolist()]
 
+    def unit_groups(self) -> list:
+        """Every pair is its own unit: a packed micro-batch holds whole pairs, each one's steps in one tree."""
+        return list(range(len(self.pairs)))
+
+    def _rows(self, indices: list[int]) -> list[tuple[int, int]]:
+        """(trajectory slot, step) of every row of pairs ``indices``: the chosen trajectories first."""
+        order = self.pairs[indices].T.reshape(-1).tolist()  # chosen of every pair, then rejected
+        return [(slot, step) for slot, t in enumerate(order) for step in self.trajectories[t]]
+
     def make_batch(self, indices: list[int]) -> dict[str, torch.Tensor]:
         """Every step of the chosen trajectories of pairs ``indices``, then of the rejected ones;
         ``trajectory`` [rows] says which of the 2·P trajectories (chosen first) a row belongs to."""
-        pairs = self.pairs[indices]  # [P, 2]
-        order = pairs.T.reshape(-1).tolist()  # chosen of every pair, then rejected
-        rows = [(slot, step) for slot, t in enumerate(order) for step in self.trajectories[t]]
-        batch = collate([self.encoded[step] for _, step in rows], self.tokenizer.pad_token_id)
+        rows = self._rows(indices)
+        batch = collate_as([self.encoded[step] for _, step in rows], self.tokenizer.pad_token_id, self.packing)
         batch["trajectory"] = torch.tensor([slot for slot, _ in rows])
         return {k: v.to(self.accelerator.device) for k, v in batch.items()}
+
+    def packing_stats(self, batches: list[list[int]]) -> dict:
+        return packing_stats(self.encoded, [[step for _, step in self._rows(b)] for b in batches])
 
     # ---- the loss ----
     def trajectory_logprobs(self, batch: dict[str, torch.Tensor], n: int) -> torch.Tensor:

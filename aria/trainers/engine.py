@@ -38,6 +38,10 @@ def check_train_settings(cfg: dict, losses: Mapping[str, Callable], loss_name: s
 
     for name in ("micro_batch_size", "gradient_accumulation_steps", "epochs"):
         at_least(name, 1)
+    from aria.packing import PACKINGS
+
+    if t.get("packing", "padded") not in PACKINGS:
+        raise ConfigError(f"train.packing: unknown {t.get('packing')!r} (known: {', '.join(PACKINGS)})")
     if t["optimizer"] not in OPTIMIZERS:
         raise ConfigError(f"train.optimizer: unknown {t['optimizer']!r} (known: {', '.join(sorted(OPTIMIZERS))})")
     schedulers = [s.value for s in SchedulerType]

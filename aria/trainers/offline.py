@@ -1,9 +1,17 @@
 """Offline REINFORCE on the intention-aggregated training set (spec ``aria_method.md`` §5).
 
-One story, top to bottom: read and check the samples -> tokenise (prompt, then action, right
-padding only) -> length-bucketed micro-batches, split across processes -> for each micro-batch the
-per-sample action log-prob, the loss of :data:`aria.trainers.losses.LOSSES` -> accumulate, clip, step, schedule ->
-log, checkpoint, resume.
+One story, top to bottom: read and check the samples -> tokenise (prompt, then action) ->
+micro-batches, split across processes -> for each micro-batch the per-sample action log-prob, the
+loss of :data:`aria.trainers.losses.LOSSES` -> accumulate, clip, step, schedule -> log, checkpoint,
+resume.
+
+How a micro-batch is laid out (``train.packing``): ``prefix_tree`` (default) keeps each game's
+steps together (:func:`aria.packing.game_ordered_batches`) and merges a micro-batch's samples
+into one prefix tree, so a game's history is computed once for all its steps in the batch
+(:mod:`aria.packing`; the same log-probs, loss and gradient as padded rows, to float rounding,
+tested); ``padded`` puts every sample on its own right-padded row, in length-bucketed batches.
+Sharing happens only inside one micro-batch, so packed runs want ``micro_batch_size`` about a
+game's length (its memory grows with the tree's tokens, not with the samples times the prompt).
 
 The loss (the original's ``reinforce`` objective, paper §3.5):
 
@@ -43,7 +51,8 @@ from aria.secrets import redact
 from aria.trainers.checkpoint import (begin_checkpoint, finish_checkpoint, latest_checkpoint, load_plain_state,
                                       load_rng_state, load_state, save_plain_state, save_state, set_rng_state,
                                       trim_metrics)
-from aria.policy import EncodedSample, Encoding, action_logprobs, collate, load_model
+from aria.packing import game_ordered_batches, packing_stats, sample_groups
+from aria.policy import EncodedSample, Encoding, action_logprobs, collate_as, load_model
 from aria.trainers.engine import (OPTIMIZERS, accumulate_step, build_optimizer, check_train_settings,  # noqa: F401
                                   make_accelerator, resolve_mixed_precision, save_final_model)
 from aria.trainers.losses import LOSSES, reinforce_loss  # noqa: F401  (re-exported)
@@ -138,8 +147,11 @@ class OfflineTrainer:
                                            m["lora"] if m["lora"]["enabled"] else None, m.get("gradient_checkpointing", False))
         self.encoded: list[EncodedSample] = [self.encode(s) for s in self.samples]
         self.rewards = torch.tensor([float(s[self.target_field]) for s in self.samples])
-        # What a checkpoint was trained on: resuming on other data would silently mix two runs.
-        self.data_digest = hashlib.sha256(json.dumps(self.fingerprint()).encode()).hexdigest()[:16]
+        self.packing = t["packing"]
+        # What a checkpoint was trained on: resuming on other data (or in another order) would
+        # silently mix two runs.
+        fingerprint = self.fingerprint() + ([["packing", self.packing]] if self.packing != "padded" else [])
+        self.data_digest = hashlib.sha256(json.dumps(fingerprint).encode()).hexdigest()[:16]
 
         world, accumulation = self.accelerator.num_processes, t["gradient_accumulation_steps"]
         self.micro_per_epoch = len(self._epoch_batches(0))
@@ -165,6 +177,11 @@ class OfflineTrainer:
             # normalised advantage (StarPO, GiGPO) can be exactly −1 and must stay an advantage.
             self.loss_options["sft_reward"] = None
         self.state = TrainState()
+        if self.accelerator.is_main_process and self.packing == "prefix_tree":
+            stats = self.packing_stats(self._epoch_batches(0))
+            print(f"[train] prefix-tree packing: {stats['row_tokens']} tokens in rows -> {stats['tree_tokens']} in trees per "
+                  f"epoch on this process ({stats['saving']}x fewer); {stats['truncated_prompts']} left-truncated prompts "
+                  f"(own branch each)")
 
     # ---- what is specific to the model being trained ----
     def select_samples(self, samples: list[dict]) -> list[dict]:
@@ -208,10 +225,18 @@ class OfflineTrainer:
         """Tokens of each unit of data (here a sample): batches group similar lengths."""
         return [len(e.input_ids) for e in self.encoded]
 
+    def unit_groups(self) -> list:
+        """The game of each unit of data (here a sample): packed batches keep a game's units together."""
+        return sample_groups(self.samples)
+
     def make_batch(self, indices: list[int]) -> dict[str, torch.Tensor]:
-        """The tensors of the units ``indices``, on this process's device."""
+        """The tensors of the units ``indices``, on this process's device, laid out as ``train.packing`` says."""
         items = [self.encoded[i] for i in indices]
-        return {k: v.to(self.accelerator.device) for k, v in collate(items, self.tokenizer.pad_token_id).items()}
+        return {k: v.to(self.accelerator.device) for k, v in collate_as(items, self.tokenizer.pad_token_id, self.packing).items()}
+
+    def packing_stats(self, batches: list[list[int]]) -> dict:
+        """Tokens in rows against tokens in trees for ``batches`` of units (:func:`aria.packing.packing_stats`)."""
+        return packing_stats(self.encoded, batches)
 
     def fingerprint(self) -> list:
         """What the data digest is taken of: a checkpoint resumes only on the same data."""
@@ -230,8 +255,12 @@ class OfflineTrainer:
     def _epoch_batches(self, epoch: int) -> list[list[int]]:
         t = self.cfg["train"]
         lengths = self.unit_lengths()
-        batches = length_bucketed_batches(lengths, t["micro_batch_size"], self.cfg["seed"], epoch, t["bucket_batches"]) \
-            if t["length_bucketing"] else _plain_batches(len(lengths), t["micro_batch_size"], self.cfg["seed"], epoch)
+        if t["packing"] == "prefix_tree":
+            batches = game_ordered_batches(self.unit_groups(), t["micro_batch_size"], self.cfg["seed"], epoch)
+        elif t["length_bucketing"]:
+            batches = length_bucketed_batches(lengths, t["micro_batch_size"], self.cfg["seed"], epoch, t["bucket_batches"])
+        else:
+            batches = _plain_batches(len(lengths), t["micro_batch_size"], self.cfg["seed"], epoch)
         return batches_for_process(batches, self.accelerator.process_index, self.accelerator.num_processes,
                                    t["gradient_accumulation_steps"])
 
@@ -246,7 +275,7 @@ class OfflineTrainer:
         metrics_path = self.output_dir / "metrics.jsonl"
         bar = tqdm(total=self.total_steps, initial=self.state.step, disable=not acc.is_local_main_process,
                    desc="reinforce", dynamic_ncols=True)
-        window = {"loss": 0.0, "tokens": 0, "cells": 0, "micro": 0, "start": time.perf_counter()}
+        window = _new_window()
         self.model.train()
         last = {}
         try:  # closed before a Ctrl-C message, not redrawn after it at exit
@@ -264,14 +293,13 @@ class OfflineTrainer:
                     self.state.micro += 1
                     window["loss"] += float(loss.detach())
                     window["micro"] += 1
-                    window["tokens"] += int(batch["attention_mask"].sum())
-                    window["cells"] += batch["attention_mask"].numel()
+                    _count_tokens(window, batch)
                     if acc.sync_gradients:
                         self.state.step += 1
                         bar.update(1)
                         if self.state.step % log_cfg["log_every"] == 0 or self.state.step == self.total_steps:
                             last = self._log(window, metrics_path, bar)
-                            window = {"loss": 0.0, "tokens": 0, "cells": 0, "micro": 0, "start": time.perf_counter()}
+                            window = _new_window()
                         if self.state.step % t["save_freq"] == 0:
                             self.save_checkpoint()
                         if self.on_step:
@@ -289,12 +317,14 @@ class OfflineTrainer:
     def _log(self, window: dict, metrics_path: Path, bar) -> dict:
         acc = self.accelerator
         seconds = time.perf_counter() - window["start"]
-        tokens = acc.reduce(torch.tensor(window["tokens"], device=acc.device), reduction="sum").item()
-        cells = acc.reduce(torch.tensor(window["cells"], device=acc.device), reduction="sum").item()
+        tokens, cells, row_tokens = acc.reduce(torch.tensor([window["tokens"], window["cells"], window["row_tokens"]],
+                                                            device=acc.device), reduction="sum").tolist()
         loss = acc.reduce(torch.tensor(window["loss"] / max(window["micro"], 1), device=acc.device), reduction="mean").item()
         record = {"step": self.state.step, "epoch": self.state.epoch, "loss": round(loss, 6),
                   "lr": self.scheduler.get_last_lr()[0], "tokens_per_s": round(tokens / max(seconds, 1e-9), 1),
-                  "padded_fraction": round(1 - tokens / max(cells, 1), 4)}
+                  "padded_fraction": round(1 - tokens / max(cells, 1), 4),
+                  # tokens the samples' own rows hold per token computed (prefix trees share histories)
+                  "sharing": round(row_tokens / max(tokens, 1), 3)}
         if "grad_norm" in window:
             record["grad_norm"] = round(window["grad_norm"], 4)
         if acc.is_main_process:
@@ -363,6 +393,25 @@ class OfflineTrainer:
         state_dict = acc.get_state_dict(self.model) if self._deepspeed else None  # every rank takes part in gathering
         return save_final_model(acc, self.model, self.tokenizer, self.output_dir / "final", self.encoding,
                                 {"steps": self.state.step, "train_file": str(self.train_path), "config": self.cfg}, state_dict)
+
+
+def _new_window() -> dict:
+    return {"loss": 0.0, "tokens": 0, "cells": 0, "row_tokens": 0, "micro": 0, "start": time.perf_counter()}
+
+
+def _count_tokens(window: dict, batch: dict[str, torch.Tensor]) -> None:
+    """Tokens computed (a tree's nodes, or a padded batch's real tokens), cells (with padding) and
+    the tokens the samples' own rows hold."""
+    if "sample_tokens" in batch:  # a prefix tree: every node is computed once, none is padding
+        nodes = batch["input_ids"].numel()
+        window["tokens"] += nodes
+        window["cells"] += nodes
+        window["row_tokens"] += int(batch["sample_tokens"])
+    else:
+        real = int(batch["attention_mask"].sum())
+        window["tokens"] += real
+        window["cells"] += batch["attention_mask"].numel()
+        window["row_tokens"] += real
 
 
 def _plain_batches(n: int, batch_size: int, seed: int, epoch: int) -> list[list[int]]:

@@ -17,7 +17,8 @@ One story per iteration ``i`` (``config/onlinereinforce_llm.yaml`` names every s
    step's advantage A.
 3. **Update** the actor: ``online.actor_updates`` optimizer steps, each on
    ``micro_batch_size × gradient_accumulation_steps`` of the iteration's steps (a seeded order,
-   cycled when the iteration has fewer), with the REINFORCE loss of the offline trainer
+   cycled when the iteration has fewer; with ``train.packing: prefix_tree`` whole games in a
+   seeded order, each micro-batch one prefix tree), with the REINFORCE loss of the offline trainer
    (``L = −mean(A · Σ_t log π(a_t | observation))``, :func:`aria.trainers.losses.reinforce_loss`).
 4. **Refresh** the reward model every ``online.rm_refresh`` actor steps (paper: 50): pipeline
    steps 1-4 (:mod:`aria.intention.pipeline`) on the rollouts since the last refresh give an
@@ -60,7 +61,8 @@ import numpy as np
 import torch
 
 from aria.io import atomic_write_json, read_json
-from aria.policy import Encoding, action_logprobs, collate, load_policy
+from aria.packing import sample_groups
+from aria.policy import Encoding, action_logprobs, collate_as, load_policy
 from aria.resources import REPO_ROOT, compose_config
 from aria.trainers.checkpoint import (begin_checkpoint, finish_checkpoint, latest_checkpoint, load_plain_state,
                                       load_rng_state, save_plain_state, set_rng_state, trim_metrics)
@@ -85,22 +87,29 @@ def standalone_env() -> dict[str, str]:
 
 # ---- the actor's batches ------------------------------------------------------------------------
 def update_batches(n: int, updates: int, batch_size: int, micro_batch_size: int, seed: int | list[int],
-                   lengths: list[int] | None = None) -> list[list[list[int]]]:
+                   lengths: list[int] | None = None, groups: list | None = None) -> list[list[list[int]]]:
     """Sample indices for ``updates`` optimizer steps of ``batch_size`` samples each, split into
     micro-batches of ``micro_batch_size``: a seeded permutation of ``0..n-1``, cycled (a fresh
     permutation each pass) when ``n < updates · batch_size``. Within a step, samples are sorted by
     ``lengths`` before the split, so a micro-batch holds similar lengths (little padding).
+    With ``groups`` (each sample's game; prefix-tree packing) the permutation is over the games
+    and each game's samples follow in order, so a micro-batch holds consecutive steps of a game
+    (they share its history in the micro-batch's tree); ``lengths`` is then not used.
     Returns ``[update][micro-batch][sample index]``."""
     if n == 0:
         return []
     rng = np.random.default_rng(seed)
+    members: dict = {}
+    for i, g in enumerate(groups if groups is not None else range(n)):
+        members.setdefault(g, []).append(i)
+    games = list(members)
     order: list[int] = []
     while len(order) < updates * batch_size:
-        order += rng.permutation(n).tolist()
+        order += [i for g in rng.permutation(len(games)).tolist() for i in members[games[g]]]
     steps = []
     for u in range(updates):
         chunk = order[u * batch_size : (u + 1) * batch_size]
-        if lengths is not None:
+        if lengths is not None and groups is None:
             chunk = sorted(chunk, key=lambda i: (-lengths[i], i))
         steps.append([chunk[j : j + micro_batch_size] for j in range(0, batch_size, micro_batch_size)])
     return steps
@@ -270,15 +279,18 @@ class OnlineTrainer:
         batch_size = t["micro_batch_size"] * t["gradient_accumulation_steps"]
         encoded = [self.encoding.encode(self.tokenizer, s["observation"], s["action"]) for s in samples]
         adv = torch.tensor(advantages, dtype=torch.float32)
+        packed = t["packing"] == "prefix_tree"
         plan = update_batches(len(encoded), updates, batch_size, t["micro_batch_size"],
                               seed=[self.cfg["seed"], iteration, acc.process_index],
-                              lengths=[len(e.input_ids) for e in encoded])
+                              lengths=[len(e.input_ids) for e in encoded],
+                              groups=sample_groups(samples) if packed else None)
         losses, grad_norms = [], []
         self.model.train()
         for micro_batches in plan:
             step_loss = 0.0
             for indices in micro_batches:
-                batch = {k: v.to(acc.device) for k, v in collate([encoded[i] for i in indices], self.tokenizer.pad_token_id).items()}
+                batch = {k: v.to(acc.device) for k, v in
+                         collate_as([encoded[i] for i in indices], self.tokenizer.pad_token_id, t["packing"]).items()}
                 def compute_loss():
                     logp = action_logprobs(self.model, batch)
                     return self.loss_fn(logp, adv[indices].to(logp.device), **self.loss_options)

@@ -17,20 +17,21 @@ config option). A held-out split (``data.eval_fraction``, whole games kept toget
 game's steps sit on both sides) gives the evaluation loss and the Pearson and Spearman
 correlations of scores with targets, written to ``output_dir/eval.json`` and ``metrics.jsonl``.
 
-Everything else (micro-batches, accumulation, clipping, schedules, LoRA or full fine-tuning,
+Everything else (micro-batches and their layout, ``train.packing``, accumulation, clipping, schedules, LoRA or full fine-tuning,
 checkpoints, exact resume, ``accelerate launch``) is the offline trainer's
 (:class:`aria.trainers.offline.OfflineTrainer`), of which this is a subclass.
 """
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
 from typing import Any, Sequence
 
 import numpy as np
 import torch
 
 from aria.io import DataError, atomic_write_json
+from aria.packing import (PrefixTreePack, is_tree_batch, prefix_tree_packs, score_position,  # noqa: F401  (re-exported)
+                          tree_scores)
 from aria.policy import EncodedSample, collate, load_model
 from aria.trainers.losses import RM_LOSSES, mse_loss, mse_weights, weighted_mse_loss  # noqa: F401  (re-exported)
 from aria.trainers.offline import OfflineTrainer, check_samples
@@ -62,104 +63,14 @@ def load_reward_model(model_path: str, dtype: str = "float32", lora: dict[str, A
 
 
 def reward_scores(model, batch: dict[str, torch.Tensor]) -> torch.Tensor:
-    """The model's score of every sample in a right-padded batch: shape [B], float32."""
+    """The model's score of every sample in a right-padded batch, or in a prefix tree
+    (:func:`aria.packing.collate_tree`, the same scores up to float rounding): shape [B], float32."""
+    if is_tree_batch(batch):
+        return tree_scores(model, batch)
     return model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits[:, 0].float()
 
 
 # ---- scoring many steps of the same games in one pass ---------------------------------------------
-@dataclass(frozen=True)
-class PrefixTreePack:
-    """Samples merged into one sequence along their shared token prefixes (a prefix tree, flattened).
-
-    Every distinct prefix is one node, so the steps of one game, whose prompts repeat the game's
-    history, share the history's nodes instead of recomputing them per step. Attributes:
-
-    * ``input_ids`` [N]: each node's token; ``positions`` [N]: its depth (the position it has in
-      each sample that passes through it).
-    * ``attends`` [N, N] bool: node i sees node j iff j is i or an ancestor of i: exactly the
-      tokens before it in every sample through it, so a causal model's hidden state at a node is
-      the one it has in any of those samples.
-    * ``trunk``: nodes ``0 .. trunk-1`` are the pack's longest sample, in order (a plain causal
-      sequence, computed without a mask); the other nodes branch off it.
-    * ``samples`` [S]: the indices (in the caller's list) of the samples in this pack;
-      ``leaves`` [S]: the node of each one's last token, where the score head reads.
-    """
-
-    input_ids: np.ndarray
-    positions: np.ndarray
-    attends: np.ndarray
-    trunk: int
-    samples: np.ndarray
-    leaves: np.ndarray
-
-
-def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
-    n = 0
-    for x, y in zip(a, b):
-        if x != y:
-            break
-        n += 1
-    return n
-
-
-def prefix_tree_packs(sequences: Sequence[Sequence[int]], max_tokens: int) -> list[PrefixTreePack]:
-    """The sequences merged into prefix-tree packs of at most ``max_tokens`` nodes each (a longer
-    sequence gets a pack of its own). In lexicographic order, a sequence's longest shared prefix
-    with any earlier one is the one with its predecessor, so each adds only what follows that."""
-    if max_tokens < 1:
-        raise ValueError(f"max_tokens must be >= 1, got {max_tokens}")
-    if any(len(s) == 0 for s in sequences):
-        raise ValueError("every sequence needs at least one token")
-    order = sorted(range(len(sequences)), key=lambda i: list(sequences[i]))
-    packs: list[list[int]] = []
-    nodes = 0
-    previous: Sequence[int] = ()
-    for i in order:
-        shared = _common_prefix(previous, sequences[i]) if packs else 0
-        if not packs or nodes + len(sequences[i]) - shared > max_tokens:
-            packs.append([])
-            nodes, shared = 0, 0
-        packs[-1].append(i)
-        nodes += len(sequences[i]) - shared
-        previous = sequences[i]
-    return [_flatten(sequences, members) for members in packs]
-
-
-def _flatten(sequences: Sequence[Sequence[int]], members: list[int]) -> PrefixTreePack:
-    """One pack's nodes: the longest member is the trunk (nodes 0..T-1); walking the members in
-    lexicographic order, a token is the previous member's node where the two agree so far, the
-    trunk's where the member agrees with the trunk so far, and a new branch node otherwise."""
-    trunk = list(sequences[max(members, key=lambda i: len(sequences[i]))])
-    ids: list[int] = list(trunk)
-    parents: list[int] = list(range(-1, len(trunk) - 1))
-    previous: Sequence[int] = ()
-    path: list[int] = []  # the node of each token of the previous member
-    leaves = []
-    for i in members:
-        seq = sequences[i]
-        shared, on_trunk = _common_prefix(previous, seq), _common_prefix(trunk, seq)
-        path = path[:shared]
-        for j in range(shared, len(seq)):
-            if j < on_trunk:
-                path.append(j)
-            else:
-                parents.append(path[-1] if path else -1)
-                ids.append(seq[j])
-                path.append(len(ids) - 1)
-        previous = seq
-        leaves.append(path[-1])
-    n = len(ids)
-    attends = np.zeros((n, n), dtype=bool)
-    positions = np.zeros(n, dtype=np.int64)
-    for node, parent in enumerate(parents):  # a parent always comes before its children
-        if parent >= 0:
-            attends[node] = attends[parent]
-            positions[node] = positions[parent] + 1
-        attends[node, node] = True
-    return PrefixTreePack(np.asarray(ids, dtype=np.int64), positions, attends, len(trunk),
-                          np.asarray(members, dtype=np.int64), np.asarray(leaves, dtype=np.int64))
-
-
 def can_score_prefix_trees(model) -> bool:
     """Whether the model has what :func:`score_prefix_trees` drives: a backbone taking a 4D mask,
     position ids and a KV cache (``base_model``) and a score head named ``score`` (transformers'
@@ -169,14 +80,15 @@ def can_score_prefix_trees(model) -> bool:
 
 @torch.inference_mode()
 def score_prefix_trees(model, encoded: Sequence[EncodedSample], max_tokens: int = 2048,
-                       device: torch.device | str = "cpu") -> np.ndarray:
+                       device: torch.device | str = "cpu", pad_id: int | None = None) -> np.ndarray:
     """Scores of encoded samples, in order, with shared prefixes computed once
     (:func:`prefix_tree_packs`): the same scores as :func:`score_encoded` up to float summation
     order (tested), in far fewer token positions when samples are the steps of the same games.
 
     Per pack, two passes: the trunk as a plain causal sequence (no mask, so attention skips what
     lies ahead), then the branch nodes against the trunk's KV cache with the pack's mask, so only
-    the branch rows pay for a dense mask."""
+    the branch rows pay for a dense mask. The head reads each sample where a padded row is read
+    (:func:`aria.packing.score_position` with ``pad_id``; None: the last token)."""
     was_training = model.training
     model.eval()
     dtype = next(model.parameters()).dtype
@@ -193,7 +105,8 @@ def score_prefix_trees(model, encoded: Sequence[EncodedSample], max_tokens: int 
                                 attention_mask=mask[None, None].to(device), past_key_values=trunk.past_key_values,
                                 use_cache=True)
             hidden = torch.cat([hidden, branches.last_hidden_state], dim=1)
-        out[pack.samples] = model.score(hidden[0, torch.from_numpy(pack.leaves).to(device)])[:, 0].float().cpu().numpy()
+        nodes = [path[score_position(encoded[i].input_ids, pad_id)] for i, path in zip(pack.samples.tolist(), pack.paths)]
+        out[pack.samples] = model.score(hidden[0, torch.tensor(nodes, device=device)])[:, 0].float().cpu().numpy()
     model.train(was_training)
     return out
 
@@ -209,6 +122,27 @@ def score_encoded(model, encoded: Sequence[EncodedSample], pad_id: int, batch_si
     for start in range(0, len(order), batch_size):
         chunk = order[start : start + batch_size]
         batch = {k: v.to(device) for k, v in collate([encoded[i] for i in chunk], pad_id).items()}
+        out[chunk] = reward_scores(model, batch).cpu().numpy()
+    model.train(was_training)
+    return out
+
+
+@torch.inference_mode()
+def score_in_trees(model, encoded: Sequence[EncodedSample], pad_id: int, batch_size: int = 16,
+                   device: torch.device | str = "cpu") -> np.ndarray:
+    """Scores of encoded samples, in order, ``batch_size`` at a time in one prefix tree each
+    (:func:`aria.packing.collate_tree`; samples sorted by their tokens, so a game's steps meet):
+    the same scores as :func:`score_encoded` up to float rounding, for any model
+    :func:`reward_scores` drives (a training model under peft or DDP included)."""
+    from aria.packing import collate_tree
+
+    was_training = model.training
+    model.eval()
+    order = sorted(range(len(encoded)), key=lambda i: encoded[i].input_ids)
+    out = np.zeros(len(encoded), dtype=np.float64)
+    for start in range(0, len(order), batch_size):
+        chunk = order[start : start + batch_size]
+        batch = {k: v.to(device) for k, v in collate_tree([encoded[i] for i in chunk], pad_id).items()}
         out[chunk] = reward_scores(model, batch).cpu().numpy()
     model.train(was_training)
     return out
@@ -256,8 +190,9 @@ class RewardModelTrainer(OfflineTrainer):
             return {}
         encoded = [self.encode(s) for s in self.eval_samples]
         target = np.array([float(s["reward"]) for s in self.eval_samples])
-        score = score_encoded(self.model, encoded, self.tokenizer.pad_token_id,
-                              self.cfg["train"]["micro_batch_size"], self.accelerator.device)
+        scorer = score_in_trees if self.packing == "prefix_tree" else score_encoded
+        score = scorer(self.model, encoded, self.tokenizer.pad_token_id, self.cfg["train"]["micro_batch_size"],
+                       self.accelerator.device)
         loss = float(self.loss_fn(torch.tensor(score), torch.tensor(target), **self.loss_options))
         result = {"eval_samples": len(target), "eval_loss": round(loss, 6),
                   **{f"eval_{k}": (None if v is None else round(v, 4)) for k, v in correlations(score, target).items()}}

@@ -1,0 +1,302 @@
+"""Prefix-tree packing: the steps of a game computed over their shared history once.
+
+Every agent step is its own sample whose prompt repeats the game so far (the original's prompt
+shape: a header, the history, then a fixed closing request), so consecutive steps of a game share
+the header and the history, and every game of a testbed shares the header. Encoded one row per
+sample, a 17-turn game costs about 17 prompts' worth of tokens; merged along their shared token
+prefixes into one tree, it costs its longest prompt plus each other step's closing request and
+action. Scoring (:func:`aria.trainers.reward_model.score_prefix_trees`) and every trainer
+(:func:`collate_tree`, read by :func:`aria.policy.action_logprobs` and
+:func:`aria.trainers.reward_model.reward_scores`) use the one tree built here.
+
+Why the result is exact: every distinct prefix is one node; a node attends to itself and its
+ancestors only (a 4D attention mask) and sits at its depth (its position id). So a causal
+model's hidden state at a node is the one it has at that position in every sample through it,
+and a sample's log-probabilities and score read off its own path are those of its own row, up to
+float summation order. Gradients follow: the loss is the same function of the weights, and
+backpropagation through a shared node adds up what each sample through it sends back.
+
+A left-truncated prompt (longer than ``max_prompt_tokens``) starts inside the history, so it
+shares nothing with its neighbours and gets its own branch; :func:`packing_stats` counts them.
+
+What stays as it was: a micro-batch is the same number of samples, its loss the same mean, the
+accumulation and schedule the same. What changes is which samples share a micro-batch:
+:func:`game_ordered_batches` keeps each game's steps next to each other (sharing happens only
+inside one forward pass), where the padded layout sorts samples by length.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Hashable, Sequence
+
+import numpy as np
+import torch
+
+
+@dataclass(frozen=True)
+class PrefixTreePack:
+    """Samples merged into one sequence along their shared token prefixes (a prefix tree, flattened).
+
+    * ``input_ids`` [N]: each node's token; ``positions`` [N]: its depth (the position it has in
+      each sample that passes through it).
+    * ``attends`` [N, N] bool: node i sees node j iff j is i or an ancestor of i: exactly the
+      tokens before it in every sample through it.
+    * ``trunk``: nodes ``0 .. trunk-1`` are the pack's longest sample, in order (a plain causal
+      sequence); the other nodes branch off it.
+    * ``samples`` [S]: the indices (in the caller's list) of the samples in this pack, in the
+      order they were merged; ``paths[k]`` [len]: the node of every token of ``samples[k]``;
+      ``leaves`` [S]: the node of each one's last token.
+    """
+
+    input_ids: np.ndarray
+    positions: np.ndarray
+    attends: np.ndarray
+    trunk: int
+    samples: np.ndarray
+    leaves: np.ndarray
+    paths: tuple[np.ndarray, ...] = ()
+
+
+def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
+def prefix_tree(sequences: Sequence[Sequence[int]], members: Sequence[int] | None = None) -> PrefixTreePack:
+    """One pack of ``sequences[i]`` for every ``i`` in ``members`` (default: all of them).
+
+    The longest member is the trunk (nodes 0..T-1); walking the members in lexicographic order,
+    a token is the previous member's node where the two agree so far, the trunk's where the
+    member agrees with the trunk so far, and a new branch node otherwise (in lexicographic order
+    a sequence's longest shared prefix with any earlier one is the one with its predecessor)."""
+    members = list(range(len(sequences))) if members is None else list(members)
+    if not members:
+        raise ValueError("a prefix tree needs at least one sequence")
+    if any(len(sequences[i]) == 0 for i in members):
+        raise ValueError("every sequence needs at least one token")
+    members.sort(key=lambda i: list(sequences[i]))
+    trunk = list(sequences[max(members, key=lambda i: len(sequences[i]))])
+    ids: list[int] = list(trunk)
+    parents: list[int] = list(range(-1, len(trunk) - 1))
+    previous: Sequence[int] = ()
+    path: list[int] = []  # the node of each token of the previous member
+    paths, leaves = [], []
+    for i in members:
+        seq = sequences[i]
+        shared, on_trunk = _common_prefix(previous, seq), _common_prefix(trunk, seq)
+        path = path[:shared]
+        for j in range(shared, len(seq)):
+            if j < on_trunk:
+                path.append(j)
+            else:
+                parents.append(path[-1] if path else -1)
+                ids.append(seq[j])
+                path.append(len(ids) - 1)
+        previous = seq
+        paths.append(np.asarray(path, dtype=np.int64))
+        leaves.append(path[-1])
+    n = len(ids)
+    attends = np.zeros((n, n), dtype=bool)
+    positions = np.zeros(n, dtype=np.int64)
+    for node, parent in enumerate(parents):  # a parent always comes before its children
+        if parent >= 0:
+            attends[node] = attends[parent]
+            positions[node] = positions[parent] + 1
+        attends[node, node] = True
+    return PrefixTreePack(np.asarray(ids, dtype=np.int64), positions, attends, len(trunk),
+                          np.asarray(members, dtype=np.int64), np.asarray(leaves, dtype=np.int64), tuple(paths))
+
+
+def prefix_tree_packs(sequences: Sequence[Sequence[int]], max_tokens: int) -> list[PrefixTreePack]:
+    """The sequences merged into prefix-tree packs of at most ``max_tokens`` nodes each (a longer
+    sequence gets a pack of its own), in lexicographic order, so each sequence adds only what
+    follows its shared prefix with its predecessor."""
+    if max_tokens < 1:
+        raise ValueError(f"max_tokens must be >= 1, got {max_tokens}")
+    if any(len(s) == 0 for s in sequences):
+        raise ValueError("every sequence needs at least one token")
+    order = sorted(range(len(sequences)), key=lambda i: list(sequences[i]))
+    packs: list[list[int]] = []
+    nodes = 0
+    previous: Sequence[int] = ()
+    for i in order:
+        shared = _common_prefix(previous, sequences[i]) if packs else 0
+        if not packs or nodes + len(sequences[i]) - shared > max_tokens:
+            packs.append([])
+            nodes, shared = 0, 0
+        packs[-1].append(i)
+        nodes += len(sequences[i]) - shared
+        previous = sequences[i]
+    return [prefix_tree(sequences, members) for members in packs]
+
+
+def tree_tokens(sequences: Sequence[Sequence[int]]) -> int:
+    """Nodes of the one prefix tree of ``sequences`` (what a pass over them in a pack computes),
+    without building it."""
+    ordered = sorted((list(s) for s in sequences))
+    total, previous = 0, []
+    for seq in ordered:
+        total += len(seq) - _common_prefix(previous, seq)
+        previous = seq
+    return total
+
+
+# ---- training batches --------------------------------------------------------------------------------
+def collate_tree(samples: Sequence, pad_id: int | None = None) -> dict[str, torch.Tensor]:
+    """A micro-batch of encoded samples (:class:`aria.policy.EncodedSample`) as one prefix tree.
+
+    Returns the model's inputs, ``input_ids`` and ``position_ids`` [1, N] and a boolean
+    ``attention_mask`` [1, 1, N, N] (True: may attend), and what reads the outputs back:
+
+    * ``logit_nodes`` [K]: the nodes whose next-token logits some action token needs;
+      ``target_rows`` [M], ``target_ids`` [M], ``target_sample`` [M]: for every action token of
+      every sample, its row in ``logit_nodes``, its token and its sample (so a node where
+      samples branch serves each of them with its own next token);
+    * ``score_nodes`` [B]: the node a score head reads for each sample: its last token that is
+      not ``pad_id``, the token transformers' sequence-classification models read in a
+      right-padded row (with ``pad_id=None``: the last token);
+    * ``num_samples`` [] and ``sample_tokens`` [] (the tokens of the samples' own rows).
+    """
+    if not samples:
+        raise ValueError("an empty micro-batch")
+    for i, s in enumerate(samples):
+        if s.prompt_len < 1:
+            raise ValueError(f"sample {i} of the micro-batch has no prompt token before its action")
+    tree = prefix_tree([s.input_ids for s in samples])
+    predictors, targets, owners = [], [], []
+    score_nodes = np.zeros(len(samples), dtype=np.int64)
+    for i, path in zip(tree.samples.tolist(), tree.paths):
+        ids = samples[i].input_ids
+        first = samples[i].prompt_len
+        predictors.append(path[first - 1 : len(ids) - 1])
+        targets.append(np.asarray(ids[first:], dtype=np.int64))
+        owners.append(np.full(len(ids) - first, i, dtype=np.int64))
+        score_nodes[i] = path[score_position(ids, pad_id)]
+    predictors = np.concatenate(predictors)
+    logit_nodes, rows = np.unique(predictors, return_inverse=True)
+    n = len(tree.input_ids)
+    return {
+        "input_ids": torch.from_numpy(tree.input_ids)[None],
+        "position_ids": torch.from_numpy(tree.positions)[None],
+        "attention_mask": torch.from_numpy(tree.attends).view(1, 1, n, n),
+        "logit_nodes": torch.from_numpy(logit_nodes),
+        "target_rows": torch.from_numpy(rows.astype(np.int64)),
+        "target_ids": torch.from_numpy(np.concatenate(targets)),
+        "target_sample": torch.from_numpy(np.concatenate(owners)),
+        "score_nodes": torch.from_numpy(score_nodes),
+        "num_samples": torch.tensor(len(samples)),
+        "sample_tokens": torch.tensor(sum(len(s.input_ids) for s in samples)),
+    }
+
+
+def score_position(ids: Sequence[int], pad_id: int | None) -> int:
+    """Where a sequence-classification head reads a sample: its last token that is not
+    ``pad_id`` (0 if every token is), as transformers' models read a right-padded row; with
+    ``pad_id=None`` the last token. (With ``append_eos`` and the pad token equal to the
+    end-of-turn token, that is the action's last token before it.)"""
+    if pad_id is not None:
+        for j in range(len(ids) - 1, -1, -1):
+            if ids[j] != pad_id:
+                return j
+        return 0
+    return len(ids) - 1
+
+
+def is_tree_batch(batch: dict) -> bool:
+    return "logit_nodes" in batch
+
+
+def model_mask(model, mask: torch.Tensor) -> torch.Tensor:
+    """The tree's boolean mask as the model's attention takes it: as it is for ``sdpa`` (and
+    ``flex_attention``), additive (0 or the dtype's minimum) for ``eager``; other kernels
+    (FlashAttention) take no arbitrary mask, so prefix-tree packing refuses them."""
+    config = getattr(model, "config", None) or getattr(getattr(model, "module", None), "config", None)
+    implementation = getattr(config, "_attn_implementation", "sdpa") or "sdpa"
+    if implementation in ("sdpa", "flex_attention"):
+        return mask
+    if implementation == "eager":
+        dtype = next(model.parameters()).dtype
+        return torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill_(~mask, torch.finfo(dtype).min)
+    raise ValueError(f"prefix-tree packing needs an attention that takes a 4D mask (sdpa or eager), not "
+                     f"{implementation!r}: set train.packing=padded")
+
+
+def tree_action_logprobs(model, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+    """Σ over each sample's action tokens of log π(token | its own prefix), from one forward pass
+    over the tree: shape [B]. Only the nodes in ``logit_nodes`` go through the LM head."""
+    logits = model(input_ids=batch["input_ids"], position_ids=batch["position_ids"],
+                   attention_mask=model_mask(model, batch["attention_mask"]),
+                   logits_to_keep=batch["logit_nodes"]).logits[0]  # [K, V]
+    rows = logits[batch["target_rows"]].float()
+    picked = torch.log_softmax(rows, dim=-1).gather(-1, batch["target_ids"].unsqueeze(-1)).squeeze(-1)
+    out = torch.zeros(int(batch["num_samples"]), dtype=picked.dtype, device=picked.device)
+    return out.index_add(0, batch["target_sample"], picked)
+
+
+def tree_scores(model, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+    """Each sample's score from a one-output sequence-classification model, from one forward
+    pass over the tree: shape [B], float32. The head's output at every node is taken from the
+    head itself (a forward hook on the module named ``score``, through any wrapper: peft, DDP,
+    DeepSpeed), since the model's own pooled output reads one position per row."""
+    head = score_head(model)
+    seen: list[torch.Tensor] = []
+    handle = head.register_forward_hook(lambda module, args, output: seen.append(output))
+    try:
+        model(input_ids=batch["input_ids"], position_ids=batch["position_ids"],
+              attention_mask=model_mask(model, batch["attention_mask"]))
+    finally:
+        handle.remove()
+    return seen[-1][0, batch["score_nodes"], 0].float()
+
+
+def score_head(model) -> torch.nn.Module:
+    """The outermost module named ``score`` (transformers' sequence-classification head; under
+    peft, the wrapper that routes to the trained copy)."""
+    named = [(name, module) for name, module in model.named_modules() if name == "score" or name.endswith(".score")]
+    if not named:
+        raise ValueError("prefix-tree packing of a score model needs a head named 'score' (transformers' "
+                         "sequence-classification models): set train.packing=padded")
+    return min(named, key=lambda item: item[0].count("."))[1]
+
+
+# ---- which samples share a micro-batch -------------------------------------------------------------
+def game_ordered_batches(groups: Sequence[Hashable], batch_size: int, seed: int, epoch: int) -> list[list[int]]:
+    """Micro-batches of ``batch_size`` sample indices in which each game's steps stay together.
+
+    ``groups[i]`` is sample i's game. The games are put in a seeded order (deterministic in
+    (seed, epoch), so a resumed run sees the same batches), each game's samples follow in file
+    order, and the run is cut every ``batch_size`` samples: a micro-batch holds the consecutive
+    steps of one or two games, which share their history in the micro-batch's tree."""
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+    members: dict[Hashable, list[int]] = {}
+    for i, g in enumerate(groups):
+        members.setdefault(g, []).append(i)
+    games = list(members)
+    order = np.random.default_rng([seed, epoch, 1]).permutation(len(games))
+    flat = [i for g in order for i in members[games[g]]]
+    return [flat[j : j + batch_size] for j in range(0, len(flat), batch_size)]
+
+
+def sample_groups(samples: Sequence[dict]) -> list[Hashable]:
+    """Each sample's game: its ``game_id``, with its ``role`` in a two-player game (the two
+    players' prompts differ from the first token on), else a group of its own."""
+    return [(s["game_id"], s.get("role")) if s.get("game_id") is not None else ("#", i) for i, s in enumerate(samples)]
+
+
+def packing_stats(samples: Sequence, batches: Sequence[Sequence[int]]) -> dict[str, int | float]:
+    """What prefix-tree packing saves on ``batches`` of encoded samples: tokens of the samples'
+    own rows against nodes of the micro-batches' trees, and the left-truncated prompts (their
+    own branch each)."""
+    rows = sum(len(samples[i].input_ids) for batch in batches for i in batch)
+    nodes = sum(tree_tokens([samples[i].input_ids for i in batch]) for batch in batches)
+    return {"row_tokens": rows, "tree_tokens": nodes, "saving": round(rows / max(nodes, 1), 3),
+            "truncated_prompts": sum(bool(getattr(samples[i], "truncated", False)) for batch in batches for i in batch)}
+
+
+#: How a trainer lays a micro-batch out for the model (config ``train.packing``).
+PACKINGS = ("prefix_tree", "padded")
