@@ -1,19 +1,21 @@
 """Benchmark: an evaluation through a vLLM server, played the old way and the new way, and the floor.
 
 The experiment evaluates every model by playing ``--games`` games of ``--game`` (seeded targets,
-temperature 1, ``--max-tokens`` per reply, ``--concurrency`` games at once) through a vLLM server
-of its own (:mod:`aria.llm.served`). Ways, each with a fresh server on the same model, in one run:
+temperature 1, ``--max-tokens`` per reply) through a vLLM server of its own
+(:mod:`aria.llm.served`). Ways, each with a fresh server on the same model, in one run:
 
-* ``in_step_block128`` (before): every turn one batch of requests, the next turn when the slowest
-  game of the batch has its reply; the CPU build's default KV block of 128 tokens;
-* ``each_game_block128``: every game sends its next request as soon as its own reply and answer
-  are in (:mod:`aria.scheduler`), block 128;
-* ``each_game_block32`` (now, ``scripts/serve_vllm.sh``'s default): the same with KV blocks of 32
-  tokens, so the prefix cache reuses a game's history up to 31 tokens short of where the new
-  turn starts instead of up to 127;
-(The CPU build's attention takes only multiples of 32: ``--block-size 16`` fails at start.)
-* ``each_game_block32_compiled``: the same with vLLM's compiled graphs (``VLLM_EAGER=0``), which
-  take longer to start.
+* ``in_step_block128_c16`` (before): 16 games at once, every turn one batch of requests, the
+  next turn when the slowest game of the batch has its reply; the CPU build's default KV block
+  of 128 tokens;
+* ``each_game_block128_c16``: every game sends its next request as soon as its own reply and
+  answer are in (:mod:`aria.scheduler`);
+* ``each_game_block32_c16``: the same with KV blocks of 32 tokens (``scripts/serve_vllm.sh``'s
+  default now), so the prefix cache reuses a game's history up to 31 tokens short of where the
+  new turn starts instead of up to 127 (the CPU build's attention takes only multiples of 32:
+  ``--block-size 16`` fails at start);
+* ``each_game_block32_c48`` (now, the experiment presets): 48 games at once;
+* ``each_game_block32_c48_compiled`` (not run by default): vLLM's compiled graphs
+  (``VLLM_EAGER=0``), which take longer to start.
 
 For each: wall seconds, turns/s, wins, and from the server's own Prometheus counters (``/metrics``
 read before and after): prompt tokens, prefix-cache hit rate (``prefix_cache_hits`` /
@@ -29,11 +31,12 @@ Those tokens and the generated ones cost 2 FLOPs per weight of the transformer b
 generated ones also the LM head, and each token its attention over its context
 (4 · context · hidden per layer). At the CPU's measured float32 matrix-product rate (a
 [1024 x hidden] x [hidden x intermediate] product, all cores, median of 5) that is the compute
-floor; the bandwidth floor is one read of every weight per decode step with ``--concurrency``
-sequences per step (measured copy bandwidth). The floor is the larger of the two.
+floor; the bandwidth floor is one read of every weight per decode step, with the ``now`` way's
+games in one step (measured copy bandwidth). The floor is the larger of the two. The CPU's rates
+are measured first, before any server runs.
 
     python benchmarks/served_evaluation.py --model /path/to/warm/model     # -> benchmarks/results/served_evaluation.json
-    python benchmarks/served_evaluation.py --model M --ways each_game_block32 --games 20
+    python benchmarks/served_evaluation.py --model M --ways each_game_block32_c48 --games 20
 
 The JSON is written after every way; the CPU's model and flags are recorded with the figures.
 """
@@ -46,40 +49,26 @@ import sys
 import tempfile
 import threading
 import time
-import urllib.request
 from pathlib import Path
 
 import torch
 
 from aria.io import atomic_write_json
+from aria.llm.served import server_metrics as read_metrics
 from aria.llm.hardware import describe
 
 WAYS = {
-    "in_step_block128": {"scheduling": "in_step", "block_size": 128},
-    "each_game_block128": {"scheduling": "each_game", "block_size": 128},
-    "each_game_block32": {"scheduling": "each_game", "block_size": 32},
-    "each_game_block32_compiled": {"scheduling": "each_game", "block_size": 32, "eager": False},
+    "in_step_block128_c16": {"scheduling": "in_step", "block_size": 128, "concurrency": 16},
+    "each_game_block128_c16": {"scheduling": "each_game", "block_size": 128, "concurrency": 16},
+    "each_game_block32_c16": {"scheduling": "each_game", "block_size": 32, "concurrency": 16},
+    "each_game_block32_c48": {"scheduling": "each_game", "block_size": 32, "concurrency": 48},
+    "each_game_block32_c48_compiled": {"scheduling": "each_game", "block_size": 32, "concurrency": 48, "eager": False},
 }
-BEFORE, NOW = "in_step_block128", "each_game_block32"
+DEFAULT_WAYS = ("in_step_block128_c16", "each_game_block128_c16", "each_game_block32_c16", "each_game_block32_c48")
+BEFORE, NOW = "in_step_block128_c16", "each_game_block32_c48"
 
 
 # ---- the server's counters ------------------------------------------------------------------------
-def read_metrics(base_url: str) -> dict[str, float]:
-    """Every ``vllm:`` sample of the server's ``/metrics``, summed over labels, by metric name."""
-    root = base_url.rstrip("/").removesuffix("/v1")
-    text = urllib.request.urlopen(f"{root}/metrics", timeout=10).read().decode()
-    out: dict[str, float] = {}
-    for line in text.splitlines():
-        if line.startswith("vllm:"):
-            name_labels, _, value = line.rpartition(" ")
-            name = name_labels.split("{")[0]
-            try:
-                out[name] = out.get(name, 0.0) + float(value)
-            except ValueError:
-                pass
-    return out
-
-
 class RunningSampler:
     """Samples ``vllm:num_requests_running`` every ``period`` seconds in a thread."""
 
@@ -120,14 +109,14 @@ def run_way(name: str, args, out_dir: Path) -> tuple[dict, Path]:
     started = time.perf_counter() - start
     try:
         policy = EndpointChatModel(info["BASE_URL"], info["MODEL_NAME"], temperature=1.0, max_tokens=args.max_tokens,
-                                   concurrency=args.concurrency, timeout_s=300)
+                                   concurrency=way["concurrency"], timeout_s=300)
         if way["scheduling"] == "in_step":
             policy.concurrent = False  # the scheduler then plays every turn of all live games as one batch
         games = out_dir / f"{name}.jsonl"
         before = read_metrics(info["BASE_URL"])
         with RunningSampler(info["BASE_URL"]) as sampler:
             summary = play_games(build_game(game_cfg), policy, build_oracle({"name": "knowledge_base"}, game_cfg), games,
-                                 num_games=args.games, seed=args.seed, batch_size=args.concurrency, progress=False,
+                                 num_games=args.games, seed=args.seed, batch_size=way["concurrency"], progress=False,
                                  force_new=True, reply_format=reply_format(game_cfg))
         after = read_metrics(info["BASE_URL"])
     finally:
@@ -164,7 +153,7 @@ def matmul_gflops(hidden: int, intermediate: int, repeats: int = 5) -> float:
     return statistics.median(rates)
 
 
-def floor(args, games: Path, generated_tokens: int, bandwidth_gbps: float) -> dict:
+def floor(args, games: Path, generated_tokens: int, rates: dict) -> dict:
     """The compute and bandwidth floors of these games (module doc)."""
     from transformers import AutoConfig, AutoTokenizer
 
@@ -198,10 +187,10 @@ def floor(args, games: Path, generated_tokens: int, bandwidth_gbps: float) -> di
             reply = len(tokenizer(record["turns"][t]["action"], add_special_tokens=False)["input_ids"]) + 1
             attention += sum(4 * (len(ids) + i) * attention_width * layers for i in range(reply))
     flops = 2 * body * (new_tokens + generated_tokens) + 2 * vocab * hidden * generated_tokens + attention
-    rate = matmul_gflops(hidden, config.intermediate_size)
+    rate, bandwidth_gbps = rates["matmul_gflops"], rates["bandwidth_gbps"]
     weight_bytes = (body + vocab * hidden) * (2 if args.dtype == "bfloat16" else 4)
     compute_s = flops / (rate * 1e9)
-    bandwidth_s = generated_tokens / args.concurrency * weight_bytes / (bandwidth_gbps * 1e9)
+    bandwidth_s = generated_tokens / WAYS[NOW]["concurrency"] * weight_bytes / (bandwidth_gbps * 1e9)
     turns = sum(len(r["turns"]) for r in records)
     return {"turns": turns, "new_prompt_tokens_per_turn": round(new_tokens / turns, 1),
             "generated_tokens_per_turn": round(generated_tokens / turns, 1), "gflop": round(flops / 1e9, 1),
@@ -217,15 +206,20 @@ def main(argv=None) -> int:
     parser.add_argument("--games", type=int, default=100)
     parser.add_argument("--seed", type=int, default=12345, help="the experiment's evaluation seed")
     parser.add_argument("--max-tokens", type=int, default=32)
-    parser.add_argument("--concurrency", type=int, default=16)
     parser.add_argument("--dtype", default="float32")
-    parser.add_argument("--ways", nargs="+", default=list(WAYS), choices=list(WAYS))
+    parser.add_argument("--ways", nargs="+", default=list(DEFAULT_WAYS), choices=list(WAYS))
     parser.add_argument("--out", default="benchmarks/results/served_evaluation.json")
     args = parser.parse_args(argv)
     sys.path.insert(0, str(Path(__file__).parent))
     from generation_engines import memory_bandwidth_gbps
 
-    result = {"machine": describe(), "settings": {k: v for k, v in vars(args).items() if k != "out"}, "ways": []}
+    from transformers import AutoConfig
+
+    config = AutoConfig.from_pretrained(args.model)
+    rates = {"matmul_gflops": matmul_gflops(config.hidden_size, config.intermediate_size),
+             "bandwidth_gbps": memory_bandwidth_gbps()}  # measured before any server runs
+    result = {"machine": {**describe(), **{k: round(v, 1) for k, v in rates.items()}},
+              "settings": {k: v for k, v in vars(args).items() if k != "out"}, "ways": []}
     work = Path(tempfile.mkdtemp(prefix="served_evaluation-"))
     now_games = None
     for name in args.ways:
@@ -235,7 +229,7 @@ def main(argv=None) -> int:
         if name == NOW or now_games is None:
             now_games, generated = games, row["generated_tokens_per_turn"] * row["requests"]
         atomic_write_json(args.out, result)
-    result["floor"] = floor(args, now_games, int(generated), memory_bandwidth_gbps())
+    result["floor"] = floor(args, now_games, int(generated), rates)
     by_way = {r["way"]: r for r in result["ways"]}
     if BEFORE in by_way and NOW in by_way:
         result["speedup_now_vs_before"] = round(by_way[BEFORE]["seconds"] / by_way[NOW]["seconds"], 2)

@@ -3,6 +3,7 @@ constrained two-player self-play with a tiny model writes only readable replies.
 from __future__ import annotations
 
 import json
+import threading
 
 import pytest
 
@@ -99,3 +100,77 @@ def test_an_unknown_structured_output_is_refused():
     cfg = {**load_game_config("bargaining"), "structured_output": "grammar"}
     with pytest.raises(ValueError, match="structured_output must be one of"):
         TwoPlayerGames(cfg, {}, seed=0)
+
+
+class ServerLikePolicy(ScriptedPolicy):
+    """A scripted policy that serves requests one by one from many threads (``concurrent``), as a
+    vLLM server does: game ``slow``'s first request is held until ``release_slow`` is set."""
+
+    concurrent = True
+
+    def __init__(self, script, slow: str):
+        super().__init__(script)
+        self.slow, self.release_slow = slow, threading.Event()
+        self.held_until_released: bool | None = None
+        self.lock = threading.Lock()
+        self.in_flight = self.most_in_flight = 0
+
+    def generate(self, conversations, keys=None):
+        with self.lock:
+            self.in_flight += 1
+            self.most_in_flight = max(self.most_in_flight, self.in_flight)
+        try:
+            if self.slow in keys and self.held_until_released is None:
+                self.held_until_released = self.release_slow.wait(timeout=2.0)
+            return super().generate(conversations, keys)
+        finally:
+            with self.lock:
+                self.in_flight -= 1
+
+
+def server_kind(concurrent: bool):
+    cfg = load_game_config("twenty_questions_subset")
+    game = build_game(cfg)
+    jobs = [(game_id(game.name, 0, i), t) for i, t in enumerate(game.targets[:4])]
+    script = {gid: ["Question: Is it an animal?", "Question: Is it made of metal?", f"Question: Is it a {t.name}?"]
+              for gid, t in jobs}
+    policy = ServerLikePolicy(script, slow=jobs[0][0])
+    policy.concurrent = concurrent
+    return QuestionGames(game, policy, build_oracle({"name": "knowledge_base"}, cfg), seed=0), jobs, policy
+
+
+@pytest.mark.parametrize("concurrent", [True, False], ids=["each game on its own", "in step"])
+def test_a_slow_reply_holds_up_only_its_own_game_when_the_policy_is_a_server(tmp_path, concurrent):
+    """With a server for a policy, the other games play all their turns while one game waits for
+    its first reply; in step (an in-process model) they wait for it at every turn."""
+    kind, jobs, policy = server_kind(concurrent)
+    assert kind.independent is concurrent
+    finished = []
+
+    def on_end(record):
+        finished.append(record["game_id"])
+        if len(finished) == len(jobs) - 1:
+            policy.release_slow.set()
+
+    summary = run_games(kind, jobs, tmp_path / "games.jsonl", {}, batch_size=4, progress=False, on_game_end=on_end)
+    assert (summary.played, summary.failed, summary.turns) == (4, 0, 12)
+    assert {r["game_id"]: r["num_turns"] for r in read_trajectories(tmp_path / "games.jsonl")} == {g: 3 for g, _ in jobs}
+    if concurrent:
+        assert policy.held_until_released is True and finished[-1] == policy.slow  # the others finished meanwhile
+        assert policy.most_in_flight >= 2  # the others' requests went out while the slow one was held
+    else:
+        assert policy.held_until_released is False  # nobody could finish while the slow reply was out
+        assert policy.most_in_flight == 1  # one batched call per turn
+
+
+def test_an_interrupted_run_of_independent_games_writes_only_whole_games_and_resumes(tmp_path):
+    kind, jobs, policy = server_kind(True)
+    policy.release_slow.set()
+    out = tmp_path / "games.jsonl"
+    with pytest.raises(Stop):
+        run_games(kind, jobs, out, {}, batch_size=4, progress=False, on_game_end=stop_after(2))
+    assert not [t for t in threading.enumerate() if t.name.startswith("game")]  # no game thread outlives the run
+    assert len(list(read_trajectories(out))) == 2
+    rest = run_games(kind, jobs, out, {}, batch_size=2, progress=False)
+    assert (rest.already_done, rest.played) == (2, 2)
+    assert sorted(r["game_id"] for r in read_trajectories(out)) == sorted(g for g, _ in jobs)

@@ -116,3 +116,33 @@ def test_structured_outputs_through_the_real_server(vllm_server):
     regex = OutputFormat.regex("Question: [^\\n?:]{1,200}\\?")
     for reply in policy.generate([[{"role": "user", "content": "Ask me a yes/no question."}]] * 4, formats=[regex] * 4):
         assert reply.ok and reply.text.startswith("Question: ") and reply.text.endswith("?"), reply
+
+
+def test_the_second_turn_of_a_game_is_served_from_the_prefix_cache(vllm_server):
+    """Turn 2 of a game repeats turn 1's prompt up to where the closing request starts: the
+    server computes only what follows the last whole KV block of that shared history (blocks of
+    32 tokens on the CPU build, serve_vllm.sh), read from its own counters."""
+    from aria.games.base import load_game
+    from aria.llm.endpoint import EndpointChatModel
+    from aria.llm.served import server_metrics
+    from aria.packing import _common_prefix
+    from aria.policy import full_prompt_ids
+    from transformers import AutoTokenizer
+
+    game = load_game("twenty_questions_subset")
+    history = [("Is it an animal?", "No."), ("Is it used for writing?", "No."), ("Is it worn on the body?", "No."),
+               ("Is it electronic?", "Yes.")]
+    first, second = game.render_prompt(history[:3]), game.render_prompt(history)
+    tokenizer = AutoTokenizer.from_pretrained(embedded_model_dir())
+    shared = _common_prefix(full_prompt_ids(tokenizer, first), full_prompt_ids(tokenizer, second))
+    second_len = len(full_prompt_ids(tokenizer, second))
+    policy = EndpointChatModel(vllm_server["BASE_URL"], vllm_server["MODEL_NAME"], temperature=0.0, max_tokens=4)
+    assert policy.generate([[{"role": "user", "content": first}]])[0].ok
+    before = server_metrics(vllm_server["BASE_URL"])
+    assert policy.generate([[{"role": "user", "content": second}]])[0].ok
+    after = server_metrics(vllm_server["BASE_URL"])
+    hits = after["vllm:prefix_cache_hits_total"] - before["vllm:prefix_cache_hits_total"]
+    prompt = after["vllm:prompt_tokens_total"] - before["vllm:prompt_tokens_total"]
+    assert prompt == second_len
+    # every whole block of the shared history is reused (32-token blocks on the CPU build, 16 on a GPU)
+    assert shared // 32 * 32 <= hits <= shared and hits > 0.6 * second_len, (hits, shared, second_len)

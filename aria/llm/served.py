@@ -52,6 +52,27 @@ def start_server(model_dir: Path, name: str, port: int, log: Path | None = None,
     return dict(line.split("=", 1) for line in started.stdout.split())
 
 
+def server_metrics(base_url: str, timeout_s: float = 10.0) -> dict[str, float]:
+    """The server's own Prometheus counters (``GET /metrics``), every ``vllm:`` sample summed over
+    its labels, by name: ``vllm:prompt_tokens_total``, ``vllm:prefix_cache_queries_total`` and
+    ``vllm:prefix_cache_hits_total`` (tokens), ``vllm:generation_tokens_total``,
+    ``vllm:num_requests_running``, ..."""
+    import urllib.request
+
+    root = base_url.rstrip("/").removesuffix("/v1")
+    with urllib.request.urlopen(f"{root}/metrics", timeout=timeout_s) as response:
+        text = response.read().decode()
+    out: dict[str, float] = {}
+    for line in text.splitlines():
+        if line.startswith("vllm:"):
+            name_labels, _, value = line.rpartition(" ")
+            try:
+                out[name_labels.split("{")[0]] = out.get(name_labels.split("{")[0], 0.0) + float(value)
+            except ValueError:
+                pass
+    return out
+
+
 def stop_server(pid: str) -> None:
     subprocess.run(["bash", str(REPO_ROOT / "scripts" / "serve_vllm.sh"), "stop", str(pid)], capture_output=True)
 

@@ -1,0 +1,264 @@
+"""Benchmark: training on per-step rows against training in prefix-tree packs, on collected games.
+
+Every agent step is a sample whose prompt repeats its game so far. Two ways of doing the same
+training, on the same samples, in one run:
+
+* ``padded`` — a right-padded row per step, length-bucketed micro-batches (``train.packing=padded``;
+  ``--padded-micro`` x ``--padded-accumulation``, the presets' layout before packing: 8 x 2);
+* ``prefix_tree`` — each game's steps together, a micro-batch one prefix tree in which the
+  game's history is computed once (``train.packing=prefix_tree``, the default;
+  ``--packed-micro`` x ``--packed-accumulation``: 16 x 1, the same 16 samples per optimizer step).
+
+Trainers, each on a pipeline step-4 training set (``--sets name=train.json``, e.g. the labelled
+collections of a warm-started model on twenty_questions_subset, guess_my_city_subset and of the
+base model's Bargaining self-play):
+
+* ``reinforce`` — offline REINFORCE (method ``aria``), one epoch;
+* ``reward_model`` — the pointwise reward model (LoRA, head in full, no held-out split), one
+  epoch, on the sets named by ``--reward-model-sets``;
+* ``online`` — one iteration of online ARIA on ``--online-game`` (local rollouts of
+  ``--online-rollouts`` games from ``--online-model``, scored by the reward model trained above,
+  ``--online-updates`` actor steps): the rollouts are the same in both ways (seeded); the
+  scoring and the update are what packing changes, and are timed on their own.
+
+For each (set, trainer, way), ``--repeats`` runs, each in a fresh process, the ways interleaved:
+seconds of the epoch (median), the tokens it computed (padded: real tokens and the cells with
+padding; packed: the trees' nodes), the process's peak memory (max RSS), the last logged loss.
+Then on the packed run's first ``--check-batches`` micro-batches, in one process, the loss and
+gradient norm of each micro-batch in both layouts: the largest difference of each.
+
+Training runs in float32 by default (``--mixed-precision no``: what a CPU without native
+bfloat16 computes); the CPU is recorded with the figures.
+
+    python benchmarks/training_packing.py --sets tq=RUN/s0/it1-shared/intention/train.json ... \
+        --online-model RUN/warm/model      # -> benchmarks/results/training_packing.json
+
+The JSON is written after every run and a re-run with the same settings keeps the runs it holds.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from aria.io import atomic_write_json, read_json
+from aria.llm.hardware import describe
+
+WAYS = ("padded", "prefix_tree")
+
+
+def layout(args, way: str) -> list[str]:
+    micro, accumulation = ((args.padded_micro, args.padded_accumulation) if way == "padded"
+                           else (args.packed_micro, args.packed_accumulation))
+    return [f"train.packing={way}", f"train.micro_batch_size={micro}", f"train.gradient_accumulation_steps={accumulation}",
+            f"train.mixed_precision={args.mixed_precision}"]
+
+
+def offline_config(trainer: str, train_file: str, model: str, out: Path, overrides: list[str]) -> dict:
+    from aria.resources import compose_config
+
+    name, extra = {"reinforce": ("reinforce_llm", ["method=aria"]),
+                   "reward_model": ("reward_model", ["data.eval_fraction=0", "model.lora.enabled=true", "train.lr=1e-4"])}[trainer]
+    return compose_config(name, [f"data.train_file={train_file}", f"model.path={model}", f"output_dir={out}", "device=cpu",
+                                 "train.epochs=1", "train.save_freq=100000", "logging.report_to=null", *extra, *overrides])
+
+
+def tokens_of(trainer) -> dict:
+    """Tokens one epoch computes on this process: the trees' nodes, or real tokens and padded cells."""
+    batches = trainer._epoch_batches(0)
+    if trainer.packing == "prefix_tree":
+        stats = trainer.packing_stats(batches)
+        return {"tokens": stats["tree_tokens"], "cells": stats["tree_tokens"], "row_tokens": stats["row_tokens"],
+                "truncated_prompts": stats["truncated_prompts"]}
+    rows = [[len(trainer.encoded[i].input_ids) for i in b] for b in batches]
+    real = sum(sum(r) for r in rows)
+    return {"tokens": real, "cells": sum(max(r) * len(r) for r in rows), "row_tokens": real,
+            "truncated_prompts": sum(trainer.encoded[i].truncated for b in batches for i in b)}
+
+
+def one_offline(args) -> dict:
+    """One epoch in this process (``--one``)."""
+    from aria.trainers.methods import trainer_for
+    from aria.trainers.reward_model import RewardModelTrainer
+
+    out = Path(tempfile.mkdtemp(prefix="training_packing-"))
+    cfg = offline_config(args.trainer, args.train_file, args.model, out, layout(args, args.way))
+    trainer = (RewardModelTrainer if args.trainer == "reward_model" else trainer_for(cfg))(cfg)
+    row = {"samples": len(trainer.samples), "steps": trainer.total_steps, **tokens_of(trainer)}
+    start = time.perf_counter()
+    trainer.train()
+    row["seconds"] = round(time.perf_counter() - start, 2)
+    metrics = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    row["last_loss"] = next(m["loss"] for m in reversed(metrics) if "loss" in m)
+    row["final"] = str(out / "final")
+    return row
+
+
+def one_online(args) -> dict:
+    """One online iteration in this process (``--one --trainer online``)."""
+    from aria.resources import compose_config
+    from aria.trainers.online import OnlineTrainer
+
+    out = Path(tempfile.mkdtemp(prefix="training_packing-online-"))
+    score = "prefix_tree" if args.way == "prefix_tree" else "padded"
+    cfg = compose_config("onlinereinforce_llm", [
+        f"model.path={args.model}", f"output_dir={out}", "device=cpu", f"online.games=[{args.online_game}]",
+        "online.iterations=1", f"online.rollout_size={args.online_rollouts}", f"online.rollout_batch_size={args.online_rollouts}",
+        f"online.actor_updates={args.online_updates}", "online.rm_refresh=0", f"reward_model.init_path={args.reward_model}",
+        f"reward_model.score_packing={score}", "reward_model.dtype=float32", "rollout.dtype=null", "logging.progress=false",
+        *layout(args, args.way)])
+    trainer = OnlineTrainer(cfg)
+    start = time.perf_counter()
+    trainer.train()
+    seconds = time.perf_counter() - start
+    [record] = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    return {"seconds": round(seconds, 2), "rollout_seconds": record["rollout_seconds"],
+            "score_seconds": record["score_seconds"], "update_seconds": record["update_seconds"],
+            "score_n": record.get("score_n"), "last_loss": record.get("loss")}
+
+
+def check(args, trainer_name: str, train_file: str, model: str) -> dict:
+    """Loss and gradient norm of the packed run's first micro-batches in both layouts."""
+    import torch
+
+    from aria.trainers.methods import trainer_for
+    from aria.trainers.reward_model import RewardModelTrainer
+
+    out = Path(tempfile.mkdtemp(prefix="training_packing-check-"))
+    cfg = offline_config(trainer_name, train_file, model, out, layout(args, "prefix_tree"))
+    trainer = (RewardModelTrainer if trainer_name == "reward_model" else trainer_for(cfg))(cfg)
+    worst = {"loss_abs": 0.0, "loss_rel": 0.0, "grad_norm_rel": 0.0}
+    for indices in trainer._epoch_batches(0)[: args.check_batches]:
+        found = []
+        for way in WAYS:
+            trainer.packing = way
+            trainer.model.zero_grad()
+            loss = trainer.micro_loss(trainer.make_batch(indices), indices)
+            loss.backward()
+            norm = torch.sqrt(sum((p.grad.double() ** 2).sum() for p in trainer.model.parameters() if p.grad is not None))
+            found.append((float(loss), float(norm)))
+        (loss_a, norm_a), (loss_b, norm_b) = found
+        worst["loss_abs"] = max(worst["loss_abs"], abs(loss_a - loss_b))
+        worst["loss_rel"] = max(worst["loss_rel"], abs(loss_a - loss_b) / max(abs(loss_a), 1e-12))
+        worst["grad_norm_rel"] = max(worst["grad_norm_rel"], abs(norm_a - norm_b) / max(norm_a, 1e-12))
+    return {"micro_batches": min(args.check_batches, len(trainer._epoch_batches(0))),
+            **{k: float(f"{v:.3g}") for k, v in worst.items()}}
+
+
+def run_child(args, extra: list[str]) -> dict:
+    done = subprocess.run([sys.executable, __file__, "--one", *extra, "--mixed-precision", args.mixed_precision,
+                           "--padded-micro", str(args.padded_micro), "--padded-accumulation", str(args.padded_accumulation),
+                           "--packed-micro", str(args.packed_micro), "--packed-accumulation", str(args.packed_accumulation)],
+                          capture_output=True, text=True)
+    if done.returncode != 0:
+        raise RuntimeError(f"run failed: {extra}\n{done.stderr[-3000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--sets", nargs="*", default=[], help="name=train.json (pipeline step 4's output)")
+    parser.add_argument("--model", default="embedded", help="the model the sets were collected with (the start of training)")
+    parser.add_argument("--models", nargs="*", default=[], help="name=model folder, where a set's model differs")
+    parser.add_argument("--reward-model-sets", nargs="*", default=None, help="sets the reward model trains on (default: the first)")
+    parser.add_argument("--online-model", default=None, help="the policy of the online iteration (default: no online run)")
+    parser.add_argument("--online-game", default="twenty_questions_subset")
+    parser.add_argument("--online-rollouts", type=int, default=16)
+    parser.add_argument("--online-updates", type=int, default=16)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--check-batches", type=int, default=8)
+    parser.add_argument("--mixed-precision", default="no")
+    parser.add_argument("--padded-micro", type=int, default=8)
+    parser.add_argument("--padded-accumulation", type=int, default=2)
+    parser.add_argument("--packed-micro", type=int, default=16)
+    parser.add_argument("--packed-accumulation", type=int, default=1)
+    parser.add_argument("--out", default="benchmarks/results/training_packing.json")
+    # one run in a child process
+    parser.add_argument("--one", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--trainer", default="reinforce", help=argparse.SUPPRESS)
+    parser.add_argument("--train-file", help=argparse.SUPPRESS)
+    parser.add_argument("--way", help=argparse.SUPPRESS)
+    parser.add_argument("--reward-model", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+
+    if args.one:
+        row = one_online(args) if args.trainer == "online" else one_offline(args)
+        row["peak_rss_mb"] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
+        print(json.dumps(row))
+        return 0
+
+    sets = dict(s.split("=", 1) for s in args.sets)
+    models = dict(m.split("=", 1) for m in args.models)
+    settings = {k: v for k, v in vars(args).items() if k not in ("out", "one", "trainer", "train_file", "way", "reward_model")}
+    result = read_json(args.out) if Path(args.out).is_file() else {}
+    if result.get("settings") != settings or result.get("machine", {}).get("cpu_model") != describe()["cpu_model"]:
+        result = {"machine": describe(), "settings": settings, "runs": {}, "checks": {}}
+
+    def save() -> None:
+        atomic_write_json(args.out, result)
+
+    rm_sets = args.reward_model_sets if args.reward_model_sets is not None else list(sets)[:1]
+    plan = [(name, "reinforce") for name in sets] + [(name, "reward_model") for name in rm_sets]
+    for name, trainer in plan:
+        model = models.get(name, args.model)
+        key = f"{name}/{trainer}"
+        runs = result["runs"].setdefault(key, {way: [] for way in WAYS})
+        for _ in range(args.repeats):
+            for way in WAYS:
+                if len(runs[way]) < args.repeats:
+                    runs[way].append(run_child(args, ["--trainer", trainer, "--train-file", sets[name], "--model", model,
+                                                      "--way", way]))
+                    print(key, way, json.dumps(runs[way][-1]), flush=True)
+                    save()
+        if key not in result["checks"]:
+            result["checks"][key] = check(args, trainer, sets[name], model)
+            print(key, "check", json.dumps(result["checks"][key]), flush=True)
+            save()
+
+    if args.online_model and rm_sets:
+        reward_model = result["runs"][f"{rm_sets[0]}/reward_model"]["prefix_tree"][0]["final"]
+        from aria.reward_service import merge_if_adapter
+
+        merge_if_adapter(Path(reward_model))
+        runs = result["runs"].setdefault("online", {way: [] for way in WAYS})
+        for _ in range(args.repeats):
+            for way in WAYS:
+                if len(runs[way]) < args.repeats:
+                    runs[way].append(run_child(args, ["--trainer", "online", "--model", args.online_model, "--way", way,
+                                                      "--reward-model", reward_model]))
+                    print("online", way, json.dumps(runs[way][-1]), flush=True)
+                    save()
+
+    summary = {}
+    for key, runs in result["runs"].items():
+        if not all(runs[w] for w in WAYS):
+            continue
+        field = "update_seconds" if key == "online" else "seconds"
+        median = {w: statistics.median(r[field] for r in runs[w]) for w in WAYS}
+        row = {f"{w}_{field}": round(median[w], 2) for w in WAYS}
+        row["time_ratio"] = round(median["padded"] / median["prefix_tree"], 2)
+        if key == "online":
+            scores = {w: statistics.median(r["score_seconds"] for r in runs[w]) for w in WAYS}
+            row.update({f"{w}_score_seconds": round(scores[w], 2) for w in WAYS})
+        else:
+            row.update({"padded_tokens": runs["padded"][0]["tokens"], "padded_cells": runs["padded"][0]["cells"],
+                        "tree_tokens": runs["prefix_tree"][0]["tokens"],
+                        "token_ratio": round(runs["padded"][0]["tokens"] / runs["prefix_tree"][0]["tokens"], 2),
+                        "truncated_prompts": runs["prefix_tree"][0]["truncated_prompts"],
+                        "samples": runs["prefix_tree"][0]["samples"]})
+        row.update({f"{w}_peak_rss_mb": max(r["peak_rss_mb"] for r in runs[w]) for w in WAYS})
+        summary[key] = row
+    result["summary"] = summary
+    save()
+    print(json.dumps(summary, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
