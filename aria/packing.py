@@ -16,8 +16,11 @@ and a sample's log-probabilities and score read off its own path are those of it
 float summation order. Gradients follow: the loss is the same function of the weights, and
 backpropagation through a shared node adds up what each sample through it sends back.
 
-A left-truncated prompt (longer than ``max_prompt_tokens``) starts inside the history, so it
-shares nothing with its neighbours and gets its own branch; :func:`packing_stats` counts them.
+A micro-batch is one padded batch of such trees (:func:`collate_tree`): a sample that shares
+less than half its tokens with the samples before it starts a tree of its own
+(:data:`MIN_SHARED`), because a tree's attention is dense, so merging samples that share little
+costs more than it saves. A left-truncated prompt (longer than ``max_prompt_tokens``) starts
+inside the history and shares nothing, so it is a tree of its own; :func:`packing_stats` counts them.
 
 What stays as it was: a micro-batch is the same number of samples, its loss the same mean, the
 accumulation and schedule the same. What changes is which samples share a micro-batch:
@@ -135,8 +138,7 @@ def prefix_tree_packs(sequences: Sequence[Sequence[int]], max_tokens: int) -> li
 
 
 def tree_tokens(sequences: Sequence[Sequence[int]]) -> int:
-    """Nodes of the one prefix tree of ``sequences`` (what a pass over them in a pack computes),
-    without building it."""
+    """Nodes of the one prefix tree of ``sequences``, without building it."""
     ordered = sorted((list(s) for s in sequences))
     total, previous = 0, []
     for seq in ordered:
@@ -145,17 +147,49 @@ def tree_tokens(sequences: Sequence[Sequence[int]]) -> int:
     return total
 
 
+def micro_batch_tokens(sequences: Sequence[Sequence[int]]) -> tuple[int, int]:
+    """(nodes, cells) of a micro-batch laid out by :func:`collate_tree`: the nodes of its trees,
+    and the cells of their padded batch (trees x the largest tree)."""
+    sizes = [tree_tokens([sequences[i] for i in group]) for group in tree_groups(sequences)]
+    return sum(sizes), len(sizes) * max(sizes)
+
+
 # ---- training batches --------------------------------------------------------------------------------
+#: A sample joins the tree of the samples before it (in token order) when it shares at least this
+#: share of its own tokens with its predecessor; otherwise it starts a tree of its own. The steps of
+#: one game share nearly all their tokens and stay in one tree; samples that share little (a
+#: left-truncated prompt, another game past the common header) would cost more in the tree's
+#: dense attention (quadratic in its size) than they save in shared tokens.
+MIN_SHARED = 0.5
+
+
+def tree_groups(sequences: Sequence[Sequence[int]], min_shared: float = MIN_SHARED) -> list[list[int]]:
+    """The sequences (indices) split into the trees of one micro-batch (:data:`MIN_SHARED`), in
+    lexicographic order."""
+    order = sorted(range(len(sequences)), key=lambda i: list(sequences[i]))
+    groups: list[list[int]] = []
+    previous: Sequence[int] = ()
+    for i in order:
+        if not groups or _common_prefix(previous, sequences[i]) < min_shared * len(sequences[i]):
+            groups.append([])
+        groups[-1].append(i)
+        previous = sequences[i]
+    return groups
+
+
 def collate_tree(samples: Sequence, pad_id: int | None = None) -> dict[str, torch.Tensor]:
-    """A micro-batch of encoded samples (:class:`aria.policy.EncodedSample`) as one prefix tree.
+    """A micro-batch of encoded samples (:class:`aria.policy.EncodedSample`) as prefix trees: its
+    samples split into trees (:func:`tree_groups`), the K trees one right-padded batch.
 
-    Returns the model's inputs, ``input_ids`` and ``position_ids`` [1, N] and a boolean
-    ``attention_mask`` [1, 1, N, N] (True: may attend), and what reads the outputs back:
+    Returns the model's inputs, ``input_ids`` and ``position_ids`` [K, N] and a boolean
+    ``attention_mask`` [K, 1, N, N] (True: may attend; a padding node sees only itself), and what
+    reads the outputs back, as indices into the batch's K·N nodes in row-major order:
 
-    * ``logit_nodes`` [K]: the nodes whose next-token logits some action token needs;
-      ``target_rows`` [M], ``target_ids`` [M], ``target_sample`` [M]: for every action token of
-      every sample, its row in ``logit_nodes``, its token and its sample (so a node where
-      samples branch serves each of them with its own next token);
+    * ``logit_nodes`` [K, N] bool: the nodes whose next-token logits some action token needs
+      (the model computes logits there only); ``target_rows`` [M], ``target_ids`` [M],
+      ``target_sample`` [M]: for every action token of every sample, the row of its logits among
+      the kept nodes, its token and its sample (a node where samples branch serves each of them
+      with its own next token);
     * ``score_nodes`` [B]: the node a score head reads for each sample: its last token that is
       not ``pad_id``, the token transformers' sequence-classification models read in a
       right-padded row (with ``pad_id=None``: the last token);
@@ -166,30 +200,40 @@ def collate_tree(samples: Sequence, pad_id: int | None = None) -> dict[str, torc
     for i, s in enumerate(samples):
         if s.prompt_len < 1:
             raise ValueError(f"sample {i} of the micro-batch has no prompt token before its action")
-    tree = prefix_tree([s.input_ids for s in samples])
+    sequences = [s.input_ids for s in samples]
+    trees = [prefix_tree(sequences, members) for members in tree_groups(sequences)]
+    k, n = len(trees), max(len(t.input_ids) for t in trees)
+    input_ids = np.full((k, n), pad_id if pad_id is not None else 0, dtype=np.int64)
+    positions = np.zeros((k, n), dtype=np.int64)
+    mask = np.zeros((k, 1, n, n), dtype=bool)
+    mask[:, 0, np.arange(n), np.arange(n)] = True  # padding nodes see themselves (no empty softmax row)
+    keep = np.zeros((k, n), dtype=bool)
     predictors, targets, owners = [], [], []
     score_nodes = np.zeros(len(samples), dtype=np.int64)
-    for i, path in zip(tree.samples.tolist(), tree.paths):
-        ids = samples[i].input_ids
-        first = samples[i].prompt_len
-        predictors.append(path[first - 1 : len(ids) - 1])
-        targets.append(np.asarray(ids[first:], dtype=np.int64))
-        owners.append(np.full(len(ids) - first, i, dtype=np.int64))
-        score_nodes[i] = path[score_position(ids, pad_id)]
+    for t, tree in enumerate(trees):
+        size = len(tree.input_ids)
+        input_ids[t, :size], positions[t, :size], mask[t, 0, :size, :size] = tree.input_ids, tree.positions, tree.attends
+        for i, path in zip(tree.samples.tolist(), tree.paths):
+            ids, first = samples[i].input_ids, samples[i].prompt_len
+            predictors.append(t * n + path[first - 1 : len(ids) - 1])
+            targets.append(np.asarray(ids[first:], dtype=np.int64))
+            owners.append(np.full(len(ids) - first, i, dtype=np.int64))
+            score_nodes[i] = t * n + path[score_position(ids, pad_id)]
     predictors = np.concatenate(predictors)
-    logit_nodes, rows = np.unique(predictors, return_inverse=True)
-    n = len(tree.input_ids)
+    keep.reshape(-1)[predictors] = True
+    row_of = np.cumsum(keep.reshape(-1)) - 1  # a kept node's row among the kept nodes
     return {
-        "input_ids": torch.from_numpy(tree.input_ids)[None],
-        "position_ids": torch.from_numpy(tree.positions)[None],
-        "attention_mask": torch.from_numpy(tree.attends).view(1, 1, n, n),
-        "logit_nodes": torch.from_numpy(logit_nodes),
-        "target_rows": torch.from_numpy(rows.astype(np.int64)),
+        "input_ids": torch.from_numpy(input_ids),
+        "position_ids": torch.from_numpy(positions),
+        "attention_mask": torch.from_numpy(mask),
+        "logit_nodes": torch.from_numpy(keep),
+        "target_rows": torch.from_numpy(row_of[predictors]),
         "target_ids": torch.from_numpy(np.concatenate(targets)),
         "target_sample": torch.from_numpy(np.concatenate(owners)),
         "score_nodes": torch.from_numpy(score_nodes),
         "num_samples": torch.tensor(len(samples)),
-        "sample_tokens": torch.tensor(sum(len(s.input_ids) for s in samples)),
+        "sample_tokens": torch.tensor(sum(len(s) for s in sequences)),
+        "tree_tokens": torch.tensor(sum(len(t.input_ids) for t in trees)),
     }
 
 
@@ -227,11 +271,11 @@ def model_mask(model, mask: torch.Tensor) -> torch.Tensor:
 
 def tree_action_logprobs(model, batch: dict[str, torch.Tensor]) -> torch.Tensor:
     """Σ over each sample's action tokens of log π(token | its own prefix), from one forward pass
-    over the tree: shape [B]. Only the nodes in ``logit_nodes`` go through the LM head."""
+    over the trees: shape [B]. Only the nodes in ``logit_nodes`` go through the LM head."""
     logits = model(input_ids=batch["input_ids"], position_ids=batch["position_ids"],
                    attention_mask=model_mask(model, batch["attention_mask"]),
-                   logits_to_keep=batch["logit_nodes"]).logits[0]  # [K, V]
-    rows = logits[batch["target_rows"]].float()
+                   logits_to_keep=batch["logit_nodes"]).logits
+    rows = logits.reshape(-1, logits.shape[-1])[batch["target_rows"]].float()  # the kept nodes, in row-major order
     picked = torch.log_softmax(rows, dim=-1).gather(-1, batch["target_ids"].unsqueeze(-1)).squeeze(-1)
     out = torch.zeros(int(batch["num_samples"]), dtype=picked.dtype, device=picked.device)
     return out.index_add(0, batch["target_sample"], picked)
@@ -250,7 +294,7 @@ def tree_scores(model, batch: dict[str, torch.Tensor]) -> torch.Tensor:
               attention_mask=model_mask(model, batch["attention_mask"]))
     finally:
         handle.remove()
-    return seen[-1][0, batch["score_nodes"], 0].float()
+    return seen[-1].reshape(-1)[batch["score_nodes"]].float()
 
 
 def score_head(model) -> torch.nn.Module:
@@ -290,11 +334,12 @@ def sample_groups(samples: Sequence[dict]) -> list[Hashable]:
 
 def packing_stats(samples: Sequence, batches: Sequence[Sequence[int]]) -> dict[str, int | float]:
     """What prefix-tree packing saves on ``batches`` of encoded samples: tokens of the samples'
-    own rows against nodes of the micro-batches' trees, and the left-truncated prompts (their
-    own branch each)."""
+    own rows against nodes of the micro-batches' trees (and the cells of their padded batches),
+    and the left-truncated prompts (a tree of their own each)."""
     rows = sum(len(samples[i].input_ids) for batch in batches for i in batch)
-    nodes = sum(tree_tokens([samples[i].input_ids for i in batch]) for batch in batches)
-    return {"row_tokens": rows, "tree_tokens": nodes, "saving": round(rows / max(nodes, 1), 3),
+    laid_out = [micro_batch_tokens([samples[i].input_ids for i in batch]) for batch in batches]
+    nodes, cells = sum(n for n, _ in laid_out), sum(c for _, c in laid_out)
+    return {"row_tokens": rows, "tree_tokens": nodes, "tree_cells": cells, "saving": round(rows / max(nodes, 1), 3),
             "truncated_prompts": sum(bool(getattr(samples[i], "truncated", False)) for batch in batches for i in batch)}
 
 

@@ -125,7 +125,7 @@ def collate(samples: Sequence[EncodedSample], pad_id: int) -> dict[str, torch.Te
 
 def collate_as(samples: Sequence[EncodedSample], pad_id: int, packing: str = "padded") -> dict[str, torch.Tensor]:
     """A micro-batch laid out as ``packing`` says (config ``train.packing``): ``padded`` rows
-    (:func:`collate`) or one prefix tree (:func:`aria.packing.collate_tree`). Both read back to
+    (:func:`collate`) or prefix trees (:func:`aria.packing.collate_tree`). Both read back to
     the same log-probabilities and scores (:func:`action_logprobs`)."""
     from aria.packing import PACKINGS, collate_tree
 

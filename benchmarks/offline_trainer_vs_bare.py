@@ -43,7 +43,10 @@ def trainer_config(train_file: Path, out: Path, micro: int, accumulation: int) -
         cfg = compose("reinforce_llm", overrides=[f"data.train_file={train_file}", f"output_dir={out}", "train.epochs=1",
                                                   f"train.micro_batch_size={micro}",
                                                   f"train.gradient_accumulation_steps={accumulation}",
-                                                  "train.save_freq=1000000"])
+                                                  "train.save_freq=1000000",
+                                                  # the bare loop runs padded rows: so does the trainer here
+                                                  # (prefix-tree packing: benchmarks/training_packing.py)
+                                                  "train.packing=padded"])
     return OmegaConf.to_container(cfg, resolve=True)
 
 

@@ -151,6 +151,18 @@ def check(args, trainer_name: str, train_file: str, model: str) -> dict:
             **{k: float(f"{v:.3g}") for k, v in worst.items()}}
 
 
+def first_games(path: str, games: int | None) -> str:
+    """``path``, or a copy of it holding the steps of its first ``games`` games (file order)."""
+    if games is None:
+        return path
+    samples = read_json(path)
+    keep = list(dict.fromkeys(s["game_id"] for s in samples))[:games]
+    subset = [s for s in samples if s["game_id"] in set(keep)]
+    out = Path(tempfile.mkdtemp(prefix="training_packing-set-")) / "train.json"
+    atomic_write_json(out, subset)
+    return str(out)
+
+
 def run_child(args, extra: list[str]) -> dict:
     done = subprocess.run([sys.executable, __file__, "--one", *extra, "--mixed-precision", args.mixed_precision,
                            "--padded-micro", str(args.padded_micro), "--padded-accumulation", str(args.padded_accumulation),
@@ -163,7 +175,8 @@ def run_child(args, extra: list[str]) -> dict:
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--sets", nargs="*", default=[], help="name=train.json (pipeline step 4's output)")
+    parser.add_argument("--sets", nargs="*", default=[],
+                        help="name=train.json (pipeline step 4's output), or name=train.json@N: its first N games")
     parser.add_argument("--model", default="embedded", help="the model the sets were collected with (the start of training)")
     parser.add_argument("--models", nargs="*", default=[], help="name=model folder, where a set's model differs")
     parser.add_argument("--reward-model-sets", nargs="*", default=None, help="sets the reward model trains on (default: the first)")
@@ -171,6 +184,8 @@ def main(argv=None) -> int:
     parser.add_argument("--online-game", default="twenty_questions_subset")
     parser.add_argument("--online-rollouts", type=int, default=16)
     parser.add_argument("--online-updates", type=int, default=16)
+    parser.add_argument("--games", type=int, default=None,
+                        help="train on the steps of each set's first N games only (an epoch of per-step rows is long)")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--check-batches", type=int, default=8)
     parser.add_argument("--mixed-precision", default="no")
@@ -193,7 +208,11 @@ def main(argv=None) -> int:
         print(json.dumps(row))
         return 0
 
-    sets = dict(s.split("=", 1) for s in args.sets)
+    sets = {}
+    for entry in args.sets:  # name=path, or name=path@N: that set's first N games
+        name, path = entry.split("=", 1)
+        path, _, games = path.partition("@")
+        sets[name] = first_games(path, int(games) if games else args.games)
     models = dict(m.split("=", 1) for m in args.models)
     settings = {k: v for k, v in vars(args).items() if k not in ("out", "one", "trainer", "train_file", "way", "reward_model")}
     result = read_json(args.out) if Path(args.out).is_file() else {}

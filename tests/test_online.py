@@ -54,6 +54,22 @@ def test_update_batches_cycle_a_seeded_order_and_sort_by_length():
     assert update_batches(0, 3, 4, 2, seed=0) == []
 
 
+def test_packed_update_batches_keep_each_games_steps_together():
+    """With the samples' games (prefix-tree packing), a seeded order of whole games, each game's
+    steps in order, cycled: a micro-batch holds consecutive steps of a game."""
+    groups = ["a", "a", "a", "b", "b", "c", "c", "c", "c"]
+    plan = update_batches(9, updates=3, batch_size=6, micro_batch_size=3, seed=[0, 2], lengths=list(range(9)),
+                          groups=groups)
+    flat = [i for step in plan for mb in step for i in mb]
+    assert sorted(flat[:9]) == list(range(9))  # the first pass covers every sample once
+    for game in "abc":
+        first_pass = [i for i in flat[:9] if groups[i] == game]
+        assert first_pass == sorted(first_pass)  # in file order
+    runs = [groups[i] for i in flat[:9]]
+    assert sum(a != b for a, b in zip(runs, runs[1:])) == 2  # each game one contiguous run
+    assert plan == update_batches(9, 3, 6, 3, seed=[0, 2], groups=groups)
+
+
 def test_one_iteration_end_to_end_with_a_reward_model_refresh(tmp_path, tiny_model_dir, tiny_sentence_model_dir):
     # The first reward model learns from an offline aggregated-reward set (reward_model.train_file).
     offline = [{"observation": f"Question {i}: Is it an animal?", "action": "Question: Is it a fruit?" if i % 2 else "Yes.",

@@ -7,7 +7,7 @@ resume.
 
 How a micro-batch is laid out (``train.packing``): ``prefix_tree`` (default) keeps each game's
 steps together (:func:`aria.packing.game_ordered_batches`) and merges a micro-batch's samples
-into one prefix tree, so a game's history is computed once for all its steps in the batch
+into prefix trees, so a game's history is computed once for all its steps in the batch
 (:mod:`aria.packing`; the same log-probs, loss and gradient as padded rows, to float rounding,
 tested); ``padded`` puts every sample on its own right-padded row, in length-bucketed batches.
 Sharing happens only inside one micro-batch, so packed runs want ``micro_batch_size`` about a
@@ -181,7 +181,7 @@ class OfflineTrainer:
             stats = self.packing_stats(self._epoch_batches(0))
             print(f"[train] prefix-tree packing: {stats['row_tokens']} tokens in rows -> {stats['tree_tokens']} in trees per "
                   f"epoch on this process ({stats['saving']}x fewer); {stats['truncated_prompts']} left-truncated prompts "
-                  f"(own branch each)")
+                  f"(a tree of their own each)")
 
     # ---- what is specific to the model being trained ----
     def select_samples(self, samples: list[dict]) -> list[dict]:
@@ -400,12 +400,11 @@ def _new_window() -> dict:
 
 
 def _count_tokens(window: dict, batch: dict[str, torch.Tensor]) -> None:
-    """Tokens computed (a tree's nodes, or a padded batch's real tokens), cells (with padding) and
-    the tokens the samples' own rows hold."""
-    if "sample_tokens" in batch:  # a prefix tree: every node is computed once, none is padding
-        nodes = batch["input_ids"].numel()
-        window["tokens"] += nodes
-        window["cells"] += nodes
+    """Tokens computed (the trees' nodes, or a padded batch's real tokens), cells (with padding)
+    and the tokens the samples' own rows hold."""
+    if "sample_tokens" in batch:  # prefix trees: every node is computed once
+        window["tokens"] += int(batch["tree_tokens"])
+        window["cells"] += batch["input_ids"].numel()
         window["row_tokens"] += int(batch["sample_tokens"])
     else:
         real = int(batch["attention_mask"].sum())

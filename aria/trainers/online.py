@@ -18,7 +18,7 @@ One story per iteration ``i`` (``config/onlinereinforce_llm.yaml`` names every s
 3. **Update** the actor: ``online.actor_updates`` optimizer steps, each on
    ``micro_batch_size × gradient_accumulation_steps`` of the iteration's steps (a seeded order,
    cycled when the iteration has fewer; with ``train.packing: prefix_tree`` whole games in a
-   seeded order, each micro-batch one prefix tree), with the REINFORCE loss of the offline trainer
+   seeded order, each micro-batch in prefix trees), with the REINFORCE loss of the offline trainer
    (``L = −mean(A · Σ_t log π(a_t | observation))``, :func:`aria.trainers.losses.reinforce_loss`).
 4. **Refresh** the reward model every ``online.rm_refresh`` actor steps (paper: 50): pipeline
    steps 1-4 (:mod:`aria.intention.pipeline`) on the rollouts since the last refresh give an

@@ -130,7 +130,7 @@ def score_encoded(model, encoded: Sequence[EncodedSample], pad_id: int, batch_si
 @torch.inference_mode()
 def score_in_trees(model, encoded: Sequence[EncodedSample], pad_id: int, batch_size: int = 16,
                    device: torch.device | str = "cpu") -> np.ndarray:
-    """Scores of encoded samples, in order, ``batch_size`` at a time in one prefix tree each
+    """Scores of encoded samples, in order, ``batch_size`` at a time in prefix trees
     (:func:`aria.packing.collate_tree`; samples sorted by their tokens, so a game's steps meet):
     the same scores as :func:`score_encoded` up to float rounding, for any model
     :func:`reward_scores` drives (a training model under peft or DDP included)."""
