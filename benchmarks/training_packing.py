@@ -74,7 +74,7 @@ def tokens_of(trainer) -> dict:
     batches = trainer._epoch_batches(0)
     if trainer.packing == "prefix_tree":
         stats = trainer.packing_stats(batches)
-        return {"tokens": stats["tree_tokens"], "cells": stats["tree_tokens"], "row_tokens": stats["row_tokens"],
+        return {"tokens": stats["tree_tokens"], "cells": stats["tree_cells"], "row_tokens": stats["row_tokens"],
                 "truncated_prompts": stats["truncated_prompts"]}
     rows = [[len(trainer.encoded[i].input_ids) for i in b] for b in batches]
     real = sum(sum(r) for r in rows)
@@ -151,20 +151,37 @@ def check(args, trainer_name: str, train_file: str, model: str) -> dict:
             **{k: float(f"{v:.3g}") for k, v in worst.items()}}
 
 
-def first_games(path: str, games: int | None) -> str:
-    """``path``, or a copy of it holding the steps of its first ``games`` games (file order)."""
+def sample_of_games(path: str, games: int | None) -> str:
+    """``path``, or a copy of it holding the steps of a seeded sample of ``games`` of its games
+    (not the first ones: a collection writes short games first)."""
+    import numpy as np
+
     if games is None:
         return path
     samples = read_json(path)
-    keep = list(dict.fromkeys(s["game_id"] for s in samples))[:games]
-    subset = [s for s in samples if s["game_id"] in set(keep)]
+    ids = list(dict.fromkeys(s["game_id"] for s in samples))
+    keep = {ids[i] for i in np.random.default_rng(0).choice(len(ids), size=min(games, len(ids)), replace=False)}
+    subset = [s for s in samples if s["game_id"] in keep]
     out = Path(tempfile.mkdtemp(prefix="training_packing-set-")) / "train.json"
     atomic_write_json(out, subset)
     return str(out)
 
 
+def peak_rss_mb() -> float:
+    """This process's peak resident memory (``VmHWM``: unlike ``getrusage``'s, it starts afresh at
+    ``exec``, so a child does not report its parent's peak)."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return round(int(line.split()[1]) / 1024, 1)
+    return round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
+
+
 def run_child(args, extra: list[str]) -> dict:
+    """One run, or the check (``--check``), in a fresh process: a run's peak memory is its own,
+    and the check's two layouts (15 GB on the Guess My City games) are not held by this process
+    while the next run starts."""
     done = subprocess.run([sys.executable, __file__, "--one", *extra, "--mixed-precision", args.mixed_precision,
+                           "--check-batches", str(args.check_batches),
                            "--padded-micro", str(args.padded_micro), "--padded-accumulation", str(args.padded_accumulation),
                            "--packed-micro", str(args.packed_micro), "--packed-accumulation", str(args.packed_accumulation)],
                           capture_output=True, text=True)
@@ -176,7 +193,7 @@ def run_child(args, extra: list[str]) -> dict:
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--sets", nargs="*", default=[],
-                        help="name=train.json (pipeline step 4's output), or name=train.json@N: its first N games")
+                        help="name=train.json (pipeline step 4's output), or name=train.json@N: a seeded sample of N of its games")
     parser.add_argument("--model", default="embedded", help="the model the sets were collected with (the start of training)")
     parser.add_argument("--models", nargs="*", default=[], help="name=model folder, where a set's model differs")
     parser.add_argument("--reward-model-sets", nargs="*", default=None, help="sets the reward model trains on (default: the first)")
@@ -185,7 +202,7 @@ def main(argv=None) -> int:
     parser.add_argument("--online-rollouts", type=int, default=16)
     parser.add_argument("--online-updates", type=int, default=16)
     parser.add_argument("--games", type=int, default=None,
-                        help="train on the steps of each set's first N games only (an epoch of per-step rows is long)")
+                        help="train on the steps of a seeded sample of N games of each set only (an epoch of per-step rows is long)")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--check-batches", type=int, default=8)
     parser.add_argument("--mixed-precision", default="no")
@@ -200,21 +217,26 @@ def main(argv=None) -> int:
     parser.add_argument("--train-file", help=argparse.SUPPRESS)
     parser.add_argument("--way", help=argparse.SUPPRESS)
     parser.add_argument("--reward-model", help=argparse.SUPPRESS)
+    parser.add_argument("--check", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
 
+    if args.one and args.check:
+        print(json.dumps(check(args, args.trainer, args.train_file, args.model)))
+        return 0
     if args.one:
         row = one_online(args) if args.trainer == "online" else one_offline(args)
-        row["peak_rss_mb"] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
+        row["peak_rss_mb"] = peak_rss_mb()
         print(json.dumps(row))
         return 0
 
     sets = {}
-    for entry in args.sets:  # name=path, or name=path@N: that set's first N games
+    for entry in args.sets:  # name=path, or name=path@N: a seeded sample of N of its games
         name, path = entry.split("=", 1)
         path, _, games = path.partition("@")
-        sets[name] = first_games(path, int(games) if games else args.games)
+        sets[name] = sample_of_games(path, int(games) if games else args.games)
     models = dict(m.split("=", 1) for m in args.models)
-    settings = {k: v for k, v in vars(args).items() if k not in ("out", "one", "trainer", "train_file", "way", "reward_model")}
+    settings = {k: v for k, v in vars(args).items()
+                if k not in ("out", "one", "check", "trainer", "train_file", "way", "reward_model")}
     result = read_json(args.out) if Path(args.out).is_file() else {}
     if result.get("settings") != settings or result.get("machine", {}).get("cpu_model") != describe()["cpu_model"]:
         result = {"machine": describe(), "settings": settings, "runs": {}, "checks": {}}
@@ -236,7 +258,8 @@ def main(argv=None) -> int:
                     print(key, way, json.dumps(runs[way][-1]), flush=True)
                     save()
         if key not in result["checks"]:
-            result["checks"][key] = check(args, trainer, sets[name], model)
+            result["checks"][key] = run_child(args, ["--check", "--trainer", trainer, "--train-file", sets[name],
+                                                     "--model", model])
             print(key, "check", json.dumps(result["checks"][key]), flush=True)
             save()
 
@@ -268,7 +291,8 @@ def main(argv=None) -> int:
         else:
             row.update({"padded_tokens": runs["padded"][0]["tokens"], "padded_cells": runs["padded"][0]["cells"],
                         "tree_tokens": runs["prefix_tree"][0]["tokens"],
-                        "token_ratio": round(runs["padded"][0]["tokens"] / runs["prefix_tree"][0]["tokens"], 2),
+                        "row_tokens": runs["prefix_tree"][0]["row_tokens"],  # the same samples, one row each
+                        "token_ratio": round(runs["prefix_tree"][0]["row_tokens"] / runs["prefix_tree"][0]["tokens"], 2),
                         "truncated_prompts": runs["prefix_tree"][0]["truncated_prompts"],
                         "samples": runs["prefix_tree"][0]["samples"]})
         row.update({f"{w}_peak_rss_mb": max(r["peak_rss_mb"] for r in runs[w]) for w in WAYS})
