@@ -1,15 +1,21 @@
 """How every command ends when it cannot go on: one line, a known exit status, no traceback.
 
 * Bad input (a file's problem named by file, line and field: :class:`~aria.io.DataError`), bad
-  settings (:class:`ConfigError`), a file made under other settings, or an input that is not what
-  the step before used: ``error: <one line>`` and exit status 2, before any model is loaded where
-  the check allows it.
+  settings (:class:`ConfigError`), a file made under other settings, an input that is not what
+  the step before used, or a folder another run holds (:class:`~aria.io.InUse`):
+  ``error: <one line>`` and exit status 2, before any model is loaded where the check allows it.
+* A path it cannot write (a full disk, a read-only or forbidden folder, a file where a folder
+  should be): ``error: <path>: <why>: <what to do>`` and exit status 2. Every writer writes whole
+  files (a temporary file renamed) or whole games (a torn last line is dropped on resume), so
+  nothing half-written is trusted by the re-run.
 * Ctrl-C: ``interrupted: <what was kept>; re-run the same command to resume`` and exit status 130
   (the shell's code for SIGINT). The work that finished is on disk already: every writer of this
   project writes whole games, whole files and whole checkpoints.
 """
 from __future__ import annotations
 
+import errno
+import os
 import sys
 from contextlib import contextmanager
 from pathlib import Path
@@ -25,10 +31,10 @@ class ConfigError(ValueError):
 
 def _expected_errors() -> tuple[type[BaseException], ...]:
     from aria.intention.pipeline import StaleInput
-    from aria.io import DataError
+    from aria.io import DataError, InUse
     from aria.trajectories import ResumeMismatch
 
-    return DataError, ConfigError, ResumeMismatch, StaleInput, FileNotFoundError
+    return DataError, ConfigError, ResumeMismatch, StaleInput, InUse, FileNotFoundError
 
 
 @contextmanager
@@ -46,6 +52,44 @@ def command(kept: Callable[[], str] | None = None) -> Iterator[None]:
     except _expected_errors() as err:
         print(f"error: {err}", file=sys.stderr)
         sys.exit(EXIT_BAD_INPUT)
+    except Exception as err:  # noqa: BLE001 - only a path the user can fix ends here; the rest is re-raised
+        line = unusable_path(err)
+        if line is None:
+            raise
+        print(f"error: {line}", file=sys.stderr)
+        sys.exit(EXIT_BAD_INPUT)
+
+
+#: What to do about a path the command cannot write, by ``errno``.
+_PATH_ADVICE = {
+    errno.ENOSPC: "free some space, then re-run the same command to resume (finished work is kept)",
+    errno.EDQUOT: "free some space in your quota, then re-run the same command to resume (finished work is kept)",
+    errno.EROFS: "give a folder on a writable file system (run_dir=..., results_dir=..., out=...)",
+    errno.EACCES: "give a folder you can write, or change its permissions",
+    errno.EPERM: "give a folder you can write, or change its permissions",
+    errno.EEXIST: "a file stands where a folder is needed: give another path, or move the file",
+    errno.ENOTDIR: "a file stands where a folder is needed: give another path, or move the file",
+    errno.EISDIR: "a folder stands where a file is needed: give another path",
+}
+
+
+#: How libraries that write files without raising ``OSError`` (safetensors, torch.save) say the
+#: disk is full.
+_DISK_FULL_WORDS = ("No space left on device", "os error 28", "Disk quota exceeded", "os error 122")
+
+
+def unusable_path(err: BaseException) -> str | None:
+    """One line for an error about a path the user can fix (a full disk, a read-only or
+    forbidden folder, a file where a folder should be), else None: every other error (a refused
+    connection, a bug) is not the user's path and keeps its traceback."""
+    for cause in (err, err.__cause__, err.__context__):
+        if isinstance(cause, OSError) and cause.errno in _PATH_ADVICE:
+            where = f"{cause.filename}: " if cause.filename else ""
+            return f"{where}{cause.strerror or os.strerror(cause.errno)}: {_PATH_ADVICE[cause.errno]}"
+    text = str(err)
+    if any(words in text for words in _DISK_FULL_WORDS):
+        return f"No space left on device ({type(err).__name__}: {' '.join(text.split())[:200]}): {_PATH_ADVICE[errno.ENOSPC]}"
+    return None
 
 
 def games_in(path: str | Path) -> str:

@@ -37,9 +37,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
+from aria.cli import ConfigError
 from aria.experiment_layout import Layout, games_of, is_two_player, iterations_of
-from aria.io import atomic_write_json, read_json
+from aria.io import atomic_write_json, check_writable, hold_folder, read_json
 from aria.resources import compose_config
+from aria.secrets import redact
 
 Printer = Callable[[str], None]
 
@@ -59,9 +61,7 @@ class Generator:
 
     def __init__(self, cfg: dict, echo: Printer):
         self.cfg, self.echo = cfg, echo
-        self.engine = cfg["engine"]
-        if self.engine not in ("vllm", "local"):
-            raise ValueError(f"engine: expected vllm or local, got {self.engine!r}")
+        self.engine = cfg["engine"]  # vllm or local (check_settings)
         self._served: tuple[Path, dict] | None = None
 
     def describe(self, model_dir: Path, settings: dict, seed: int) -> dict:
@@ -86,7 +86,9 @@ class Generator:
             from aria.llm.served import free_port, start_server
 
             start = time.perf_counter()
-            log = model_dir.parent / "vllm.log"
+            # the server's log beside the model it serves, or in the run folder for a model outside it
+            root = Path(self.cfg["run_dir"]).resolve()
+            log = model_dir.parent / "vllm.log" if model_dir.resolve().is_relative_to(root) else root / "vllm-base.log"
             info = start_server(model_dir, "policy", free_port(), log, eager=self.cfg["vllm"]["eager"])
             self._served = (model_dir, info)
             self.echo(f"[experiment] vLLM serves {model_dir} (started in {time.perf_counter() - start:.0f}s)")
@@ -228,6 +230,7 @@ def train(cfg: dict, method: str, train_file: Path, start_model: Path, out_dir: 
     trained_on = {"train_json_sha256": hashlib.sha256(train_file.read_bytes()).hexdigest(), "method": method,
                   "start_model": str(start_model), "start_model_version": model_version(start_model), "seed": seed,
                   "overrides": list(overrides)}
+    trained_on = json.loads(json.dumps(redact(trained_on)))  # as the marker is written: a key is never on disk
     marker = out_dir / "trained_on.json"
     if (model / "model.safetensors").is_file() and marker.is_file() and read_json(marker) == trained_on:
         return model
@@ -374,15 +377,65 @@ def _duration(seconds: float) -> str:
     return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m" if seconds >= 3600 else f"{seconds // 60}m{seconds % 60:02d}s"
 
 
+def check_settings(cfg: dict) -> None:
+    """Every setting the stages will read, checked before any work starts: a bad one is a
+    :class:`~aria.cli.ConfigError` naming it, not a traceback minutes into the run."""
+    from aria.games.base import structured_output
+    from aria.trainers.methods import METHODS
+
+    if cfg["engine"] not in ("vllm", "local"):
+        raise ConfigError(f"engine: expected vllm or local, got {cfg['engine']!r}")
+    unknown = [m for m in cfg["methods"] if m not in METHODS]
+    if unknown:
+        raise ConfigError(f"methods: unknown {unknown} (known: {', '.join(sorted(METHODS))})")
+    for method in [*cfg["methods"], *(cfg.get("iterations_by_method") or {})]:
+        iterations_of(cfg, method)
+    if not cfg["methods"]:
+        iterations_of(cfg, "")
+    two_player = is_two_player(cfg)
+    structured_output(cfg["game"], "two_player" if two_player else "question")
+    sections = {"collect": cfg["collect"], "eval": cfg["eval"]}
+    if two_player:
+        from aria.games.glee import config_set
+        from aria.two_player import schema_options
+
+        if cfg["warm_start"]["enabled"]:
+            raise ConfigError(f"warm_start.enabled: the scripted expert plays question games, not {cfg['game']['name']}; "
+                              "a two-player game starts from the base model (warm_start.enabled=false, as experiment=bargaining)")
+        schema_options(cfg["game"])
+        for name, section in sections.items():
+            for key in ("config_set", "games_per_config"):
+                if section.get(key) is None:
+                    raise ConfigError(f"{name}.{key}: a two-player game needs it (see config/experiment/bargaining.yaml)")
+            try:
+                config_set(cfg["game"], section["config_set"])
+            except KeyError as err:
+                raise ConfigError(f"{name}.config_set: {err.args[0]}") from None
+        if not cfg["eval"].get("opponent"):
+            raise ConfigError("eval.opponent: a two-player evaluation needs an opponent (see config/experiment/bargaining.yaml)")
+    for name, section in {**sections, **({"warm_start": cfg["warm_start"]} if cfg["warm_start"]["enabled"] else {})}.items():
+        for key in ("games", "games_per_config", "batch_size"):
+            value = section.get(key)
+            if key in section and value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+                raise ConfigError(f"{name}.{key}: expected a whole number >= 1, got {value!r}")
+
+
 def run(cfg: dict, echo: Printer = print) -> Path:
     """Run (or resume) every stage, then write the results (module doc)."""
+    check_settings(cfg)
+    root = Path(cfg["run_dir"])
+    check_writable(cfg["results_dir"])
+    with hold_folder(root):  # a second run into this run_dir is refused, naming this one
+        return _run(cfg, root, echo)
+
+
+def _run(cfg: dict, root: Path, echo: Printer) -> Path:
     from aria.experiment_report import write_results
 
-    root = Path(cfg["run_dir"])
-    root.mkdir(parents=True, exist_ok=True)
     settings = root / "experiment.json"
     if settings.is_file() and read_json(settings).get("name") != cfg["name"]:
-        raise ValueError(f"{root} holds the experiment {read_json(settings).get('name')!r}, not {cfg['name']!r}")
+        raise ConfigError(f"run_dir: {root} holds the experiment {read_json(settings).get('name')!r}, "
+                          f"not {cfg['name']!r}: give each experiment its own run_dir")
     atomic_write_json(settings, cfg)
     times_path = root / "stage_times.json"
     times: dict[str, dict] = read_json(times_path) if times_path.is_file() else {}

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from aria.cli import ConfigError
+
 
 # ---- where things live ------------------------------------------------------------------------------
 class Layout:
@@ -49,7 +51,8 @@ def iterations_of(cfg: dict, method: str) -> int:
     """How many iterations ``method`` runs: ``iterations_by_method[method]``, else ``iterations``."""
     n = (cfg.get("iterations_by_method") or {}).get(method, cfg["iterations"])
     if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-        raise ValueError(f"iterations of {method!r}: expected an integer >= 1, got {n!r}")
+        setting = f"iterations_by_method.{method}" if method in (cfg.get("iterations_by_method") or {}) else "iterations"
+        raise ConfigError(f"{setting}: expected a whole number >= 1, got {n!r}")
     return n
 
 

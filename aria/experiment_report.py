@@ -235,8 +235,10 @@ def plot(results: dict[str, Any], out: Path) -> None:
     ax.legend()
     fig.tight_layout()
     out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=120)
+    tmp = out.with_name(f".{out.name}.tmp.png")  # whole or absent, as every file written
+    fig.savefig(tmp, dpi=120)
     plt.close(fig)
+    tmp.replace(out)
 
 
 def write_results(cfg: dict) -> Path:

@@ -117,7 +117,7 @@ from typing import Any, Callable
 
 from aria.games.base import QuestionGame, load_game, load_game_config
 from aria.games.text import normalize
-from aria.io import DataError, iter_jsonl, read_json, require
+from aria.io import TOO_DEEP, DataError, iter_jsonl, read_json, require
 from aria.trajectories import make_record, make_two_player_record, write_trajectories
 
 
@@ -480,6 +480,8 @@ def _maybe_json_list(obj: dict, key: str, path: Path, line: int) -> list:
             value = json.loads(value)
         except json.JSONDecodeError as err:
             raise DataError(path, line, key, f"a string that is not a JSON list ({err.msg})") from None
+        except RecursionError:
+            raise DataError(path, line, key, TOO_DEEP) from None
         if not isinstance(value, list):
             raise DataError(path, line, key, "a JSON string that does not hold a list")
     return value

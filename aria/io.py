@@ -13,6 +13,8 @@ import json
 import math
 import os
 import tempfile
+import time
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -30,6 +32,53 @@ class DataError(ValueError):
         if field is not None:
             where.append(f"field '{field}'")
         super().__init__(f"{': '.join([', '.join(where), problem])}")
+
+
+def check_writable(folder: str | os.PathLike) -> Path:
+    """Make ``folder`` if needed and write a file in it, so that a folder that cannot take the
+    results (read-only, forbidden, a file in its place) fails at the start of a run with its
+    ``OSError``, not at the end of it."""
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    fd, probe = tempfile.mkstemp(prefix=".write-check.", dir=folder)
+    os.close(fd)
+    os.unlink(probe)
+    return folder
+
+
+class InUse(RuntimeError):
+    """Another process holds the folder this command writes (:func:`hold_folder`)."""
+
+
+@contextmanager
+def hold_folder(folder: str | os.PathLike) -> Iterator[None]:
+    """Hold ``folder`` for this process while the block runs, or raise :class:`InUse` at once,
+    naming the process that holds it.
+
+    Two runs appending to the same files would interleave and duplicate their games, so a run
+    takes an exclusive ``flock`` on ``folder/.lock``. The kernel releases it when the process
+    ends, however it ends (SIGKILL included): a lock is never left behind to be removed by hand.
+    The file holds the holder's PID and start time only, never its command line (which may hold
+    a key).
+    """
+    import fcntl
+
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / ".lock"
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 200, 0).decode(errors="replace").strip() or "another process"
+            raise InUse(f"{folder} is in use by {holder}: wait for that run to end (or stop it), "
+                        f"or give this one another folder") from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"process {os.getpid()} (started {time.strftime('%Y-%m-%d %H:%M:%S')})\n".encode(), 0)
+        yield
+    finally:
+        os.close(fd)  # releases the lock
 
 
 def atomic_write_text(path: str | os.PathLike, text: str) -> None:
@@ -97,6 +146,10 @@ def _decode(path: Path, data: bytes, line: int | None = None) -> str:
                                         f"({err.reason}); convert the file to UTF-8") from None
 
 
+#: Python's JSON reader recurses once per level of nesting; no game or config nests this deep.
+TOO_DEEP = "JSON nested too deeply to read (thousands of levels): not a file of this project's kinds"
+
+
 def read_json(path: str | os.PathLike) -> Any:
     """Load a JSON file; a syntax error or bytes that are not UTF-8 name the file and line."""
     path = Path(path)
@@ -107,6 +160,8 @@ def read_json(path: str | os.PathLike) -> Any:
         return json.loads(text)
     except json.JSONDecodeError as err:
         raise DataError(path, err.lineno, None, f"invalid JSON ({err.msg}, column {err.colno})") from None
+    except RecursionError:
+        raise DataError(path, None, None, TOO_DEEP) from None
 
 
 def iter_jsonl(path: str | os.PathLike, allow_partial_last_line: bool = False) -> Iterator[tuple[int, dict]]:
@@ -135,6 +190,8 @@ def iter_jsonl(path: str | os.PathLike, allow_partial_last_line: bool = False) -
             if allow_partial_last_line and is_last:
                 return
             raise DataError(path, number, None, f"invalid JSON ({err.msg}, column {err.colno})") from None
+        except RecursionError:
+            raise DataError(path, number, None, TOO_DEEP) from None
         if not isinstance(obj, dict):
             raise DataError(path, number, None, f"expected a JSON object, got {type(obj).__name__}")
         yield number, obj

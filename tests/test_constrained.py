@@ -170,5 +170,8 @@ def test_the_schema_options_come_from_the_game_config():
     assert options[0]["properties"]["message"] == {"type": "string", "maxLength": 20}
     with pytest.raises(ValueError, match="unknown reply_schema option"):
         schema_options({**cfg, "reply_schema": {"offer_step": 4}})
-    with pytest.raises(ValueError, match="whole numbers >= 1"):
+    with pytest.raises(ValueError, match="offer_steps must be a whole number from 1 to 1,000, got 0"):
         schema_options({**cfg, "reply_schema": {"offer_steps": 0}})
+    with pytest.raises(ValueError, match="offer_steps must be a whole number from 1 to 1,000, got 1001"):
+        schema_options({**cfg, "reply_schema": {"offer_steps": 1001}})
+    assert schema_options({**cfg, "reply_schema": {"offer_steps": 1000}})["offer_steps"] == 1000

@@ -68,10 +68,8 @@ def test_the_table_shows_the_arithmetic_and_says_whether_it_is_significant():
 
 
 # ---- the runner, end to end on tiny models -------------------------------------------------------------
-@pytest.fixture(scope="module")
-def tiny_experiment(tmp_path_factory, tiny_model_dir, tiny_sentence_model_dir):
-    def make(root) -> dict:
-        return compose_config("experiment", [
+def tiny_overrides(root, tiny_model_dir, tiny_sentence_model_dir) -> list[str]:
+    return [
             "name=tiny", f"run_dir={root / 'run'}", f"results_dir={root / 'results'}", f"base_model={tiny_model_dir}",
             "engine=local", "methods=[aria,no_aggregation]", "seeds=[0]", "iterations=2",
             "warm_start.games=6", "warm_start.epsilon=0.3",
@@ -86,7 +84,13 @@ def tiny_experiment(tmp_path_factory, tiny_model_dir, tiny_sentence_model_dir):
             "'train.gradient_accumulation_steps=1',"
             "'train.save_freq=2']",
             "grad_variance.enabled=true", "grad_variance.max_samples=4",
-        ])
+        ]
+
+
+@pytest.fixture(scope="module")
+def tiny_experiment(tmp_path_factory, tiny_model_dir, tiny_sentence_model_dir):
+    def make(root) -> dict:
+        return compose_config("experiment", tiny_overrides(root, tiny_model_dir, tiny_sentence_model_dir))
     return make
 
 
@@ -152,7 +156,7 @@ def test_methods_may_run_fewer_iterations_than_the_others(tmp_path):
     assert len(names) == 3 + 1 + 2 * ((2 + 2 + 1 + 1) * 3 + 1)
     assert "seed 1 · filtered_bc · iteration 1: evaluate" in names
     assert not any("bc · iteration 2" in n for n in names)
-    with pytest.raises(ValueError, match="iterations of 'bc'"):
+    with pytest.raises(ValueError, match="iterations_by_method.bc: expected a whole number >= 1, got 0"):
         experiment.iterations_of({**cfg, "iterations_by_method": {"bc": 0}}, "bc")
 
 
@@ -195,3 +199,95 @@ def test_a_two_player_experiment_runs_self_play_and_evaluates_against_the_oppone
     experiment.run(cfg, again.append)
     assert not any("games done (" in line and "played now" in line and "(0 played now" not in line for line in again)
     assert (out / "table.md").read_text() == table
+
+
+def test_a_second_run_into_the_same_run_dir_is_refused_and_the_first_completes(tmp_path, tiny_model_dir,
+                                                                                 tiny_sentence_model_dir):
+    """Two runs started on one run_dir: the second stops at once with one line naming the first
+    (exit 2) and the first ends as if alone, no game written twice (before: both ran, and the
+    evaluation files ended with duplicate games)."""
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path
+
+    from aria.trajectories import read_trajectories
+
+    script = Path(__file__).resolve().parents[1] / "scripts" / "run_experiment.py"
+    command = [sys.executable, str(script), "--config-name", "experiment",
+               *tiny_overrides(tmp_path, tiny_model_dir, tiny_sentence_model_dir), "iterations=1", "methods=[aria]",
+               "grad_variance.enabled=false"]
+    first = subprocess.Popen(command, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    lock = tmp_path / "run" / ".lock"
+    deadline = time.monotonic() + 300
+    while not (lock.is_file() and f"process {first.pid} " in lock.read_text()):
+        assert first.poll() is None, first.communicate()[1][-3000:]
+        assert time.monotonic() < deadline
+        time.sleep(0.1)
+    second = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert first.poll() is None, "the first run ended before the second was refused: the test proves nothing"
+    assert second.returncode == 2, second.stderr[-3000:]
+    assert second.stderr.strip().splitlines() == [second.stderr.strip()]  # one line, no traceback
+    assert f"in use by process {first.pid} " in second.stderr and str(tmp_path / "run") in second.stderr
+    _, err = first.communicate(timeout=900)
+    assert first.returncode == 0, err[-3000:]
+    played = [p for p in (tmp_path / "run").rglob("*.jsonl") if p.name in ("expert.jsonl", "games.jsonl", "it0.jsonl", "eval.jsonl")]
+    assert len(played) == 4, played  # the expert's games, the warm start's evaluation, the collection, aria's evaluation
+    for games in played:
+        ids = [r["game_id"] for r in read_trajectories(games)]
+        assert len(ids) == len(set(ids)), games
+    # the lock went with the process: a third run resumes (every stage is done: it only reports)
+    third = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert third.returncode == 0, third.stderr[-3000:]
+
+
+def test_a_full_disk_stops_the_run_with_one_line_and_the_rerun_after_freeing_space_resumes(
+        tmp_path, capsys, tiny_experiment, tiny_model_dir, tiny_sentence_model_dir):
+    """run_dir on a small tmpfs that fills up part-way (root; elsewhere the disk is faked full at
+    the same point: the 12th file written whole): the run stops with one line naming the
+    problem and what to do (exit 2), nothing half-written is trusted, and the same command run
+    again after space is freed ends with the table of a run that never stopped."""
+    import errno
+    import os
+    import subprocess
+
+    from aria import io
+    from aria.cli import command
+
+    straight = experiment.run(tiny_experiment(tmp_path / "straight"), lambda line: None)
+    cfg = tiny_experiment(tmp_path / "full")
+    run_dir = tmp_path / "full" / "run"
+    run_dir.mkdir(parents=True)
+    mounted = os.geteuid() == 0 and subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(run_dir)], capture_output=True).returncode == 0
+    real_write = io.atomic_write_bytes
+    try:
+        if not mounted:  # no tmpfs to fill: the 12th whole file written finds the disk full
+            writes = []
+
+            def full_disk(path, data):
+                writes.append(path)
+                if len(writes) >= 12:
+                    raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))
+                real_write(path, data)
+            io.atomic_write_bytes = full_disk
+        with pytest.raises(SystemExit) as stop:
+            with command(kept=lambda: "the finished stages"):
+                experiment.run(cfg, lambda line: None)
+        err = capsys.readouterr().err  # the progress bars of the stages before, then the one line
+        line = err.strip().splitlines()[-1]
+        assert stop.value.code == 2 and "Traceback" not in err and line.startswith("error: "), err[-2000:]
+        assert "No space left on device" in line and line.endswith(
+            "free some space, then re-run the same command to resume (finished work is kept)"), line
+        assert not (tmp_path / "full" / "results" / "table.md").exists()
+        # space freed: the same command resumes to the table of the run that never stopped
+        if mounted:
+            subprocess.run(["mount", "-o", "remount,size=512m", str(run_dir)], check=True)
+        io.atomic_write_bytes = real_write
+        resumed = experiment.run(cfg, lambda line: None)
+        assert (resumed / "table.md").read_text().replace(str(tmp_path / "full"), "") == \
+            (straight / "table.md").read_text().replace(str(tmp_path / "straight"), "")
+    finally:
+        io.atomic_write_bytes = real_write
+        if mounted:
+            subprocess.run(["umount", "-l", str(run_dir)], check=False)

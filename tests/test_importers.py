@@ -404,3 +404,20 @@ def test_parse_history_reproduces_released_training_prompts(games):
         ("Is the object a living thing?", "No."),
         ("Is the object a man-made object?", "No."),
     ]
+
+
+@pytest.mark.parametrize(("fmt", "game", "name", "text"), [
+    ("aria_msgs", "twenty_questions", "deep_msgs.jsonl", '{"actions": ' + "[" * 10000 + "]" * 10000 + "}\n"),
+    ("archer", "twenty_questions", "deep.json", "[" * 10000 + "]" * 10000),
+    ("aria_two_player", "bargaining", "deep.jsonl", '{"x": ' + "[" * 10000 + "]" * 10000 + "}\n"),
+], ids=["aria_msgs", "archer", "aria_two_player"])
+def test_json_nested_thousands_deep_is_one_line_naming_the_file(tmp_path, fmt, game, name, text):
+    """A hostile file nested 10,000 levels deep (before: RecursionError and its traceback)."""
+    path = tmp_path / name
+    path.write_text(text)
+    result = run_script("--format", fmt, "--game", game, str(path), str(tmp_path / "out.jsonl"))
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr[-2000:]
+    assert result.stderr.strip().splitlines() == [f"error: {path}{', line 1' if name.endswith('.jsonl') else ''}: "
+                                                  "JSON nested too deeply to read (thousands of levels): "
+                                                  "not a file of this project's kinds"]
+    assert not (tmp_path / "out.jsonl").exists()

@@ -128,3 +128,37 @@ def test_planted_key_reaches_no_file(tmp_path, monkeypatch, tiny_model_dir, tiny
     assert (tmp_path / "online" / "final" / "aria_training.json").is_file()
     assert json.loads((tmp_path / "online" / "final" / "aria_training.json").read_text())["config"]["oracle"]["api_key"] == REDACTED
     assert files_holding(tmp_path, list(PLANTED_ENV.values())) == []
+
+
+@pytest.mark.slow
+def test_keys_given_to_the_experiment_runner_reach_no_file(tmp_path, tiny_model_dir, tiny_sentence_model_dir):
+    """The runner with a key in the environment, one in a top-level override (the LLM oracle's),
+    one inside ``intention_overrides`` (the embedder's) and one inside ``train_overrides``: the
+    run uses them (the server saw the oracle's and the embedder's), and no file under the run
+    folder, the results folder or the working folder holds any (before: ``experiment.json`` and
+    ``trained_on.json`` kept the override strings as they were given)."""
+    from test_experiment import tiny_overrides
+
+    top, inner, train = "sk-top-level-5e6f7a8b9c", "sk-in-a-list-1a2b3c4d5e", "hf-in-train-overrides-0f9e8d"
+    server = start_server(Script(reply=lambda body: "Yes."))
+    overrides = [o for o in tiny_overrides(tmp_path, tiny_model_dir, tiny_sentence_model_dir)
+                 if not o.startswith(("intention_overrides=", "train_overrides="))]
+    overrides += [
+        "iterations=1", "methods=[aria]", "grad_variance.enabled=false",
+        "oracle=llm", f"oracle.base_url={server.url}", f"oracle.model={MODEL}", f"oracle.api_key={top}",
+        f"intention_overrides=['embedder=openai','embedder.base_url={server.url}','embedder.model=m',"
+        f"'embedder.api_key={inner}','clustering.k_max=4']",
+        "train_overrides=['train.mixed_precision=no','train.epochs=1','train.micro_batch_size=4',"
+        f"'train.gradient_accumulation_steps=1','+logging.hf_token={train}']",
+    ]
+    try:
+        done = subprocess.run([sys.executable, str(REPO / "scripts/run_experiment.py"), "--config-name", "experiment",
+                               *overrides], capture_output=True, text=True, timeout=900, cwd=tmp_path,
+                              env={**os.environ, **PLANTED_ENV})
+    finally:
+        server.stop()
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert f"Bearer {top}" in server.authorizations and f"Bearer {inner}" in server.authorizations
+    assert (tmp_path / "run" / "experiment.json").is_file() and (tmp_path / "results" / "table.md").is_file()
+    assert files_holding(tmp_path, [top, inner, train, *PLANTED_ENV.values()]) == []
+    assert not [k for k in (top, inner, train, *PLANTED_ENV.values()) if k in done.stdout + done.stderr]

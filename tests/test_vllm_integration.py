@@ -146,3 +146,134 @@ def test_the_second_turn_of_a_game_is_served_from_the_prefix_cache(vllm_server):
     assert prompt == second_len
     # every whole block of the shared history is reused (32-token blocks on the CPU build, 16 on a GPU)
     assert shared // 32 * 32 <= hits <= shared and hits > 0.6 * second_len, (hits, shared, second_len)
+
+
+# ---- a served run that ends badly: its server goes with it --------------------------------------------
+def descendants(pid: int) -> set[int]:
+    """``pid`` and every process below it (from /proc)."""
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+    found, todo = set(), [pid]
+    while todo:
+        p = todo.pop()
+        found.add(p)
+        todo += children.get(p, [])
+    return found
+
+
+def alive(pids: set[int]) -> set[int]:
+    left = set()
+    for pid in pids:
+        try:
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if state != "Z":
+            left.add(pid)
+    return left
+
+
+def served_evaluation(tmp_path: Path, sigint: str = "default") -> tuple[subprocess.Popen, Path, set[int]]:
+    """The experiment runner evaluating the embedded model through its own vLLM server, in a
+    session of its own: a terminal's foreground job (``sigint="default"``), or a job started in
+    the background, which ignores SIGINT (``"ignored"``). Returns once two games are written, with
+    the server's processes (the server and its engine)."""
+    import signal
+    import time
+
+    def as_job() -> None:
+        signal.signal(signal.SIGINT, signal.SIG_DFL if sigint == "default" else signal.SIG_IGN)
+
+    eval_file = tmp_path / "run" / "eval" / "it0.jsonl"
+    runner = subprocess.Popen(
+        [sys.executable, str(REPO / "scripts/run_experiment.py"), "--config-name", "experiment", "name=served",
+         f"run_dir={tmp_path / 'run'}", f"results_dir={tmp_path / 'results'}", "warm_start.enabled=false",
+         "methods=[]", "eval.games=200", "eval.max_tokens=16", "eval.batch_size=4"],
+        cwd=tmp_path, start_new_session=True, preexec_fn=as_job, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        text=True)
+    deadline = time.monotonic() + 900
+    while not (eval_file.is_file() and len(eval_file.read_text().splitlines()) >= 2):
+        assert runner.poll() is None, runner.communicate()[1][-3000:]
+        assert time.monotonic() < deadline, "no evaluation game was written"
+        time.sleep(0.5)
+    # the server is not the runner's child (the start script that launched it has exited): find it
+    # by its command line
+    found = subprocess.run(["pgrep", "-f", "--", "vllm.entrypoints.openai.api_server.*--served-model-name policy"],
+                           capture_output=True, text=True).stdout.split()
+    server = {int(p) for p in found}
+    assert len(server) == 1, server
+    return runner, eval_file, set().union(*(descendants(p) for p in server))
+
+
+def wait_gone(pids: set[int], seconds: float) -> set[int]:
+    import time
+
+    deadline = time.monotonic() + seconds
+    while alive(pids) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    return alive(pids)
+
+
+def test_ctrl_c_during_a_served_evaluation_stops_the_run_and_its_server_and_fails_no_game(tmp_path):
+    """Ctrl-C (SIGINT to the foreground process group) while the server plays: the run ends
+    within seconds with the resume line and exit 130, the server and its engine are gone, and no
+    game is recorded as failed because of the interrupt. (This held before the server got a session
+    of its own; the run that failed was a background one, which the next test covers.)"""
+    import signal
+    import time
+
+    runner, eval_file, server = served_evaluation(tmp_path)
+    try:
+        os.killpg(runner.pid, signal.SIGINT)
+        start = time.monotonic()
+        _, err = runner.communicate(timeout=120)
+        seconds = time.monotonic() - start
+        assert runner.returncode == 130, err[-3000:]
+        assert "Traceback" not in err, err[-3000:]
+        assert err.strip().splitlines()[-1].startswith("interrupted: ") and "re-run the same command" in err
+        assert seconds < 60, seconds
+        assert not wait_gone(server, 45), f"the server outlived the run: {alive(server)}"
+    finally:
+        if runner.poll() is None:
+            os.killpg(runner.pid, signal.SIGKILL)
+        for pid in alive(server):
+            os.kill(pid, signal.SIGKILL)
+    records = list(read_trajectories(eval_file))
+    assert records and all(r["status"] == "finished" for r in records), [r["errors"] for r in records]
+    assert len({r["game_id"] for r in records}) == len(records)
+
+
+def test_a_background_run_survives_a_sigint_to_its_group_and_a_killed_runner_takes_its_server_with_it(tmp_path):
+    """1. A run started in the background ignores SIGINT (as the shell sets it up), and a SIGINT
+    to its process group must not reach its server either (before: the server died, the run spent
+    300 s per request waiting on it, then recorded every game as failed): the games go on.
+    2. SIGKILL of the runner's own PID (as an OOM killer or a scheduler sends it, not to the
+    group): the server it started stops within seconds instead of holding memory and a port
+    (before: it ran on, reparented to init)."""
+    import signal
+    import time
+
+    runner, eval_file, server = served_evaluation(tmp_path, sigint="ignored")
+    try:
+        os.killpg(runner.pid, signal.SIGINT)
+        written = len(eval_file.read_text().splitlines())
+        deadline = time.monotonic() + 120
+        while len(eval_file.read_text().splitlines()) < written + 2 and time.monotonic() < deadline:
+            time.sleep(0.5)
+        assert runner.poll() is None and alive(server) == server, "the SIGINT stopped the run or its server"
+        records = list(read_trajectories(eval_file))
+        assert len(records) >= written + 2 and all(r["status"] == "finished" for r in records), \
+            [r["errors"] for r in records if r["status"] != "finished"]
+        os.kill(runner.pid, signal.SIGKILL)
+        runner.communicate(timeout=60)
+        assert not wait_gone(server, 45), f"the server outlived the run: {alive(server)}"
+    finally:
+        if runner.poll() is None:
+            os.killpg(runner.pid, signal.SIGKILL)
+        for pid in alive(server):
+            os.kill(pid, signal.SIGKILL)

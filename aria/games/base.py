@@ -20,6 +20,7 @@ from typing import Any, Mapping, Sequence
 
 import yaml
 
+from aria.cli import ConfigError
 from aria.games.text import PhraseIndex, extract_question
 from aria.io import DataError, read_json
 from aria.resources import REPO_ROOT, dataset_file
@@ -306,9 +307,9 @@ def structured_output(game_cfg: Mapping[str, Any], kind: str | None = None) -> s
     allowed = STRUCTURED_OUTPUTS[kind or ("two_player" if game_cfg.get("kind") == "two_player" else "question")]
     value = game_cfg.get("structured_output") or "none"
     if value not in allowed:
-        raise ValueError(f"{game_cfg['name']}: structured_output must be one of {allowed}, got {value!r}")
+        raise ConfigError(f"{game_cfg['name']}: structured_output must be one of {allowed}, got {value!r}")
     if value == "regex" and not game_cfg.get("reply_regex"):
-        raise ValueError(f"{game_cfg['name']}: structured_output: regex needs reply_regex in the game config")
+        raise ConfigError(f"{game_cfg['name']}: structured_output: regex needs reply_regex in the game config")
     return value
 
 

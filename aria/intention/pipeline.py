@@ -419,10 +419,11 @@ def step2_select_k(cfg: dict, echo: Printer = print) -> dict:
                        "clustering.weight is occurrences (as the clustering does), each text once when distinct",
         },
     }
-    atomic_write_json(out_path, _finite_json(report))
     from aria.intention.report import plot_selection
 
+    # the plot first: the report is what a re-run takes as "step 2 done", so it is written last
     plot_selection(report, run_dir / "selection.png")
+    atomic_write_json(out_path, _finite_json(report))
     k_text = ", ".join(f"{p}: k={k}" for p, k in chosen["k"].items())
     at = ks.index(next(iter(chosen["k"].values())))
     echo(f"[step 2] {chosen['criterion']} chose {k_text} ({chosen['why']}); on the {variance['kept_fraction'][at]:.0%} "

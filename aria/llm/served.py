@@ -36,7 +36,8 @@ def start_server(model_dir: Path, name: str, port: int, log: Path | None = None,
     (None: the script's defaults)."""
     import os
 
-    env = {**os.environ, "SERVED_MODEL_NAME": name}
+    # The server is stopped when this process ends, even by SIGKILL (the script's watcher).
+    env = {**os.environ, "SERVED_MODEL_NAME": name, "VLLM_PARENT_PID": str(os.getpid())}
     if log is not None:
         env["VLLM_LOG"] = str(log)
     if eager is not None:
