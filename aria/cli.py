@@ -21,12 +21,12 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
+from aria.io import ConfigError  # noqa: F401 - where commands and trainers import it from
+
 EXIT_BAD_INPUT = 2
 EXIT_INTERRUPTED = 130
 
 
-class ConfigError(ValueError):
-    """A setting that cannot work; the message names the setting (``train.optimizer: ...``)."""
 
 
 def _expected_errors() -> tuple[type[BaseException], ...]:

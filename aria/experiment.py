@@ -37,9 +37,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from aria.cli import ConfigError
 from aria.experiment_layout import Layout, games_of, is_two_player, iterations_of
-from aria.io import atomic_write_json, check_writable, hold_folder, read_json
+from aria.io import ConfigError, atomic_write_json, check_writable, hold_folder, read_json
 from aria.resources import compose_config
 from aria.secrets import redact
 

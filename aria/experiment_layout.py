@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from aria.cli import ConfigError
+from aria.io import ConfigError
 
 
 # ---- where things live ------------------------------------------------------------------------------

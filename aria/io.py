@@ -34,6 +34,10 @@ class DataError(ValueError):
         super().__init__(f"{': '.join([', '.join(where), problem])}")
 
 
+class ConfigError(ValueError):
+    """A setting that cannot work; the message names the setting (``train.optimizer: ...``)."""
+
+
 def check_writable(folder: str | os.PathLike) -> Path:
     """Make ``folder`` if needed and write a file in it, so that a folder that cannot take the
     results (read-only, forbidden, a file in its place) fails at the start of a run with its

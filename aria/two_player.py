@@ -38,13 +38,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from aria.cli import ConfigError
 from aria.data import Transcript
 from aria.games.base import structured_output
 from aria.games.glee import PLAYERS, GameConfig, Match, Move, config_set, config_to_dict, normalized_rewards, winner
 from aria.games.glee_text import shown_text, system_prompt
 from aria.games.offers import MESSAGE_CHARS, OFFER_STEPS, ParseError, parse_reply, reply_schema
 from aria.games.scripted import SCRIPTED_PLAYERS, reply_json
+from aria.io import ConfigError
 from aria.llm.base import ChatModel, Completion, Message, OutputFormat, concurrent
 from aria.scheduler import PlaySummary, run_games
 from aria.trajectories import describe, make_two_player_record

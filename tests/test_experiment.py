@@ -94,14 +94,21 @@ def tiny_experiment(tmp_path_factory, tiny_model_dir, tiny_sentence_model_dir):
     return make
 
 
+@pytest.fixture(scope="module")
+def straight_run(tmp_path_factory, tiny_experiment):
+    """The tiny experiment run straight through: its folder, its results folder and its lines."""
+    root = tmp_path_factory.mktemp("straight")
+    lines: list[str] = []
+    out = experiment.run(tiny_experiment(root), lines.append)
+    return root, out, lines
+
+
 class Interrupted(Exception):
     pass
 
 
-def test_the_runner_resumes_at_every_stage_to_the_same_table(tmp_path, tiny_experiment, monkeypatch):
-    straight = tiny_experiment(tmp_path / "straight")
-    lines: list[str] = []
-    out = experiment.run(straight, lines.append)
+def test_the_runner_resumes_at_every_stage_to_the_same_table(tmp_path, tiny_experiment, straight_run, monkeypatch):
+    straight_root, out, lines = straight_run
     table = (out / "table.md").read_text()
     results = json.loads((out / "results.json").read_text())
     # every arm was evaluated, the warm start included, and the paired test ran at both iterations
@@ -134,8 +141,7 @@ def test_the_runner_resumes_at_every_stage_to_the_same_table(tmp_path, tiny_expe
             experiment.run(cut, lambda line: None)
     monkeypatch.setattr(experiment, "plan", original_plan)
     resumed = experiment.run(cut, lambda line: None)
-    assert (resumed / "table.md").read_text().replace(str(tmp_path / "cut"), "") == \
-        table.replace(str(tmp_path / "straight"), "")
+    assert (resumed / "table.md").read_text().replace(str(tmp_path / "cut"), "") == table.replace(str(straight_root), "")
 
 
 def test_eta_uses_the_times_of_finished_stages_of_the_same_kind():
@@ -242,7 +248,7 @@ def test_a_second_run_into_the_same_run_dir_is_refused_and_the_first_completes(t
 
 
 def test_a_full_disk_stops_the_run_with_one_line_and_the_rerun_after_freeing_space_resumes(
-        tmp_path, capsys, tiny_experiment, tiny_model_dir, tiny_sentence_model_dir):
+        tmp_path, capsys, tiny_experiment, straight_run):
     """run_dir on a small tmpfs that fills up part-way (root; elsewhere the disk is faked full at
     the same point: the 12th file written whole): the run stops with one line naming the
     problem and what to do (exit 2), nothing half-written is trusted, and the same command run
@@ -254,7 +260,7 @@ def test_a_full_disk_stops_the_run_with_one_line_and_the_rerun_after_freeing_spa
     from aria import io
     from aria.cli import command
 
-    straight = experiment.run(tiny_experiment(tmp_path / "straight"), lambda line: None)
+    straight_root, straight, _ = straight_run
     cfg = tiny_experiment(tmp_path / "full")
     run_dir = tmp_path / "full" / "run"
     run_dir.mkdir(parents=True)
@@ -286,7 +292,7 @@ def test_a_full_disk_stops_the_run_with_one_line_and_the_rerun_after_freeing_spa
         io.atomic_write_bytes = real_write
         resumed = experiment.run(cfg, lambda line: None)
         assert (resumed / "table.md").read_text().replace(str(tmp_path / "full"), "") == \
-            (straight / "table.md").read_text().replace(str(tmp_path / "straight"), "")
+            (straight / "table.md").read_text().replace(str(straight_root), "")
     finally:
         io.atomic_write_bytes = real_write
         if mounted:

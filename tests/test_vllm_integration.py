@@ -277,3 +277,31 @@ def test_a_background_run_survives_a_sigint_to_its_group_and_a_killed_runner_tak
             os.killpg(runner.pid, signal.SIGKILL)
         for pid in alive(server):
             os.kill(pid, signal.SIGKILL)
+
+
+def test_the_start_script_refuses_a_port_that_another_server_holds(tmp_path, vllm_server):
+    """Another server on the port would answer for the new one (which would die with "address
+    already in use") and the script would report a PID that serves nothing."""
+    port = vllm_server["BASE_URL"].rsplit(":", 1)[1].split("/")[0]
+    done = subprocess.run(["bash", str(REPO / "scripts/serve_vllm.sh"), str(embedded_model_dir()), port],
+                          capture_output=True, text=True, timeout=60,
+                          env={**os.environ, "SERVED_MODEL_NAME": vllm_server["MODEL_NAME"], "VLLM_LOG": str(tmp_path / "l")})
+    assert done.returncode == 1 and "PID=" not in done.stdout
+    assert f"127.0.0.1:{port} is taken: another process listens there; give another port" in done.stderr
+
+
+def test_no_engine_process_outlives_its_api_server(vllm_server):
+    """SIGKILL of the API server alone (an OOM killer's choice): its engine processes, which held
+    gigabytes on their own before, are stopped within seconds by the start script's watcher.
+    Last in this file: it kills the module's server rather than start one more (40 s)."""
+    import signal
+
+    api = int(vllm_server["PID"])
+    group = descendants(api)
+    try:
+        assert len(alive(group)) >= 2, group  # the API server and at least its engine core
+        os.kill(api, signal.SIGKILL)
+        assert not wait_gone(group, 45), f"left behind: {alive(group)}"
+    finally:
+        for pid in alive(group):
+            os.kill(pid, signal.SIGKILL)

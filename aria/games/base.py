@@ -20,9 +20,8 @@ from typing import Any, Mapping, Sequence
 
 import yaml
 
-from aria.cli import ConfigError
 from aria.games.text import PhraseIndex, extract_question
-from aria.io import DataError, read_json
+from aria.io import ConfigError, DataError, read_json
 from aria.resources import REPO_ROOT, dataset_file
 
 GAME_CONFIG_DIR = REPO_ROOT / "config" / "game"
