@@ -267,6 +267,9 @@ def test_prefix_tree_scores_equal_padded_scores(tiny_model_dir, dtype):
     for budget in (10_000, 150, 1):
         packs = prefix_tree_packs([s.input_ids for s in steps], budget)
         assert np.abs(score_prefix_trees(model, steps, budget, pad_id=tokenizer.pad_token_id) - padded).max() < tolerance, budget
+    for batch_size in (4, 16):  # the trainer's evaluation: micro-batches as padded batches of prefix trees
+        in_trees = score_encoded(model, steps, tokenizer.pad_token_id, batch_size=batch_size, packing="prefix_tree")
+        assert np.abs(in_trees - padded).max() < tolerance, batch_size
     whole = prefix_tree_packs([s.input_ids for s in steps], 10_000)
     assert len(whole) == 1 and len(whole[0].input_ids) < 0.6 * sum(len(s.input_ids) for s in steps)
     assert len(packs) == len(steps)  # budget 1: one sample per pass, the plain forward

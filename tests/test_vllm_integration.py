@@ -210,6 +210,16 @@ def served_evaluation(tmp_path: Path, sigint: str = "default") -> tuple[subproce
     return runner, eval_file, set().union(*(descendants(p) for p in server))
 
 
+def kill_all(runner: subprocess.Popen, server: set[int]) -> None:
+    """Whatever a failed test leaves running: the runner's process group and the server."""
+    import signal
+
+    if runner.poll() is None:
+        os.killpg(runner.pid, signal.SIGKILL)
+    for pid in alive(server):
+        os.kill(pid, signal.SIGKILL)
+
+
 def wait_gone(pids: set[int], seconds: float) -> set[int]:
     import time
 
@@ -239,10 +249,7 @@ def test_ctrl_c_during_a_served_evaluation_stops_the_run_and_its_server_and_fail
         assert seconds < 60, seconds
         assert not wait_gone(server, 45), f"the server outlived the run: {alive(server)}"
     finally:
-        if runner.poll() is None:
-            os.killpg(runner.pid, signal.SIGKILL)
-        for pid in alive(server):
-            os.kill(pid, signal.SIGKILL)
+        kill_all(runner, server)
     records = list(read_trajectories(eval_file))
     assert records and all(r["status"] == "finished" for r in records), [r["errors"] for r in records]
     assert len({r["game_id"] for r in records}) == len(records)
@@ -273,10 +280,7 @@ def test_a_background_run_survives_a_sigint_to_its_group_and_a_killed_runner_tak
         runner.communicate(timeout=60)
         assert not wait_gone(server, 45), f"the server outlived the run: {alive(server)}"
     finally:
-        if runner.poll() is None:
-            os.killpg(runner.pid, signal.SIGKILL)
-        for pid in alive(server):
-            os.kill(pid, signal.SIGKILL)
+        kill_all(runner, server)
 
 
 def test_the_start_script_refuses_a_port_that_another_server_holds(tmp_path, vllm_server):

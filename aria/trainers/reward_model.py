@@ -113,37 +113,23 @@ def score_prefix_trees(model, encoded: Sequence[EncodedSample], max_tokens: int 
 
 @torch.inference_mode()
 def score_encoded(model, encoded: Sequence[EncodedSample], pad_id: int, batch_size: int = 16,
-                  device: torch.device | str = "cpu") -> np.ndarray:
-    """Scores of encoded samples, in order, batched by similar length (no gradients)."""
-    was_training = model.training
-    model.eval()
-    order = sorted(range(len(encoded)), key=lambda i: len(encoded[i].input_ids))
-    out = np.zeros(len(encoded), dtype=np.float64)
-    for start in range(0, len(order), batch_size):
-        chunk = order[start : start + batch_size]
-        batch = {k: v.to(device) for k, v in collate([encoded[i] for i in chunk], pad_id).items()}
-        out[chunk] = reward_scores(model, batch).cpu().numpy()
-    model.train(was_training)
-    return out
-
-
-@torch.inference_mode()
-def score_in_trees(model, encoded: Sequence[EncodedSample], pad_id: int, batch_size: int = 16,
-                   device: torch.device | str = "cpu") -> np.ndarray:
-    """Scores of encoded samples, in order, ``batch_size`` at a time in prefix trees
-    (:func:`aria.packing.collate_tree`; samples sorted by their tokens, so a game's steps meet):
-    the same scores as :func:`score_encoded` up to float rounding, for any model
-    :func:`reward_scores` drives (a training model under peft or DDP included)."""
+                  device: torch.device | str = "cpu", packing: str = "padded") -> np.ndarray:
+    """Scores of encoded samples, in order, ``batch_size`` at a time (no gradients): in padded
+    rows of similar length, or with ``packing="prefix_tree"`` in prefix trees
+    (:func:`aria.packing.collate_tree`; samples sorted by their tokens, so a game's steps meet),
+    which give the same scores up to float rounding for any model :func:`reward_scores` drives
+    (a training model under peft or DDP included)."""
     from aria.packing import collate_tree
 
+    trees = packing == "prefix_tree"
     was_training = model.training
     model.eval()
-    order = sorted(range(len(encoded)), key=lambda i: encoded[i].input_ids)
+    order = sorted(range(len(encoded)), key=(lambda i: encoded[i].input_ids) if trees else (lambda i: len(encoded[i].input_ids)))
     out = np.zeros(len(encoded), dtype=np.float64)
     for start in range(0, len(order), batch_size):
-        chunk = order[start : start + batch_size]
-        batch = {k: v.to(device) for k, v in collate_tree([encoded[i] for i in chunk], pad_id).items()}
-        out[chunk] = reward_scores(model, batch).cpu().numpy()
+        chunk = [encoded[i] for i in order[start : start + batch_size]]
+        batch = collate_tree(chunk, pad_id) if trees else collate(chunk, pad_id)
+        out[order[start : start + batch_size]] = reward_scores(model, {k: v.to(device) for k, v in batch.items()}).cpu().numpy()
     model.train(was_training)
     return out
 
@@ -190,9 +176,8 @@ class RewardModelTrainer(OfflineTrainer):
             return {}
         encoded = [self.encode(s) for s in self.eval_samples]
         target = np.array([float(s["reward"]) for s in self.eval_samples])
-        scorer = score_in_trees if self.packing == "prefix_tree" else score_encoded
-        score = scorer(self.model, encoded, self.tokenizer.pad_token_id, self.cfg["train"]["micro_batch_size"],
-                       self.accelerator.device)
+        score = score_encoded(self.model, encoded, self.tokenizer.pad_token_id, self.cfg["train"]["micro_batch_size"],
+                              self.accelerator.device, packing=self.packing)
         loss = float(self.loss_fn(torch.tensor(score), torch.tensor(target), **self.loss_options))
         result = {"eval_samples": len(target), "eval_loss": round(loss, 6),
                   **{f"eval_{k}": (None if v is None else round(v, 4)) for k, v in correlations(score, target).items()}}
