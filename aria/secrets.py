@@ -6,7 +6,7 @@ project writes through :mod:`aria.io` (configs, summaries, reports, checkpoints'
 trajectories) and every hyper-parameter it logs goes through :func:`redact` or
 :func:`redact_text`, so neither a model folder nor a results folder carries one.
 
-Two rules:
+Three rules:
 
 * **By name.** The value of a key named like a secret (``api_key``, ``apikey``, ``token``,
   ``access_token``, ``secret``, ``password``, ``authorization``, also with a prefix such as
