@@ -27,8 +27,6 @@ EXIT_BAD_INPUT = 2
 EXIT_INTERRUPTED = 130
 
 
-
-
 def _expected_errors() -> tuple[type[BaseException], ...]:
     from aria.intention.pipeline import StaleInput
     from aria.io import DataError, InUse
