@@ -21,6 +21,15 @@ less than half its tokens with the samples before it starts a tree of its own
 (:data:`MIN_SHARED`), because a tree's attention is dense, so merging samples that share little
 costs more than it saves. A left-truncated prompt (longer than ``max_prompt_tokens``) starts
 inside the history and shares nothing, so it is a tree of its own; :func:`packing_stats` counts them.
+Small trees share a row of the batch, side by side (:func:`tree_rows`): a row is as long as the
+largest tree anyway, and a tree sees only its own nodes.
+
+Trees are not always cheaper. A micro-batch whose samples share little (another game in every
+sample, prompts cut on the left) saves few tokens, and a long tree's dense attention costs more
+per token than a short row's. :func:`cheaper_layout` counts both layouts' compute (the weights'
+share per token, and attention over each token's row: :func:`layout_cost`) and
+:func:`aria.policy.collate_as` lays such a micro-batch out in padded rows. The two layouts give
+the same values, so the choice changes time and memory only.
 
 What stays as it was: a micro-batch is the same number of samples, its loss the same mean, the
 accumulation and schedule the same. What changes is which samples share a micro-batch:
@@ -149,9 +158,67 @@ def tree_tokens(sequences: Sequence[Sequence[int]]) -> int:
 
 def micro_batch_tokens(sequences: Sequence[Sequence[int]]) -> tuple[int, int]:
     """(nodes, cells) of a micro-batch laid out by :func:`collate_tree`: the nodes of its trees,
-    and the cells of their padded batch (trees x the largest tree)."""
+    and the cells of their padded batch (rows x the largest tree, :func:`tree_rows`)."""
     sizes = [tree_tokens([sequences[i] for i in group]) for group in tree_groups(sequences)]
-    return sum(sizes), len(sizes) * max(sizes)
+    return sum(sizes), len(tree_rows(sizes)) * max(sizes)
+
+
+def tree_rows(sizes: Sequence[int]) -> list[list[int]]:
+    """The trees (indices into ``sizes``, their node counts) placed side by side in rows as long as
+    the largest tree, first fit in decreasing size. Every row of the padded batch costs the full
+    length (attention under a dense mask computes padding too), so fewer rows are less work; a
+    tree in a row attends only to its own nodes, so the values do not change."""
+    width = max(sizes)
+    rows: list[list[int]] = []
+    free: list[int] = []
+    for i in sorted(range(len(sizes)), key=lambda i: (-sizes[i], i)):
+        row = next((r for r, room in enumerate(free) if room >= sizes[i]), None)
+        if row is None:
+            rows.append([])
+            free.append(width)
+            row = len(rows) - 1
+        rows[row].append(i)
+        free[row] -= sizes[i]
+    return rows
+
+
+# ---- which layout costs less ------------------------------------------------------------------------
+def attention_break_even(model) -> float | None:
+    """The context length at which a token's attention costs as much as its pass through the
+    weights: 2 FLOPs per weight of the transformer body against 4 · hidden size FLOPs per earlier
+    token per layer (scores and the weighted sum), so ``body weights / (2 · hidden · layers)``
+    (SmolLM2-135M: about 3,070 tokens; an 8B Llama: about 27,000). None when the model's config
+    does not say its hidden size and layers: then trees are always used."""
+    config = getattr(model, "config", None) or getattr(getattr(model, "module", None), "config", None)
+    hidden, layers = getattr(config, "hidden_size", None), getattr(config, "num_hidden_layers", None)
+    if not hidden or not layers:
+        return None
+    def size(p):  # DeepSpeed ZeRO-3 leaves a partitioned weight empty and keeps its size aside
+        return getattr(p, "ds_numel", p.numel())
+
+    total = sum(size(p) for p in model.parameters())
+    embeddings = {id(m.weight): size(m.weight) for m in (model.get_input_embeddings(), model.get_output_embeddings())
+                  if m is not None and getattr(m, "weight", None) is not None}  # a tied head counted once
+    body = total - sum(embeddings.values())
+    return body / (2.0 * hidden * layers) if body > 0 else None
+
+
+def layout_cost(rows: int, length: int, break_even: float) -> float:
+    """Compute of a padded batch of ``rows`` x ``length`` cells, in units of one token's pass
+    through the weights: every cell passes through them and attends to its whole row (a dense or
+    padded mask computes the masked scores too)."""
+    return rows * length * (1.0 + length / break_even)
+
+
+def cheaper_layout(sequences: Sequence[Sequence[int]], break_even: float | None) -> str:
+    """``prefix_tree`` or ``padded``: the layout of a micro-batch of ``sequences`` that costs less
+    (:func:`layout_cost`); trees when ``break_even`` is None."""
+    if break_even is None:
+        return "prefix_tree"
+    sizes = [tree_tokens([sequences[i] for i in group]) for group in tree_groups(sequences)]
+    trees = layout_cost(len(tree_rows(sizes)), max(sizes), break_even)
+    rows = layout_cost(len(sequences), max(len(s) for s in sequences), break_even)
+    return "prefix_tree" if trees <= rows else "padded"
 
 
 # ---- training batches --------------------------------------------------------------------------------
@@ -179,7 +246,8 @@ def tree_groups(sequences: Sequence[Sequence[int]], min_shared: float = MIN_SHAR
 
 def collate_tree(samples: Sequence, pad_id: int | None = None) -> dict[str, torch.Tensor]:
     """A micro-batch of encoded samples (:class:`aria.policy.EncodedSample`) as prefix trees: its
-    samples split into trees (:func:`tree_groups`), the K trees one right-padded batch.
+    samples split into trees (:func:`tree_groups`), the trees side by side in K rows as long as
+    the largest tree, N nodes (:func:`tree_rows`), one right-padded batch.
 
     Returns the model's inputs, ``input_ids`` and ``position_ids`` [K, N] and a boolean
     ``attention_mask`` [K, 1, N, N] (True: may attend; a padding node sees only itself), and what
@@ -202,7 +270,8 @@ def collate_tree(samples: Sequence, pad_id: int | None = None) -> dict[str, torc
             raise ValueError(f"sample {i} of the micro-batch has no prompt token before its action")
     sequences = [s.input_ids for s in samples]
     trees = [prefix_tree(sequences, members) for members in tree_groups(sequences)]
-    k, n = len(trees), max(len(t.input_ids) for t in trees)
+    rows = tree_rows([len(t.input_ids) for t in trees])
+    k, n = len(rows), max(len(t.input_ids) for t in trees)
     input_ids = np.full((k, n), pad_id if pad_id is not None else 0, dtype=np.int64)
     positions = np.zeros((k, n), dtype=np.int64)
     mask = np.zeros((k, 1, n, n), dtype=bool)
@@ -210,15 +279,19 @@ def collate_tree(samples: Sequence, pad_id: int | None = None) -> dict[str, torc
     keep = np.zeros((k, n), dtype=bool)
     predictors, targets, owners = [], [], []
     score_nodes = np.zeros(len(samples), dtype=np.int64)
-    for t, tree in enumerate(trees):
-        size = len(tree.input_ids)
-        input_ids[t, :size], positions[t, :size], mask[t, 0, :size, :size] = tree.input_ids, tree.positions, tree.attends
-        for i, path in zip(tree.samples.tolist(), tree.paths):
-            ids, first = samples[i].input_ids, samples[i].prompt_len
-            predictors.append(t * n + path[first - 1 : len(ids) - 1])
-            targets.append(np.asarray(ids[first:], dtype=np.int64))
-            owners.append(np.full(len(ids) - first, i, dtype=np.int64))
-            score_nodes[i] = t * n + path[score_position(ids, pad_id)]
+    for r, row in enumerate(rows):
+        start = 0  # where the next tree of the row begins
+        for tree in (trees[t] for t in row):
+            end = start + len(tree.input_ids)
+            input_ids[r, start:end], positions[r, start:end] = tree.input_ids, tree.positions
+            mask[r, 0, start:end, start:end] = tree.attends
+            for i, path in zip(tree.samples.tolist(), tree.paths):
+                ids, first, nodes = samples[i].input_ids, samples[i].prompt_len, r * n + start + path
+                predictors.append(nodes[first - 1 : len(ids) - 1])
+                targets.append(np.asarray(ids[first:], dtype=np.int64))
+                owners.append(np.full(len(ids) - first, i, dtype=np.int64))
+                score_nodes[i] = nodes[score_position(ids, pad_id)]
+            start = end
     predictors = np.concatenate(predictors)
     keep.reshape(-1)[predictors] = True
     row_of = np.cumsum(keep.reshape(-1)) - 1  # a kept node's row among the kept nodes
@@ -332,15 +405,24 @@ def sample_groups(samples: Sequence[dict]) -> list[Hashable]:
     return [(s["game_id"], s.get("role")) if s.get("game_id") is not None else ("#", i) for i, s in enumerate(samples)]
 
 
-def packing_stats(samples: Sequence, batches: Sequence[Sequence[int]]) -> dict[str, int | float]:
+def packing_stats(samples: Sequence, batches: Sequence[Sequence[int]], break_even: float | None = None) -> dict[str, int | float]:
     """What prefix-tree packing saves on ``batches`` of encoded samples: tokens of the samples'
     own rows against nodes of the micro-batches' trees (and the cells of their padded batches),
-    and the left-truncated prompts (a tree of their own each)."""
-    rows = sum(len(samples[i].input_ids) for batch in batches for i in batch)
-    laid_out = [micro_batch_tokens([samples[i].input_ids for i in batch]) for batch in batches]
-    nodes, cells = sum(n for n, _ in laid_out), sum(c for _, c in laid_out)
+    the left-truncated prompts (a tree of their own each), and with the model's ``break_even``
+    the micro-batches laid out in rows instead (:func:`cheaper_layout`) and the tokens computed
+    in the layout each micro-batch gets."""
+    nodes = cells = rows = computed = in_rows = 0
+    for batch in batches:
+        sequences = [samples[i].input_ids for i in batch]
+        batch_nodes, batch_cells = micro_batch_tokens(sequences)
+        batch_rows = sum(len(s) for s in sequences)
+        trees = cheaper_layout(sequences, break_even) == "prefix_tree"
+        nodes, cells, rows = nodes + batch_nodes, cells + batch_cells, rows + batch_rows
+        computed += batch_nodes if trees else batch_rows
+        in_rows += not trees
     return {"row_tokens": rows, "tree_tokens": nodes, "tree_cells": cells, "saving": round(rows / max(nodes, 1), 3),
-            "truncated_prompts": sum(bool(getattr(samples[i], "truncated", False)) for batch in batches for i in batch)}
+            "truncated_prompts": sum(bool(getattr(samples[i], "truncated", False)) for batch in batches for i in batch),
+            "micro_batches_in_rows": in_rows, "computed_tokens": computed}
 
 
 #: How a trainer lays a micro-batch out for the model (config ``train.packing``).

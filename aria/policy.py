@@ -123,15 +123,21 @@ def collate(samples: Sequence[EncodedSample], pad_id: int) -> dict[str, torch.Te
             "prompt_len": torch.tensor([s.prompt_len for s in samples])}
 
 
-def collate_as(samples: Sequence[EncodedSample], pad_id: int, packing: str = "padded") -> dict[str, torch.Tensor]:
+def collate_as(samples: Sequence[EncodedSample], pad_id: int, packing: str = "padded",
+               break_even: float | None = None) -> dict[str, torch.Tensor]:
     """A micro-batch laid out as ``packing`` says (config ``train.packing``): ``padded`` rows
     (:func:`collate`) or prefix trees (:func:`aria.packing.collate_tree`). Both read back to
-    the same log-probabilities and scores (:func:`action_logprobs`)."""
-    from aria.packing import PACKINGS, collate_tree
+    the same log-probabilities and scores (:func:`action_logprobs`). Under ``prefix_tree``, a
+    micro-batch whose trees would cost more than its rows is laid out in rows
+    (:func:`aria.packing.cheaper_layout`, with the model's ``break_even``,
+    :func:`aria.packing.attention_break_even`; None: always trees)."""
+    from aria.packing import PACKINGS, cheaper_layout, collate_tree
 
     if packing not in PACKINGS:
         raise ValueError(f"unknown packing {packing!r} (known: {', '.join(PACKINGS)})")
-    return collate_tree(samples, pad_id) if packing == "prefix_tree" else collate(samples, pad_id)
+    if packing == "prefix_tree" and cheaper_layout([s.input_ids for s in samples], break_even) == "prefix_tree":
+        return collate_tree(samples, pad_id)
+    return collate(samples, pad_id)
 
 
 def action_logprobs(model, batch: dict[str, torch.Tensor]) -> torch.Tensor:

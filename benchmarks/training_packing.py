@@ -70,12 +70,14 @@ def offline_config(trainer: str, train_file: str, model: str, out: Path, overrid
 
 
 def tokens_of(trainer) -> dict:
-    """Tokens one epoch computes on this process: the trees' nodes, or real tokens and padded cells."""
+    """Tokens one epoch computes on this process: the trees' nodes (the rows' tokens for a
+    micro-batch that is cheaper in rows), or real tokens and padded cells."""
     batches = trainer._epoch_batches(0)
     if trainer.packing == "prefix_tree":
         stats = trainer.packing_stats(batches)
-        return {"tokens": stats["tree_tokens"], "cells": stats["tree_cells"], "row_tokens": stats["row_tokens"],
-                "truncated_prompts": stats["truncated_prompts"]}
+        return {"tokens": stats["computed_tokens"], "cells": stats["tree_cells"], "row_tokens": stats["row_tokens"],
+                "tree_tokens": stats["tree_tokens"], "micro_batches_in_rows": stats["micro_batches_in_rows"],
+                "micro_batches": len(batches), "truncated_prompts": stats["truncated_prompts"]}
     rows = [[len(trainer.encoded[i].input_ids) for i in b] for b in batches]
     real = sum(sum(r) for r in rows)
     return {"tokens": real, "cells": sum(max(r) * len(r) for r in rows), "row_tokens": real,
@@ -293,6 +295,8 @@ def main(argv=None) -> int:
                         "tree_tokens": runs["prefix_tree"][0]["tokens"],
                         "row_tokens": runs["prefix_tree"][0]["row_tokens"],  # the same samples, one row each
                         "token_ratio": round(runs["prefix_tree"][0]["row_tokens"] / runs["prefix_tree"][0]["tokens"], 2),
+                        "micro_batches_in_rows": runs["prefix_tree"][0].get("micro_batches_in_rows"),
+                        "micro_batches": runs["prefix_tree"][0].get("micro_batches"),
                         "truncated_prompts": runs["prefix_tree"][0]["truncated_prompts"],
                         "samples": runs["prefix_tree"][0]["samples"]})
         row.update({f"{w}_peak_rss_mb": max(r["peak_rss_mb"] for r in runs[w]) for w in WAYS})

@@ -57,6 +57,64 @@ def test_samples_that_share_little_get_trees_of_their_own():
     assert micro_batch_tokens(sequences) == (7 + 8 + 3, 3 * 8)
 
 
+def test_small_trees_share_a_row_first_fit_in_decreasing_size():
+    from aria.packing import tree_rows
+
+    # rows as long as the largest tree (5): 5 alone; 3 + 2; then 2 + 1 (no room left beside 3 + 2)
+    assert tree_rows([2, 5, 3, 1, 2]) == [[1], [2, 0], [4, 3]]
+    assert tree_rows([4]) == [[0]] and tree_rows([1, 3, 1, 1]) == [[1], [0, 2, 3]]
+
+
+def test_the_cheaper_layout_by_hand():
+    """Tree layout against padded rows, each cell costing 1 + its row's length / break_even."""
+    from aria.packing import cheaper_layout, layout_cost
+
+    a, b = list(range(10)), list(range(5)) + list(range(20, 25))  # b shares half of a: one tree of 15 nodes
+    assert layout_cost(1, 15, 10.0) == 15 * 2.5 and layout_cost(2, 10, 10.0) == 2 * 10 * 2.0
+    assert cheaper_layout([a, b], 10.0) == "prefix_tree"  # 37.5 against 40
+    assert cheaper_layout([a, b], 2.0) == "padded"  # 15 * 8.5 = 127.5 against 2 * 10 * 6 = 120
+    assert cheaper_layout([a, b], None) == "prefix_tree"  # no model figure: always trees
+    # five steps of one game: a tree of 14 nodes against 5 rows of up to 14
+    game = [list(range(10 + k)) for k in range(5)]
+    assert cheaper_layout(game, 2.0) == "prefix_tree"
+
+
+def test_attention_break_even_counts_the_body_weights(tiny_model_dir):
+    """body weights / (2 · hidden · layers), the body counted by hand from the tiny Llama's shapes."""
+    from aria.packing import attention_break_even
+
+    _, model = load_policy(str(tiny_model_dir))
+    c = model.config
+    kv = c.num_key_value_heads * (c.hidden_size // c.num_attention_heads)
+    layer = 2 * c.hidden_size * c.hidden_size + 2 * c.hidden_size * kv + 3 * c.hidden_size * c.intermediate_size \
+        + 2 * c.hidden_size  # q, o; k, v; gate, up, down; two norms
+    body = c.num_hidden_layers * layer + c.hidden_size  # the final norm
+    assert attention_break_even(model) == pytest.approx(body / (2 * c.hidden_size * c.num_hidden_layers))
+
+
+def test_a_micro_batch_that_is_cheaper_in_rows_is_laid_out_in_rows(tiny_model_dir, played_samples):
+    """The steps of played games stay in trees even when attention dominates (one tree is far
+    shorter than their rows together); two samples that share only half their tokens go to rows
+    once attention costs more than the weights (:func:`test_the_cheaper_layout_by_hand`)."""
+    from aria.policy import EncodedSample, collate_as
+
+    tokenizer, _ = load_policy(str(tiny_model_dir))
+    encoded = encode_all(tokenizer, played_samples)
+    pad = tokenizer.pad_token_id
+    for break_even in (None, 3000.0, 1e-3):
+        assert "logit_nodes" in collate_as(encoded, pad, "prefix_tree", break_even=break_even)
+    assert "logit_nodes" not in collate_as(encoded, pad, "padded", break_even=None)
+    half = [EncodedSample(list(range(3, 13)), 8), EncodedSample(list(range(3, 8)) + list(range(20, 25)), 8)]
+    assert "logit_nodes" in collate_as(half, pad, "prefix_tree", break_even=10.0)
+    rows = collate_as(half, pad, "prefix_tree", break_even=2.0)
+    assert all(torch.equal(rows[k], v) for k, v in collate(half, pad).items())
+
+    stats = packing_stats(half + encoded, [[0, 1], list(range(2, 2 + len(encoded)))], break_even=2.0)
+    assert stats["micro_batches_in_rows"] == 1
+    assert stats["computed_tokens"] == 20 + stats["tree_tokens"] - 15  # the half-sharing pair: 20 row tokens, not 15 nodes
+    assert packing_stats(half, [[0, 1]], break_even=10.0)["computed_tokens"] == 15
+
+
 def test_score_position_reads_what_a_padded_row_reads():
     assert score_position([5, 6, 2], pad_id=0) == 2
     assert score_position([5, 6, 2, 2], pad_id=2) == 1  # pad == end of turn: the action's last token
@@ -174,6 +232,10 @@ def test_tree_logprobs_loss_and_gradient_equal_padded_rows(case, attention, tiny
     assert (grad_tree - grad_rows).norm() <= 1e-4 * grad_rows.norm()
     if case in ("one_game", "question_games", "two_player"):  # steps of the same games share their history
         assert tree["input_ids"].numel() < 0.7 * sum(len(e.input_ids) for e in encoded)
+    if case == "mixed":  # small trees (cut prompts, other games) sit side by side in a row
+        from aria.packing import tree_groups
+
+        assert tree["input_ids"].shape[0] < len(tree_groups([e.input_ids for e in encoded]))
 
     # The comparison can fail: the same tokens without the tree's mask (one causal sequence) differ.
     n = tree["input_ids"].shape[1]

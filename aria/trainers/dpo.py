@@ -84,12 +84,13 @@ class TrajectoryDPOTrainer(OfflineTrainer):
         """Every step of the chosen trajectories of pairs ``indices``, then of the rejected ones;
         ``trajectory`` [rows] says which of the 2·P trajectories (chosen first) a row belongs to."""
         rows = self._rows(indices)
-        batch = collate_as([self.encoded[step] for _, step in rows], self.tokenizer.pad_token_id, self.packing)
+        batch = collate_as([self.encoded[step] for _, step in rows], self.tokenizer.pad_token_id, self.packing,
+                           self.break_even)
         batch["trajectory"] = torch.tensor([slot for slot, _ in rows])
         return {k: v.to(self.accelerator.device) for k, v in batch.items()}
 
     def packing_stats(self, batches: list[list[int]]) -> dict:
-        return packing_stats(self.encoded, [[step for _, step in self._rows(b)] for b in batches])
+        return packing_stats(self.encoded, [[step for _, step in self._rows(b)] for b in batches], self.break_even)
 
     # ---- the loss ----
     def trajectory_logprobs(self, batch: dict[str, torch.Tensor], n: int) -> torch.Tensor:

@@ -51,7 +51,7 @@ from aria.secrets import redact
 from aria.trainers.checkpoint import (begin_checkpoint, finish_checkpoint, latest_checkpoint, load_plain_state,
                                       load_rng_state, load_state, save_plain_state, save_state, set_rng_state,
                                       trim_metrics)
-from aria.packing import game_ordered_batches, packing_stats, sample_groups
+from aria.packing import attention_break_even, game_ordered_batches, packing_stats, sample_groups
 from aria.policy import EncodedSample, Encoding, action_logprobs, collate_as, load_model
 from aria.trainers.engine import (OPTIMIZERS, accumulate_step, build_optimizer, check_train_settings,  # noqa: F401
                                   make_accelerator, resolve_mixed_precision, save_final_model)
@@ -148,6 +148,7 @@ class OfflineTrainer:
         self.encoded: list[EncodedSample] = [self.encode(s) for s in self.samples]
         self.rewards = torch.tensor([float(s[self.target_field]) for s in self.samples])
         self.packing = t["packing"]
+        self.break_even = attention_break_even(model)  # which micro-batches are cheaper in rows (aria.packing)
         # What a checkpoint was trained on: resuming on other data (or in another order) would
         # silently mix two runs.
         fingerprint = self.fingerprint() + ([["packing", self.packing]] if self.packing != "padded" else [])
@@ -181,7 +182,8 @@ class OfflineTrainer:
             stats = self.packing_stats(self._epoch_batches(0))
             print(f"[train] prefix-tree packing: {stats['row_tokens']} tokens in rows -> {stats['tree_tokens']} in trees per "
                   f"epoch on this process ({stats['saving']}x fewer); {stats['truncated_prompts']} left-truncated prompts "
-                  f"(a tree of their own each)")
+                  f"(a tree of their own each); {stats['micro_batches_in_rows']} micro-batches cheaper in rows, "
+                  f"{stats['computed_tokens']} tokens computed")
 
     # ---- what is specific to the model being trained ----
     def select_samples(self, samples: list[dict]) -> list[dict]:
@@ -232,11 +234,12 @@ class OfflineTrainer:
     def make_batch(self, indices: list[int]) -> dict[str, torch.Tensor]:
         """The tensors of the units ``indices``, on this process's device, laid out as ``train.packing`` says."""
         items = [self.encoded[i] for i in indices]
-        return {k: v.to(self.accelerator.device) for k, v in collate_as(items, self.tokenizer.pad_token_id, self.packing).items()}
+        return {k: v.to(self.accelerator.device) for k, v in collate_as(items, self.tokenizer.pad_token_id, self.packing,
+                                                                          self.break_even).items()}
 
     def packing_stats(self, batches: list[list[int]]) -> dict:
         """Tokens in rows against tokens in trees for ``batches`` of units (:func:`aria.packing.packing_stats`)."""
-        return packing_stats(self.encoded, batches)
+        return packing_stats(self.encoded, batches, self.break_even)
 
     def fingerprint(self) -> list:
         """What the data digest is taken of: a checkpoint resumes only on the same data."""

@@ -61,7 +61,7 @@ import numpy as np
 import torch
 
 from aria.io import atomic_write_json, read_json
-from aria.packing import sample_groups
+from aria.packing import attention_break_even, sample_groups
 from aria.policy import Encoding, action_logprobs, collate_as, load_policy
 from aria.resources import REPO_ROOT, compose_config
 from aria.trainers.checkpoint import (begin_checkpoint, finish_checkpoint, latest_checkpoint, load_plain_state,
@@ -193,6 +193,7 @@ class OnlineTrainer:
                                             m.get("gradient_checkpointing", False))
         self.total_steps = o["iterations"] * o["actor_updates"]
         optimizer, self.scheduler = build_optimizer(model, t, self.total_steps)
+        self.break_even = attention_break_even(model)  # which micro-batches are cheaper in rows (aria.packing)
         self.model, self.optimizer = self.accelerator.prepare(model, optimizer)
         self.scorer = build_scorer(cfg["reward_model"], str(self.accelerator.device))
         self.state = OnlineState()
@@ -290,7 +291,8 @@ class OnlineTrainer:
             step_loss = 0.0
             for indices in micro_batches:
                 batch = {k: v.to(acc.device) for k, v in
-                         collate_as([encoded[i] for i in indices], self.tokenizer.pad_token_id, t["packing"]).items()}
+                         collate_as([encoded[i] for i in indices], self.tokenizer.pad_token_id, t["packing"],
+                                    self.break_even).items()}
                 def compute_loss():
                     logp = action_logprobs(self.model, batch)
                     return self.loss_fn(logp, adv[indices].to(logp.device), **self.loss_options)
