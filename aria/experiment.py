@@ -66,7 +66,7 @@ class Generator:
     def describe(self, model_dir: Path, settings: dict, seed: int) -> dict:
         """What a policy of :meth:`policy` records as its producer: the engine, the model and its
         version (a retrained model is another policy, so its old games are not continued), the sampling."""
-        return {"engine": self.engine, "model_path": str(model_dir), "model_version": model_version(model_dir),
+        return {"engine": self.engine, "model_path": recorded_path(self.cfg, model_dir), "model_version": model_version(model_dir),
                 "temperature": settings["temperature"], "max_tokens": settings["max_tokens"],
                 "seed": seed if self.engine == "local" else None}
 
@@ -108,6 +108,13 @@ class Generator:
 
 
 # ---- the stages' work ---------------------------------------------------------------------------------
+def recorded_path(cfg: dict, path: Path) -> str:
+    """``path`` as the run's records (producers, training markers) hold it: relative to ``run_dir``
+    when inside it, so a run folder copied or moved elsewhere resumes instead of redoing its work."""
+    root, resolved = Path(cfg["run_dir"]).resolve(), Path(path).resolve()
+    return str(resolved.relative_to(root)) if resolved.is_relative_to(root) else str(path)
+
+
 def model_version(model_dir: Path) -> str:
     """Which training made ``model_dir``: a digest of the ``trained_on.json`` beside it (the
     experiment's models), or the folder itself (a model the experiment did not train)."""
@@ -181,11 +188,12 @@ def expected_producer(cfg: dict, section: dict, seed: int, players: dict) -> dic
         from aria.two_player import two_player_producer
 
         return two_player_producer(cfg["game"], config_set(cfg["game"], section["config_set"]), players, seed)
+    from aria.games.base import build_game
     from aria.games.oracle import build_oracle
     from aria.rollout import question_producer, reply_format
     from aria.trajectories import describe
 
-    return question_producer(cfg["game"]["name"], seed, players, describe(build_oracle(cfg["oracle"], cfg["game"])),
+    return question_producer(build_game(cfg["game"]), seed, players, describe(build_oracle(cfg["oracle"], cfg["game"])),
                              reply_format=reply_format(cfg["game"]))
 
 
@@ -227,7 +235,7 @@ def train(cfg: dict, method: str, train_file: Path, start_model: Path, out_dir: 
 
     model = out_dir / "model"
     trained_on = {"train_json_sha256": hashlib.sha256(train_file.read_bytes()).hexdigest(), "method": method,
-                  "start_model": str(start_model), "start_model_version": model_version(start_model), "seed": seed,
+                  "start_model": recorded_path(cfg, start_model), "start_model_version": model_version(start_model), "seed": seed,
                   "overrides": list(overrides)}
     trained_on = json.loads(json.dumps(redact(trained_on)))  # as the marker is written: a key is never on disk
     marker = out_dir / "trained_on.json"

@@ -63,30 +63,50 @@ def mcnemar(first: list[bool], second: list[bool]) -> dict[str, Any]:
             "odds_ratio": (b / c) if c else None}
 
 
-def outcomes(path: Path, two_player: bool, n: int) -> dict[str, dict] | None:
-    """An arm's evaluation games as ``{pair key: {"success", "turns"}}``, or None until all ``n`` are
-    played. A question game: success = the target found, turns = the game's; keyed by game id. A
-    two-player game (``path`` the folder of ``as_alice.jsonl`` and ``as_bob.jsonl``): success = the
-    policy won, turns = the policy's own; keyed by seat and game id, so arms pair by configuration
-    and seat."""
+def outcomes(path: Path, two_player: bool, expected: set[str]) -> dict[str, dict] | None:
+    """An arm's evaluation games as ``{pair key: {"success", "turns"}}``, or None until every game
+    of ``expected`` (:func:`evaluation_ids`) is played. Only those count: a file that holds more
+    (an evaluation since lowered from more games) reports the games the settings name, so a table
+    always agrees with its header. A question game: success = the target found, turns = the game's;
+    keyed by game id. A two-player game (``path`` the folder of ``as_alice.jsonl`` and
+    ``as_bob.jsonl``): success = the policy won, turns = the policy's own; keyed by seat and game
+    id, so arms pair by configuration and seat."""
     from aria.trajectories import read_trajectories
 
     def finished(file: Path) -> list[dict]:
         if not file.is_file():
             return []
-        return [r for r in read_trajectories(file, allow_partial_last_line=True) if r.get("status") != "failed"]
+        return [r for r in read_trajectories(file, allow_partial_last_line=True)
+                if r.get("status") != "failed" and r["game_id"] in expected]
 
     if not two_player:
         games = {r["game_id"]: {"success": bool(r["success"]), "turns": len(r["turns"])} for r in finished(path)}
-        return games if len(games) >= n else None
+        return games if len(games) == len(expected) else None
     out = {}
     for role in ("alice", "bob"):
-        games = finished(path / f"as_{role}.jsonl")
-        if len(games) < n:
+        games = {r["game_id"]: r for r in finished(path / f"as_{role}.jsonl")}
+        if len(games) < len(expected):
             return None
         out.update({f"{role}:{r['game_id']}": {"success": r["meta"]["winner"] == role,
-                                                "turns": sum(t["role"] == role for t in r["turns"])} for r in games})
+                                                "turns": sum(t["role"] == role for t in r["turns"])} for r in games.values()})
     return out
+
+
+def evaluation_ids(cfg: dict) -> set[str]:
+    """The game ids of one arm's evaluation under the settings (``eval``): game ``i`` of the
+    evaluation seed for ``i < eval.games``, or of every configuration of ``eval.config_set``."""
+    from aria.experiment_layout import is_two_player
+
+    e = cfg["eval"]
+    if not is_two_player(cfg):
+        from aria.rollout import game_id
+
+        return {game_id(cfg["game"]["name"], e["seed"], i) for i in range(e["games"])}
+    from aria.games.glee import config_set
+    from aria.two_player import game_id as two_player_game_id
+
+    return {two_player_game_id(c, e["seed"], i) for c in config_set(cfg["game"], e["config_set"])
+            for i in range(e["games_per_config"])}
 
 
 def _row(games: list[dict]) -> dict[str, Any]:
@@ -100,9 +120,9 @@ def collect_results(cfg: dict) -> dict[str, Any]:
     """Everything ``results.json`` holds (module doc), from the run folder."""
     from aria.experiment_layout import Layout, games_of, iterations_of
 
-    lay, n_eval = Layout(cfg), games_of(cfg, cfg["eval"])
+    lay, n_eval, expected = Layout(cfg), games_of(cfg, cfg["eval"]), evaluation_ids(cfg)
     evaluations: dict[tuple[str, int, int], dict[str, dict]] = {}
-    base_games = outcomes(lay.evaluation("", 0, 0), lay.two_player, n_eval)
+    base_games = outcomes(lay.evaluation("", 0, 0), lay.two_player, expected)
     if base_games is not None:
         for seed in cfg["seeds"]:
             for method in cfg["methods"]:
@@ -110,7 +130,7 @@ def collect_results(cfg: dict) -> dict[str, Any]:
     for seed in cfg["seeds"]:
         for method in cfg["methods"]:
             for it in range(1, iterations_of(cfg, method) + 1):
-                games = outcomes(lay.evaluation(method, seed, it), lay.two_player, n_eval)
+                games = outcomes(lay.evaluation(method, seed, it), lay.two_player, expected)
                 if games is not None:
                     evaluations[(method, seed, it)] = games
     arms = [{"method": m, "seed": s, "iteration": i, **_row(list(g.values()))} for (m, s, i), g in sorted(evaluations.items())]

@@ -89,11 +89,13 @@ class QuestionGames:
         return f"success {counts['successes']}/{finished} this run"
 
 
-def question_producer(game: str, seed: int, policy: dict, oracle: dict, system_prompt: str | None = None,
+def question_producer(game: QuestionGame, seed: int, policy: dict, oracle: dict, system_prompt: str | None = None,
                       reply_format: OutputFormat | None = None) -> dict:
     """The producer record of a file of question games (:class:`~aria.trajectories.TrajectoryWriter`):
-    the settings its games were played under, which a resumed run must match exactly."""
-    producer = {"game": game, "seed": seed, "system_prompt": system_prompt, "policy": policy, "oracle": oracle}
+    the settings its games were played under, the game's rules included
+    (:meth:`~aria.games.base.QuestionGame.settings`), which a resumed run must match exactly."""
+    producer = {"game": game.name, "game_settings": game.settings(), "seed": seed, "system_prompt": system_prompt,
+                "policy": policy, "oracle": oracle}
     if reply_format is not None:  # files written before the setting existed keep their producer
         producer["reply_format"] = {"kind": reply_format.kind, "spec": reply_format.spec}
     return producer
@@ -122,7 +124,7 @@ def play_games(
     if num_games < 0:
         raise ValueError(f"num_games must be >= 0, got {num_games}")
     targets = target_schedule(game.targets, num_games, seed)
-    producer = question_producer(game.name, seed, describe(policy), describe(oracle), system_prompt, reply_format)
+    producer = question_producer(game, seed, describe(policy), describe(oracle), system_prompt, reply_format)
     kind = QuestionGames(game, policy, oracle, seed, system_prompt, reply_format)
     jobs = [(game_id(game.name, seed, i), t) for i, t in enumerate(targets)]
     return run_games(kind, jobs, out_path, producer, batch_size=batch_size, progress=progress, force_new=force_new,

@@ -186,12 +186,25 @@ def schema_options(game_cfg: Mapping[str, Any]) -> dict[str, int]:
     return options
 
 
+def game_settings(game_cfg: Mapping[str, Any]) -> dict[str, str]:
+    """The two-player game's whole config by digest (its rules, configuration sets and reply
+    options), so a resumed file continues only under the same game."""
+    import hashlib
+
+    from omegaconf import OmegaConf
+
+    plain = OmegaConf.to_container(game_cfg, resolve=True) if OmegaConf.is_config(game_cfg) else game_cfg
+    plain = json.dumps(plain, sort_keys=True, default=str)
+    return {"config_sha256": hashlib.sha256(plain.encode()).hexdigest()[:16]}
+
+
 def two_player_producer(game_cfg: Mapping[str, Any], configs: Sequence[GameConfig], seats: Mapping[str, dict],
                         seed: int) -> dict:
     """The producer record of a file of two-player games (:class:`~aria.trajectories.TrajectoryWriter`):
     the settings its games were played under, which a resumed run must match exactly. ``seats``
     maps each role to its player's description (:func:`aria.trajectories.describe`)."""
-    producer = {"game": game_cfg["name"], "seed": seed, "configurations": [c.id for c in configs], "seats": dict(seats)}
+    producer = {"game": game_cfg["name"], "game_settings": game_settings(game_cfg), "seed": seed,
+                "configurations": [c.id for c in configs], "seats": dict(seats)}
     if structured_output(game_cfg, "two_player") == "json_schema":  # files written before the setting existed keep their producer
         producer["structured_output"] = "json_schema"
         producer["reply_schema"] = schema_options(game_cfg)

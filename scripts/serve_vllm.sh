@@ -128,7 +128,9 @@ echo "[serve] starting vLLM (pid $PID) for $MODEL_DIR as '$NAME' (${ARGS[*]}); l
 disown
 
 deadline=$(( $(date +%s) + ${VLLM_START_TIMEOUT:-600} ))
-until running "$PID" && curl -sf "$BASE_URL/models" 2>/dev/null | grep -q "\"$NAME\""; do
+# Ready: our own process group listens on the port and serves this folder under this name
+# (aria/llm/server_check.py); another server that took the port meanwhile is never reported.
+until running "$PID" && python3 "$(dirname "$0")/../aria/llm/server_check.py" "$PID" "$BASE_URL" "$MODEL_DIR" "$NAME"; do
   if ! running "$PID"; then
     echo "[serve] the server exited before it was ready; last lines of $LOG:" >&2
     tail -n 20 "$LOG" >&2

@@ -30,6 +30,7 @@ class Script:
     status: Callable[[int, dict], int] = lambda n, body: 200
     delay_s: float = 0.0
     models: tuple[str, ...] = (MODEL,)
+    root: str | None = None  # the model folder vLLM reports as each model's ``root``
 
 
 @dataclass
@@ -64,7 +65,8 @@ def _handler(state: FakeServer) -> type[BaseHTTPRequestHandler]:
             state.authorizations.append(self.headers.get("Authorization", ""))
             if self.path != "/v1/models":
                 return self._error(404, f"no route {self.path}")
-            models = [{"id": m, "object": "model", "created": 0, "owned_by": "test"} for m in state.script.models]
+            models = [{"id": m, "object": "model", "created": 0, "owned_by": "test", "root": state.script.root}
+                      for m in state.script.models]
             self._send(200, {"object": "list", "data": models})
 
         def do_POST(self) -> None:

@@ -322,3 +322,32 @@ def test_flan_t5_oracle_is_twenty_questions_only(tmp_path):
         oracle.answer([OracleRequest("guess_my_city", "Seoul", "Is it in Asia?")])
     with pytest.raises(ValueError, match="guess_my_city"):
         FlanT5Oracle(_game("guess_my_city"), tmp_path / "20q_t5_oracle.pt", tmp_path)
+
+
+def test_a_server_counts_as_ours_only_if_our_process_group_listens_and_it_serves_our_folder(tmp_path):
+    """``aria/llm/server_check.py`` (what ``scripts/serve_vllm.sh`` waits on): a real HTTP server
+    in this process answers; it is "ours" for this process's PID with the right served name and
+    model folder, and not for another process (another server that took the port), another
+    folder (a second server of a same-named folder) or another name. Run as the script runs it."""
+    import os
+    import subprocess
+    import sys
+
+    from aria.llm.server_check import ours
+    from fake_openai import Script
+
+    folder = str(tmp_path / "it1" / "model")
+    fake = start_server(Script(root=folder))
+    other = subprocess.Popen(["sleep", "60"], start_new_session=True)  # a process group that holds no socket
+    try:
+        assert ours(os.getpid(), fake.url, folder, MODEL)
+        assert not ours(other.pid, fake.url, folder, MODEL)
+        assert not ours(os.getpid(), fake.url, str(tmp_path / "it2" / "model"), MODEL)
+        assert not ours(os.getpid(), fake.url, folder, "model")
+        script = Path(__file__).resolve().parents[1] / "aria" / "llm" / "server_check.py"
+        run = lambda pid: subprocess.run([sys.executable, str(script), str(pid), fake.url, folder, MODEL], timeout=30)  # noqa: E731
+        assert run(os.getpid()).returncode == 0 and run(other.pid).returncode == 1
+    finally:
+        other.kill()
+        fake.stop()
+    assert not ours(os.getpid(), fake.url, folder, MODEL)  # nothing answers any more

@@ -144,6 +144,38 @@ def test_the_runner_resumes_at_every_stage_to_the_same_table(tmp_path, tiny_expe
     assert (resumed / "table.md").read_text().replace(str(tmp_path / "cut"), "") == table.replace(str(straight_root), "")
 
 
+def test_a_copied_run_dir_resumes_and_its_tables_follow_the_settings(tmp_path, tiny_experiment, straight_run):
+    """1. The finished run folder copied elsewhere: every stage is found done (before: the
+    producers and training markers named absolute model paths, so the copy played its evaluations
+    again and retrained). 2. ``eval.games`` lowered from 4 to 2: every row and the paired test
+    count 2 games (before: the header said 2 and the rows 4). 3. A game setting changed
+    (``game.max_turns``): the games are played again under it (before: every stage was skipped and
+    the table reported games of the old length)."""
+    import shutil
+
+    straight_root, _, _ = straight_run
+    shutil.copytree(straight_root / "run", tmp_path / "run", ignore=shutil.ignore_patterns(".lock"))
+    cfg = tiny_experiment(tmp_path)
+    lines: list[str] = []
+    out = experiment.run(cfg, lines.append)
+    assert not [line for line in lines if "games done (" in line or line.startswith("[experiment] trained")], lines
+    table = json.loads((out / "results.json").read_text())
+    assert all(r["games"] == 4 for r in table["pooled"])
+
+    fewer = {**cfg, "eval": {**cfg["eval"], "games": 2}}
+    lines = []
+    results = json.loads((experiment.run(fewer, lines.append) / "results.json").read_text())
+    assert not [line for line in lines if "games done (" in line]
+    assert all(r["games"] == 2 for r in results["pooled"] + results["arms"])
+    assert all(t["pairs"] == 2 for t in results["paired_tests"]) and results["eval_games"] == 2
+
+    shorter = {**fewer, "game": {**cfg["game"], "max_turns": 2}}
+    lines = []
+    results = json.loads((experiment.run(shorter, lines.append) / "results.json").read_text())
+    assert any(line.startswith("[experiment] evaluation") and "games done (" in line for line in lines)
+    assert all(r["games"] == 2 and r["mean_turns"] <= 2 for r in results["pooled"])
+
+
 def test_eta_uses_the_times_of_finished_stages_of_the_same_kind():
     stages = [experiment.Stage("a", "train", None), experiment.Stage("b", "train", None),
               experiment.Stage("c", "eval", None), experiment.Stage("d", "other", None)]
@@ -198,6 +230,9 @@ def test_a_two_player_experiment_runs_self_play_and_evaluates_against_the_oppone
     assert experiment.games_done(games, n, experiment.expected_producer(cfg, cfg["collect"], seed, producer["seats"]))
     free = {**cfg, "game": {**cfg["game"], "structured_output": "none"}}
     assert not experiment.games_done(games, n, experiment.expected_producer(free, free["collect"], seed, producer["seats"]))
+    # nor under other rules: fewer re-prompts allowed for an illegal move
+    strict = {**cfg, "game": {**cfg["game"], "max_reprompts": 0}}
+    assert not experiment.games_done(games, n, experiment.expected_producer(strict, strict["collect"], seed, producer["seats"]))
     for role in ("alice", "bob"):
         assert (run / "s0" / "aria" / "it1" / "eval" / f"as_{role}.jsonl").is_file()
     # everything is done: running again plays and trains nothing and writes the same table

@@ -127,6 +127,22 @@ class QuestionGame:
         self._by_name = {t.name: t for t in self.targets}
         self._outside = {}
 
+    def settings(self) -> dict[str, Any]:
+        """What decides how a game is played and scored, for a file's producer record: a resumed
+        file continues only under the same rules (a lower ``max_turns`` would otherwise mix games
+        of two lengths). Long texts and lists are recorded by digest."""
+        import hashlib
+        import json
+
+        def digest(value: Any) -> str:
+            return hashlib.sha256(json.dumps(value, sort_keys=True).encode()).hexdigest()[:16]
+
+        return {"family": self.family, "max_turns": self.max_turns, "max_question_chars": self.max_question_chars,
+                "invalid_answer": self.invalid_answer, "win_answer": self.win_answer, "single_guess": self.single_guess,
+                "targets_sha256": digest([[t.name, list(t.aliases), t.group] for t in self.targets]),
+                "decoys_sha256": digest(list(self.decoys)),
+                "prompt_sha256": digest([self.prompt.intro, self.prompt.history_header, self.prompt.turn, self.prompt.outro])}
+
     def target(self, name: str) -> Target:
         try:
             return self._by_name[name]
