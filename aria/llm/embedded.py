@@ -38,7 +38,7 @@ def gguf_path() -> Path:
 def embedded_model_dir(cache_dir: str | os.PathLike | None = None) -> Path:
     """Path of the converted SmolLM2 safetensors folder, converting it on first use."""
     target = Path(cache_dir or default_cache_dir()) / MODEL_NAME
-    if (target / "model.safetensors").is_file() and (target / "tokenizer.json").is_file():
+    if _complete(target):
         return target
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -51,13 +51,28 @@ def embedded_model_dir(cache_dir: str | os.PathLike | None = None) -> Path:
     model.hf_quantizer = None
     if hasattr(model.config, "quantization_config"):
         del model.config.quantization_config
-    partial = target.with_name(target.name + ".partial")
+    # A folder of this process's own: two processes converting at once (parallel tests, two runs
+    # started together) never write into one folder, and the first to finish wins.
+    for stale in target.parent.glob(f"{target.name}.partial-*"):  # left by a conversion that was killed
+        pid = stale.name.rsplit("-", 1)[1]
+        if not (pid.isdigit() and Path(f"/proc/{pid}").exists()):
+            shutil.rmtree(stale, ignore_errors=True)
+    partial = target.with_name(f"{target.name}.partial-{os.getpid()}")
     model.save_pretrained(partial)
     tokenizer.save_pretrained(partial)
-    if target.exists():  # an incomplete folder from an interrupted conversion
-        shutil.rmtree(target)
-    partial.replace(target)
+    if not _complete(target) and target.exists():  # an incomplete folder from an interrupted conversion
+        shutil.rmtree(target, ignore_errors=True)
+    try:
+        partial.replace(target)
+    except OSError:
+        if not _complete(target):  # not another process's finished conversion
+            raise
+        shutil.rmtree(partial, ignore_errors=True)
     return target
+
+
+def _complete(folder: Path) -> bool:
+    return (folder / "model.safetensors").is_file() and (folder / "tokenizer.json").is_file()
 
 
 def resolve_model_path(path: str | os.PathLike | None) -> Path:
