@@ -48,7 +48,7 @@ def vllm_server(tmp_path_factory):
 def test_eval_sh_against_a_real_vllm_server(tmp_path, vllm_server):
     out = tmp_path / "results"
     env = {**os.environ, "BASE_URL": vllm_server["BASE_URL"], "MODEL_NAME": vllm_server["MODEL_NAME"], "N": "3",
-           "CONCURRENCY": "3", "OUT": str(out), "MAX_TOKENS": "32"}
+           "CONCURRENCY": "3", "OUT": str(out), "MAX_TOKENS": "16"}
     done = subprocess.run(["bash", str(REPO / "evaluation/eval.sh"), "progress=false"], env=env, capture_output=True,
                           text=True, timeout=1200)
     assert done.returncode == 0, done.stderr[-3000:]
@@ -193,7 +193,7 @@ def served_evaluation(tmp_path: Path, sigint: str = "default") -> tuple[subproce
     runner = subprocess.Popen(
         [sys.executable, str(REPO / "scripts/run_experiment.py"), "--config-name", "experiment", "name=served",
          f"run_dir={tmp_path / 'run'}", f"results_dir={tmp_path / 'results'}", "warm_start.enabled=false",
-         "methods=[]", "eval.games=200", "eval.max_tokens=16", "eval.batch_size=4"],
+         "methods=[]", "eval.games=200", "eval.max_tokens=16", "eval.batch_size=4", "game.max_turns=4"],
         cwd=tmp_path, start_new_session=True, preexec_fn=as_job, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
         text=True)
     deadline = time.monotonic() + 900
