@@ -33,7 +33,7 @@ setup(
         "llguidance>=1.0",  # grammar-constrained decoding of the local policy (aria/llm/constrained.py)
     ],
     extras_require={
-        "test": ["pytest>=8", "hypothesis", "jsonschema"],
+        "test": ["pytest>=8", "pytest-xdist", "hypothesis", "jsonschema"],
         # Mutation testing of the core (benchmarks/mutation.py; README, "Mutation testing").
         "mutation": ["mutmut==3.8.1"],
         # GPU machines only: vllm serves the policy for evaluation, deepspeed runs ZeRO-3.

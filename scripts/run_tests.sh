@@ -8,4 +8,8 @@ cd "$(dirname "$0")/.."
 bash scripts/install.sh
 bash scripts/serve_vllm.sh install
 PYTHON=${PYTHON:-python3}
-exec "$PYTHON" -m pytest -q tests "$@"
+# Two workers (pytest-xdist), each test file whole on one of them (its module fixtures, such as
+# the vLLM server, start once), the files with slow tests handed out first (tests/conftest.py,
+# which also keeps each worker on one thread).
+# `-n 0` runs everything in this process.
+exec "$PYTHON" -m pytest -q -n "${TEST_WORKERS:-2}" --dist loadfile --no-loadscope-reorder tests "$@"

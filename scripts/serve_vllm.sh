@@ -87,6 +87,9 @@ else
   export VLLM_TARGET_DEVICE=cpu
   export VLLM_CPU_KVCACHE_SPACE=${VLLM_CPU_KVCACHE_SPACE:-2}
   export VLLM_CPU_OMP_THREADS_BIND=${VLLM_CPU_OMP_THREADS_BIND:-0-$(( $(nproc) - 1 ))}
+  # The server computes on the cores above, one thread each; an OMP_NUM_THREADS of the caller's
+  # (a test worker's 1) would hold its torch ops to fewer threads than cores.
+  unset OMP_NUM_THREADS MKL_NUM_THREADS
   # bfloat16 only where the CPU computes it natively (emulated it is slower, and AVX2 kernels may SIGILL)
   DTYPE=${VLLM_DTYPE:-$(python3 "$(dirname "$0")/../aria/llm/hardware.py" vllm-dtype)}
   ARGS=(--dtype "$DTYPE")

@@ -9,11 +9,36 @@ question paths of the games.
 """
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
 
 from aria.games.base import load_game, load_game_config
+
+
+def pytest_configure(config):
+    """Under pytest-xdist (``scripts/run_tests.sh`` runs two workers), each worker and the
+    processes its tests start compute on one thread: the tiny models gain nothing from a second
+    thread, and two workers of two OpenMP threads each on two cores wait on each other's spinning
+    threads. A vLLM server a test starts (scripts/serve_vllm.sh) computes on the last core alone,
+    where its busy threads leave the other worker a core of its own."""
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        os.environ["OMP_NUM_THREADS"] = os.environ["MKL_NUM_THREADS"] = "1"
+        cores = sorted(os.sched_getaffinity(0))
+        if len(cores) > 1:
+            os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", str(cores[-1]))
+        import sys
+
+        if "torch" in sys.modules:
+            sys.modules["torch"].set_num_threads(1)
+
+
+def pytest_collection_modifyitems(config, items):
+    """Files with a ``slow`` test run first (order kept otherwise): with one file per worker,
+    a long file handed out last would keep one worker busy while the other waits."""
+    slow_files = {item.path for item in items if item.get_closest_marker("slow")}
+    items.sort(key=lambda item: item.path not in slow_files)
 
 # Verbatim samples of the original release's data formats (copied from the project's shared
 # data, so that a clone alone runs every test)

@@ -83,6 +83,7 @@ def test_reply_schema_follows_the_turn():
     assert reply_schema(nego_answer)["anyOf"][1]["properties"]["product_price"]["maximum"] == int(NEGOTIATION.max_price)
 
 
+@pytest.mark.slow  # 12 x 7 sampled replies of up to 600 tokens, about 2 minutes
 @settings(max_examples=12, deadline=None)
 @given(seed=st.integers(0, 2**31 - 1))
 def test_constrained_replies_always_parse(sampler, seed):
