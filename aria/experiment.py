@@ -399,6 +399,9 @@ def check_settings(cfg: dict) -> None:
         iterations_of(cfg, method)
     if not cfg["methods"]:
         iterations_of(cfg, "")
+    share = cfg["report"].get("discordant_share")
+    if isinstance(share, bool) or not isinstance(share, (int, float)) or not 0 < share <= 1:
+        raise ConfigError(f"report.discordant_share: expected a share in (0, 1], got {share!r}")
     two_player = is_two_player(cfg)
     structured_output(cfg["game"], "two_player" if two_player else "question")
     sections = {"collect": cfg["collect"], "eval": cfg["eval"]}
@@ -437,8 +440,9 @@ def run(cfg: dict, echo: Printer = print) -> Path:
 
 
 def _run(cfg: dict, root: Path, echo: Printer) -> Path:
-    from aria.experiment_report import write_results
+    from aria.experiment_report import planned_power, write_results
 
+    echo(f"[experiment] {planned_power(cfg)}")
     settings = root / "experiment.json"
     if settings.is_file() and read_json(settings).get("name") != cfg["name"]:
         raise ConfigError(f"run_dir: {root} holds the experiment {read_json(settings).get('name')!r}, "

@@ -63,6 +63,37 @@ def mcnemar(first: list[bool], second: list[bool]) -> dict[str, Any]:
             "odds_ratio": (b / c) if c else None}
 
 
+def sensitivity(test: dict[str, Any], power: float = 0.8, alpha: float = 0.05) -> dict[str, Any]:
+    """What a paired test of this size could see: the share of discordant pairs it observed, and
+    the smallest difference of success rates that the exact McNemar test on as many pairs detects
+    with ``power`` at that share (``aria/power.py``); None where no pair was discordant or no
+    difference is detectable."""
+    from aria.power import detectable_difference
+
+    n = test["pairs"]
+    share = (test["first_only"] + test["second_only"]) / n if n else 0.0
+    detectable = detectable_difference(n, share, power, alpha) if share > 0 else None
+    return {"discordant_share": share, "detectable_difference": detectable, "power": power}
+
+
+def planned_power(cfg: dict, power: float = 0.8, alpha: float = 0.05) -> str:
+    """One line, said before a run starts: the pairs of its paired test per iteration and the
+    difference they detect with ``power`` at the discordant share named in ``report``."""
+    from aria.experiment_layout import games_of, is_two_player
+    from aria.power import detectable_difference
+
+    first, second = cfg["report"]["paired"]
+    seats = 2 if is_two_player(cfg) else 1
+    pairs = games_of(cfg, cfg["eval"]) * seats * len(cfg["seeds"])
+    share = cfg["report"]["discordant_share"]
+    found = detectable_difference(pairs, share, power, alpha)
+    what = (f"detect a difference of {100 * found:.1f} points with {100 * power:.0f}% power"
+            if found is not None else f"are too few for any difference to reach {100 * power:.0f}% power")
+    return (f"the paired test ({first} against {second}) has {pairs} pairs an iteration"
+            f"{' (both seats)' if seats == 2 else ''} over {len(cfg['seeds'])} seed(s); at a discordant share of "
+            f"{share} (report.discordant_share) they {what} at the {100 * alpha:g}% level")
+
+
 def outcomes(path: Path, two_player: bool, expected: set[str]) -> dict[str, dict] | None:
     """An arm's evaluation games as ``{pair key: {"success", "turns"}}``, or None until every game
     of ``expected`` (:func:`evaluation_ids`) is played. Only those count: a file that holds more
@@ -156,6 +187,7 @@ def collect_results(cfg: dict) -> dict[str, Any]:
             a += [bool(evaluations[(first, s, it)][i]["success"]) for i in ids]
             b += [bool(evaluations[(second, s, it)][i]["success"]) for i in ids]
         tests.append({"first": first, "second": second, "iteration": it, "seeds": seeds, **mcnemar(a, b)})
+        tests[-1].update(sensitivity(tests[-1]))
     variance = {}
     for seed in cfg["seeds"]:
         path = lay.shared(seed) / "grad_variance.json"
@@ -210,6 +242,13 @@ def render_table(results: dict[str, Any], alpha: float = 0.05) -> str:
                   f"{100 * t['difference']:+.1f} points (95% CI {100 * t['difference_ci95'][0]:+.1f} to "
                   f"{100 * t['difference_ci95'][1]:+.1f}); exact McNemar p = {t['p_value']:.3g}: "
                   + ("**significant** at the 5% level." if significant else "**not significant** at the 5% level.")]
+        if "discordant_share" in t:
+            found = t["detectable_difference"]
+            lines.append(f"What this test can see: {100 * t['discordant_share']:.1f}% of the pairs were won by one arm "
+                         f"only; at that share, {t['pairs']} pairs "
+                         + (f"detect a difference of {100 * found:.1f} points or more with {100 * t['power']:.0f}% power "
+                            f"(aria/power.py)." if found is not None
+                            else f"are too few for any difference to reach {100 * t['power']:.0f}% power."))
     for seed, v in results["gradient_variance"].items():
         # in self-play every game is two players' games, each won or not
         games = (f"{v['games']} players' games (both seats of {v['games'] // 2} self-play games), {v['games_won']} won"

@@ -11,5 +11,5 @@ PYTHON=${PYTHON:-python3}
 # Two workers (pytest-xdist), each test file whole on one of them (its module fixtures, such as
 # the vLLM server, start once), the files with slow tests handed out first (tests/conftest.py,
 # which also keeps each worker on one thread).
-# `-n 0` runs everything in this process.
+# TEST_WORKERS=0 runs everything in this process.
 exec "$PYTHON" -m pytest -q -n "${TEST_WORKERS:-2}" --dist loadfile --no-loadscope-reorder tests "$@"

@@ -1,0 +1,138 @@
+"""Did training move the policy? A trained model (the child) against the model it started from
+(the parent).
+
+An experiment whose arms never left their starting point measures its evaluation's noise, not
+its methods. Three measures, on the same steps for every arm:
+
+* **Token KL**: the mean, over the action tokens of held-out steps (teacher-forced: the prompt the
+  policy saw and the action it took), of KL(child || parent) between the two models' whole
+  next-token distributions at that position. It is 0 exactly when both predict the same
+  distribution at every one of those positions.
+* **Log-prob change**: the mean over steps of log π_child(action | prompt) − log π_parent(action |
+  prompt), the action's tokens summed, separately for steps of won and of lost games. Training
+  that rewards winning should raise the first more than the second.
+* **Weight change share**: the share of weight elements whose value differs from the parent's
+  once both are cast to the precision the model is served in. An update smaller than that
+  precision's step is rounded away by the server (bfloat16 keeps 8 significant bits).
+
+The prompts are encoded as the child was trained (:class:`aria.policy.Encoding`, saved beside
+it), in right-padded rows, in float32.
+"""
+from __future__ import annotations
+
+import random
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def _tensors(folder: Path) -> dict[str, Path]:
+    """Every tensor name of a saved model and the safetensors file that holds it."""
+    from safetensors import safe_open
+
+    files = sorted(Path(folder).glob("*.safetensors"))
+    if not files:
+        raise FileNotFoundError(f"{folder}: no *.safetensors file (a model saved with save_pretrained)")
+    where = {}
+    for file in files:
+        with safe_open(str(file), "pt") as f:
+            where.update({name: file for name in f.keys()})
+    return where
+
+
+def weight_change_share(parent: Path, child: Path, dtype: str = "float32") -> dict[str, Any]:
+    """Elements of the child's weights that differ from the parent's once both are cast to
+    ``dtype`` (module doc): counts, their share, and the same count in float32 for comparison."""
+    from safetensors import safe_open
+
+    if dtype not in DTYPES:
+        raise ValueError(f"dtype: unknown {dtype!r} (known: {', '.join(DTYPES)})")
+    theirs, ours = _tensors(parent), _tensors(child)
+    if set(theirs) != set(ours):
+        raise ValueError(f"{child} and {parent} hold different tensors: only in the child "
+                         f"{sorted(set(ours) - set(theirs))[:3]}, only in the parent {sorted(set(theirs) - set(ours))[:3]}")
+    elements = changed = changed_float32 = 0
+    for name in sorted(ours):
+        with safe_open(str(theirs[name]), "pt") as a, safe_open(str(ours[name]), "pt") as b:
+            before, after = a.get_tensor(name), b.get_tensor(name)
+        if before.shape != after.shape:
+            raise ValueError(f"{child}: tensor {name} has shape {tuple(after.shape)}, the parent's {tuple(before.shape)}")
+        elements += after.numel()
+        changed_float32 += int((before.float() != after.float()).sum())
+        changed += int((before.to(DTYPES[dtype]) != after.to(DTYPES[dtype])).sum())
+    return {"dtype": dtype, "elements": elements, "changed": changed, "share": changed / elements,
+            "changed_float32": changed_float32, "share_float32": changed_float32 / elements}
+
+
+@torch.no_grad()
+def _action_distributions(model, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Log-probabilities over the vocabulary at every action position ([T, V], float32), the
+    action tokens ([T]) and the row of each ([T])."""
+    logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
+    mask = batch["action_mask"][:, 1:]  # position j predicts token j + 1
+    return (torch.log_softmax(logits[:, :-1][mask].float(), dim=-1), batch["input_ids"][:, 1:][mask],
+            torch.nonzero(mask)[:, 0])
+
+
+@torch.no_grad()
+def compare_policies(parent, child, encoded: Sequence, won: Sequence[bool], pad_id: int,
+                     batch_size: int = 8) -> dict[str, Any]:
+    """Token KL and log-prob change (module doc) of two loaded models on encoded steps
+    (:class:`aria.policy.EncodedSample`), ``won[i]`` saying whether step i's game was won."""
+    from aria.policy import collate
+
+    if len(encoded) != len(won):
+        raise ValueError(f"{len(encoded)} steps but {len(won)} outcomes")
+    if not encoded:
+        raise ValueError("no steps to compare the models on")
+    kl_sum, tokens = 0.0, 0
+    change = torch.zeros(len(encoded), dtype=torch.float64)
+    order = sorted(range(len(encoded)), key=lambda i: len(encoded[i].input_ids))  # little padding
+    for start in range(0, len(order), batch_size):
+        rows = order[start:start + batch_size]
+        batch = collate([encoded[i] for i in rows], pad_id)
+        theirs, targets, row = _action_distributions(parent, batch)
+        ours, _, _ = _action_distributions(child, batch)
+        # p · (log p − log q), with 0 where p underflows to 0 (and log q may be −inf too)
+        kl_sum += float(torch.where(ours > -torch.inf, ours.exp() * (ours - theirs), 0.0).sum(dtype=torch.float64))
+        tokens += len(targets)
+        picked = (ours - theirs).gather(-1, targets.unsqueeze(-1)).squeeze(-1).double()
+        change.index_add_(0, torch.tensor(rows)[row], picked)
+    if tokens == 0:
+        raise ValueError("the steps hold no action token to compare the models on")
+    won_t = torch.tensor([bool(w) for w in won])
+    mean = lambda x: float(x.mean()) if len(x) else None  # noqa: E731
+    return {"steps": len(encoded), "tokens": tokens, "token_kl": kl_sum / tokens,
+            "logprob_change": mean(change), "logprob_change_won": mean(change[won_t]),
+            "logprob_change_lost": mean(change[~won_t]), "steps_won": int(won_t.sum())}
+
+
+def movement(parent: Path, child: Path, samples: Sequence[dict], served_dtype: str = "float32",
+             max_steps: int | None = 256, seed: int = 0, batch_size: int = 8, source: str | None = None) -> dict[str, Any]:
+    """All three measures of ``child`` against ``parent`` on pipeline step-4 samples
+    (``observation``, ``action``, ``success``; ``source`` names their file in errors): a seeded
+    sample of at most ``max_steps`` of them."""
+    from aria.io import DataError
+    from aria.llm.embedded import resolve_model_path
+    from aria.policy import Encoding, load_policy
+
+    parent, child = Path(resolve_model_path(str(parent))), Path(resolve_model_path(str(child)))  # "embedded" too
+
+    for i, s in enumerate(samples):
+        for key, kind in (("observation", str), ("action", str), ("success", bool)):
+            if not isinstance(s, dict) or not isinstance(s.get(key), kind):
+                raise DataError(source, None, f"sample {i}.{key}", f"expected a {kind.__name__} (a pipeline step-4 sample)")
+    steps = list(samples)
+    if max_steps is not None and len(steps) > max_steps:
+        steps = random.Random(seed).sample(steps, max_steps)
+    encoding = Encoding.saved_in(Path(child), Encoding())
+    tokenizer, parent_model = load_policy(str(parent))
+    _, child_model = load_policy(str(child))
+    encoded = [encoding.encode(tokenizer, s["observation"], s["action"]) for s in steps]
+    return {**compare_policies(parent_model.eval(), child_model.eval(), encoded, [s["success"] for s in steps],
+                               tokenizer.pad_token_id, batch_size),
+            "weights": weight_change_share(parent, child, served_dtype)}

@@ -1,0 +1,50 @@
+#!/usr/bin/env python3
+"""Did training move the policy? A trained model against the model it started from (aria/movement.py).
+
+    python scripts/movement.py PARENT_MODEL TRAINED_MODEL STEPS_JSON [--served-dtype bfloat16] [--max-steps 256]
+        [--out movement.json]
+
+STEPS_JSON: pipeline step-4 samples (``observation``, ``action``, ``success``), e.g. the
+iteration's ``intention/train.json`` (the log-prob change of the trained actions) or the steps
+of games the trained model did not see (the token KL on held-out prompts). Prints the token KL,
+the log-prob change on steps of won and of lost games, and the share of weight elements changed
+at float32 and at the served precision.
+"""
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from aria.io import DataError, atomic_write_json, read_json
+from aria.movement import DTYPES, movement
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("parent", help="the model training started from (a saved model folder)")
+    parser.add_argument("child", help="the trained model (merged, a saved model folder)")
+    parser.add_argument("steps", help="pipeline step-4 samples (JSON list)")
+    parser.add_argument("--served-dtype", default="float32", choices=sorted(DTYPES),
+                        help="the precision the trained model is served in")
+    parser.add_argument("--max-steps", type=int, default=256, help="a seeded sample of at most this many steps")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--out", default=None, help="also write the result here (JSON)")
+    args = parser.parse_args(argv)
+    try:
+        samples = read_json(args.steps)
+        if not isinstance(samples, list):
+            raise DataError(Path(args.steps), None, None, "expected a JSON list of samples")
+        result = movement(Path(args.parent), Path(args.child), samples, args.served_dtype, args.max_steps, args.seed,
+                          source=args.steps)
+    except (DataError, ValueError, FileNotFoundError, OSError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    result = {"parent": args.parent, "child": args.child, "steps_file": args.steps, **result}
+    if args.out:
+        atomic_write_json(args.out, result)
+    print(json.dumps(result, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

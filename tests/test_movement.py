@@ -1,0 +1,116 @@
+"""Did training move the policy (aria/movement.py)? The weight-change share by hand at float32 and
+bfloat16, and the token KL and log-prob change against a brute force on tiny models."""
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from aria.movement import compare_policies, movement, weight_change_share
+from aria.policy import encode_sample, load_policy
+from conftest import build_tiny_chat_model, naive_action_logprob
+
+STEPS = [("Let's play a game of Twenty Questions. Guess the object.", "Question: Is it an animal?", True),
+         ("Here is the game history: Question: Is it a fruit? Answer: Yes.", "Question: Is it red?", False),
+         ("Guess the object. Is your city in Asia?", "Question: Is it a fruit?", True),
+         ("Now, please proceed by asking your next question.", "Is it an animal? Answer: No.", False),
+         ("Question: Is it an animal?", "Yes.", False)]
+
+
+def test_weight_change_share_by_hand(tmp_path, tiny_model_dir):
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
+    weight = model.model.layers[0].self_attn.q_proj.weight
+    with torch.no_grad():
+        weight[0, 0] = weight[0, 1] = 1.0
+    model.save_pretrained(tmp_path / "parent")
+    with torch.no_grad():
+        weight[0, 0] = 1.0 + 2.0 ** -12  # below bfloat16's step at 1.0 (2^-7): rounds back to 1.0
+        weight[0, 1] = 1.5  # exact in bfloat16
+    model.save_pretrained(tmp_path / "child")
+    elements = sum(p.numel() for p in model.state_dict().values()) - (
+        model.lm_head.weight.numel() if model.config.tie_word_embeddings else 0)
+    f32 = weight_change_share(tmp_path / "parent", tmp_path / "child", "float32")
+    bf16 = weight_change_share(tmp_path / "parent", tmp_path / "child", "bfloat16")
+    assert (f32["elements"], f32["changed"], bf16["changed"], bf16["changed_float32"]) == (elements, 2, 1, 2)
+    assert bf16["share"] == pytest.approx(1 / elements) and bf16["share_float32"] == pytest.approx(2 / elements)
+    assert weight_change_share(tmp_path / "parent", tmp_path / "parent", "bfloat16")["changed"] == 0
+    with pytest.raises(ValueError, match="dtype: unknown 'int8'"):
+        weight_change_share(tmp_path / "parent", tmp_path / "child", "int8")
+    # another model's weights are refused, not compared
+    from safetensors.torch import load_file, save_file
+
+    other = tmp_path / "other"
+    other.mkdir()
+    tensors = load_file(str(tmp_path / "child" / "model.safetensors"))
+    save_file({**tensors, "extra.weight": torch.zeros(2)}, str(other / "model.safetensors"))
+    with pytest.raises(ValueError, match=r"hold different tensors: only in the child \['extra.weight'\]"):
+        weight_change_share(tmp_path / "parent", other)
+
+
+def brute_force(parent, child, encoded) -> tuple[float, list[float]]:
+    """Mean token KL(child || parent) and each step's log-prob change, one unpadded step at a time
+    and one action position at a time, in float64."""
+    kl, tokens, changes = 0.0, 0, []
+    for e in encoded:
+        ids = torch.tensor([e.input_ids])
+        ours, theirs = child(input_ids=ids).logits[0].double(), parent(input_ids=ids).logits[0].double()
+        for position in range(e.prompt_len, len(e.input_ids)):
+            p, q = torch.softmax(ours[position - 1], -1), torch.softmax(theirs[position - 1], -1)
+            kl += float(sum(p[v] * (math.log(p[v]) - math.log(q[v])) for v in range(len(p))))
+            tokens += 1
+        changes.append(float(naive_action_logprob(child, e) - naive_action_logprob(parent, e)))
+    return kl / tokens, changes
+
+
+@torch.no_grad()
+def test_token_kl_and_logprob_change_equal_a_brute_force(tmp_path, tiny_model_dir):
+    tokenizer, parent = load_policy(str(tiny_model_dir))
+    _, child = load_policy(str(build_tiny_chat_model(tmp_path / "other", seed=1)))
+    encoded = [encode_sample(tokenizer, obs, act, 512) for obs, act, _ in STEPS]
+    won = [w for _, _, w in STEPS]
+    found = compare_policies(parent, child, encoded, won, tokenizer.pad_token_id, batch_size=2)
+    kl, changes = brute_force(parent, child, encoded)
+    assert found["token_kl"] > 0.01 and found["token_kl"] == pytest.approx(kl, rel=1e-5)
+    assert found["tokens"] == sum(e.action_len for e in encoded) and found["steps"] == 5 and found["steps_won"] == 2
+    assert found["logprob_change"] == pytest.approx(sum(changes) / 5, abs=1e-4)
+    assert found["logprob_change_won"] == pytest.approx((changes[0] + changes[2]) / 2, abs=1e-4)
+    assert found["logprob_change_lost"] == pytest.approx((changes[1] + changes[3] + changes[4]) / 3, abs=1e-4)
+    same = compare_policies(parent, parent, encoded, won, tokenizer.pad_token_id, batch_size=3)
+    assert same["token_kl"] == 0.0 and same["logprob_change"] == 0.0  # a model does not move from itself
+    only_lost = compare_policies(parent, child, encoded[1:2], [False], tokenizer.pad_token_id)
+    assert only_lost["logprob_change_won"] is None
+
+
+def test_movement_of_model_folders(tmp_path, tiny_model_dir):
+    other = build_tiny_chat_model(tmp_path / "other", seed=1)
+    samples = [{"observation": o, "action": a, "success": w, "reward": 1.0} for o, a, w in STEPS]
+    found = movement(tiny_model_dir, other, samples, "bfloat16", max_steps=3)
+    assert found["steps"] == 3 and found["token_kl"] > 0
+    assert found["weights"]["dtype"] == "bfloat16" and found["weights"]["share"] > 0.9  # two random models
+    with pytest.raises(ValueError, match=r"steps.json, field 'sample 1.success': expected a bool"):
+        movement(tiny_model_dir, other, [samples[0], {"observation": "x", "action": "y"}], source="steps.json")
+
+
+def test_the_script_writes_its_result_and_names_a_bad_sample(tmp_path, tiny_model_dir):
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[1] / "scripts" / "movement.py"
+    steps = tmp_path / "train.json"
+    steps.write_text(json.dumps([{"observation": o, "action": a, "success": w} for o, a, w in STEPS]))
+    out = tmp_path / "movement.json"
+    done = subprocess.run([sys.executable, str(script), str(tiny_model_dir), str(tiny_model_dir), str(steps),
+                           "--served-dtype", "bfloat16", "--out", str(out)], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    result = json.loads(out.read_text())
+    assert result["token_kl"] == 0.0 and result["weights"]["changed"] == 0 and result["steps"] == 5
+    steps.write_text(json.dumps([{"observation": "x", "action": "y", "success": "yes"}]))
+    done = subprocess.run([sys.executable, str(script), str(tiny_model_dir), str(tiny_model_dir), str(steps)],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 2 and done.stderr.strip() == f"error: {steps}, field 'sample 0.success': expected a bool " \
+        "(a pipeline step-4 sample)"
