@@ -117,7 +117,8 @@ def _two_player_rows(summary: dict) -> list[str]:
 
 def summary_markdown(summary: dict) -> str:
     lines = [f"# {summary['model']}", "", f"Endpoint: {summary.get('base_url', '?')}; oracle: {summary.get('oracle', '?')}; "
-             f"seed {summary.get('seed')}", "",
+             f"seed {summary.get('seed')}" + (f"; at most {summary['max_turns']} questions a game (not the game's own limit)"
+                                              if summary.get("max_turns") else ""), "",
              "| environment | games | success % | 95% CI | mean turns | invalid questions % | failed |",
              "|---|---|---|---|---|---|---|"]
     single = {env: s for env, s in summary["environments"].items() if s.get("kind") != "two_player"}

@@ -15,6 +15,10 @@ One experiment, as a list of stages run in order (every one resumes; a finished 
    is merged into the model of iteration ``i``; it plays the evaluation games. Iteration 1 starts
    from ``M0`` for every method, so its collection and labels are shared by the methods of a seed
    (the methods differ only in how they weigh the same steps, as the paper's ablation).
+   Then the new model is compared with the model it started from on held-out steps (the
+   steps of the iteration-0 evaluation games, never trained on): token KL, log-prob change on won
+   and lost steps, and the share of weights changed at the precision it is served in
+   (:mod:`aria.movement`, ``report.movement``), so the table can say whether training moved it.
 4. **Gradient variance** on the shared iteration-1 training set of every seed
    (:func:`aria.trainers.gradient_variance`): the reward variance, tr Cov of the per-sample
    REINFORCE gradient and its signal-to-noise ratio for every method, on the same samples.
@@ -31,6 +35,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import shutil
 import time
 from dataclasses import dataclass
@@ -285,6 +290,66 @@ def bc_training_set(cfg: dict, trajectories: Path, out: Path) -> Path:
     return out
 
 
+def served_dtype(cfg: dict) -> str:
+    """The precision this run serves its models in (``report.movement.served_dtype``, else what
+    the engine chooses): an update smaller than its step is rounded away before evaluation."""
+    chosen = cfg["report"]["movement"]["served_dtype"]
+    if chosen is not None:
+        return chosen
+    import torch
+
+    if cfg["engine"] == "local":  # the local policy's "auto"
+        from aria.llm.local import resolve_dtype
+
+        return str(resolve_dtype("auto", "cuda" if torch.cuda.is_available() else "cpu")).removeprefix("torch.")
+    if torch.cuda.is_available():  # vLLM's "auto" serves a float32 checkpoint in 16 bits on a GPU
+        return "bfloat16"
+    from aria.llm.hardware import cpu_flags, vllm_cpu_dtype
+
+    return vllm_cpu_dtype(cpu_flags())
+
+
+def held_out_steps(cfg: dict, lay: Layout) -> list[dict]:
+    """The policy's steps in the starting model's iteration-0 evaluation games, as step samples
+    (``observation``, ``action``, ``success`` of the game): held out from every training set, the
+    same for every arm."""
+    from aria.data import observation_renderer
+    from aria.experiment_report import evaluation_ids
+    from aria.trajectories import read_trajectories
+
+    render, expected, where = observation_renderer(cfg["game"]), evaluation_ids(cfg), lay.evaluation("", 0, 0)
+    files = [(where / f"as_{role}.jsonl", role) for role in ("alice", "bob")] if lay.two_player else [(where, None)]
+    steps = []
+    for file, role in files:
+        for r in read_trajectories(file):
+            if r.get("status") == "failed" or r["game_id"] not in expected:
+                continue
+            won = r["meta"]["winner"] == role if role else bool(r["success"])
+            steps += [{"observation": render(r, i), "action": t["action"], "success": won}
+                      for i, t in enumerate(r["turns"]) if role is None or t["role"] == role]
+    return steps
+
+
+def movement_stage(cfg: dict, lay: Layout, parent: Path, child: Path, out: Path, echo: Printer) -> Path:
+    """How far ``child`` moved from ``parent`` on the held-out steps (:func:`aria.movement.movement`),
+    written to ``out`` under a key of both models' versions and the settings."""
+    from aria.movement import movement
+
+    m, steps = cfg["report"]["movement"], held_out_steps(cfg, lay)
+    key = {"parent": recorded_path(cfg, parent), "parent_version": model_version(parent),
+           "child_version": model_version(child), "served_dtype": served_dtype(cfg), "steps": m["steps"],
+           "held_out_sha256": hashlib.sha256(json.dumps(steps, sort_keys=True).encode()).hexdigest()}
+    if out.is_file() and read_json(out).get("key") == key:
+        return out
+    start = time.perf_counter()
+    result = movement(parent, child, steps, key["served_dtype"], max_steps=m["steps"], seed=0, source=str(lay.evaluation("", 0, 0)))
+    atomic_write_json(out, {"key": key, **result, "seconds": time.perf_counter() - start})
+    w = result["weights"]
+    echo(f"[experiment] {child.parent.name} moved from {parent.name}: token KL {result['token_kl']:.4g}, "
+         f"{100 * w['share']:.2f}% of weights changed at {w['dtype']}")
+    return out
+
+
 # ---- the plan -------------------------------------------------------------------------------------------
 def plan(cfg: dict, generator: Generator, echo: Printer) -> list[Stage]:
     """Every stage of the experiment, in the order they run (module doc)."""
@@ -355,6 +420,9 @@ def plan(cfg: dict, generator: Generator, echo: Printer) -> list[Stage]:
                 tag = f"seed {seed} · {method} · iteration {it}"
                 stages += [Stage(f"{tag}: collect", "collect", collect), Stage(f"{tag}: label and train", "train", fit),
                            Stage(f"{tag}: evaluate", "eval", lambda m=method, s=seed, i=it: evaluate(m, s, i))]
+                if cfg["report"]["movement"]["enabled"]:
+                    stages.append(Stage(f"{tag}: how far the policy moved", "movement", lambda m=method, s=seed, i=it: movement_stage(
+                        cfg, lay, model_of(m, s, i - 1), model_of(m, s, i), lay.movement(m, s, i), echo)))
         if cfg["grad_variance"]["enabled"] and cfg["methods"]:
             stages.append(Stage(f"seed {seed}: gradient variance of the methods on the iteration-1 samples", "variance",
                                 lambda seed=seed: gradient_variance_stage(cfg, lay, seed, warm_model, echo)))
@@ -402,6 +470,7 @@ def check_settings(cfg: dict) -> None:
     share = cfg["report"].get("discordant_share")
     if isinstance(share, bool) or not isinstance(share, (int, float)) or not 0 < share <= 1:
         raise ConfigError(f"report.discordant_share: expected a share in (0, 1], got {share!r}")
+    check_movement(cfg["report"]["movement"])
     two_player = is_two_player(cfg)
     structured_output(cfg["game"], "two_player" if two_player else "question")
     sections = {"collect": cfg["collect"], "eval": cfg["eval"]}
@@ -428,6 +497,21 @@ def check_settings(cfg: dict) -> None:
             value = section.get(key)
             if key in section and value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
                 raise ConfigError(f"{name}.{key}: expected a whole number >= 1, got {value!r}")
+
+
+def check_movement(m: dict) -> None:
+    from aria.movement import DTYPES
+
+    if not isinstance(m.get("enabled"), bool):
+        raise ConfigError(f"report.movement.enabled: expected true or false, got {m.get('enabled')!r}")
+    if isinstance(m.get("steps"), bool) or not isinstance(m.get("steps"), int) or m["steps"] < 1:
+        raise ConfigError(f"report.movement.steps: expected a whole number >= 1, got {m.get('steps')!r}")
+    if m.get("served_dtype") is not None and m["served_dtype"] not in DTYPES:
+        raise ConfigError(f"report.movement.served_dtype: expected null or one of {', '.join(DTYPES)}, got {m['served_dtype']!r}")
+    for key, top, what in (("min_token_kl", math.inf, "a number >= 0 (nats)"), ("min_weight_share", 1.0, "a share from 0 to 1")):
+        value = m.get(key)
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= top:
+            raise ConfigError(f"report.movement.{key}: expected {what}, got {value!r}")
 
 
 def run(cfg: dict, echo: Printer = print) -> Path:

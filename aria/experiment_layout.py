@@ -35,6 +35,10 @@ class Layout:
     def model(self, method: str, seed: int, iteration: int) -> Path:
         return self.warm / "model" if iteration == 0 else self.arm(method, seed, iteration) / "model"
 
+    def movement(self, method: str, seed: int, iteration: int) -> Path:
+        """How far an arm's model moved from its parent (:mod:`aria.movement`)."""
+        return self.arm(method, seed, iteration) / "movement.json"
+
     def evaluation(self, method: str, seed: int, iteration: int) -> Path:
         """A question game's evaluation file; for a two-player game the folder of its two files,
         ``as_alice.jsonl`` and ``as_bob.jsonl`` (the policy in each seat against the opponent)."""

@@ -165,6 +165,9 @@ def collect_results(cfg: dict) -> dict[str, Any]:
                 if games is not None:
                     evaluations[(method, seed, it)] = games
     arms = [{"method": m, "seed": s, "iteration": i, **_row(list(g.values()))} for (m, s, i), g in sorted(evaluations.items())]
+    for arm in arms:
+        if arm["iteration"] > 0:
+            arm.update(moved_from_parent(cfg, lay, evaluations, arm["method"], arm["seed"], arm["iteration"]))
     pooled = []
     if base_games is not None:
         label = "warm start" if cfg["warm_start"]["enabled"] else "base model"
@@ -188,6 +191,14 @@ def collect_results(cfg: dict) -> dict[str, Any]:
             b += [bool(evaluations[(second, s, it)][i]["success"]) for i in ids]
         tests.append({"first": first, "second": second, "iteration": it, "seeds": seeds, **mcnemar(a, b)})
         tests[-1].update(sensitivity(tests[-1]))
+        # Comparing arms that did not both move measures the evaluation's noise, not the methods.
+        verdicts = {(r["method"], r["seed"]): r.get("movement", {}).get("moved") for r in arms
+                    if r["iteration"] == it and r["method"] in (first, second) and r["seed"] in seeds}
+        still = sorted(f"{m} seed {s}" for (m, s), moved in verdicts.items() if moved is False)
+        unknown = sorted(f"{m} seed {s}" for (m, s), moved in verdicts.items() if moved is None)
+        tests[-1]["not_moved"], tests[-1]["movement_unknown"] = still, unknown
+        tests[-1]["verdict"] = ("uninformative: the policy did not move" if still
+                                else "significant" if tests[-1]["p_value"] < 0.05 else "not significant")
     variance = {}
     for seed in cfg["seeds"]:
         path = lay.shared(seed) / "grad_variance.json"
@@ -199,10 +210,31 @@ def collect_results(cfg: dict) -> dict[str, Any]:
         s = read_json(selection)
         recovery = {"chosen_k": s["chosen"]["k"], "ks": s["ks"], **(s.get("intention_recovery") or {})}
     opponent = cfg["eval"]["opponent"] if lay.two_player else None
+    rule = {k: cfg["report"]["movement"][k] for k in ("min_token_kl", "min_weight_share")}
     return {"name": cfg["name"], "game": cfg["game"]["name"], "two_player": lay.two_player, "opponent": opponent,
-            "eval_games": n_eval, "eval_seed": cfg["eval"]["seed"],
+            "eval_games": n_eval, "eval_seed": cfg["eval"]["seed"], "movement_rule": rule,
             "arms": arms, "pooled": pooled, "paired_tests": tests, "gradient_variance": variance,
             "intention_recovery": recovery}
+
+
+def moved_from_parent(cfg: dict, lay, evaluations: dict, method: str, seed: int, iteration: int) -> dict[str, Any]:
+    """An arm against the model it started from: success paired by game (difference with its
+    interval), and the movement measures with the verdict of ``report.movement`` (moved when the
+    token KL and the share of weights changed at the served precision both reach their thresholds)."""
+    out: dict[str, Any] = {}
+    parent = evaluations.get((method, seed, iteration - 1))
+    if parent is not None:
+        ids = sorted(set(parent) & set(evaluations[(method, seed, iteration)]))
+        test = mcnemar([bool(evaluations[(method, seed, iteration)][i]["success"]) for i in ids],
+                       [bool(parent[i]["success"]) for i in ids])
+        out["against_parent"] = {k: test[k] for k in ("pairs", "difference", "difference_ci95", "p_value")}
+    path = lay.movement(method, seed, iteration)
+    if path.is_file():
+        m, rule = read_json(path), cfg["report"]["movement"]
+        m.pop("key", None)
+        m["moved"] = m["token_kl"] >= rule["min_token_kl"] and m["weights"]["share"] >= rule["min_weight_share"]
+        out["movement"] = m
+    return out
 
 
 def _pct(x: float | None) -> str:
@@ -233,6 +265,26 @@ def render_table(results: dict[str, Any], alpha: float = 0.05) -> str:
             if r["iteration"] > 0:
                 lines.append(f"| {r['method']} | {r['seed']} | {r['iteration']} | {_pct(r['success'])} | "
                              f"{_pct(r['ci95'][0])}–{_pct(r['ci95'][1])} | {r['mean_turns']:.2f} |")
+    moved = [r for r in results["arms"] if r.get("movement")]
+    if moved:
+        rule = results.get("movement_rule") or {}
+        lines += ["", "**Did training move the policy?** Each arm against the model it started from, on "
+                  f"{moved[0]['movement']['steps']} held-out steps of the iteration-0 evaluation games: mean per-token "
+                  "KL, mean change of the action's log-probability on steps of won and of lost games, the share of "
+                  "weights that differ at the precision the model is served in, and success against the parent "
+                  "on the same targets. An arm moved when its KL is at least "
+                  f"{rule.get('min_token_kl')} and at least {_pct(rule.get('min_weight_share'))}% of its weights "
+                  "changed (report.movement, fixed before the run).", "",
+                  "| method | seed | iteration | token KL | Δ log-prob won / lost | weights changed | success vs parent (95% CI) | moved |",
+                  "|---|---|---|---|---|---|---|---|"]
+        for r in moved:
+            m, p = r["movement"], r.get("against_parent")
+            delta = " / ".join("–" if x is None else f"{x:+.3f}" for x in (m["logprob_change_won"], m["logprob_change_lost"]))
+            vs = ("–" if p is None else f"{100 * p['difference']:+.1f} ({100 * p['difference_ci95'][0]:+.1f} to "
+                  f"{100 * p['difference_ci95'][1]:+.1f})")
+            lines.append(f"| {r['method']} | {r['seed']} | {r['iteration']} | {m['token_kl']:.4g} | {delta} | "
+                         f"{100 * m['weights']['share']:.2f}% at {m['weights']['dtype']} | {vs} | "
+                         f"{'yes' if m['moved'] else '**no**'} |")
     for t in results["paired_tests"]:
         significant = t["p_value"] < alpha
         lines += ["", f"**Paired test, iteration {t['iteration']}** ({t['first']} against {t['second']}, "
@@ -242,6 +294,11 @@ def render_table(results: dict[str, Any], alpha: float = 0.05) -> str:
                   f"{100 * t['difference']:+.1f} points (95% CI {100 * t['difference_ci95'][0]:+.1f} to "
                   f"{100 * t['difference_ci95'][1]:+.1f}); exact McNemar p = {t['p_value']:.3g}: "
                   + ("**significant** at the 5% level." if significant else "**not significant** at the 5% level.")]
+        if t.get("not_moved"):
+            lines.append(f"**Uninformative: the policy did not move** (by the movement rule above: "
+                         f"{', '.join(t['not_moved'])}), so this test measures the evaluation's noise, not the methods.")
+        elif t.get("movement_unknown"):
+            lines.append(f"Whether the policy moved is not measured for {', '.join(t['movement_unknown'])}.")
         if "discordant_share" in t:
             found = t["detectable_difference"]
             lines.append(f"What this test can see: {100 * t['discordant_share']:.1f}% of the pairs were won by one arm "

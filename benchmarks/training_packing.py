@@ -20,6 +20,8 @@ base model's Bargaining self-play):
   ``--online-rollouts`` games from ``--online-model``, scored by the reward model trained above,
   ``--online-updates`` actor steps): the rollouts are the same in both ways (seeded); the
   scoring and the update are what packing changes, and are timed on their own.
+  ``--online-reward-model`` gives it a reward model trained before (a run of the online
+  iteration alone: no ``--sets``, ``--reward-model-sets`` with no name).
 
 For each (set, trainer, way), ``--repeats`` runs, each in a fresh process, the ways interleaved:
 seconds of the epoch (median), the tokens it computed (padded: real tokens and the cells with
@@ -200,6 +202,8 @@ def main(argv=None) -> int:
     parser.add_argument("--models", nargs="*", default=[], help="name=model folder, where a set's model differs")
     parser.add_argument("--reward-model-sets", nargs="*", default=None, help="sets the reward model trains on (default: the first)")
     parser.add_argument("--online-model", default=None, help="the policy of the online iteration (default: no online run)")
+    parser.add_argument("--online-reward-model", default=None,
+                        help="a trained reward model for the online iteration (default: the one this run trains)")
     parser.add_argument("--online-game", default="twenty_questions_subset")
     parser.add_argument("--online-rollouts", type=int, default=16)
     parser.add_argument("--online-updates", type=int, default=16)
@@ -265,8 +269,8 @@ def main(argv=None) -> int:
             print(key, "check", json.dumps(result["checks"][key]), flush=True)
             save()
 
-    if args.online_model and rm_sets:
-        reward_model = result["runs"][f"{rm_sets[0]}/reward_model"]["prefix_tree"][0]["final"]
+    if args.online_model and (rm_sets or args.online_reward_model):
+        reward_model = args.online_reward_model or result["runs"][f"{rm_sets[0]}/reward_model"]["prefix_tree"][0]["final"]
         from aria.reward_service import merge_if_adapter
 
         merge_if_adapter(Path(reward_model))

@@ -27,7 +27,8 @@
 #   FORCE_NEW     1: OUT holds games of another model or other settings; move them aside and start over [0]
 # Re-running with the same settings continues where it stopped; with other settings (another
 # MODEL_NAME, sampling or oracle) into the same OUT it stops with one line naming the difference.
-# Any further arguments are passed to evaluation/evaluate.py as Hydra overrides.
+# Any further arguments are passed to evaluation/evaluate.py as Hydra overrides (config/eval.yaml), e.g.
+# max_turns=5 for short single-agent games.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3}

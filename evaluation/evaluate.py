@@ -64,6 +64,7 @@ def evaluate(cfg: dict) -> None:
     policy = build_policy(p)
     summary = {"model": p["model"] if served else p["model_path"], "base_url": p.get("base_url"),
                "oracle": cfg["oracle"]["name"], "seed": cfg["seed"], "num_games": cfg["num_games"],
+               "max_turns": cfg["max_turns"],
                "sampling": {k: p.get(k) for k in ("temperature", "top_p", reply_tokens)},
                "environments": {}}
     if two_player:  # what the win rates were measured under (reply length matters a lot to a small model)
@@ -84,6 +85,8 @@ def evaluate(cfg: dict) -> None:
             summary["environments"][env]["generation"] = generation_cost(player.model, 0, 0.0)
             summary["environments"][env]["structured_output"] = structured_output(game_cfg, "two_player")
             continue
+        if cfg["max_turns"] is not None:
+            game_cfg["max_turns"] = cfg["max_turns"]
         transcripts = out / env / "transcripts.jsonl"
         tokens, seconds = getattr(policy, "generated_tokens", 0), getattr(policy, "generation_seconds", 0.0)
         run = play_games(build_game(game_cfg), policy, build_oracle(cfg["oracle"], game_cfg), transcripts,

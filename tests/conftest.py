@@ -35,10 +35,13 @@ def pytest_configure(config):
 
 
 def pytest_collection_modifyitems(config, items):
-    """Files with a ``slow`` test run first (order kept otherwise): with one file per worker,
-    a long file handed out last would keep one worker busy while the other waits."""
-    slow_files = {item.path for item in items if item.get_closest_marker("slow")}
-    items.sort(key=lambda item: item.path not in slow_files)
+    """Files with the most ``slow`` tests run first (order kept otherwise): with one file per
+    worker, a long file handed out last would keep one worker busy while the other waits, and the
+    file of vLLM servers (every test slow) is the longest."""
+    from collections import Counter
+
+    slow = Counter(item.path for item in items if item.get_closest_marker("slow"))
+    items.sort(key=lambda item: -slow[item.path])
 
 # Verbatim samples of the original release's data formats (copied from the project's shared
 # data, so that a clone alone runs every test)

@@ -13,6 +13,7 @@ import pytest
 
 from aria import experiment
 from aria.experiment_report import mcnemar, render_table, wilson_interval
+from aria.io import atomic_write_json
 from aria.resources import compose_config
 
 
@@ -65,6 +66,50 @@ def test_the_table_shows_the_arithmetic_and_says_whether_it_is_significant():
     # 8 against 2: p = 0.109375 (above)
     results["paired_tests"][0].update(mcnemar([True] * 8 + [False] * 12, [False] * 8 + [True] * 2 + [False] * 10))
     assert "**not significant**" in render_table(results)
+
+
+def test_the_movement_verdict_by_hand(tmp_path):
+    """An arm moved when its token KL and its share of weights changed at the served precision
+    both reach report.movement's thresholds; a paired test between arms of which one did not move
+    reads "uninformative", never a verdict on the methods."""
+    from aria.experiment_layout import Layout
+    from aria.experiment_report import moved_from_parent
+
+    cfg = {"run_dir": str(tmp_path), "game": {"name": "twenty_questions_subset"},
+           "report": {"movement": {"min_token_kl": 0.01, "min_weight_share": 0.001}}}
+    lay = Layout(cfg)
+    parent = {f"g{i}": {"success": i < 3, "turns": 5} for i in range(10)}   # won 3
+    child = {f"g{i}": {"success": i < 5, "turns": 5} for i in range(10)}    # won 5: +2 pairs, none lost
+    evaluations = {("aria", 0, 0): parent, ("aria", 0, 1): child}
+
+    def measured(kl: float, share: float) -> dict:
+        lay.movement("aria", 0, 1).parent.mkdir(parents=True, exist_ok=True)
+        atomic_write_json(lay.movement("aria", 0, 1), {"key": {}, "steps": 8, "token_kl": kl, "logprob_change_won": 0.2,
+                                                       "logprob_change_lost": -0.1, "weights": {"dtype": "bfloat16", "share": share}})
+        return moved_from_parent(cfg, lay, evaluations, "aria", 0, 1)
+
+    # b = 2 pairs only the child won, c = 0: difference 2/10, se = sqrt((0.2 − 0.2²)/10) = 0.1265,
+    # exact McNemar p = 2 · (1/2)² = 0.5; no movement measured yet
+    half_width = 1.959963984540054 * math.sqrt((0.2 - 0.04) / 10)
+    assert moved_from_parent(cfg, lay, evaluations, "aria", 0, 1) == {
+        "against_parent": {"pairs": 10, "difference": 0.2, "difference_ci95": pytest.approx([0.2 - half_width, 0.2 + half_width]),
+                           "p_value": 0.5}}
+    assert measured(0.01, 0.001)["movement"]["moved"] is True       # both at their threshold
+    assert measured(0.0099, 0.5)["movement"]["moved"] is False      # the behaviour barely changed
+    assert measured(0.5, 0.0009)["movement"]["moved"] is False      # the served weights are the parent's
+    assert "key" not in measured(0.5, 0.5)["movement"]
+
+    results = {"name": "t", "game": "twenty_questions_subset", "eval_games": 10, "eval_seed": 7,
+               "movement_rule": cfg["report"]["movement"], "gradient_variance": {}, "intention_recovery": None,
+               "pooled": [], "arms": [{"method": "aria", "seed": 0, "iteration": 1, "games": 10, "wins": 5, "success": 0.5,
+                                       "ci95": list(wilson_interval(5, 10)), "mean_turns": 5.0,
+                                       **measured(0.0099, 0.5)}],
+               "paired_tests": [{"first": "aria", "second": "no_aggregation", "iteration": 1, "seeds": [0],
+                                 **mcnemar([True] * 5 + [False] * 5, [False] * 10), "not_moved": ["aria seed 0"]}]}
+    table = render_table(results)
+    assert "| aria | 0 | 1 | 0.0099 | +0.200 / -0.100 | 50.00% at bfloat16 | +20.0 (-4.8 to +44.8) | **no** |" in table
+    assert "**Uninformative: the policy did not move** (by the movement rule above: aria seed 0)" in table
+    assert "An arm moved when its KL is at least 0.01 and at least 0.1% of its weights changed" in table
 
 
 # ---- the runner, end to end on tiny models -------------------------------------------------------------
@@ -121,7 +166,16 @@ def test_the_runner_resumes_at_every_stage_to_the_same_table(tmp_path, tiny_expe
     assert (out / "success_vs_iteration.png").stat().st_size > 0
     stage_lines = [line for line in lines if line.startswith("[experiment] (")]
     total = len(stage_lines)
-    assert total == 3 + 1 + 2 * 2 * 3 + 1 and all("ETA" in line for line in stage_lines)
+    assert total == 3 + 1 + 2 * 2 * 4 + 1 and all("ETA" in line for line in stage_lines)
+    # every trained arm measured against its parent on the same held-out steps, with a verdict
+    trained = [r for r in results["arms"] if r["iteration"] > 0]
+    assert len(trained) == 4 and all(r["movement"]["steps"] == trained[0]["movement"]["steps"] > 0 for r in trained)
+    dtype = experiment.served_dtype(tiny_experiment(straight_root))
+    assert all(r["movement"]["token_kl"] >= 0 and r["movement"]["weights"]["dtype"] == dtype
+               and isinstance(r["movement"]["moved"], bool) and r["against_parent"]["pairs"] == 4 for r in trained)
+    assert "**Did training move the policy?**" in table and table.count(f"% at {dtype} |") == 4
+    assert all(t["verdict"] in ("significant", "not significant", "uninformative: the policy did not move")
+               for t in results["paired_tests"])
 
     # Interrupted after stage 1, resumed and interrupted after stage 2, and so on: same table.
     cut = tiny_experiment(tmp_path / "cut")
@@ -190,8 +244,8 @@ def test_methods_may_run_fewer_iterations_than_the_others(tmp_path):
     cfg = compose_config("experiment", ["experiment=cpu", f"run_dir={tmp_path}"])
     assert [experiment.iterations_of(cfg, m) for m in cfg["methods"]] == [2, 2, 1, 1]
     names = [s.name for s in experiment.plan(cfg, experiment.Generator(cfg, print), print)]
-    # per seed: aria and no_aggregation 2 iterations, filtered_bc and bc 1, 3 stages each, + gradient variance
-    assert len(names) == 3 + 1 + 2 * ((2 + 2 + 1 + 1) * 3 + 1)
+    # per seed: aria and no_aggregation 2 iterations, filtered_bc and bc 1, 4 stages each, + gradient variance
+    assert len(names) == 3 + 1 + 2 * ((2 + 2 + 1 + 1) * 4 + 1)
     assert "seed 1 · filtered_bc · iteration 1: evaluate" in names
     assert not any("bc · iteration 2" in n for n in names)
     with pytest.raises(ValueError, match="iterations_by_method.bc: expected a whole number >= 1, got 0"):
@@ -235,6 +289,13 @@ def test_a_two_player_experiment_runs_self_play_and_evaluates_against_the_oppone
     assert not experiment.games_done(games, n, experiment.expected_producer(strict, strict["collect"], seed, producer["seats"]))
     for role in ("alice", "bob"):
         assert (run / "s0" / "aria" / "it1" / "eval" / f"as_{role}.jsonl").is_file()
+    # movement measured on the policy's own turns in both seats of the base model's evaluation
+    held_out = experiment.held_out_steps(cfg, experiment.Layout(cfg))
+    policy_turns = sum(t["role"] == role for role in ("alice", "bob")
+                       for line in (run / "eval" / "it0" / f"as_{role}.jsonl").read_text().splitlines()
+                       for t in json.loads(line)["turns"])
+    assert len(held_out) == policy_turns > 0  # the opponent's turns are not the policy's
+    assert all(r["movement"]["steps"] == min(len(held_out), 128) for r in results["arms"] if r["iteration"] == 1)
     # everything is done: running again plays and trains nothing and writes the same table
     again: list[str] = []
     experiment.run(cfg, again.append)

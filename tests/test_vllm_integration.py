@@ -49,7 +49,7 @@ def test_eval_sh_against_a_real_vllm_server(tmp_path, vllm_server):
     out = tmp_path / "results"
     env = {**os.environ, "BASE_URL": vllm_server["BASE_URL"], "MODEL_NAME": vllm_server["MODEL_NAME"], "N": "3",
            "CONCURRENCY": "3", "OUT": str(out), "MAX_TOKENS": "16"}
-    done = subprocess.run(["bash", str(REPO / "evaluation/eval.sh"), "progress=false"], env=env, capture_output=True,
+    done = subprocess.run(["bash", str(REPO / "evaluation/eval.sh"), "progress=false", "max_turns=3"], env=env, capture_output=True,
                           text=True, timeout=1200)
     assert done.returncode == 0, done.stderr[-3000:]
     summary = json.loads((out / "summary.json").read_text())
@@ -64,8 +64,9 @@ def test_eval_sh_against_a_real_vllm_server(tmp_path, vllm_server):
         assert s == summarize_games(records)
         assert s["successes"] == sum(r["success"] for r in records)
         assert s["finished"] + s["failed"] == 3 and s["failed"] == 0
-        assert all(r["num_turns"] >= 1 and all(t["action"] for t in r["turns"]) for r in records)
+        assert all(1 <= r["num_turns"] <= 3 and all(t["action"] for t in r["turns"]) for r in records)
     assert (out / "summary.md").read_text().count("| twenty_questions |") == 1
+    assert summary["max_turns"] == 3 and "at most 3 questions a game" in (out / "summary.md").read_text()
 
 
 def test_collection_by_default_serves_the_model_with_vllm_and_stops_it(tmp_path):
