@@ -72,7 +72,7 @@ class Generator:
         """What a policy of :meth:`policy` records as its producer: the engine, the model and its
         version (a retrained model is another policy, so its old games are not continued), the sampling."""
         return {"engine": self.engine, "model_path": recorded_path(self.cfg, model_dir), "model_version": model_version(model_dir),
-                "temperature": settings["temperature"], "max_tokens": settings["max_tokens"],
+                "dtype": served_dtype(self.cfg), "temperature": settings["temperature"], "max_tokens": settings["max_tokens"],
                 "seed": seed if self.engine == "local" else None}
 
     def policy(self, model_dir: Path, settings: dict, seed: int):
@@ -82,7 +82,7 @@ class Generator:
 
         if self.engine == "local":
             policy = build_policy({"name": "local", "model_path": str(model_dir), "temperature": settings["temperature"],
-                                   "max_new_tokens": settings["max_tokens"], "seed": seed})
+                                   "max_new_tokens": settings["max_tokens"], "seed": seed, "dtype": served_dtype(self.cfg)})
             policy.settings = self.describe(model_dir, settings, seed)
             return policy
         if self._served is None or self._served[0] != model_dir:
@@ -93,7 +93,8 @@ class Generator:
             # the server's log beside the model it serves, or in the run folder for a model outside it
             root = Path(self.cfg["run_dir"]).resolve()
             log = model_dir.parent / "vllm.log" if model_dir.resolve().is_relative_to(root) else root / "vllm-base.log"
-            info = start_server(model_dir, "policy", free_port(), log, eager=self.cfg["vllm"]["eager"])
+            info = start_server(model_dir, "policy", free_port(), log, eager=self.cfg["vllm"]["eager"],
+                                dtype=self.cfg["policy_dtype"])
             self._served = (model_dir, info)
             self.echo(f"[experiment] vLLM serves {model_dir} (started in {time.perf_counter() - start:.0f}s)")
         info = self._served[1]
@@ -229,6 +230,12 @@ def label(cfg: dict, trajectories: Path, out_dir: Path, seed: int, echo: Printer
         pipeline.step4_build_training_set(c, quiet)
     chosen = report["chosen"]["k"]
     echo(f"[experiment] labelled {trajectories.name}: k = {chosen}")
+    if steps >= 4:  # said before training: where keys are not shared, ARIA trains as its ablation
+        found = pipeline.preflight(c, cfg["report"]["preflight_ks"])
+        atomic_write_json(out_dir / "preflight.json", found)
+        echo("[experiment] pre-flight: steps that share their intention key with another step: " + "; ".join(
+            f"k = {'/'.join(map(str, set(r['k'].values())))}{' (chosen)' if r['chosen'] else ''} {100 * r['shared']:.0f}%"
+            for r in found["rows"]))
     return out_dir / "train.json"
 
 
@@ -291,9 +298,9 @@ def bc_training_set(cfg: dict, trajectories: Path, out: Path) -> Path:
 
 
 def served_dtype(cfg: dict) -> str:
-    """The precision this run serves its models in (``report.movement.served_dtype``, else what
-    the engine chooses): an update smaller than its step is rounded away before evaluation."""
-    chosen = cfg["report"]["movement"]["served_dtype"]
+    """The precision this run's policy plays in (``policy_dtype``, else what the engine chooses):
+    an update smaller than its step is rounded away before the model plays."""
+    chosen = cfg["policy_dtype"]
     if chosen is not None:
         return chosen
     import torch
@@ -456,6 +463,7 @@ def check_settings(cfg: dict) -> None:
     """Every setting the stages will read, checked before any work starts: a bad one is a
     :class:`~aria.cli.ConfigError` naming it, not a traceback minutes into the run."""
     from aria.games.base import structured_output
+    from aria.movement import DTYPES
     from aria.trainers.methods import METHODS
 
     if cfg["engine"] not in ("vllm", "local"):
@@ -471,6 +479,11 @@ def check_settings(cfg: dict) -> None:
     if isinstance(share, bool) or not isinstance(share, (int, float)) or not 0 < share <= 1:
         raise ConfigError(f"report.discordant_share: expected a share in (0, 1], got {share!r}")
     check_movement(cfg["report"]["movement"])
+    if cfg.get("policy_dtype") is not None and cfg["policy_dtype"] not in DTYPES:
+        raise ConfigError(f"policy_dtype: expected null or one of {', '.join(DTYPES)}, got {cfg.get('policy_dtype')!r}")
+    ks = cfg["report"].get("preflight_ks")
+    if not isinstance(ks, list) or any(isinstance(k, bool) or not isinstance(k, int) or k < 2 for k in ks):
+        raise ConfigError(f"report.preflight_ks: expected a list of whole numbers >= 2, got {ks!r}")
     two_player = is_two_player(cfg)
     structured_output(cfg["game"], "two_player" if two_player else "question")
     sections = {"collect": cfg["collect"], "eval": cfg["eval"]}
@@ -500,14 +513,10 @@ def check_settings(cfg: dict) -> None:
 
 
 def check_movement(m: dict) -> None:
-    from aria.movement import DTYPES
-
     if not isinstance(m.get("enabled"), bool):
         raise ConfigError(f"report.movement.enabled: expected true or false, got {m.get('enabled')!r}")
     if isinstance(m.get("steps"), bool) or not isinstance(m.get("steps"), int) or m["steps"] < 1:
         raise ConfigError(f"report.movement.steps: expected a whole number >= 1, got {m.get('steps')!r}")
-    if m.get("served_dtype") is not None and m["served_dtype"] not in DTYPES:
-        raise ConfigError(f"report.movement.served_dtype: expected null or one of {', '.join(DTYPES)}, got {m['served_dtype']!r}")
     for key, top, what in (("min_token_kl", math.inf, "a number >= 0 (nats)"), ("min_weight_share", 1.0, "a share from 0 to 1")):
         value = m.get(key)
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= top:

@@ -210,9 +210,17 @@ def collect_results(cfg: dict) -> dict[str, Any]:
         s = read_json(selection)
         recovery = {"chosen_k": s["chosen"]["k"], "ks": s["ks"], **(s.get("intention_recovery") or {})}
     opponent = cfg["eval"]["opponent"] if lay.two_player else None
+    preflight = {}
+    for seed in cfg["seeds"]:
+        for method in cfg["methods"]:
+            for it in range(1, iterations_of(cfg, method) + 1):
+                where = lay.collection_dir(method, seed, it) / "intention" / "preflight.json"
+                name = f"seed {seed}, iteration 1 (shared)" if it == 1 else f"seed {seed}, {method}, iteration {it}"
+                if where.is_file() and name not in preflight:
+                    preflight[name] = read_json(where)
     rule = {k: cfg["report"]["movement"][k] for k in ("min_token_kl", "min_weight_share")}
     return {"name": cfg["name"], "game": cfg["game"]["name"], "two_player": lay.two_player, "opponent": opponent,
-            "eval_games": n_eval, "eval_seed": cfg["eval"]["seed"], "movement_rule": rule,
+            "eval_games": n_eval, "eval_seed": cfg["eval"]["seed"], "movement_rule": rule, "preflight": preflight,
             "arms": arms, "pooled": pooled, "paired_tests": tests, "gradient_variance": variance,
             "intention_recovery": recovery}
 
@@ -265,6 +273,19 @@ def render_table(results: dict[str, Any], alpha: float = 0.05) -> str:
             if r["iteration"] > 0:
                 lines.append(f"| {r['method']} | {r['seed']} | {r['iteration']} | {_pct(r['success'])} | "
                              f"{_pct(r['ci95'][0])}–{_pct(r['ci95'][1])} | {r['mean_turns']:.2f} |")
+    if results.get("preflight"):
+        lines += ["", "**Pre-flight: can aggregation change anything?** Measured on each collection after labelling, "
+                  "before training: the share of steps whose intention key (history and action) another step of the "
+                  "same role shares, over all steps and by turn, the mean |R̃ − R| and Var(R̃)/Var(R). A step alone "
+                  "at its key gets its own return, so where few steps share, ARIA trains as its ablation.", "",
+                  "| collection | k | steps sharing | by turn | mean abs(R̃ − R) | Var(R̃)/Var(R) |", "|---|---|---|---|---|---|"]
+        for name, found in results["preflight"].items():
+            for r in found["rows"]:
+                k = "/".join(map(str, sorted(set(r["k"].values())))) + (" (chosen)" if r["chosen"] else "")
+                turns = ", ".join(f"{t}: {_pct(v)}" for t, v in r["shared_by_turn"].items())
+                ratio = "–" if r["variance_ratio"] is None else f"{r['variance_ratio']:.3f}"
+                mean = "–" if r["mean_abs_change"] is None else f"{r['mean_abs_change']:.4f}"
+                lines.append(f"| {name} ({found['steps']} steps) | {k} | {_pct(r['shared'])}% | {turns} | {mean} | {ratio} |")
     moved = [r for r in results["arms"] if r.get("movement")]
     if moved:
         rule = results.get("movement_rule") or {}

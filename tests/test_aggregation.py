@@ -264,3 +264,26 @@ def test_tree_aggregation_equals_brute_force(seed, n_games, n_labels):
     if table.num_steps == 0:
         return
     np.testing.assert_allclose(aggregate(table, np.array(labels)).q, reference_q(games_labels, games_returns))
+
+
+def test_key_sharing_by_hand():
+    """Two question games; the first questions share a label (one node for both steps), the
+    second questions do not. R = [0.5, 1.0] and [0.0, 0.0]: R̃ = [0.25, 1.0, 0.25, 0.0]."""
+    from aria.intention.aggregate import key_sharing
+
+    table = StepTable(utterance_game=np.array([0, 0, 0, 0, 1, 1, 1, 1]),
+                      utterance_position=np.array([0, 1, 2, 3, 0, 1, 2, 3]),
+                      utterance_channel=np.array([0, 1, 0, 1, 0, 1, 0, 1]),
+                      step_utterance=np.array([0, 2, 4, 6]), step_role=np.zeros(4, dtype=int),
+                      step_return=np.array([0.5, 1.0, 0.0, 0.0]))
+    labels = np.array([1, 7, 2, 7, 1, 7, 3, 7])
+    out = key_sharing(table, labels, step_turn=np.array([0, 1, 0, 1]))
+    assert out["shared"] == 0.5 and out["shared_by_turn"] == {"0": 1.0, "1": 0.0}
+    assert out["mean_abs_change"] == pytest.approx((0.25 + 0 + 0.25 + 0) / 4)
+    # Var(R) = 0.6875 / 4, Var(R̃) = 0.5625 / 4: ratio 9/11
+    assert out["variance_ratio"] == pytest.approx(9 / 11)
+    # turns from last_turn on are counted together
+    assert key_sharing(table, labels, np.array([0, 7, 0, 9]), last_turn=5)["shared_by_turn"] == {"0": 1.0, "5+": 0.0}
+    # every return equal: no ratio
+    flat = StepTable(**{**table.__dict__, "step_return": np.ones(4)})
+    assert key_sharing(flat, labels, np.array([0, 1, 0, 1]))["variance_ratio"] is None

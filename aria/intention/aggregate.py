@@ -247,3 +247,23 @@ def aggregate(
     reward = AGGREGATION_MODES[mode](q, v, kept)
     reward = np.where(kept, reward, np.nan)
     return Aggregation(reward=reward, q=q, v=v, count=count, kept=kept)
+
+
+def key_sharing(table: StepTable, labels: np.ndarray, step_turn: np.ndarray, last_turn: int = 5) -> dict:
+    """How much aggregation can do at one k, before any training: where a step is alone at its
+    (history, action) node, R̃ is its own return and ARIA trains exactly as its ablation.
+
+    Returns the share of steps whose node holds at least one other step of the same role
+    (``shared``), that share per turn (``shared_by_turn``, turns ``last_turn`` and later
+    together under ``"{last_turn}+"``), the mean |R̃ − R_t| over the steps, and Var(R̃)/Var(R)
+    over every step (None when every return is equal).
+    """
+    agg = aggregate(table, labels)
+    shared = agg.count >= 2
+    returns = np.asarray(table.step_return, dtype=np.float64)
+    turn = np.minimum(np.asarray(step_turn, dtype=np.int64), last_turn)
+    by_turn = {(f"{t}+" if t == last_turn else str(t)): float(shared[turn == t].mean()) for t in np.unique(turn).tolist()}
+    raw_var = float(returns.var())
+    return {"shared": float(shared.mean()) if len(shared) else None, "shared_by_turn": by_turn,
+            "mean_abs_change": float(np.abs(agg.q - returns).mean()) if len(returns) else None,
+            "variance_ratio": float(agg.q.var()) / raw_var if raw_var > 0 else None}

@@ -434,6 +434,32 @@ def step2_select_k(cfg: dict, echo: Printer = print) -> dict:
     return report
 
 
+def preflight(cfg: dict, fixed_ks: list[int]) -> dict:
+    """Intention-key sharing (:func:`~aria.intention.aggregate.key_sharing`) of a labelled run
+    (steps 1-2 done) at the chosen k and at each of ``fixed_ks`` that step 1 clustered: whether
+    aggregation can change anything on these games, said before any training."""
+    from aria.intention.aggregate import key_sharing
+
+    run_dir = Path(cfg["run_dir"])
+    summary = _step_output(run_dir / "utterances.json", 1)
+    selection = _step_output(run_dir / "selection.json", 2)
+    if selection.get("step1_fingerprint") != summary["fingerprint"]:
+        raise StaleInput(2, "selection.json was made from another run of step 1")
+    corpus, _, files = load_corpus(cfg)
+    _check_inputs(summary, corpus, files)
+    labels = _load_npz(run_dir / "labels.npz")
+    _check_stamp(labels, "labels.npz", summary)
+    ks = [int(k) for k in labels["ks"]]
+    chosen = selection["chosen"]["k"]
+    rows = [{"k": chosen, "chosen": True, **key_sharing(corpus.table, _labels_at(corpus, labels, {p: ks.index(chosen[p]) for p in corpus.pools}),
+                                                         corpus.step_turn)}]
+    for k in fixed_ks:
+        if k in ks:
+            rows.append({"k": {p: k for p in corpus.pools}, "chosen": False,
+                         **key_sharing(corpus.table, _labels_at(corpus, labels, {p: ks.index(k) for p in corpus.pools}), corpus.step_turn)})
+    return {"steps": int(corpus.table.num_steps), "games": len(corpus.game_ids), "rows": rows}
+
+
 def _intention_recovery(corpus, labels: dict[str, np.ndarray], ks: list[int]) -> dict | None:
     """ARI and NMI of the step labels against the recorded intentions at every k (None when no
     step records one). A label is (pool, cluster), so two-player pools never share a label."""
