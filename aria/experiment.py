@@ -87,7 +87,7 @@ class Generator:
             return policy
         if self._served is None or self._served[0] != model_dir:
             self.stop()
-            from aria.llm.served import free_port, start_server
+            from aria.llm.served import EngineWatch, free_port, start_server
 
             start = time.perf_counter()
             # the server's log beside the model it serves, or in the run folder for a model outside it
@@ -96,11 +96,13 @@ class Generator:
             info = start_server(model_dir, "policy", free_port(), log, eager=self.cfg["vllm"]["eager"],
                                 dtype=self.cfg["policy_dtype"])
             self._served = (model_dir, info)
+            self._watch = EngineWatch(info["PID"])
             self.echo(f"[experiment] vLLM serves {model_dir} (started in {time.perf_counter() - start:.0f}s)")
         info = self._served[1]
         policy = build_policy({"name": "endpoint", "base_url": info["BASE_URL"], "model": info["MODEL_NAME"],
                                "temperature": settings["temperature"], "max_tokens": settings["max_tokens"],
-                               "concurrency": settings["batch_size"], "api_key": "EMPTY", "timeout_s": 300})
+                               "concurrency": settings["batch_size"], "api_key": "EMPTY", "timeout_s": 300,
+                               "gone": self._watch.reason})
         # What made a game is the model and its sampling, not this run's port: a resumed file continues.
         policy.settings = self.describe(model_dir, settings, seed)
         return policy
@@ -109,6 +111,7 @@ class Generator:
         if self._served is not None:
             from aria.llm.served import stop_server
 
+            self._watch.stop()
             stop_server(self._served[1]["PID"])
             self._served = None
 

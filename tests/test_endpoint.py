@@ -129,6 +129,51 @@ def test_unreachable_server_gives_error_completions(dead_url):
     assert all(dead_url in c.error and "Connection" in c.error for c in completions)
 
 
+def test_a_server_known_to_be_gone_is_not_retried_and_the_error_says_why(dead_url):
+    completions = _model(dead_url, max_retries=3, gone=lambda: "the vLLM engine process(es) [123] died").generate(
+        [_conversation(0)])
+    assert "1 attempt(s)" in completions[0].error and completions[0].error.endswith("; the vLLM engine process(es) [123] died")
+
+
+def test_the_engine_watch_stops_a_server_whose_engine_died():
+    """Real processes standing in for a server (a parent in a session of its own, and its child
+    for the engine; the real vLLM case is in tests/test_vllm_integration.py): the child killed,
+    within seconds the watch names it and stops the parent's process group."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    from aria.llm.served import EngineWatch
+
+    code = ("import subprocess, sys, time; c = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)']); "
+            "print(c.pid, flush=True); time.sleep(600)")
+    parent = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        child = int(parent.stdout.readline())
+        watch = EngineWatch(parent.pid, poll_s=0.2)
+        time.sleep(1.0)  # past its first looks: a whole server says nothing
+        assert watch.reason() is None and parent.poll() is None
+        os.kill(child, signal.SIGKILL)
+        deadline = time.monotonic() + 10
+        while watch.reason() is None and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert watch.reason() == f"the vLLM engine process(es) [{child}] of server {parent.pid} died; the server was stopped"
+        assert parent.wait(timeout=30) == -signal.SIGTERM
+        # a watch stopped first (the server stopped on purpose) says nothing
+        other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"], start_new_session=True)
+        quiet = EngineWatch(other.pid, poll_s=0.2)
+        quiet.stop()
+        other.kill()
+        other.wait()
+        time.sleep(0.5)
+        assert quiet.reason() is None
+    finally:
+        for p in (parent,):
+            if p.poll() is None:
+                os.killpg(p.pid, signal.SIGKILL)
+
+
 def test_one_failure_does_not_spoil_the_batch(server):
     server.script.status = lambda n, body: 400 if _last_user(body) == "question 1" else 200
     completions = _model(server.url).generate([_conversation(i) for i in range(3)])

@@ -211,19 +211,9 @@ def test_the_second_turn_of_a_game_is_served_from_the_prefix_cache(vllm_server):
 # ---- a served run that ends badly: its server goes with it --------------------------------------------
 def descendants(pid: int) -> set[int]:
     """``pid`` and every process below it (from /proc)."""
-    children: dict[int, list[int]] = {}
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
-    found, todo = set(), [pid]
-    while todo:
-        p = todo.pop()
-        found.add(p)
-        todo += children.get(p, [])
-    return found
+    from aria.llm.served import process_tree
+
+    return process_tree(pid)
 
 
 def alive(pids: set[int]) -> set[int]:
@@ -352,6 +342,45 @@ def test_the_start_script_refuses_a_port_that_another_server_holds(tmp_path, vll
                           env={**os.environ, "SERVED_MODEL_NAME": vllm_server["MODEL_NAME"], "VLLM_LOG": str(tmp_path / "l")})
     assert done.returncode == 1 and "PID=" not in done.stdout
     assert f"127.0.0.1:{port} is taken: another process listens there; give another port" in done.stderr
+
+
+def test_a_dead_engine_under_a_live_api_server_fails_the_games_in_seconds(tmp_path):
+    """The engine of a server we started is killed while 16 requests are in flight (an OOM
+    killer's choice, or a SIGINT that reached the engine only). The API server would accept
+    requests and never answer them: before, every game waited for its request timeout (300 s in
+    the experiment). The engine watch (aria/llm/served.py) stops the server within seconds, the
+    requests fail with an error that says why, and no process of the server is left."""
+    import signal
+    import threading
+    import time
+
+    from aria.llm.served import ServedChatModel, process_tree, server_metrics
+
+    policy = ServedChatModel("embedded", max_tokens=400, concurrency=16, timeout_s=300, log=str(tmp_path / "vllm.log"))
+    policy.generate([[{"role": "user", "content": "Say yes."}]])  # started and answering
+    endpoint, pid = policy._endpoint, int(policy._pid)
+    tree = process_tree(pid)
+    results: list = []
+    conversations = [[{"role": "user", "content": f"Write a long story about the number {i}."}] for i in range(16)]
+    worker = threading.Thread(target=lambda: results.extend(policy.generate(conversations)))
+    worker.start()
+    deadline = time.monotonic() + 60
+    while server_metrics(endpoint.base_url)["vllm:num_requests_running"] < 1 and time.monotonic() < deadline:
+        time.sleep(0.2)
+    engine = max(tree - {pid})  # the engine core started after the API server
+    try:
+        os.kill(engine, signal.SIGKILL)
+        killed = time.monotonic()
+        worker.join(timeout=60)
+        assert not worker.is_alive(), "the requests still wait for the dead engine after 60 s"
+        assert time.monotonic() - killed < 30
+        failed = [r for r in results if not r.ok]
+        assert failed and all("engine process" in r.error or r.ok for r in results), [r.error for r in failed][:2]
+        assert not wait_gone(tree, 45), f"left behind: {alive(tree)}"
+    finally:
+        policy.close()
+        for p in alive(tree):
+            os.kill(p, signal.SIGKILL)
 
 
 def test_no_engine_process_outlives_its_api_server(vllm_server):

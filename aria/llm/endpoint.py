@@ -15,7 +15,7 @@ import random
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import openai
 
@@ -74,6 +74,9 @@ class EndpointChatModel:
         max_retries: extra attempts after the first for transient failures.
         retry_base_delay_s: backoff before retry ``k`` (0-based) is about ``base * 2**k``.
         concurrency: requests in flight at once.
+        gone: for a server this process started, what ended it (None while it runs; e.g.
+            :meth:`aria.llm.served.EngineWatch.reason`): a request that fails then is not retried,
+            and its error says why.
     """
 
     #: each request is its own HTTP call; the server batches what is in flight (aria.scheduler)
@@ -93,6 +96,7 @@ class EndpointChatModel:
         concurrency: int = 16,
         seed: int | None = None,
         stop: Sequence[str] | None = None,
+        gone: Callable[[], str | None] | None = None,
     ):
         if max_retries < 0:
             raise ValueError(f"max_retries must be >= 0, got {max_retries}")
@@ -102,6 +106,7 @@ class EndpointChatModel:
         self.base_url = base_url
         self.max_retries = int(max_retries)
         self.retry_base_delay_s = float(retry_base_delay_s)
+        self._gone = gone or (lambda: None)
         # Retries are ours (bounded, with jitter), so the client's own are switched off.
         self._client = openai.OpenAI(
             base_url=base_url, api_key=_default_api_key(api_key), timeout=timeout_s, max_retries=0
@@ -157,11 +162,12 @@ class EndpointChatModel:
                 return self._request(messages, fmt)
             except Exception as err:  # every failure becomes an error completion
                 attempts += 1
-                if attempts > self.max_retries or not is_retryable(err):
+                ended = self._gone()
+                if attempts > self.max_retries or not is_retryable(err) or ended:
                     return Completion(
                         text=None,
                         error=f"chat completion failed after {attempts} attempt(s) at {self.base_url} "
-                        f"(model {self.name!r}): {_describe(err)}",
+                        f"(model {self.name!r}): {_describe(err)}" + (f"; {ended}" if ended else ""),
                     )
                 time.sleep(self._backoff(attempts - 1))
 

@@ -78,6 +78,66 @@ def stop_server(pid: str) -> None:
     subprocess.run(["bash", str(REPO_ROOT / "scripts" / "serve_vllm.sh"), "stop", str(pid)], capture_output=True)
 
 
+def process_tree(pid: int) -> set[int]:
+    """``pid`` and every process below it, from ``/proc`` (empty where there is none)."""
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if fields[0] != "Z":  # a zombie has ended
+            children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+    if not Path(f"/proc/{pid}").exists():
+        return set()
+    found, todo = set(), [pid]
+    while todo:
+        p = todo.pop()
+        found.add(p)
+        todo += children.get(p, [])
+    return found
+
+
+class EngineWatch:
+    """Notices within seconds that the engine of a server we started died under its API server.
+
+    The API server then accepts requests and never answers them: every game in flight would wait
+    for its request timeout (minutes) and be marked failed only then. The watch looks every
+    ``poll_s`` seconds at the processes the server had once ready (the API server and its engine
+    processes); when one of them is gone it stops the server, so every request in flight fails at
+    once, and :meth:`reason` says why.
+    """
+
+    def __init__(self, pid: str | int, poll_s: float = 2.0):
+        self.pid, self.poll_s = int(pid), poll_s
+        self._started_with = process_tree(self.pid)
+        self._reason: str | None = None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=f"engine-watch-{pid}", daemon=True)
+        self._thread.start()
+
+    def reason(self) -> str | None:
+        """None while the server is whole; else what ended it."""
+        return self._reason
+
+    def _run(self) -> None:
+        if self._stop.wait(self.poll_s):
+            return
+        self._started_with &= process_tree(self.pid)  # only what lasts: not a helper of the start
+        while not self._stop.wait(self.poll_s):
+            gone = self._started_with - process_tree(self.pid)
+            if gone:
+                self._reason = (f"the vLLM server's process {self.pid} exited" if self.pid in gone else
+                                f"the vLLM engine process(es) {sorted(gone)} of server {self.pid} died; "
+                                "the server was stopped")
+                stop_server(str(self.pid))
+                return
+
+    def stop(self) -> None:
+        """Stop watching (before the server is stopped on purpose)."""
+        self._stop.set()
+
+
 class ServedChatModel:
     """The model at ``model_path`` behind a vLLM server of its own (module doc).
 
@@ -114,9 +174,10 @@ class ServedChatModel:
                 from aria.llm.endpoint import EndpointChatModel
 
                 info = start_server(self.model_dir, "policy", free_port(), self._log)
-                self._pid = info["PID"]
+                self._pid, self._watch = info["PID"], EngineWatch(info["PID"])
                 atexit.register(self.close)
-                self._endpoint = EndpointChatModel(info["BASE_URL"], info["MODEL_NAME"], **self._options)
+                self._endpoint = EndpointChatModel(info["BASE_URL"], info["MODEL_NAME"], **self._options,
+                                                   gone=self._watch.reason)
         return self._endpoint
 
     def generate(self, conversations: Sequence[list[Message]], keys: Sequence[str] | None = None,
@@ -138,5 +199,6 @@ class ServedChatModel:
         """Stop the server (if one was started); a later turn starts a new one."""
         with self._lock:
             if self._pid is not None:
+                self._watch.stop()
                 stop_server(self._pid)
                 self._pid, self._endpoint = None, None
