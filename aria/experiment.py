@@ -574,7 +574,3 @@ def eta(remaining: list[Stage], times: dict[str, dict]) -> float:
     every = [s for v in by_kind.values() for s in v]
     mean = lambda xs: sum(xs) / len(xs) if xs else 0.0  # noqa: E731
     return sum(times[s.name]["seconds"] if s.name in times else mean(by_kind.get(s.kind) or every) for s in remaining)
-
-
-def config_digest(cfg: dict) -> str:
-    return hashlib.sha256(json.dumps(cfg, sort_keys=True).encode()).hexdigest()[:16]

@@ -27,23 +27,8 @@ import math
 from pathlib import Path
 from typing import Any
 
+from aria.evaluate import Z_95, wilson_interval  # one Wilson interval for the evaluation and the experiment
 from aria.io import atomic_write_json, atomic_write_text, read_json
-
-Z95 = 1.959963984540054
-
-
-def wilson_interval(wins: int, n: int, z: float = Z95) -> tuple[float, float]:
-    """Wilson score interval of a success rate (fractions in [0, 1]); (0, 1) for n = 0."""
-    if n == 0:
-        return 0.0, 1.0
-    if not 0 <= wins <= n:
-        raise ValueError(f"wins must be in [0, n], got {wins} of {n}")
-    p = wins / n
-    denominator = 1 + z * z / n
-    centre = (p + z * z / (2 * n)) / denominator
-    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / denominator
-    return max(0.0, centre - half), min(1.0, centre + half)
-
 
 def mcnemar(first: list[bool], second: list[bool]) -> dict[str, Any]:
     """Exact McNemar test of two paired win/loss lists (module doc)."""
@@ -59,7 +44,7 @@ def mcnemar(first: list[bool], second: list[bool]) -> dict[str, Any]:
     # Wald interval of a difference of paired proportions
     se = math.sqrt(max((b + c) / n - diff * diff, 0.0) / n) if n else 0.0
     return {"pairs": n, "first_only": b, "second_only": c, "both": sum(a and o for a, o in zip(first, second)),
-            "p_value": float(p), "difference": diff, "difference_ci95": [diff - Z95 * se, diff + Z95 * se],
+            "p_value": float(p), "difference": diff, "difference_ci95": [diff - Z_95 * se, diff + Z_95 * se],
             "odds_ratio": (b / c) if c else None}
 
 

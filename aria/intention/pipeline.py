@@ -36,7 +36,6 @@ from typing import Any, Callable
 import numpy as np
 
 from aria.data import observation_renderer
-from aria.games.base import load_game_config
 from aria.intention.aggregate import aggregate
 from aria.intention.cluster import CLUSTERINGS, cluster_all_k, distinct_points, k_range
 from aria.intention.corpus import Corpus, IntentionSpec, build_corpus
@@ -635,10 +634,3 @@ def _target_of(record: dict) -> str | None:
     if meta.get("config_id") is not None:
         return str(meta["config_id"])
     return json.dumps(meta["config"], sort_keys=True) if meta.get("config") is not None else None
-
-
-def resolve_game(cfg: dict) -> dict:
-    """Fill ``cfg['game']`` from ``config/game/<name>.yaml`` when only a name is given."""
-    if isinstance(cfg.get("game"), str):
-        cfg = {**cfg, "game": load_game_config(cfg["game"])}
-    return cfg
