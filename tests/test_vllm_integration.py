@@ -345,11 +345,11 @@ def test_the_start_script_refuses_a_port_that_another_server_holds(tmp_path, vll
 
 
 def test_a_dead_engine_under_a_live_api_server_fails_the_games_in_seconds(tmp_path):
-    """The engine of a server we started is killed while 16 requests are in flight (an OOM
-    killer's choice, or a SIGINT that reached the engine only). The API server would accept
-    requests and never answer them: before, every game waited for its request timeout (300 s in
-    the experiment). The engine watch (aria/llm/served.py) stops the server within seconds, the
-    requests fail with an error that says why, and no process of the server is left."""
+    """An engine process of a server we started is killed while 16 requests are in flight (an OOM
+    killer's choice). The requests fail within seconds, not after their timeout, with an error
+    that says what ended the server (aria/llm/served.py, EngineWatch), and no process of the
+    server is left. (vLLM 0.32 stops its API server by itself here, 3.5 s after the kill with the
+    watch switched off; the watch is the net where a server outlives its engine.)"""
     import signal
     import threading
     import time
@@ -375,7 +375,7 @@ def test_a_dead_engine_under_a_live_api_server_fails_the_games_in_seconds(tmp_pa
         assert not worker.is_alive(), "the requests still wait for the dead engine after 60 s"
         assert time.monotonic() - killed < 30
         failed = [r for r in results if not r.ok]
-        assert failed and all("engine process" in r.error or r.ok for r in results), [r.error for r in failed][:2]
+        assert failed and all("; the vLLM " in r.error and "process" in r.error for r in failed), [r.error for r in failed][:2]
         assert not wait_gone(tree, 45), f"left behind: {alive(tree)}"
     finally:
         policy.close()

@@ -99,38 +99,54 @@ def process_tree(pid: int) -> set[int]:
 
 
 class EngineWatch:
-    """Notices within seconds that the engine of a server we started died under its API server.
+    """Notices within seconds that a server we started lost its API server or an engine process.
 
-    The API server then accepts requests and never answers them: every game in flight would wait
-    for its request timeout (minutes) and be marked failed only then. The watch looks every
-    ``poll_s`` seconds at the processes the server had once ready (the API server and its engine
-    processes); when one of them is gone it stops the server, so every request in flight fails at
-    once, and :meth:`reason` says why.
+    An engine that dies under a live API server can leave a server that accepts requests and
+    never answers them, and every game in flight waits for its request timeout (minutes). (vLLM
+    0.32 on CPU stops its API server by itself 3.5-7 s after an engine process dies; the watch is
+    the net for the cases and versions where it does not.) The watch looks every ``poll_s``
+    seconds, and whenever a request fails (:meth:`reason`), at the processes the server had once
+    ready; when one is gone it stops the server, so every request in flight fails at once, and
+    :meth:`reason` says why, for the games' errors.
     """
 
     def __init__(self, pid: str | int, poll_s: float = 2.0):
         self.pid, self.poll_s = int(pid), poll_s
         self._started_with = process_tree(self.pid)
         self._reason: str | None = None
+        self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name=f"engine-watch-{pid}", daemon=True)
         self._thread.start()
 
     def reason(self) -> str | None:
-        """None while the server is whole; else what ended it."""
-        return self._reason
+        """None while the server is whole; else what ended it (looked at now)."""
+        return self._look()
+
+    def _look(self) -> str | None:
+        stop = False
+        with self._lock:
+            if self._reason is None and not self._stop.is_set():
+                gone = self._started_with - process_tree(self.pid)
+                engines = sorted(gone - {self.pid})
+                if self.pid in gone:
+                    self._reason = (f"the vLLM server's process {self.pid} exited"
+                                    + (f" with its engine process(es) {engines}" if engines else ""))
+                elif engines:
+                    self._reason = f"the vLLM engine process(es) {engines} of server {self.pid} died; the server was stopped"
+                    stop = True
+            reason = self._reason
+        if stop:  # in the background: the stop waits up to 30 s for the server's processes to end
+            threading.Thread(target=stop_server, args=(str(self.pid),), name=f"engine-watch-stop-{self.pid}", daemon=True).start()
+        return reason
 
     def _run(self) -> None:
         if self._stop.wait(self.poll_s):
             return
-        self._started_with &= process_tree(self.pid)  # only what lasts: not a helper of the start
+        with self._lock:
+            self._started_with &= process_tree(self.pid)  # only what lasts: not a helper of the start
         while not self._stop.wait(self.poll_s):
-            gone = self._started_with - process_tree(self.pid)
-            if gone:
-                self._reason = (f"the vLLM server's process {self.pid} exited" if self.pid in gone else
-                                f"the vLLM engine process(es) {sorted(gone)} of server {self.pid} died; "
-                                "the server was stopped")
-                stop_server(str(self.pid))
+            if self._look() is not None:
                 return
 
     def stop(self) -> None:
