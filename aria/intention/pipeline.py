@@ -433,19 +433,26 @@ def step2_select_k(cfg: dict, echo: Printer = print) -> dict:
     return report
 
 
+def _selected(cfg: dict) -> tuple[Path, dict, dict, Corpus, list[dict]]:
+    """A run's step 1 and step 2 outputs, checked to belong together and to the games they came
+    from: the folder, both summaries, the corpus and the games."""
+    run_dir = Path(cfg["run_dir"])
+    summary = _step_output(run_dir / "utterances.json", 1)
+    selection = _step_output(run_dir / "selection.json", 2)
+    if selection.get("step1_fingerprint") != summary["fingerprint"]:
+        raise StaleInput(2, "selection.json was made from another run of step 1")
+    corpus, records, files = load_corpus(cfg)
+    _check_inputs(summary, corpus, files)
+    return run_dir, summary, selection, corpus, records
+
+
 def preflight(cfg: dict, fixed_ks: list[int]) -> dict:
     """Intention-key sharing (:func:`~aria.intention.aggregate.key_sharing`) of a labelled run
     (steps 1-2 done) at the chosen k and at each of ``fixed_ks`` that step 1 clustered: whether
     aggregation can change anything on these games, said before any training."""
     from aria.intention.aggregate import key_sharing
 
-    run_dir = Path(cfg["run_dir"])
-    summary = _step_output(run_dir / "utterances.json", 1)
-    selection = _step_output(run_dir / "selection.json", 2)
-    if selection.get("step1_fingerprint") != summary["fingerprint"]:
-        raise StaleInput(2, "selection.json was made from another run of step 1")
-    corpus, _, files = load_corpus(cfg)
-    _check_inputs(summary, corpus, files)
+    run_dir, summary, selection, corpus, _ = _selected(cfg)
     labels = _load_npz(run_dir / "labels.npz")
     _check_stamp(labels, "labels.npz", summary)
     ks = [int(k) for k in labels["ks"]]
@@ -509,13 +516,7 @@ def _agg_args(agg_cfg: dict) -> dict:
 
 # ---- step 3: apply the chosen labels -------------------------------------------------------
 def step3_apply_labels(cfg: dict, echo: Printer = print) -> Path:
-    run_dir = Path(cfg["run_dir"])
-    summary = _step_output(run_dir / "utterances.json", 1)
-    selection = _step_output(run_dir / "selection.json", 2)
-    if selection.get("step1_fingerprint") != summary["fingerprint"]:
-        raise StaleInput(2, "selection.json was made from another run of step 1")
-    corpus, records, files = load_corpus(cfg)
-    _check_inputs(summary, corpus, files)
+    run_dir, summary, selection, corpus, records = _selected(cfg)
     out_path = run_dir / "labelled.jsonl"
     fingerprint = _fingerprint({"step2": selection["fingerprint"]})
     meta_path = run_dir / "labelled.meta.json"
