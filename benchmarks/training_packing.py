@@ -187,7 +187,9 @@ def run_child(args, extra: list[str]) -> dict:
     done = subprocess.run([sys.executable, __file__, "--one", *extra, "--mixed-precision", args.mixed_precision,
                            "--check-batches", str(args.check_batches),
                            "--padded-micro", str(args.padded_micro), "--padded-accumulation", str(args.padded_accumulation),
-                           "--packed-micro", str(args.packed_micro), "--packed-accumulation", str(args.packed_accumulation)],
+                           "--packed-micro", str(args.packed_micro), "--packed-accumulation", str(args.packed_accumulation),
+                           "--online-game", args.online_game, "--online-rollouts", str(args.online_rollouts),
+                           "--online-updates", str(args.online_updates)],
                           capture_output=True, text=True)
     if done.returncode != 0:
         raise RuntimeError(f"run failed: {extra}\n{done.stderr[-3000:]}")
