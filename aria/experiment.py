@@ -36,13 +36,15 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import os
 import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from aria.experiment_layout import Layout, games_of, is_two_player, iterations_of
+from aria.experiment_layout import (Layout, games_of, intention_overrides_of, is_two_player, iterations_of, method_of,
+                                    seeds_of)
 from aria.io import ConfigError, atomic_write_json, check_writable, hold_folder, read_json
 from aria.resources import compose_config
 from aria.secrets import redact
@@ -219,14 +221,34 @@ def games_done(path: Path, num_games: int, producer: dict) -> bool:
     return sum(r.get("status") != "failed" for r in read_trajectories(path, allow_partial_last_line=True)) >= num_games
 
 
-def label(cfg: dict, trajectories: Path, out_dir: Path, seed: int, echo: Printer, steps: int = 4) -> Path:
-    """Pipeline steps 1..``steps`` on ``trajectories`` in ``out_dir`` (each step skips itself when up to date)."""
+# Step 1's outputs; utterances.json, which marks step 1 done, last (a link cut short leaves no marker)
+STEP1_FILES = ("embedding_cache", "embeddings.npz", "labels.npz", "utterances.json")
+
+
+def label(cfg: dict, trajectories: Path, out_dir: Path, seed: int, echo: Printer, steps: int = 4,
+          overrides: list[str] | None = None, step1_from: Path | None = None) -> Path:
+    """Pipeline steps 1..``steps`` on ``trajectories`` in ``out_dir`` (each step skips itself when up
+    to date), under ``intention_overrides`` or the given ``overrides``. ``step1_from``: a folder
+    where step 1 already ran on the same games, whose outputs are linked here first (step 1 checks
+    its fingerprint, so under other clustering settings it runs again, from the linked embedding cache)."""
     from aria.intention import pipeline
 
     c = compose_config("intention", [f"game={cfg['game']['name']}", f"input={trajectories}", f"seed={seed}",
-                                     f"run_dir={out_dir}", *cfg["intention_overrides"]])
+                                     f"run_dir={out_dir}", *(cfg["intention_overrides"] if overrides is None else overrides)])
     quiet = lambda line: None  # noqa: E731  (the stage line says what happened)
+    if step1_from is not None and not (out_dir / "utterances.json").is_file():
+        out_dir.mkdir(parents=True, exist_ok=True)
+        for name in STEP1_FILES:  # hard links: every write in the pipeline replaces a file whole, never edits one
+            source = step1_from / name
+            for file in sorted(source.rglob("*")) if source.is_dir() else [source] if source.is_file() else []:
+                target = out_dir / file.relative_to(step1_from)
+                if file.is_file():
+                    target.parent.mkdir(parents=True, exist_ok=True)
+                    target.unlink(missing_ok=True)  # left by a link cut short
+                    os.link(file, target)
     pipeline.step1_embed_and_cluster(c, quiet)
+    if steps == 1:
+        return out_dir / "utterances.json"
     report = pipeline.step2_select_k(c, quiet)
     if steps >= 4:
         pipeline.step3_apply_labels(c, quiet)
@@ -407,7 +429,7 @@ def plan(cfg: dict, generator: Generator, echo: Printer) -> list[Stage]:
 
     stages.append(Stage(f"iteration 0: evaluate the {'warm start' if w['enabled'] else 'base model'}", "eval", lambda: evaluate("", 0, 0)))
     for seed in cfg["seeds"]:
-        for method in cfg["methods"]:
+        for method in [m for m in cfg["methods"] if seed in seeds_of(cfg, m)]:
             for it in range(1, iterations_of(cfg, method) + 1):
                 where = lay.collection_dir(method, seed, it)
                 games = where / "games.jsonl"
@@ -421,11 +443,15 @@ def plan(cfg: dict, generator: Generator, echo: Printer) -> list[Stage]:
                         policy = generator.policy(model, c, game_seed)
                         play(cfg, policy, games, game_seed, c, echo, f"collection {where.name}")
 
-                def fit(method=method, seed=seed, it=it, where=where, games=games):
+                def fit(method=method, seed=seed, it=it, games=games):
                     generator.stop()  # training needs the cores
-                    train_file = label(cfg, games, where / "intention", seed, echo)
-                    train(cfg, method, train_file, model_of(method, seed, it - 1), lay.arm(method, seed, it), seed,
-                          cfg["train_overrides"], echo)
+                    shared, own = lay.intention("", seed, it), lay.intention(method, seed, it)
+                    if own != shared:  # a variant: the shared games' embeddings and clusterings, its own labels
+                        label(cfg, games, shared, seed, echo, steps=1)
+                    train_file = label(cfg, games, own, seed, echo, overrides=intention_overrides_of(cfg, method),
+                                       step1_from=shared if own != shared else None)
+                    train(cfg, method_of(cfg, method), train_file, model_of(method, seed, it - 1), lay.arm(method, seed, it),
+                          seed, cfg["train_overrides"], echo)
 
                 tag = f"seed {seed} · {method} · iteration {it}"
                 stages += [Stage(f"{tag}: collect", "collect", collect), Stage(f"{tag}: label and train", "train", fit),
@@ -450,7 +476,8 @@ def gradient_variance_stage(cfg: dict, lay: Layout, seed: int, model: Path, echo
     if out.is_file() and read_json(out).get("key") == key:
         return out
     config = compose_config("reinforce_llm", [f"data.train_file={train_file}", f"model.path={model}", *cfg["train_overrides"]])
-    result = gradient_variance(config, g["max_samples"], seed, [m for m in cfg["methods"] if m != "traj_dpo"])
+    methods = list(dict.fromkeys(method_of(cfg, m) for m in cfg["methods"]))  # on the shared labels: one row per method
+    result = gradient_variance(config, g["max_samples"], seed, [m for m in methods if m != "traj_dpo"])
     atomic_write_json(out, {"key": key, **result})
     echo(f"[experiment] gradient variance, seed {seed}: {result['samples']} samples in {result['seconds']:.0f}s")
     return out
@@ -471,11 +498,19 @@ def check_settings(cfg: dict) -> None:
 
     if cfg["engine"] not in ("vllm", "local"):
         raise ConfigError(f"engine: expected vllm or local, got {cfg['engine']!r}")
-    unknown = [m for m in cfg["methods"] if m not in METHODS]
+    check_variants(cfg.get("variants") or {}, METHODS)
+    unknown = [m for m in cfg["methods"] if m not in METHODS and m not in (cfg.get("variants") or {})]
     if unknown:
-        raise ConfigError(f"methods: unknown {unknown} (known: {', '.join(sorted(METHODS))})")
-    for method in [*cfg["methods"], *(cfg.get("iterations_by_method") or {})]:
+        raise ConfigError(f"methods: unknown {unknown} (known: {', '.join(sorted(METHODS))}, or a name of variants)")
+    if len(set(cfg["methods"])) != len(cfg["methods"]):
+        raise ConfigError(f"methods: each arm once, got {cfg['methods']}")
+    paired = cfg["report"].get("paired")
+    if paired is not None and (not isinstance(paired, list) or len(paired) != 2 or len(set(paired)) != 2
+                               or not all(isinstance(m, str) for m in paired)):
+        raise ConfigError(f"report.paired: expected two arms (or null: no paired test), got {paired!r}")
+    for method in [*cfg["methods"], *(cfg.get("iterations_by_method") or {}), *(cfg.get("seeds_by_method") or {})]:
         iterations_of(cfg, method)
+        seeds_of(cfg, method)
     if not cfg["methods"]:
         iterations_of(cfg, "")
     share = cfg["report"].get("discordant_share")
@@ -513,6 +548,19 @@ def check_settings(cfg: dict) -> None:
             value = section.get(key)
             if key in section and value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
                 raise ConfigError(f"{name}.{key}: expected a whole number >= 1, got {value!r}")
+
+
+def check_variants(variants: dict, methods: dict) -> None:
+    """``variants``: ``{name: {method: M, intention_overrides: [...]}}``, a method under other labelling."""
+    for name, v in variants.items():
+        if name in methods:
+            raise ConfigError(f"variants.{name}: the name of a method; give the variant a name of its own")
+        if not isinstance(v, dict) or set(v) - {"method", "intention_overrides"} or v.get("method") not in methods:
+            raise ConfigError(f"variants.{name}: expected {{method: one of {', '.join(sorted(methods))}, "
+                              f"intention_overrides: [...]}}, got {v!r}")
+        overrides = v.get("intention_overrides") or []
+        if not isinstance(overrides, list) or not all(isinstance(o, str) and "=" in o for o in overrides):
+            raise ConfigError(f"variants.{name}.intention_overrides: expected a list of key=value overrides, got {overrides!r}")
 
 
 def check_movement(m: dict) -> None:

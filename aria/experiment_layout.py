@@ -17,6 +17,7 @@ class Layout:
     def __init__(self, cfg: dict):
         self.root = Path(cfg["run_dir"])
         self.two_player = is_two_player(cfg)
+        self.variants = set(cfg.get("variants") or {})
 
     @property
     def warm(self) -> Path:
@@ -31,6 +32,12 @@ class Layout:
 
     def collection_dir(self, method: str, seed: int, iteration: int) -> Path:
         return self.shared(seed) if iteration == 1 else self.arm(method, seed, iteration)
+
+    def intention(self, method: str, seed: int, iteration: int) -> Path:
+        """Pipeline steps 1-4 on a collection: iteration 1's labels are shared by the methods of a
+        seed, except a variant's (``variants``), which labels the shared games its own way."""
+        own = iteration == 1 and method in self.variants
+        return self.collection_dir(method, seed, iteration) / (f"intention-{method}" if own else "intention")
 
     def model(self, method: str, seed: int, iteration: int) -> Path:
         return self.warm / "model" if iteration == 0 else self.arm(method, seed, iteration) / "model"
@@ -49,6 +56,27 @@ class Layout:
 def is_two_player(cfg: dict) -> bool:
     """Bargaining or Negotiation (self-play collection, evaluation against an opponent)."""
     return cfg["game"].get("kind") == "two_player"
+
+
+def method_of(cfg: dict, arm: str) -> str:
+    """The training method of an arm: the arm's own name, or a variant's ``method``."""
+    variant = (cfg.get("variants") or {}).get(arm)
+    return variant["method"] if variant else arm
+
+
+def intention_overrides_of(cfg: dict, arm: str) -> list[str]:
+    """The pipeline overrides an arm labels its games with: ``intention_overrides``, then a variant's own."""
+    variant = (cfg.get("variants") or {}).get(arm)
+    return [*cfg["intention_overrides"], *(variant.get("intention_overrides") or [] if variant else [])]
+
+
+def seeds_of(cfg: dict, method: str) -> list:
+    """The seeds ``method`` runs: ``seeds_by_method[method]`` (some of ``seeds``), else ``seeds``; an
+    arm outside the paired test may run fewer, its detectable difference stated with its rows."""
+    seeds = (cfg.get("seeds_by_method") or {}).get(method, cfg["seeds"])
+    if not isinstance(seeds, list) or not seeds or any(s not in cfg["seeds"] for s in seeds):
+        raise ConfigError(f"seeds_by_method.{method}: expected a non-empty list of some of seeds {cfg['seeds']}, got {seeds!r}")
+    return seeds
 
 
 def iterations_of(cfg: dict, method: str) -> int:

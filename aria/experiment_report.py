@@ -64,19 +64,27 @@ def sensitivity(test: dict[str, Any], power: float = 0.8, alpha: float = 0.05) -
 def planned_power(cfg: dict, power: float = 0.8, alpha: float = 0.05) -> str:
     """One line, said before a run starts: the pairs of its paired test per iteration and the
     difference they detect with ``power`` at the discordant share named in ``report``."""
-    from aria.experiment_layout import games_of, is_two_player
+    from aria.experiment_layout import games_of, is_two_player, seeds_of
     from aria.power import detectable_difference
 
-    first, second = cfg["report"]["paired"]
-    seats = 2 if is_two_player(cfg) else 1
-    pairs = games_of(cfg, cfg["eval"]) * seats * len(cfg["seeds"])
-    share = cfg["report"]["discordant_share"]
-    found = detectable_difference(pairs, share, power, alpha)
-    what = (f"detect a difference of {100 * found:.1f} points with {100 * power:.0f}% power"
-            if found is not None else f"are too few for any difference to reach {100 * power:.0f}% power")
-    return (f"the paired test ({first} against {second}) has {pairs} pairs an iteration"
-            f"{' (both seats)' if seats == 2 else ''} over {len(cfg['seeds'])} seed(s); at a discordant share of "
-            f"{share} (report.discordant_share) they {what} at the {100 * alpha:g}% level")
+    seats, share = 2 if is_two_player(cfg) else 1, cfg["report"]["discordant_share"]
+
+    def detects(seeds: int) -> str:
+        pairs = games_of(cfg, cfg["eval"]) * seats * seeds
+        found = detectable_difference(pairs, share, power, alpha)
+        return f"{pairs} pairs detect " + (f"{100 * found:.1f} points" if found is not None else "no difference")
+
+    per_seed = f"{games_of(cfg, cfg['eval']) * seats} pairs a seed and iteration{' (both seats)' if seats == 2 else ''}"
+    if cfg["report"]["paired"] is None or not set(cfg["report"]["paired"]) <= set(cfg["methods"]):
+        line = f"no paired test between arms (report.paired: {cfg['report']['paired'] or 'null'}, methods: {cfg['methods']}); {per_seed}"
+    else:
+        first, second = cfg["report"]["paired"]
+        both = [s for s in seeds_of(cfg, first) if s in seeds_of(cfg, second)]
+        line = f"the paired test ({first} against {second}) has {per_seed} over {len(both)} seed(s): {detects(len(both))}"
+    others = sorted({len(seeds_of(cfg, m)) for m in cfg["methods"]})
+    against = "; ".join(f"over {n} seed(s) {detects(n)}" for n in others)
+    return (f"{line}; each arm against its parent: {against}; with {100 * power:.0f}% power at the {100 * alpha:g}% level "
+            f"and a discordant share of {share} (report.discordant_share)")
 
 
 def outcomes(path: Path, two_player: bool, expected: set[str]) -> dict[str, dict] | None:
@@ -164,8 +172,9 @@ def collect_results(cfg: dict) -> dict[str, Any]:
                 games = [g for s in seeds for g in evaluations[(method, s, it)].values()]
                 pooled.append({"method": method, "iteration": it, "seeds": len(seeds), **_row(games)})
     tests = []
-    first, second = cfg["report"]["paired"]
-    for it in range(1, max(iterations_of(cfg, m) for m in (first, second)) + 1):
+    paired = cfg["report"]["paired"]  # skipped unless both arms are in methods
+    first, second = paired if paired and set(paired) <= set(cfg["methods"]) else (None, None)
+    for it in range(1, max(iterations_of(cfg, m) for m in (first, second)) + 1 if first else 1):
         seeds = [s for s in cfg["seeds"] if (first, s, it) in evaluations and (second, s, it) in evaluations]
         if not seeds:
             continue
@@ -199,8 +208,9 @@ def collect_results(cfg: dict) -> dict[str, Any]:
     for seed in cfg["seeds"]:
         for method in cfg["methods"]:
             for it in range(1, iterations_of(cfg, method) + 1):
-                where = lay.collection_dir(method, seed, it) / "intention" / "preflight.json"
-                name = f"seed {seed}, iteration 1 (shared)" if it == 1 else f"seed {seed}, {method}, iteration {it}"
+                where = lay.intention(method, seed, it) / "preflight.json"
+                shared = where == lay.intention("", seed, it) / "preflight.json"
+                name = f"seed {seed}, iteration 1 (shared)" if shared else f"seed {seed}, {method}, iteration {it}"
                 if where.is_file() and name not in preflight:
                     preflight[name] = read_json(where)
     rule = {k: cfg["report"]["movement"][k] for k in ("min_token_kl", "min_weight_share")}
@@ -220,7 +230,8 @@ def moved_from_parent(cfg: dict, lay, evaluations: dict, method: str, seed: int,
         ids = sorted(set(parent) & set(evaluations[(method, seed, iteration)]))
         test = mcnemar([bool(evaluations[(method, seed, iteration)][i]["success"]) for i in ids],
                        [bool(parent[i]["success"]) for i in ids])
-        out["against_parent"] = {k: test[k] for k in ("pairs", "difference", "difference_ci95", "p_value")}
+        out["against_parent"] = {**{k: test[k] for k in ("pairs", "difference", "difference_ci95", "p_value")},
+                                 **sensitivity(test)}
     path = lay.movement(method, seed, iteration)
     if path.is_file():
         m, rule = read_json(path), cfg["report"]["movement"]
@@ -277,19 +288,22 @@ def render_table(results: dict[str, Any], alpha: float = 0.05) -> str:
         lines += ["", "**Did training move the policy?** Each arm against the model it started from, on "
                   f"{moved[0]['movement']['steps']} held-out steps of the iteration-0 evaluation games: mean per-token "
                   "KL, mean change of the action's log-probability on steps of won and of lost games, the share of "
-                  "weights that differ at the precision the model is served in, and success against the parent "
-                  "on the same targets. An arm moved when its KL is at least "
+                  "weights that differ at the precision the model is served in, success against the parent "
+                  "on the same targets, and the difference those pairs detect with 80% power at their discordant share. An arm moved when its KL is at least "
                   f"{rule.get('min_token_kl')} and at least {_pct(rule.get('min_weight_share'))}% of its weights "
                   "changed (report.movement, fixed before the run).", "",
-                  "| method | seed | iteration | token KL | Δ log-prob won / lost | weights changed | success vs parent (95% CI) | moved |",
-                  "|---|---|---|---|---|---|---|---|"]
+                  "| method | seed | iteration | token KL | Δ log-prob won / lost | weights changed | success vs parent (95% CI) "
+                  "| its pairs detect | moved |",
+                  "|---|---|---|---|---|---|---|---|---|"]
         for r in moved:
             m, p = r["movement"], r.get("against_parent")
             delta = " / ".join("–" if x is None else f"{x:+.3f}" for x in (m["logprob_change_won"], m["logprob_change_lost"]))
             vs = ("–" if p is None else f"{100 * p['difference']:+.1f} ({100 * p['difference_ci95'][0]:+.1f} to "
                   f"{100 * p['difference_ci95'][1]:+.1f})")
+            found = (p or {}).get("detectable_difference")  # at 80% power, at the discordant share these pairs had
+            detects = "–" if found is None else f"{100 * found:.1f} points"
             lines.append(f"| {r['method']} | {r['seed']} | {r['iteration']} | {m['token_kl']:.4g} | {delta} | "
-                         f"{100 * m['weights']['share']:.2f}% at {m['weights']['dtype']} | {vs} | "
+                         f"{100 * m['weights']['share']:.2f}% at {m['weights']['dtype']} | {vs} | {detects} | "
                          f"{'yes' if m['moved'] else '**no**'} |")
     for t in results["paired_tests"]:
         significant = t["p_value"] < alpha

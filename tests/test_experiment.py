@@ -94,7 +94,8 @@ def test_the_movement_verdict_by_hand(tmp_path):
     half_width = 1.959963984540054 * math.sqrt((0.2 - 0.04) / 10)
     assert moved_from_parent(cfg, lay, evaluations, "aria", 0, 1) == {
         "against_parent": {"pairs": 10, "difference": 0.2, "difference_ci95": pytest.approx([0.2 - half_width, 0.2 + half_width]),
-                           "p_value": 0.5}}
+                           "p_value": 0.5, "discordant_share": 0.2, "detectable_difference": None, "power": 0.8}}
+    # 2 discordant pairs of 10: no difference reaches 80% power with 10 pairs at that share
     assert measured(0.01, 0.001)["movement"]["moved"] is True       # both at their threshold
     assert measured(0.0099, 0.5)["movement"]["moved"] is False      # the behaviour barely changed
     assert measured(0.5, 0.0009)["movement"]["moved"] is False      # the served weights are the parent's
@@ -108,7 +109,7 @@ def test_the_movement_verdict_by_hand(tmp_path):
                "paired_tests": [{"first": "aria", "second": "no_aggregation", "iteration": 1, "seeds": [0],
                                  **mcnemar([True] * 5 + [False] * 5, [False] * 10), "not_moved": ["aria seed 0"]}]}
     table = render_table(results)
-    assert "| aria | 0 | 1 | 0.0099 | +0.200 / -0.100 | 50.00% at bfloat16 | +20.0 (-4.8 to +44.8) | **no** |" in table
+    assert "| aria | 0 | 1 | 0.0099 | +0.200 / -0.100 | 50.00% at bfloat16 | +20.0 (-4.8 to +44.8) | – | **no** |" in table
     assert "**Uninformative: the policy did not move** (by the movement rule above: aria seed 0)" in table
     assert "An arm moved when its KL is at least 0.01 and at least 0.1% of its weights changed" in table
 
@@ -118,6 +119,9 @@ def tiny_overrides(root, tiny_model_dir, tiny_sentence_model_dir) -> list[str]:
     return [
             "name=tiny", f"run_dir={root / 'run'}", f"results_dir={root / 'results'}", f"base_model={tiny_model_dir}",
             "engine=local", "methods=[aria,no_aggregation]", "seeds=[0]", "iterations=2",
+            # 5 questions a game, not 20: a random tiny model never wins, so every game runs to the limit,
+            # and the games are most of these runs' time
+            "game.max_turns=5",
             "warm_start.games=6", "warm_start.epsilon=0.3",
             # float32 as every training test (accelerate's state is one per process)
             "warm_start.train_overrides=['train.mixed_precision=no','train.epochs=1','train.micro_batch_size=4',"
@@ -239,6 +243,38 @@ def test_a_copied_run_dir_resumes_and_its_tables_follow_the_settings(tmp_path, t
     assert all(r["games"] == 2 and r["mean_turns"] <= 2 for r in results["pooled"])
 
 
+def test_a_variant_labels_the_shared_games_its_own_way_and_trains_its_method(tmp_path, tiny_experiment, straight_run):
+    """An arm ``aria_k2`` (``variants``: method aria, ``selection.fixed_k=2``) added to a finished
+    run: it labels the shared iteration-1 games at k = 2 from the shared step-1 outputs (linked,
+    not computed again), trains aria on them, and has its own rows: evaluation, movement, pre-flight."""
+    import shutil
+
+    straight_root, _, _ = straight_run
+    shutil.copytree(straight_root / "run", tmp_path / "run", ignore=shutil.ignore_patterns(".lock"))
+    cfg = tiny_experiment(tmp_path)
+    cfg = {**cfg, "methods": [*cfg["methods"], "aria_k2"], "iterations_by_method": {"aria_k2": 1},
+           "variants": {"aria_k2": {"method": "aria", "intention_overrides": ["selection.fixed_k=2"]}}}
+    lines: list[str] = []
+    out = experiment.run(cfg, lines.append)
+    shared, own = tmp_path / "run" / "s0" / "it1-shared" / "intention", tmp_path / "run" / "s0" / "it1-shared" / "intention-aria_k2"
+    assert (own / "labels.npz").stat().st_ino == (shared / "labels.npz").stat().st_ino  # step 1 reused
+    assert json.loads((own / "selection.json").read_text())["chosen"]["k"] == {"questions": 2}
+    assert json.loads((shared / "selection.json").read_text())["chosen"]["k"] != {"questions": 2}
+    marker = json.loads((tmp_path / "run" / "s0" / "aria_k2" / "it1" / "trained_on.json").read_text())
+    assert marker["method"] == "aria"
+    import hashlib
+    assert marker["train_json_sha256"] == hashlib.sha256((own / "train.json").read_bytes()).hexdigest()
+    # only the new arm's stages did work
+    assert [line for line in lines if line.startswith("[experiment] trained")] == [
+        f"[experiment] trained aria from model -> {tmp_path / 'run' / 's0' / 'aria_k2' / 'it1' / 'model'}"]
+    results = json.loads((out / "results.json").read_text())
+    row, = [r for r in results["arms"] if r["method"] == "aria_k2" and r["iteration"] == 1]
+    assert row["movement"]["steps"] > 0
+    chosen, = [r for r in results["preflight"]["seed 0, aria_k2, iteration 1"]["rows"] if r["chosen"]]
+    assert chosen["k"] == {"questions": 2}
+    assert "| aria_k2 | 1 |" in (out / "table.md").read_text()
+
+
 def test_eta_uses_the_times_of_finished_stages_of_the_same_kind():
     stages = [experiment.Stage("a", "train", None), experiment.Stage("b", "train", None),
               experiment.Stage("c", "eval", None), experiment.Stage("d", "other", None)]
@@ -259,6 +295,10 @@ def test_methods_may_run_fewer_iterations_than_the_others(tmp_path):
     assert not any("bc · iteration 2" in n for n in names)
     with pytest.raises(ValueError, match="iterations_by_method.bc: expected a whole number >= 1, got 0"):
         experiment.iterations_of({**cfg, "iterations_by_method": {"bc": 0}}, "bc")
+    # and on fewer seeds: bc on seed 1 only
+    fewer = {**cfg, "seeds_by_method": {"bc": [1]}}
+    names = [s.name for s in experiment.plan(fewer, experiment.Generator(fewer, print), print)]
+    assert "seed 1 · bc · iteration 1: evaluate" in names and not any(n.startswith("seed 0 · bc") for n in names)
 
 
 def test_a_two_player_experiment_runs_self_play_and_evaluates_against_the_opponent(tmp_path, tiny_model_dir,
@@ -411,8 +451,16 @@ def test_a_full_disk_stops_the_run_with_one_line_and_the_rerun_after_freeing_spa
     ("report.movement.min_token_kl=-1", "report.movement.min_token_kl: expected a number >= 0 (nats), got -1"),
     ("report.movement.min_weight_share=2", "report.movement.min_weight_share: expected a share from 0 to 1, got 2"),
     ("report.movement.enabled=maybe", "report.movement.enabled: expected true or false, got 'maybe'"),
+    ("+variants={aria:{method:bc}}", "variants.aria: the name of a method; give the variant a name of its own"),
+    ("+variants={fine:{method:arya}}", "variants.fine: expected {method: one of "),
+    ("+variants={fine:{method:aria,intention_overrides:[k20]}}",
+     "variants.fine.intention_overrides: expected a list of key=value overrides, got ['k20']"),
+    ("methods=[aria,fine]", "methods: unknown ['fine'] (known: "),
+    ("methods=[aria,aria]", "methods: each arm once, got ['aria', 'aria']"),
+    ("+seeds_by_method={aria:[5]}", "seeds_by_method.aria: expected a non-empty list of some of seeds [0], got [5]"),
+    ("report.paired=[aria,aria]", "report.paired: expected two arms (or null: no paired test), got ['aria', 'aria']"),
 ])
-def test_movement_and_preflight_settings_are_checked_before_any_work(override, message):
+def test_arm_movement_and_preflight_settings_are_checked_before_any_work(override, message):
     from aria.io import ConfigError
 
     cfg = compose_config("experiment", [override])

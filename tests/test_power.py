@@ -88,10 +88,14 @@ def test_the_runner_says_first_what_its_pairs_can_detect():
     cfg = compose_config("experiment", ["eval.games=200", "seeds=[0,1]", "report.discordant_share=0.355"])
     line = planned_power(cfg)
     found = detectable_difference(400, 0.355)
-    assert line.startswith("the paired test (aria against no_aggregation) has 400 pairs an iteration over 2 seed(s)")
-    assert f"detect a difference of {100 * found:.1f} points with 80% power" in line
+    assert line.startswith("the paired test (aria against no_aggregation) has 200 pairs a seed and iteration over 2 seed(s): "
+                           f"400 pairs detect {100 * found:.1f} points; each arm against its parent: over 2 seed(s) 400 pairs "
+                           f"detect {100 * found:.1f} points; with 80% power at the 5% level"), line
+    # an arm outside the paired test on fewer seeds: its own detectable difference
+    fewer = {**cfg, "methods": ["aria", "no_aggregation", "bc"], "seeds_by_method": {"bc": [1]}}
+    assert f"over 1 seed(s) 200 pairs detect {100 * detectable_difference(200, 0.355):.1f} points; over 2 seed(s)" in planned_power(fewer)
     # Bargaining: every configuration in both seats
     barg = compose_config("experiment", ["experiment=bargaining", "seeds=[0]"])
-    assert "has 96 pairs an iteration (both seats) over 1 seed(s)" in planned_power(barg)  # 48 configurations x 2 seats
+    assert "has 96 pairs a seed and iteration (both seats) over 1 seed(s): 96 pairs detect" in planned_power(barg)  # 48 configurations x 2 seats
     with pytest.raises(ConfigError, match=r"report.discordant_share: expected a share in \(0, 1\], got 0"):
         check_settings({**cfg, "report": {**cfg["report"], "discordant_share": 0}})
