@@ -12,4 +12,5 @@ PYTHON=${PYTHON:-python3}
 # the vLLM server, start once), the files with slow tests handed out first (tests/conftest.py,
 # which also keeps each worker on one thread).
 # TEST_WORKERS=0 runs everything in this process.
-exec "$PYTHON" -m pytest -q -n "${TEST_WORKERS:-2}" --dist loadfile --no-loadscope-reorder tests "$@"
+# --durations: the 25 slowest tests, so a run that grows past its budget says where the time went.
+exec "$PYTHON" -m pytest -q -n "${TEST_WORKERS:-2}" --dist loadfile --no-loadscope-reorder --durations=25 tests "$@"

@@ -137,8 +137,11 @@ def test_a_server_known_to_be_gone_is_not_retried_and_the_error_says_why(dead_ur
 
 def test_the_engine_watch_stops_a_server_whose_engine_died():
     """Real processes standing in for a server (a parent in a session of its own, and its child
-    for the engine; the real vLLM case is in tests/test_vllm_integration.py): the child killed,
-    within seconds the watch names it and stops the parent's process group."""
+    for the engine): the child killed, within seconds the watch names it and stops the parent's
+    process group. With a real vLLM 0.32 server the API server stops by itself 3.5 s after its
+    engine is killed (measured with the watch off), so the watch is a net for a server that
+    outlives its engine; the real-server test of that case was dropped for the suite's time
+    (a fifth vLLM server start, 75-125 s on 2 cores)."""
     import os
     import signal
     import subprocess
