@@ -30,6 +30,10 @@ from typing import Any
 from aria.evaluate import Z_95, wilson_interval  # one Wilson interval for the evaluation and the experiment
 from aria.io import atomic_write_json, atomic_write_text, read_json
 
+ALPHA = 0.05  # the level of every test in the report (the verdicts and the power statements)
+POWER = 0.8   # the power at which a detectable difference is stated
+
+
 def mcnemar(first: list[bool], second: list[bool]) -> dict[str, Any]:
     """Exact McNemar test of two paired win/loss lists (module doc)."""
     from scipy.stats import binomtest
@@ -48,7 +52,7 @@ def mcnemar(first: list[bool], second: list[bool]) -> dict[str, Any]:
             "odds_ratio": (b / c) if c else None}
 
 
-def sensitivity(test: dict[str, Any], power: float = 0.8, alpha: float = 0.05) -> dict[str, Any]:
+def sensitivity(test: dict[str, Any], power: float = POWER, alpha: float = ALPHA) -> dict[str, Any]:
     """What a paired test of this size could see: the share of discordant pairs it observed, and
     the smallest difference of success rates that the exact McNemar test on as many pairs detects
     with ``power`` at that share (``aria/power.py``); None where no pair was discordant or no
@@ -61,7 +65,7 @@ def sensitivity(test: dict[str, Any], power: float = 0.8, alpha: float = 0.05) -
     return {"discordant_share": share, "detectable_difference": detectable, "power": power}
 
 
-def planned_power(cfg: dict, power: float = 0.8, alpha: float = 0.05) -> str:
+def planned_power(cfg: dict, power: float = POWER, alpha: float = ALPHA) -> str:
     """One line, said before a run starts: the pairs of its paired test per iteration and the
     difference they detect with ``power`` at the discordant share named in ``report``."""
     from aria.experiment_layout import games_of, is_two_player, seeds_of
@@ -192,7 +196,7 @@ def collect_results(cfg: dict) -> dict[str, Any]:
         unknown = sorted(f"{m} seed {s}" for (m, s), moved in verdicts.items() if moved is None)
         tests[-1]["not_moved"], tests[-1]["movement_unknown"] = still, unknown
         tests[-1]["verdict"] = ("uninformative: the policy did not move" if still
-                                else "significant" if tests[-1]["p_value"] < 0.05 else "not significant")
+                                else "significant" if tests[-1]["p_value"] < ALPHA else "not significant")
     variance = {}
     for seed in cfg["seeds"]:
         path = lay.shared(seed) / "grad_variance.json"
@@ -245,7 +249,7 @@ def _pct(x: float | None) -> str:
     return "–" if x is None else f"{100 * x:.1f}"
 
 
-def render_table(results: dict[str, Any], alpha: float = 0.05) -> str:
+def render_table(results: dict[str, Any]) -> str:
     """``table.md`` (module doc)."""
     if results.get("two_player"):
         opponent = ", ".join(f"{k} {v}" for k, v in results["opponent"].items())
@@ -306,14 +310,14 @@ def render_table(results: dict[str, Any], alpha: float = 0.05) -> str:
                          f"{100 * m['weights']['share']:.2f}% at {m['weights']['dtype']} | {vs} | {detects} | "
                          f"{'yes' if m['moved'] else '**no**'} |")
     for t in results["paired_tests"]:
-        significant = t["p_value"] < alpha
+        significant = t["p_value"] < ALPHA
         lines += ["", f"**Paired test, iteration {t['iteration']}** ({t['first']} against {t['second']}, "
                   f"{t['pairs']} games paired by seed and {'configuration and seat' if results.get('two_player') else 'target'}): "
                   f"{t['first']} alone won {t['first_only']}, "
                   f"{t['second']} alone won {t['second_only']}, both won {t['both']}. Difference of success rates "
                   f"{100 * t['difference']:+.1f} points (95% CI {100 * t['difference_ci95'][0]:+.1f} to "
                   f"{100 * t['difference_ci95'][1]:+.1f}); exact McNemar p = {t['p_value']:.3g}: "
-                  + ("**significant** at the 5% level." if significant else "**not significant** at the 5% level.")]
+                  + f"**{'significant' if significant else 'not significant'}** at the {100 * ALPHA:g}% level."]
         if t.get("not_moved"):
             lines.append(f"**Uninformative: the policy did not move** (by the movement rule above: "
                          f"{', '.join(t['not_moved'])}), so this test measures the evaluation's noise, not the methods.")
