@@ -65,6 +65,12 @@ def sensitivity(test: dict[str, Any], power: float = POWER, alpha: float = ALPHA
     return {"discordant_share": share, "detectable_difference": detectable, "power": power}
 
 
+def paired_arms(cfg: dict) -> tuple[str, str] | None:
+    """The two arms of the paired test: ``report.paired`` when both are in ``methods``, else none."""
+    paired = cfg["report"]["paired"]
+    return tuple(paired) if paired and set(paired) <= set(cfg["methods"]) else None
+
+
 def planned_power(cfg: dict, power: float = POWER, alpha: float = ALPHA) -> str:
     """One line, said before a run starts: the pairs of its paired test per iteration and the
     difference they detect with ``power`` at the discordant share named in ``report``."""
@@ -79,10 +85,10 @@ def planned_power(cfg: dict, power: float = POWER, alpha: float = ALPHA) -> str:
         return f"{pairs} pairs detect " + (f"{100 * found:.1f} points" if found is not None else "no difference")
 
     per_seed = f"{games_of(cfg, cfg['eval']) * seats} pairs a seed and iteration{' (both seats)' if seats == 2 else ''}"
-    if cfg["report"]["paired"] is None or not set(cfg["report"]["paired"]) <= set(cfg["methods"]):
+    if paired_arms(cfg) is None:
         line = f"no paired test between arms (report.paired: {cfg['report']['paired'] or 'null'}, methods: {cfg['methods']}); {per_seed}"
     else:
-        first, second = cfg["report"]["paired"]
+        first, second = paired_arms(cfg)
         both = [s for s in seeds_of(cfg, first) if s in seeds_of(cfg, second)]
         line = f"the paired test ({first} against {second}) has {per_seed} over {len(both)} seed(s): {detects(len(both))}"
     others = sorted({len(seeds_of(cfg, m)) for m in cfg["methods"]})
@@ -176,9 +182,8 @@ def collect_results(cfg: dict) -> dict[str, Any]:
                 games = [g for s in seeds for g in evaluations[(method, s, it)].values()]
                 pooled.append({"method": method, "iteration": it, "seeds": len(seeds), **_row(games)})
     tests = []
-    paired = cfg["report"]["paired"]  # skipped unless both arms are in methods
-    first, second = paired if paired and set(paired) <= set(cfg["methods"]) else (None, None)
-    for it in range(1, max(iterations_of(cfg, m) for m in (first, second)) + 1 if first else 1):
+    first, second = paired_arms(cfg) or (None, None)
+    for it in range(1, max(iterations_of(cfg, m) for m in (first, second)) + 1) if first else []:
         seeds = [s for s in cfg["seeds"] if (first, s, it) in evaluations and (second, s, it) in evaluations]
         if not seeds:
             continue
