@@ -35,17 +35,22 @@ def gguf_path() -> Path:
     return path
 
 
-def embedded_model_dir(cache_dir: str | os.PathLike | None = None) -> Path:
-    """Path of the converted SmolLM2 safetensors folder, converting it on first use."""
+def embedded_model_dir(cache_dir: str | os.PathLike | None = None, source: str | os.PathLike | None = None) -> Path:
+    """Path of the converted SmolLM2 safetensors folder, converting it on first use.
+
+    ``source`` is the GGUF file to convert (default: the package's; the tests convert a one-layer
+    copy)."""
     target = Path(cache_dir or default_cache_dir()) / MODEL_NAME
     if _complete(target):
         return target
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    source = gguf_path()
-    tokenizer = AutoTokenizer.from_pretrained(source.parent, gguf_file=source.name)
-    model = AutoModelForCausalLM.from_pretrained(source.parent, gguf_file=source.name, dtype=torch.float32)
+    source = Path(source).resolve() if source else gguf_path()
+    # The file by its absolute path: transformers looks a bare file name up in the working
+    # directory first, so a file of that name there would be converted instead.
+    tokenizer = AutoTokenizer.from_pretrained(source.parent, gguf_file=str(source))
+    model = AutoModelForCausalLM.from_pretrained(source.parent, gguf_file=str(source), dtype=torch.float32)
     # The weights are already dequantised to dense float32; detach the GGUF loader so that
     # save_pretrained writes a plain checkpoint.
     model.hf_quantizer = None
