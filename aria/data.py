@@ -1,4 +1,4 @@
-"""Training samples ``{observation, action, reward}`` (spec §2 step 5), one per agent step.
+"""Training samples ``{observation, action, reward}`` (docs/method.md §2 step 5), one per agent step.
 
 The observation is exactly the prompt the policy saw before the step:
 

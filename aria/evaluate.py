@@ -1,4 +1,4 @@
-"""Evaluation statistics and reports (spec ``aria_method.md`` §6).
+"""Evaluation statistics and reports (``docs/method.md`` §6).
 
 Single-agent games: success rate with a Wilson 95 % interval, mean turns, share of invalid
 questions, failed games. Two-player games: the policy's win rate (its payoff strictly above the

@@ -1,6 +1,6 @@
 """The causal-LM policy for training: samples -> token ids, and exact action log-probabilities.
 
-Spec ``aria_method.md`` §5. A sample ``(observation, action)`` becomes one sequence::
+``docs/method.md`` §5. A sample ``(observation, action)`` becomes one sequence::
 
     [chat-templated prompt, truncated on the left to max_prompt_tokens] [action tokens] [eos]
 

@@ -1,4 +1,4 @@
-"""Scoring (observation, action) pairs with the pointwise reward model (spec ``aria_method.md`` §5).
+"""Scoring (observation, action) pairs with the pointwise reward model (``docs/method.md`` §5).
 
 Online ARIA uses the reward model's score of every step as that step's advantage. Where the
 scoring runs is a config choice (``reward_model.serve.name`` in ``config/onlinereinforce_llm.yaml``),

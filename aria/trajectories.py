@@ -20,7 +20,7 @@ Every game this project plays or imports is stored as one JSON object per line::
       ],
       "num_turns": 1,
       "success": false,
-      "final_reward": 0.0,                      # R of spec §3: 1 for success, 0 otherwise
+      "final_reward": 0.0,                      # R of docs/method.md §3: 1 for success, 0 otherwise
       "env_return": -1.0,                       # sum of the per-turn rewards
       "status": "finished",                     # "finished" | "failed" (see "errors")
       "errors": [],                             # error messages (failed requests, ...)
@@ -35,7 +35,7 @@ Two-player games (bargaining, negotiation) use the same envelope with ``players`
 
       "players": ["alice", "bob"],              # roles, first mover first
       "turns": [{"role": "alice", "action": "I offer $110.", "reward": 0.0}, ...],  # speaking order
-      "role_rewards": {"alice": 0.5, "bob": 0.5},   # each role's final reward R (spec §3)
+      "role_rewards": {"alice": 0.5, "bob": 0.5},   # each role's final reward R (docs/method.md §3)
 
 Their turns need ``role`` and ``action`` (``observation``/``question`` are not used: the other
 player's next turn is the observation); ``reward``, ``embedding`` and ``shown`` (the text the other

@@ -385,7 +385,7 @@ def evaluate_two_player(
     echo=print,
     force_new: bool = False,
 ) -> dict:
-    """Win-rate evaluation (spec §6): the policy as Alice, then as Bob, against ``opponent`` on
+    """Win-rate evaluation (docs/method.md §6): the policy as Alice, then as Bob, against ``opponent`` on
     every configuration; transcripts in ``out_dir/as_<role>.jsonl`` (re-running resumes).
 
     Returns the environment's summary: per seat and over both seats

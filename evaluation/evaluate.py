@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Evaluate a served model (spec §6); usually run through eval.sh. ``policy=local`` plays a local
+"""Evaluate a served model (docs/method.md §6); usually run through eval.sh. ``policy=local`` plays a local
 transformers model instead (no server): ``python evaluation/evaluate.py policy=local out=DIR ...``.
 
 Checks the server first (one line naming the URL and what /v1/models returned, exit 2), then:

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Offline ARIA: REINFORCE on the aggregated-reward training set (spec §5), or any other method
+"""Offline ARIA: REINFORCE on the aggregated-reward training set (docs/method.md §5), or any other method
 by name (``method=no_aggregation``, ``method=traj_dpo``, ...: aria/trainers/methods.py).
 
     python scripts/run_offline.py --config-name reinforce_llm [data.train_file=...] [scale=paper ...]

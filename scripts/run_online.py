@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Online ARIA (spec §5): roll out, score with the reward model, REINFORCE, refresh the reward model.
+"""Online ARIA (docs/method.md §5): roll out, score with the reward model, REINFORCE, refresh the reward model.
 
     python scripts/run_online.py --config-name onlinereinforce_llm [online.iterations=...] [online_scale=paper ...]
     accelerate launch --config_file config/accelerate/cpu_2proc.yaml scripts/run_online.py --config-name onlinereinforce_llm

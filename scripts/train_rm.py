@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Train the pointwise reward model on the aggregated-reward training set (spec §5).
+"""Train the pointwise reward model on the aggregated-reward training set (docs/method.md §5).
 
     python scripts/train_rm.py [data.train_file=...] [model.path=...]
     accelerate launch --config_file config/accelerate/cpu_2proc.yaml scripts/train_rm.py

@@ -1,4 +1,4 @@
-"""Reward aggregation (spec §3) and k selection (spec §4) against hand-computed values."""
+"""Reward aggregation (docs/method.md §3) and k selection (docs/method.md §4) against hand-computed values."""
 from __future__ import annotations
 
 import numpy as np

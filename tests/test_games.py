@@ -1,4 +1,4 @@
-"""Win rule, question extraction and target schedule of the single-agent games (spec §6)."""
+"""Win rule, question extraction and target schedule of the single-agent games (docs/method.md §6)."""
 from __future__ import annotations
 
 import pytest

@@ -1,4 +1,4 @@
-"""``aggregation.discount``: the paper's γ^(T−t) and the release's own exponents (spec §3, §7).
+"""``aggregation.discount``: the paper's γ^(T−t) and the release's own exponents (docs/method.md §3, §7).
 
 The release (rhyang2021/ARIA, ``reward_aggregation/reward_utils.py``) computes its ``q`` rewards
 with dictionaries keyed by "-"-joined label strings. ``release_single_q`` and ``release_multi_q``

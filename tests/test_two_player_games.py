@@ -1,4 +1,4 @@
-"""Bargaining and Negotiation rules (spec §6): payoffs by hand, turn rules, the rewards used for
+"""Bargaining and Negotiation rules (docs/method.md §6): payoffs by hand, turn rules, the rewards used for
 training, the subgame-perfect split and the scripted opponents' known outcomes."""
 import pytest
 

@@ -1,4 +1,4 @@
-"""Single-agent question games: Twenty Questions and Guess My City (spec §6).
+"""Single-agent question games: Twenty Questions and Guess My City (docs/method.md §6).
 
 Both games share one shape: a hidden target, up to ``max_turns`` questions from the agent, an
 oracle that answers each, reward −1 per turn and 0 on the winning turn. What differs between
@@ -163,7 +163,7 @@ class QuestionGame:
         return list(dict.fromkeys(k for k in self._index.find(question) if k))
 
     def is_win(self, question: str | None, target: str, aliases: Sequence[str] = ()) -> bool:
-        """Win rule (spec §6, whole-phrase form): the question names the target or an alias.
+        """Win rule (docs/method.md §6, whole-phrase form): the question names the target or an alias.
 
         With ``single_guess`` the question must name no other target. A target outside the game's
         list (an imported game's "Mexico City") is matched the same way, by its name and
@@ -182,14 +182,14 @@ class QuestionGame:
             return False
         return not self.single_guess or len(named) == 1
 
-    # ---- rewards (spec §3: −1 per turn, 0 on the winning turn) -----------------------
+    # ---- rewards (docs/method.md §3: −1 per turn, 0 on the winning turn) -----------------------
     @staticmethod
     def turn_reward(won: bool) -> float:
         return 0.0 if won else -1.0
 
     @staticmethod
     def final_reward(success: bool) -> float:
-        """R used by reward aggregation: 1 for success, 0 otherwise (spec §3)."""
+        """R used by reward aggregation: 1 for success, 0 otherwise (docs/method.md §3)."""
         return 1.0 if success else 0.0
 
     def render_prompt(self, history: Sequence[tuple[str, str]]) -> str:

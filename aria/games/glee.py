@@ -1,4 +1,4 @@
-"""Bargaining and Negotiation, the two-player games of GLEE (spec ``aria_method.md`` §6).
+"""Bargaining and Negotiation, the two-player games of GLEE (``docs/method.md`` §6).
 
 Pure rules: game configurations, what a player may do on its turn, payoffs, and the rewards
 used for training. No I/O and no models; prompts and parsing live in :mod:`aria.games.offers`
@@ -20,7 +20,7 @@ GLEE asks the receiver for its decision and its counter-offer in two calls; here
 reply, so a transcript alternates Alice, Bob, Alice, ... exactly like the original's training
 data (``aria_sample_actor_reinforce_llama3-8b_multi.json``).
 
-Payoffs (spec §6):
+Payoffs (docs/method.md §6):
 
 * Bargaining, a deal on ``{alice_gain: x, bob_gain: y}`` (x + y = M) offered in round t:
   p_A = δ_A^(t−1)·x, p_B = δ_B^(t−1)·y; no deal: 0 each.

@@ -1,7 +1,7 @@
 """What the players of Bargaining / Negotiation read: system prompts and the transcript lines.
 
 Both come from templates in ``config/game/<game>.yaml`` (``prompts:``), written for this project
-with the information content of GLEE's prompts (spec §6): the player's role, the amount or its
+with the information content of GLEE's prompts (docs/method.md §6): the player's role, the amount or its
 own value, the discounting or the outside option, the number of rounds, the goal, and, only
 under complete information, the other player's discount factor or value. The reply format
 (one JSON object) is part of the system prompt, so that the observation a policy is trained on

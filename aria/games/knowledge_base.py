@@ -1,7 +1,7 @@
 """Offline knowledge-base oracles: deterministic answers from fact tables (the default oracle).
 
 The original answered Twenty Questions with a fine-tuned flan-t5 checkpoint and Guess My City
-with GPT-4 (spec §6-7); neither can run offline without weights. This oracle reads the fact
+with GPT-4 (docs/method.md §6-7); neither can run offline without weights. This oracle reads the fact
 tables in ``dataset/`` (``twenty_questions_facts.json``, ``guess_my_city_facts.json``) and maps
 common question forms onto them:
 

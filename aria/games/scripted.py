@@ -1,4 +1,4 @@
-"""Scripted offline opponents for Bargaining and Negotiation (spec §6: the paper's LLM
+"""Scripted offline opponents for Bargaining and Negotiation (docs/method.md §6: the paper's LLM
 opponents are replaced offline by these; any OpenAI-compatible model can still be used).
 
 Every scripted player has a ``strength`` s in [0, 1] (1 = strong):

@@ -1,6 +1,6 @@
 """Text utilities shared by the games and oracles: normalisation and whole-phrase matching.
 
-Whole-phrase matching is the win rule of both single-agent games (spec §6): a question wins when
+Whole-phrase matching is the win rule of both single-agent games (docs/method.md §6): a question wins when
 it *names* the target as a phrase, not when the target's letters appear somewhere ("Is it in
 California?" does not name Cali) and not only by its last word (the original's rule, which made
 seven two-word Twenty Questions objects unwinnable).

@@ -1,4 +1,4 @@
-"""Intention-level reward aggregation (spec ``aria_method.md`` §3), as pure array functions.
+"""Intention-level reward aggregation (``docs/method.md`` §3), as pure array functions.
 
 A dataset of games is flattened into *utterances* (every action and observation, or every
 player's message, in speaking order) and *agent steps* (the utterances that are trained on).
@@ -9,7 +9,7 @@ node gets an integer id by :func:`prefix_nodes`, level by level with ``np.unique
 aggregating 30,000 utterances for all 99 values of k takes a few seconds.
 
 The aggregated reward of a step is the mean step return of every step (of the same role) at the
-same node (spec §3, the paper's default; the release's ``q`` mode is the same mean, of returns
+same node (docs/method.md §3, the paper's default; the release's ``q`` mode is the same mean, of returns
 discounted by its own convention, ``discount="original"`` in :func:`step_returns`). ``adv`` mode
 subtracts the mean return at the history node, z-scores and min-max scales to [0, 1].
 """
@@ -59,7 +59,7 @@ class StepTable:
 
 
 def discounted_returns(final_reward: np.ndarray, step_index: np.ndarray, num_steps: np.ndarray, gamma: float) -> np.ndarray:
-    """Step returns R_t = γ^(T−t)·R (spec §3, the paper's convention).
+    """Step returns R_t = γ^(T−t)·R (docs/method.md §3, the paper's convention).
 
     Args:
         final_reward: R of the step's game (and role), shape [n_steps].
@@ -87,7 +87,7 @@ def _original_exponent(t: np.ndarray, num_steps: np.ndarray, rounds: np.ndarray,
     return np.where(seat < 0, single, np.where(seat == 0, first_mover, 0))
 
 
-#: Discount conventions by name (``aggregation.discount``; spec §3 and §7): the exponent e of
+#: Discount conventions by name (``aggregation.discount``; docs/method.md §3 and §7): the exponent e of
 #: R_t = γ^e · R from (t, T, m, seat); t is 1-based among the role's steps, T their number, m the
 #: game's rounds (min over the two players' turns; T for single-agent games), seat −1 for a
 #: single-agent game, else the role's speaking order (0 = first mover).
@@ -182,7 +182,7 @@ def _adv_mode(q: np.ndarray, v: np.ndarray, kept: np.ndarray) -> np.ndarray:
     return out
 
 
-#: Aggregation modes by name (spec §3): the reward each kept step receives.
+#: Aggregation modes by name (docs/method.md §3): the reward each kept step receives.
 AGGREGATION_MODES: dict[str, Callable[[np.ndarray, np.ndarray, np.ndarray], np.ndarray]] = {
     "q": _q_mode,
     "adv": _adv_mode,
@@ -195,7 +195,7 @@ class Aggregation:
 
     Attributes:
         reward: the training reward (``q``: R̃ = Q; ``adv``: scaled advantage); NaN where not kept.
-        q: R̃(h̃, ã), the mean return at the step's (history, action) node (spec §3).
+        q: R̃(h̃, ã), the mean return at the step's (history, action) node (docs/method.md §3).
         v: V(h̃), the mean return of the steps at the step's history node.
         count: how many steps share the step's (history, action) node.
         kept: the step is a training sample (n_rollout filter and first-action option).
@@ -215,7 +215,7 @@ def aggregate(
     n_rollout: int = 1,
     include_first_action: bool = True,
 ) -> Aggregation:
-    """Aggregate step returns in intention space (spec §3).
+    """Aggregate step returns in intention space (docs/method.md §3).
 
     Args:
         table: utterances and steps of the dataset.

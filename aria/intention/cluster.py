@@ -1,4 +1,4 @@
-"""Clustering the utterance embeddings for every k (spec §2 step 3, §7).
+"""Clustering the utterance embeddings for every k (docs/method.md §2 step 3, §7).
 
 Methods, by name in :data:`CLUSTERINGS`:
 

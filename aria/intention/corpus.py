@@ -1,7 +1,7 @@
 """Trajectories -> the flat utterance/step arrays that clustering and aggregation work on.
 
 Which utterances are clustered, and how, is per-game config (``intention:`` in
-``config/game/*.yaml``, spec §3)::
+``config/game/*.yaml``, docs/method.md §3)::
 
     intention:
       channels:                          # every utterance belongs to one channel
@@ -157,7 +157,7 @@ def _check_vector(vector: list, game_id: str, turn: int, dim: int | None) -> np.
 
 def build_corpus(records: Iterable[dict], spec: IntentionSpec, gamma: float = 0.95, use_precomputed: bool = True,
                  discount: str = "paper") -> Corpus:
-    """Flatten games into a :class:`Corpus` (spec §3: step returns R_t = γ^(T−t)·R per role).
+    """Flatten games into a :class:`Corpus` (docs/method.md §3: step returns R_t = γ^(T−t)·R per role).
 
     ``discount`` names the convention of :func:`~aria.intention.aggregate.step_returns`. Under
     ``original`` a two-player game also keeps the release's shape: it counts m = min(#Alice, #Bob)
@@ -256,7 +256,7 @@ def build_corpus(records: Iterable[dict], spec: IntentionSpec, gamma: float = 0.
 
 
 def _final_reward(record: dict, role: str, two_player: bool) -> float:
-    """R of spec §3: the game's final reward (single-agent) or the role's reward (two-player)."""
+    """R of docs/method.md §3: the game's final reward (single-agent) or the role's reward (two-player)."""
     if not two_player:
         return float(record["final_reward"])
     value = record.get("role_rewards", {}).get(role)

@@ -1,4 +1,4 @@
-"""Sentence embeddings of utterances, each distinct text embedded once (spec §2, step 2).
+"""Sentence embeddings of utterances, each distinct text embedded once (docs/method.md §2, step 2).
 
 Backends, chosen by name from :data:`EMBEDDERS` (config group ``embedder``):
 

@@ -1,4 +1,4 @@
-"""Pipeline steps 1-4 over files (spec §2): the numbered scripts are thin wrappers of these.
+"""Pipeline steps 1-4 over files (docs/method.md §2): the numbered scripts are thin wrappers of these.
 
 Everything a run writes goes to ``run_dir`` (default ``outputs/intention/<game>``)::
 
@@ -406,7 +406,7 @@ def step2_select_k(cfg: dict, echo: Printer = print) -> dict:
         "per_pool": per_pool,
         **({"intention_recovery": recovery} if recovery else {}),
         "notes": {
-            "split_score": "mean |R~(k+1) - R~(k)| over the agent steps kept at both k (spec §4); the last k has none",
+            "split_score": "mean |R~(k+1) - R~(k)| over the agent steps kept at both k (docs/method.md §4); the last k has none",
             "variance_raw": "population variance of the step returns R over the steps kept at each k",
             "variance_aggregated": "population variance of R~ = Q over the same kept steps; Var(R~) <= Var(R) there "
                                    "(law of total variance); variance.all_steps gives both over every step",
@@ -613,7 +613,7 @@ def step4_build_training_set(cfg: dict, echo: Printer = print) -> Path:
 
 
 def _final_reward_of(record: dict, role: str) -> float:
-    """R of spec §3 for ``role``: the game's final reward, or the role's in a two-player game."""
+    """R of docs/method.md §3 for ``role``: the game's final reward, or the role's in a two-player game."""
     return float(record["role_rewards"][role]) if "players" in record else float(record["final_reward"])
 
 

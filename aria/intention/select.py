@@ -1,4 +1,4 @@
-"""Choosing k (spec ``aria_method.md`` §4): SplitScore and the usual cluster-quality indices.
+"""Choosing k (``docs/method.md`` §4): SplitScore and the usual cluster-quality indices.
 
 ``split_score`` and ``choose_k_by_split_score`` are the paper's rule (§3.4 of the paper).
 Silhouette, Calinski–Harabasz and Davies–Bouldin are computed for every k as well, so that
@@ -14,7 +14,7 @@ import numpy as np
 
 
 def split_score(rewards_k: np.ndarray, rewards_k_plus_1: np.ndarray) -> float:
-    """SplitScore(k) = (1/|D|) Σ_{(h,a)∈D} |R̃^(k+1)(h,a) − R̃^(k)(h,a)| (spec §4).
+    """SplitScore(k) = (1/|D|) Σ_{(h,a)∈D} |R̃^(k+1)(h,a) − R̃^(k)(h,a)| (docs/method.md §4).
 
     D is every agent step; steps without an aggregated reward at either k (NaN, dropped by the
     n_rollout filter) are left out of D. NaN when D is empty.
@@ -40,7 +40,7 @@ class Choice:
 
 
 def choose_k_by_split_score(ks: Sequence[int], scores: np.ndarray, epsilon: float = 0.01, tau: int = 10) -> Choice:
-    """The smallest k with SplitScore(j) < ε for every j in [k, k+τ] (spec §4; paper ε=0.01, τ=10).
+    """The smallest k with SplitScore(j) < ε for every j in [k, k+τ] (docs/method.md §4; paper ε=0.01, τ=10).
 
     ``scores[i]`` is SplitScore(ks[i]) (one fewer than ``ks``). The window must lie wholly inside
     the computed range. When no k qualifies, the largest k is returned with

@@ -1,5 +1,5 @@
 """The training engine every trainer shares: settings check, accelerator, optimizer and schedule,
-one accumulated optimizer step, and the final model folder (spec ``aria_method.md`` §5).
+one accumulated optimizer step, and the final model folder (``docs/method.md`` §5).
 
 The offline REINFORCE trainer (:mod:`aria.trainers.offline`), the reward-model trainer (a
 subclass of it) and the online actor (:mod:`aria.trainers.online`) differ in their data and

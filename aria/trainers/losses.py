@@ -1,4 +1,4 @@
-"""The pure losses and advantage estimators of every trainer, by name (spec ``aria_method.md`` §5).
+"""The pure losses and advantage estimators of every trainer, by name (``docs/method.md`` §5).
 
 Nothing here touches a model, a file or a process group: each function maps tensors (or arrays)
 of one batch to a loss (or advantages), so each is tested against values computed by hand

@@ -15,8 +15,8 @@ A step is a dict with the fields step 4 of the pipeline writes (``aria.intention
 
 * ``game_id``, ``role``, ``turn`` — which game, which player, which of its turns;
 * ``observation`` — the prompt the step was taken from (the game's history, rendered);
-* ``final_reward`` — R of spec §3: the game's (or the role's) final reward;
-* ``step_return`` — R_t = γ^(T−t)·R of spec §3 (the discount convention of the run);
+* ``final_reward`` — R of docs/method.md §3: the game's (or the role's) final reward;
+* ``step_return`` — R_t = γ^(T−t)·R of docs/method.md §3 (the discount convention of the run);
 * ``reward`` — ARIA's aggregated reward R̃_t (``None`` where the step was not kept);
 * ``q``, ``v``, ``kept`` — the aggregation's Q and V of the step and whether it was kept;
 * ``target`` — what the game was about (the object, the city, the configuration): the group of

@@ -1,4 +1,4 @@
-"""Offline REINFORCE on the intention-aggregated training set (spec ``aria_method.md`` §5).
+"""Offline REINFORCE on the intention-aggregated training set (``docs/method.md`` §5).
 
 One story, top to bottom: read and check the samples -> tokenise (prompt, then action) ->
 micro-batches, split across processes -> for each micro-batch the per-sample action log-prob, the

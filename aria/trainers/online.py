@@ -1,4 +1,4 @@
-"""Online ARIA: REINFORCE with a pointwise reward model as the advantage (spec ``aria_method.md``
+"""Online ARIA: REINFORCE with a pointwise reward model as the advantage (``docs/method.md``
 §5; paper §5.3 and App. I.2; single-agent games only).
 
 One story per iteration ``i`` (``config/onlinereinforce_llm.yaml`` names every setting):

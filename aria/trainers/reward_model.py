@@ -1,4 +1,4 @@
-"""Pointwise reward model (spec ``aria_method.md`` §5, online ARIA): (observation, action) -> one
+"""Pointwise reward model (``docs/method.md`` §5, online ARIA): (observation, action) -> one
 number, trained on the aggregated-reward training set.
 
 The model is a transformers sequence-classification model with one output
