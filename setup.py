@@ -34,7 +34,7 @@ setup(
     ],
     extras_require={
         "test": ["pytest>=8", "pytest-xdist", "hypothesis", "jsonschema"],
-        # Mutation testing of the core (benchmarks/mutation.py; README, "Mutation testing").
+        # Mutation testing of the core (benchmarks/mutation.py; docs/testing.md, "Mutation testing").
         "mutation": ["mutmut==3.8.1"],
         # GPU machines only: vllm serves the policy for evaluation, deepspeed runs ZeRO-3.
         "gpu": ["vllm", "deepspeed"],

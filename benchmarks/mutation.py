@@ -11,7 +11,7 @@ evaluation statistics (``aria/evaluate.py``).
 This script runs mutmut in a scratch copy of the repository (so ``mutants/`` never lands in the
 working tree), then writes killed / total per file and every surviving mutant's diff to JSON.
 ``--tests-from REV`` replaces the copy's ``tests/`` with the tests of a git revision: the same
-mutants, judged by an older suite (the "before" figure of the README). Tests marked
+mutants, judged by an older suite (the "before" figure of docs/testing.md). Tests marked
 ``subprocess`` are left out in both cases (mutants live in this process only); for an older suite
 the same test ids are deselected, and ``--extra-tests`` adds the ids of its pure tests that lived
 in files outside the selection.
