@@ -21,7 +21,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
-from aria.io import ConfigError  # noqa: F401 - where commands and trainers import it from
+from aria.io import ConfigError
 
 EXIT_BAD_INPUT = 2
 EXIT_INTERRUPTED = 130

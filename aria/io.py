@@ -9,9 +9,12 @@ objects lose the values of secret-named keys, and no text keeps an API key from 
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import math
+import io
 import os
+import shutil
 import tempfile
 import time
 from contextlib import contextmanager
@@ -113,6 +116,66 @@ def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+# ---- fingerprints: is this output still the one these settings and inputs make? -------------
+def json_digest(obj: Any, length: int | None = 16, sort_keys: bool = True) -> str:
+    """sha256 of ``obj`` written as JSON (keys sorted), its first ``length`` hex digits (None: all
+    64): the fingerprint of a set of settings or of data, recorded beside an output and compared
+    on every re-run or resume. Values JSON cannot write are written as ``str``."""
+    text = json.dumps(obj, sort_keys=sort_keys, default=str)
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()[:length]
+
+
+def file_digest(paths: str | os.PathLike | list, length: int | None = 16) -> str:
+    """sha256 of the bytes of one file, or of several read one after the other."""
+    h = hashlib.sha256()
+    for path in [paths] if isinstance(paths, (str, os.PathLike)) else paths:
+        h.update(Path(path).read_bytes())
+    return h.hexdigest()[:length]
+
+
+def atomic_save_figure(fig, path: str | os.PathLike, **savefig_kwargs) -> None:
+    """A matplotlib figure written whole or not at all (rendered in memory, then
+    :func:`atomic_write_bytes`); the figure is closed."""
+    import matplotlib.pyplot as plt
+
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format=Path(path).suffix.lstrip(".") or "png", **savefig_kwargs)
+    plt.close(fig)
+    atomic_write_bytes(path, buffer.getvalue())
+
+
+def replace_folder(new: Path, out: Path, keep_old_as: Path | None = None) -> Path:
+    """Put the finished folder ``new`` at ``out``. The old ``out`` is first moved aside (to
+    ``keep_old_as`` when given, else to ``<out>.old`` and then deleted), so ``out`` is at every
+    moment either the old folder or the new one, never half of each."""
+    out = Path(out)
+    aside = Path(keep_old_as) if keep_old_as else out.with_name(out.name + ".old")
+    if out.exists():
+        shutil.rmtree(aside, ignore_errors=True)
+        out.rename(aside)
+    Path(new).rename(out)
+    if not keep_old_as:
+        shutil.rmtree(aside, ignore_errors=True)
+    return out
+
+
+@contextmanager
+def atomic_folder(out: str | os.PathLike, keep_old_as: str | os.PathLike | None = None) -> Iterator[Path]:
+    """A folder written whole or not at all (a saved model, a merged model): write into the
+    yielded ``<out>.tmp``; when the block ends it replaces ``out`` (:func:`replace_folder`), and
+    when the block raises it is removed and ``out`` is left as it was."""
+    out = Path(out)
+    tmp = out.with_name(out.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    try:
+        yield tmp
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    replace_folder(tmp, out, Path(keep_old_as) if keep_old_as else None)
 
 
 def atomic_write_json(path: str | os.PathLike, obj: Any, indent: int | None = 1) -> None:

@@ -225,13 +225,14 @@ def load_policy(model_path: str, dtype: str = "float32", lora: dict[str, Any] | 
 
 def merge_lora(adapter_dir: Path, out_dir: Path, base: str | None = None, dtype: str = "float32") -> Path:
     """Merge the LoRA adapter in ``adapter_dir`` into its base model; write a full model folder
-    (tokenizer included) to ``out_dir`` atomically (temporary folder, then rename)."""
+    (tokenizer included) to ``out_dir``, whole or not at all (:func:`aria.io.atomic_folder`)."""
     import json
     import shutil
 
     from peft import PeftModel
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    from aria.io import atomic_folder
     from aria.llm.embedded import resolve_model_path
 
     config_path = adapter_dir / "adapter_config.json"
@@ -241,12 +242,9 @@ def merge_lora(adapter_dir: Path, out_dir: Path, base: str | None = None, dtype:
     model = AutoModelForCausalLM.from_pretrained(base_path, dtype=getattr(torch, dtype))
     merged = PeftModel.from_pretrained(model, adapter_dir).merge_and_unload()
     tokenizer = AutoTokenizer.from_pretrained(adapter_dir if (adapter_dir / "tokenizer_config.json").is_file() else base_path)
-    tmp = out_dir.with_name(out_dir.name + ".tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    merged.save_pretrained(tmp, safe_serialization=True)
-    tokenizer.save_pretrained(tmp)
-    if (adapter_dir / ENCODING_FILE).is_file():
-        shutil.copy2(adapter_dir / ENCODING_FILE, tmp / ENCODING_FILE)
-    shutil.rmtree(out_dir, ignore_errors=True)
-    tmp.rename(out_dir)
+    with atomic_folder(out_dir) as tmp:
+        merged.save_pretrained(tmp, safe_serialization=True)
+        tokenizer.save_pretrained(tmp)
+        if (adapter_dir / ENCODING_FILE).is_file():
+            shutil.copy2(adapter_dir / ENCODING_FILE, tmp / ENCODING_FILE)
     return out_dir

@@ -116,22 +116,18 @@ def merge_if_adapter(model_dir: str | Path) -> Path:
     can start the next refresh and be served without peft."""
     import shutil
 
+    from aria.io import atomic_folder
     from aria.policy import ENCODING_FILE
 
     model_dir = Path(model_dir)
     if not (model_dir / "adapter_config.json").is_file():
         return model_dir
     tokenizer, model = load_scoring_model(model_dir)
-    tmp = model_dir.with_name(model_dir.name + ".merged.tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    model.save_pretrained(tmp, safe_serialization=True)
-    tokenizer.save_pretrained(tmp)
-    if (model_dir / ENCODING_FILE).is_file():
-        shutil.copy2(model_dir / ENCODING_FILE, tmp / ENCODING_FILE)
-    adapter = model_dir.with_name(model_dir.name + ".adapter")
-    shutil.rmtree(adapter, ignore_errors=True)
-    model_dir.rename(adapter)
-    tmp.rename(model_dir)
+    with atomic_folder(model_dir, keep_old_as=model_dir.with_name(model_dir.name + ".adapter")) as tmp:
+        model.save_pretrained(tmp, safe_serialization=True)
+        tokenizer.save_pretrained(tmp)
+        if (model_dir / ENCODING_FILE).is_file():
+            shutil.copy2(model_dir / ENCODING_FILE, tmp / ENCODING_FILE)
     return model_dir
 
 

@@ -44,7 +44,7 @@ from aria.games.glee import PLAYERS, GameConfig, Match, Move, config_set, config
 from aria.games.glee_text import shown_text, system_prompt
 from aria.games.offers import MESSAGE_CHARS, OFFER_STEPS, ParseError, parse_reply, reply_schema
 from aria.games.scripted import SCRIPTED_PLAYERS, reply_json
-from aria.io import ConfigError
+from aria.io import ConfigError, json_digest
 from aria.llm.base import ChatModel, Completion, Message, OutputFormat, concurrent
 from aria.scheduler import PlaySummary, run_games
 from aria.trajectories import describe, make_two_player_record
@@ -189,13 +189,10 @@ def schema_options(game_cfg: Mapping[str, Any]) -> dict[str, int]:
 def game_settings(game_cfg: Mapping[str, Any]) -> dict[str, str]:
     """The two-player game's whole config by digest (its rules, configuration sets and reply
     options), so a resumed file continues only under the same game."""
-    import hashlib
-
     from omegaconf import OmegaConf
 
     plain = OmegaConf.to_container(game_cfg, resolve=True) if OmegaConf.is_config(game_cfg) else game_cfg
-    plain = json.dumps(plain, sort_keys=True, default=str)
-    return {"config_sha256": hashlib.sha256(plain.encode()).hexdigest()[:16]}
+    return {"config_sha256": json_digest(plain)}
 
 
 def two_player_producer(game_cfg: Mapping[str, Any], configs: Sequence[GameConfig], seats: Mapping[str, dict],

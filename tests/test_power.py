@@ -80,7 +80,7 @@ def test_the_table_says_what_the_paired_test_can_see():
 
 
 def test_the_runner_says_first_what_its_pairs_can_detect():
-    from aria.cli import ConfigError
+    from aria.io import ConfigError
     from aria.experiment import check_settings
     from aria.experiment_report import planned_power
     from aria.resources import compose_config

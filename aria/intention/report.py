@@ -5,6 +5,8 @@ from pathlib import Path
 
 import numpy as np
 
+from aria.io import atomic_save_figure
+
 
 def _series(values) -> np.ndarray:
     return np.array([np.nan if v is None else v for v in values], dtype=float)
@@ -60,8 +62,4 @@ def plot_selection(report: dict, path: str | Path) -> None:
     fig.suptitle(f"{report['game']}: chosen k = {', '.join(map(str, k_marks))} ({chosen['criterion']}), "
                  f"{report['num_steps']} steps", fontsize=11)
     fig.tight_layout()
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(path).with_name(f".{Path(path).name}.tmp.png")
-    fig.savefig(tmp, dpi=90, metadata={"Software": None})
-    plt.close(fig)
-    tmp.replace(path)
+    atomic_save_figure(fig, path, dpi=90, metadata={"Software": None})

@@ -1,7 +1,7 @@
 """A model played through a vLLM server that this process starts and stops (``policy=vllm``).
 
 Measured on a 2-core AVX2 CPU, vLLM generated 1.4-1.65x the tokens/s of the in-process policy at
-16-48 games at once (``benchmarks/generation_engines.py``, README "Generation engines"), but its
+16-48 games at once (``benchmarks/generation_engines.py``, docs/benchmarks.md "Generation engines"), but its
 server takes about 50 s to start. So for a collection of more than a few thousand tokens, the
 default collection policy serves the model with vLLM (:func:`start_server`, i.e.
 ``scripts/serve_vllm.sh``) on a free port of 127.0.0.1 when the first turn is asked for, plays

@@ -26,7 +26,7 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
-from aria.io import atomic_write_json, atomic_write_text
+from aria.io import atomic_write_json, atomic_write_text, replace_folder
 
 _META_KEY = "aria_state"
 
@@ -155,8 +155,7 @@ def finish_checkpoint(accelerator, tmp: Path, final: Path, state: dict, keep: in
     accelerator.wait_for_everyone()
     if accelerator.is_main_process:
         atomic_write_json(tmp / "trainer_state.json", state)
-        shutil.rmtree(final, ignore_errors=True)
-        tmp.rename(final)
+        replace_folder(tmp, final)
         folders = sorted((p for p in final.parent.glob("step-*") if not p.name.endswith(".tmp")),
                          key=lambda p: int(p.name.split("-")[1]))
         for old in folders[:-keep] if keep else []:

@@ -9,13 +9,12 @@ Checkpoints and resume are :mod:`aria.trainers.checkpoint`.
 from __future__ import annotations
 
 import math
-import shutil
 from pathlib import Path
 from typing import Callable, Mapping
 
 import torch
 
-from aria.io import atomic_write_json
+from aria.io import atomic_folder, atomic_write_json
 
 #: Optimizers by name (config ``train.optimizer``).
 OPTIMIZERS: dict[str, type[torch.optim.Optimizer]] = {"adamw": torch.optim.AdamW, "adam": torch.optim.Adam}
@@ -27,7 +26,7 @@ def check_train_settings(cfg: dict, losses: Mapping[str, Callable], loss_name: s
     ``loss_name``: the trainer's own loss, when the config's ``loss.name`` does not choose it."""
     from transformers import SchedulerType
 
-    from aria.cli import ConfigError
+    from aria.io import ConfigError
 
     t = cfg["train"]
 
@@ -121,16 +120,13 @@ def accumulate_step(acc, model, optimizer, scheduler, compute_loss: Callable[[],
 def save_final_model(acc, model, tokenizer, out: Path, encoding, info: dict, state_dict: dict | None = None) -> Path:
     """``out/``: the unwrapped model (adapter or full) and tokenizer in Hugging Face format, the
     :class:`aria.policy.Encoding` its samples were encoded with and ``aria_training.json``
-    (``info``), written under ``out.tmp`` and renamed; every process calls it."""
+    (``info``), whole or not at all (:func:`aria.io.atomic_folder`); every process calls it."""
     acc.wait_for_everyone()
     if acc.is_main_process:
-        tmp = out.with_name(out.name + ".tmp")
-        shutil.rmtree(tmp, ignore_errors=True)
-        acc.unwrap_model(model).save_pretrained(tmp, state_dict=state_dict, safe_serialization=True)
-        tokenizer.save_pretrained(tmp)
-        encoding.save(tmp)
-        atomic_write_json(tmp / "aria_training.json", info)
-        shutil.rmtree(out, ignore_errors=True)
-        tmp.rename(out)
+        with atomic_folder(out) as tmp:
+            acc.unwrap_model(model).save_pretrained(tmp, state_dict=state_dict, safe_serialization=True)
+            tokenizer.save_pretrained(tmp)
+            encoding.save(tmp)
+            atomic_write_json(tmp / "aria_training.json", info)
     acc.wait_for_everyone()
     return out

@@ -2,7 +2,7 @@
 
 Nothing here touches a model, a file or a process group: each function maps tensors (or arrays)
 of one batch to a loss (or advantages), so each is tested against values computed by hand
-(``tests/test_losses.py``) and is a target of the mutation run (README, "Mutation testing").
+(``tests/test_losses.py``) and is a target of the mutation run (docs/testing.md, "Mutation testing").
 The trainers look their function up by config name in one of the three registries below:
 
 * :data:`LOSSES` — policy losses on summed action log-probs (``loss.name`` of the offline and

@@ -35,7 +35,6 @@ uninterrupted run.
 """
 from __future__ import annotations
 
-import hashlib
 import json
 import time
 from dataclasses import dataclass
@@ -46,7 +45,7 @@ import numpy as np
 import torch
 
 from aria.data import read_training_set
-from aria.io import DataError, atomic_write_json
+from aria.io import DataError, atomic_write_json, json_digest
 from aria.secrets import redact
 from aria.trainers.checkpoint import (begin_checkpoint, finish_checkpoint, latest_checkpoint, load_plain_state,
                                       load_rng_state, load_state, save_plain_state, save_state, set_rng_state,
@@ -152,7 +151,7 @@ class OfflineTrainer:
         # What a checkpoint was trained on: resuming on other data (or in another order) would
         # silently mix two runs.
         fingerprint = self.fingerprint() + ([["packing", self.packing]] if self.packing != "padded" else [])
-        self.data_digest = hashlib.sha256(json.dumps(fingerprint).encode()).hexdigest()[:16]
+        self.data_digest = json_digest(fingerprint, sort_keys=False)
 
         world, accumulation = self.accelerator.num_processes, t["gradient_accumulation_steps"]
         self.micro_per_epoch = len(self._epoch_batches(0))
@@ -201,7 +200,7 @@ class OfflineTrainer:
         """``apply(method name, samples)`` (:func:`~aria.trainers.methods.method_weights` or
         ``method_pairs``) after checking the samples; an unknown method is a config error and a
         missing field names the file."""
-        from aria.cli import ConfigError
+        from aria.io import ConfigError
 
         check_samples(samples, self.train_path)
         name = self.cfg.get("method", "aria")

@@ -1,0 +1,80 @@
+"""Whole-or-nothing writes of folders and figures (aria/io.py): a saved model, a merged model, a
+checkpoint or a plot is at every moment either the old one or the new one."""
+from __future__ import annotations
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import pytest  # noqa: E402
+
+from aria.io import atomic_folder, atomic_save_figure, replace_folder  # noqa: E402
+
+
+def _folder(path, **files):
+    path.mkdir()
+    for name, text in files.items():
+        (path / name).write_text(text)
+    return path
+
+
+def _contents(path):
+    return {p.name: p.read_text() for p in path.iterdir()}
+
+
+def test_a_finished_block_replaces_the_folder_and_leaves_nothing_beside_it(tmp_path):
+    out = _folder(tmp_path / "model", **{"weights": "old", "stale": "only in the old folder"})
+    with atomic_folder(out) as tmp:
+        assert tmp != out and tmp.is_dir() and _contents(out) == {"weights": "old", "stale": "only in the old folder"}
+        (tmp / "weights").write_text("new")
+    assert _contents(out) == {"weights": "new"}
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["model"]
+
+
+def test_a_block_that_raises_leaves_the_old_folder_and_no_partial_one(tmp_path):
+    out = _folder(tmp_path / "model", weights="old")
+    with pytest.raises(KeyboardInterrupt):
+        with atomic_folder(out) as tmp:
+            (tmp / "weights").write_text("half")
+            raise KeyboardInterrupt
+    assert _contents(out) == {"weights": "old"}
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["model"]
+
+
+def test_a_leftover_of_a_killed_write_is_cleared_and_a_new_folder_is_made(tmp_path):
+    _folder(tmp_path / "model.tmp", weights="torn")
+    with atomic_folder(tmp_path / "deep" / "model") as tmp:  # parents made; no old folder
+        (tmp / "weights").write_text("new")
+    assert _contents(tmp_path / "deep" / "model") == {"weights": "new"}
+    with atomic_folder(tmp_path / "model") as tmp:
+        assert list(tmp.iterdir()) == []  # the torn leftover is not carried into the new folder
+        (tmp / "weights").write_text("new")
+    assert _contents(tmp_path / "model") == {"weights": "new"}
+    assert not (tmp_path / "model.tmp").exists()
+
+
+def test_the_old_folder_can_be_kept_under_another_name(tmp_path):
+    """merge_if_adapter keeps the adapter it merged as <model>.adapter."""
+    out = _folder(tmp_path / "rm", adapter_config="lora")
+    _folder(tmp_path / "rm.adapter", adapter_config="an older adapter")
+    with atomic_folder(out, keep_old_as=tmp_path / "rm.adapter") as tmp:
+        (tmp / "model").write_text("merged")
+    assert _contents(out) == {"model": "merged"}
+    assert _contents(tmp_path / "rm.adapter") == {"adapter_config": "lora"}
+
+
+def test_replace_folder_moves_a_finished_folder_in(tmp_path):
+    new = _folder(tmp_path / "step-4.tmp", state="4")
+    final = _folder(tmp_path / "step-4", state="an earlier try")
+    assert replace_folder(new, final) == final
+    assert _contents(final) == {"state": "4"} and sorted(p.name for p in tmp_path.iterdir()) == ["step-4"]
+
+
+def test_a_figure_is_written_whole_with_no_temporary_file_left(tmp_path):
+    fig, ax = plt.subplots()
+    ax.plot([0, 1], [1, 0])
+    out = tmp_path / "plots" / "curve.png"
+    atomic_save_figure(fig, out, dpi=50, metadata={"Software": None})
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert [p.name for p in out.parent.iterdir()] == ["curve.png"]
+    assert not plt.fignum_exists(fig.number)  # closed
