@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping
+from typing import Any, Mapping
 
 from aria.io import DataError, is_finite_number, read_json
 
@@ -60,16 +60,6 @@ class Transcript:
         if parts:
             parts.pop()  # no separator after the last message shown
         return prompt.lstrip() + self.after_prompt + "".join(parts)
-
-
-def observation_renderer(game_cfg: Mapping[str, Any]) -> Callable[[dict, int], str]:
-    """``render(record, turn_index) -> observation`` for a game config."""
-    if game_cfg.get("kind") == "two_player":
-        return Transcript.from_config(game_cfg).render
-    from aria.games.base import build_game
-
-    game = build_game(game_cfg)
-    return lambda record, index: game.prompt_before_turn(record["turns"], index)
 
 
 def validate_sample(sample: Any, path: str | os.PathLike | None, index: int) -> dict:

@@ -170,3 +170,17 @@ def compare_table(folders: Iterable[str | Path]) -> str:
                          + (f", {env['failed']} failed" if env["failed"] else ""))
         lines.append(f"| {s['model']} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
+
+
+def generation_cost(policy, tokens_before: int, seconds_before: float) -> dict:
+    """Reply tokens the policy generated in this run of an environment, the seconds its generate
+    calls took, and their ratio (games already in the transcripts cost nothing)."""
+    tokens = getattr(policy, "generated_tokens", 0) - tokens_before
+    seconds = getattr(policy, "generation_seconds", 0.0) - seconds_before
+    return {"tokens": tokens, "seconds": round(seconds, 2), "tokens_per_s": round(tokens / seconds, 1) if seconds > 0 else None}
+
+
+def reply_tokens_key(policy_cfg) -> str:
+    """The policy config's name for the reply length: ``max_tokens`` for a served model (the
+    OpenAI API's), ``max_new_tokens`` for a local transformers model."""
+    return "max_tokens" if policy_cfg["name"] == "endpoint" else "max_new_tokens"

@@ -33,7 +33,6 @@ the times of finished stages, kept in ``run_dir/stage_times.json``).
 """
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 import os
@@ -43,9 +42,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from aria.experiment_layout import (Layout, games_of, intention_overrides_of, is_two_player, iterations_of, method_of,
-                                    seeds_of)
-from aria.io import ConfigError, atomic_write_json, check_writable, hold_folder, read_json
+from aria.experiment_layout import Layout, games_of, intention_overrides_of, iterations_of, method_of, seeds_of
+from aria.games.family import family_of
+from aria.io import ConfigError, atomic_write_json, check_writable, file_digest, hold_folder, json_digest, read_json
 from aria.resources import compose_config
 from aria.secrets import redact
 
@@ -130,87 +129,38 @@ def model_version(model_dir: Path) -> str:
     """Which training made ``model_dir``: a digest of the ``trained_on.json`` beside it (the
     experiment's models), or the folder itself (a model the experiment did not train)."""
     marker = Path(model_dir).parent / "trained_on.json"
-    return hashlib.sha256(marker.read_bytes()).hexdigest()[:16] if marker.is_file() else str(model_dir)
+    return file_digest(marker) if marker.is_file() else str(model_dir)
 
 
 def play(cfg: dict, policy, out: Path, seed: int, section: dict, echo: Printer, what: str) -> Path:
     """The games of a collection (``section`` = ``collect``, or the warm start's) into ``out``: the
-    question game against the oracle, or two-player self-play. Resumes game by game; games of
-    another policy, e.g. of a model since retrained, are moved aside and played again."""
-    if is_two_player(cfg):
-        from aria.games.glee import config_set
-        from aria.two_player import PolicyPlayer, play_two_player
-
-        player = PolicyPlayer(policy)
-        summary = play_two_player(cfg["game"], config_set(cfg["game"], section["config_set"]), {"alice": player, "bob": player},
-                                  out, games_per_config=section["games_per_config"], seed=seed,
-                                  batch_size=section["batch_size"], progress=False, force_new=True)
-    else:
-        from aria.games.base import build_game
-        from aria.games.oracle import build_oracle
-        from aria.rollout import play_games, reply_format
-
-        summary = play_games(build_game(cfg["game"]), policy, build_oracle(cfg["oracle"], cfg["game"]), out,
-                             num_games=section["games"], seed=seed, batch_size=section["batch_size"], progress=False,
-                             force_new=True, reply_format=reply_format(cfg["game"]))
+    question game against the oracle, or two-player self-play (the game's family). Resumes game by
+    game; games of another policy, e.g. of a model since retrained, are moved aside and played again."""
+    summary = family_of(cfg["game"]).play(cfg, policy, out, seed, section)
     echo(f"[experiment] {what}: {summary.line()}")
     if summary.failed:
         raise RuntimeError(f"{summary.failed} game(s) failed in {out}; run again to play them again")
     return out
 
 
-def evaluate_two_player_arm(cfg: dict, policy, out_dir: Path, echo: Printer) -> Path:
-    """The policy against ``eval.opponent`` in both seats on ``eval.config_set`` (two-player games)."""
-    from aria.games.glee import config_set
-    from aria.two_player import PolicyPlayer, build_player, evaluate_two_player
-
-    e = cfg["eval"]
-    player = PolicyPlayer(policy)
-    summary = evaluate_two_player(cfg["game"], config_set(cfg["game"], e["config_set"]), player,
-                                  build_player(e["opponent"], cfg["game"]["name"], player), out_dir,
-                                  games_per_config=e["games_per_config"], seed=e["seed"], batch_size=e["batch_size"],
-                                  progress=False, echo=lambda line: echo(f"[experiment] {line}"), force_new=True)
-    if summary["overall"]["failed"]:
-        raise RuntimeError(f"{summary['overall']['failed']} game(s) failed in {out_dir}; run again to play them again")
-    return out_dir
+def evaluate_arm(cfg: dict, policy, out: Path, echo: Printer) -> Path:
+    """The evaluation of ``policy`` into ``out`` (:meth:`Layout.evaluation`): the ``eval`` games
+    against the oracle, or against ``eval.opponent`` in both seats (two-player games)."""
+    failed = family_of(cfg["game"]).evaluate(cfg, policy, out, echo)
+    if failed:
+        raise RuntimeError(f"{failed} game(s) failed in {out}; run again to play them again")
+    return out
 
 
 def evaluation_done(cfg: dict, out: Path, policy: dict) -> bool:
     """Whether the evaluation at ``out`` (:meth:`Layout.evaluation`) is complete for ``policy``."""
-    e = cfg["eval"]
-    n = games_of(cfg, e)
-    if not is_two_player(cfg):
-        return games_done(out, n, expected_producer(cfg, e, e["seed"], policy))
-    from aria.games.glee import PLAYERS, other
-    from aria.trajectories import describe
-    from aria.two_player import build_player
-
-    opponent = describe(build_player(e["opponent"], cfg["game"]["name"]))
-    return all(games_done(out / f"as_{role}.jsonl", n, expected_producer(cfg, e, e["seed"], {role: policy, other(role): opponent}))
-               for role in PLAYERS)
-
-
-def expected_producer(cfg: dict, section: dict, seed: int, players: dict) -> dict:
-    """The producer record :func:`play` (or the two-player evaluation) writes for games of
-    ``section`` (``collect``, ``eval``, the warm start's) played with ``seed`` by ``players``: a
-    description of the policy (question games) or ``{role: description}`` (two-player games)."""
-    if is_two_player(cfg):
-        from aria.games.glee import config_set
-        from aria.two_player import two_player_producer
-
-        return two_player_producer(cfg["game"], config_set(cfg["game"], section["config_set"]), players, seed)
-    from aria.games.base import build_game
-    from aria.games.oracle import build_oracle
-    from aria.rollout import question_producer, reply_format
-    from aria.trajectories import describe
-
-    return question_producer(build_game(cfg["game"]), seed, players, describe(build_oracle(cfg["oracle"], cfg["game"])),
-                             reply_format=reply_format(cfg["game"]))
+    n = games_of(cfg, cfg["eval"])
+    return all(games_done(file, n, producer) for file, _, producer in family_of(cfg["game"]).evaluation_files(cfg, out, policy))
 
 
 def games_done(path: Path, num_games: int, producer: dict) -> bool:
     """Whether ``path`` holds ``num_games`` finished games made under exactly ``producer``'s
-    settings (:func:`expected_producer`); games of other settings are played again, never counted."""
+    settings (a family's ``collection_producer``); games of other settings are played again, never counted."""
     from aria.trajectories import read_trajectories
 
     producer_path = path.with_name(path.name + ".producer.json")
@@ -271,7 +221,7 @@ def train(cfg: dict, method: str, train_file: Path, start_model: Path, out_dir: 
     from aria.trainers.methods import trainer_for
 
     model = out_dir / "model"
-    trained_on = {"train_json_sha256": hashlib.sha256(train_file.read_bytes()).hexdigest(), "method": method,
+    trained_on = {"train_json_sha256": file_digest(train_file, length=None), "method": method,
                   "start_model": recorded_path(cfg, start_model), "start_model_version": model_version(start_model), "seed": seed,
                   "overrides": list(overrides)}
     trained_on = json.loads(json.dumps(redact(trained_on)))  # as the marker is written: a key is never on disk
@@ -288,9 +238,9 @@ def train(cfg: dict, method: str, train_file: Path, start_model: Path, out_dir: 
         import shlex
         import subprocess
 
-        from aria.resources import REPO_ROOT
+        from aria.resources import config_dir
 
-        command = [*shlex.split(cfg["launcher"]), str(REPO_ROOT / "scripts" / "run_offline.py"),
+        command = [*shlex.split(cfg["launcher"]), "-m", "aria.trainers.launch", "--config-dir", str(config_dir()),
                    "--config-name", "reinforce_llm", *overrides]
         if subprocess.run(command).returncode != 0:
             raise RuntimeError(f"training failed: {' '.join(command)} (run the experiment again to resume it)")
@@ -310,11 +260,10 @@ def train(cfg: dict, method: str, train_file: Path, start_model: Path, out_dir: 
 
 def bc_training_set(cfg: dict, trajectories: Path, out: Path) -> Path:
     """Every step of the expert's games as a sample (behaviour cloning needs no rewards)."""
-    from aria.data import observation_renderer
     from aria.io import atomic_write_json_rows
     from aria.trajectories import read_trajectories
 
-    render = observation_renderer(cfg["game"])
+    render = family_of(cfg["game"]).observation_renderer(cfg["game"])
     samples = [{"observation": render(r, i), "action": t["action"], "reward": 1.0, "game_id": r["game_id"], "turn": i}
                for r in read_trajectories(trajectories) for i, t in enumerate(r["turns"])]
     if not out.is_file() or read_json(out) != samples:
@@ -345,14 +294,13 @@ def held_out_steps(cfg: dict, lay: Layout) -> list[dict]:
     """The policy's steps in the starting model's iteration-0 evaluation games, as step samples
     (``observation``, ``action``, ``success`` of the game): held out from every training set, the
     same for every arm."""
-    from aria.data import observation_renderer
     from aria.experiment_report import evaluation_ids
     from aria.trajectories import read_trajectories
 
-    render, expected, where = observation_renderer(cfg["game"]), evaluation_ids(cfg), lay.evaluation("", 0, 0)
-    files = [(where / f"as_{role}.jsonl", role) for role in ("alice", "bob")] if lay.two_player else [(where, None)]
+    family = family_of(cfg["game"])
+    render, expected, where = family.observation_renderer(cfg["game"]), evaluation_ids(cfg), lay.evaluation("", 0, 0)
     steps = []
-    for file, role in files:
+    for file, role in family.evaluation_seats(where):
         for r in read_trajectories(file):
             if r.get("status") == "failed" or r["game_id"] not in expected:
                 continue
@@ -370,7 +318,7 @@ def movement_stage(cfg: dict, lay: Layout, parent: Path, child: Path, out: Path,
     m, steps = cfg["report"]["movement"], held_out_steps(cfg, lay)
     key = {"parent": recorded_path(cfg, parent), "parent_version": model_version(parent),
            "child_version": model_version(child), "served_dtype": served_dtype(cfg), "steps": m["steps"],
-           "held_out_sha256": hashlib.sha256(json.dumps(steps, sort_keys=True).encode()).hexdigest()}
+           "held_out_sha256": json_digest(steps, length=None)}
     if out.is_file() and read_json(out).get("key") == key:
         return out
     start = time.perf_counter()
@@ -401,7 +349,7 @@ def plan(cfg: dict, generator: Generator, echo: Printer) -> list[Stage]:
             from aria.trajectories import describe
 
             expert = build_policy({"name": "scripted", "game": cfg["game"], "epsilon": w["epsilon"], "seed": w["seed"]})
-            if not games_done(expert_games, w["games"], expected_producer(cfg, w, w["seed"], describe(expert))):
+            if not games_done(expert_games, w["games"], family_of(cfg["game"]).collection_producer(cfg, w, w["seed"], describe(expert))):
                 play(cfg, expert, expert_games, w["seed"], {"games": w["games"], "batch_size": 64}, echo, "expert games")
 
         def warm_train():
@@ -421,11 +369,7 @@ def plan(cfg: dict, generator: Generator, echo: Printer) -> list[Stage]:
     def evaluate(method: str, seed: int, iteration: int):
         out, model = lay.evaluation(method, seed, iteration), model_of(method, seed, iteration)
         if not evaluation_done(cfg, out, generator.describe(model, e, e["seed"])):
-            policy = generator.policy(model, e, e["seed"])
-            if lay.two_player:
-                evaluate_two_player_arm(cfg, policy, out, echo)
-            else:
-                play(cfg, policy, out, e["seed"], e, echo, f"evaluation {out.parent.name}")
+            evaluate_arm(cfg, generator.policy(model, e, e["seed"]), out, echo)
 
     stages.append(Stage(f"iteration 0: evaluate the {'warm start' if w['enabled'] else 'base model'}", "eval", lambda: evaluate("", 0, 0)))
     for seed in cfg["seeds"]:
@@ -438,8 +382,7 @@ def plan(cfg: dict, generator: Generator, echo: Printer) -> list[Stage]:
                     # the collection seed differs per seed and iteration; evaluation keeps its own
                     model, game_seed = model_of(method, seed, it - 1), 1000 * seed + it
                     made_by = generator.describe(model, c, game_seed)
-                    players = {"alice": made_by, "bob": made_by} if lay.two_player else made_by
-                    if not games_done(games, games_of(cfg, c), expected_producer(cfg, c, game_seed, players)):
+                    if not games_done(games, games_of(cfg, c), family_of(cfg["game"]).collection_producer(cfg, c, game_seed, made_by)):
                         policy = generator.policy(model, c, game_seed)
                         play(cfg, policy, games, game_seed, c, echo, f"collection {where.name}")
 
@@ -471,7 +414,7 @@ def gradient_variance_stage(cfg: dict, lay: Layout, seed: int, model: Path, echo
     out = lay.shared(seed) / "grad_variance.json"
     train_file = lay.shared(seed) / "intention" / "train.json"
     g = cfg["grad_variance"]
-    key = {"train_json_sha256": hashlib.sha256(train_file.read_bytes()).hexdigest(), "model": str(model),
+    key = {"train_json_sha256": file_digest(train_file, length=None), "model": str(model),
            "methods": cfg["methods"], "max_samples": g["max_samples"], "seed": seed}
     if out.is_file() and read_json(out).get("key") == key:
         return out
@@ -522,27 +465,10 @@ def check_settings(cfg: dict) -> None:
     ks = cfg["report"].get("preflight_ks")
     if not isinstance(ks, list) or any(isinstance(k, bool) or not isinstance(k, int) or k < 2 for k in ks):
         raise ConfigError(f"report.preflight_ks: expected a list of whole numbers >= 2, got {ks!r}")
-    two_player = is_two_player(cfg)
-    structured_output(cfg["game"], "two_player" if two_player else "question")
+    family = family_of(cfg["game"])
+    structured_output(cfg["game"], family.kind)
+    family.check_experiment(cfg)
     sections = {"collect": cfg["collect"], "eval": cfg["eval"]}
-    if two_player:
-        from aria.games.glee import config_set
-        from aria.two_player import schema_options
-
-        if cfg["warm_start"]["enabled"]:
-            raise ConfigError(f"warm_start.enabled: the scripted expert plays question games, not {cfg['game']['name']}; "
-                              "a two-player game starts from the base model (warm_start.enabled=false, as experiment=bargaining)")
-        schema_options(cfg["game"])
-        for name, section in sections.items():
-            for key in ("config_set", "games_per_config"):
-                if section.get(key) is None:
-                    raise ConfigError(f"{name}.{key}: a two-player game needs it (see config/experiment/bargaining.yaml)")
-            try:
-                config_set(cfg["game"], section["config_set"])
-            except KeyError as err:
-                raise ConfigError(f"{name}.config_set: {err.args[0]}") from None
-        if not cfg["eval"].get("opponent"):
-            raise ConfigError("eval.opponent: a two-player evaluation needs an opponent (see config/experiment/bargaining.yaml)")
     for name, section in {**sections, **({"warm_start": cfg["warm_start"]} if cfg["warm_start"]["enabled"] else {})}.items():
         for key in ("games", "games_per_config", "batch_size"):
             value = section.get(key)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from aria.games.family import family_of
 from aria.io import ConfigError
 
 
@@ -16,7 +17,7 @@ class Layout:
 
     def __init__(self, cfg: dict):
         self.root = Path(cfg["run_dir"])
-        self.two_player = is_two_player(cfg)
+        self.family = family_of(cfg["game"])
         self.variants = set(cfg.get("variants") or {})
 
     @property
@@ -50,12 +51,7 @@ class Layout:
         """A question game's evaluation file; for a two-player game the folder of its two files,
         ``as_alice.jsonl`` and ``as_bob.jsonl`` (the policy in each seat against the opponent)."""
         where = self.root / "eval" / "it0" if iteration == 0 else self.arm(method, seed, iteration) / "eval"
-        return where if self.two_player else where.with_suffix(".jsonl")
-
-
-def is_two_player(cfg: dict) -> bool:
-    """Bargaining or Negotiation (self-play collection, evaluation against an opponent)."""
-    return cfg["game"].get("kind") == "two_player"
+        return self.family.evaluation_output(where)
 
 
 def method_of(cfg: dict, arm: str) -> str:
@@ -91,8 +87,4 @@ def iterations_of(cfg: dict, method: str) -> int:
 def games_of(cfg: dict, section: dict) -> int:
     """How many games a collection or evaluation plays: ``games``, or for a two-player game every
     configuration of ``config_set`` ``games_per_config`` times (per seat, in an evaluation)."""
-    if not is_two_player(cfg):
-        return section["games"]
-    from aria.games.glee import config_set
-
-    return len(config_set(cfg["game"], section["config_set"])) * section["games_per_config"]
+    return family_of(cfg["game"]).games_in(cfg["game"], section)

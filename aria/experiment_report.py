@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from aria.evaluate import Z_95, wilson_interval  # one Wilson interval for the evaluation and the experiment
-from aria.io import atomic_write_json, atomic_write_text, read_json
+from aria.io import atomic_save_figure, atomic_write_json, atomic_write_text, read_json
 
 ALPHA = 0.05  # the level of every test in the report (the verdicts and the power statements)
 POWER = 0.8   # the power at which a detectable difference is stated
@@ -74,10 +74,11 @@ def paired_arms(cfg: dict) -> tuple[str, str] | None:
 def planned_power(cfg: dict, power: float = POWER, alpha: float = ALPHA) -> str:
     """One line, said before a run starts: the pairs of its paired test per iteration and the
     difference they detect with ``power`` at the discordant share named in ``report``."""
-    from aria.experiment_layout import games_of, is_two_player, seeds_of
+    from aria.experiment_layout import games_of, seeds_of
+    from aria.games.family import family_of
     from aria.power import detectable_difference
 
-    seats, share = 2 if is_two_player(cfg) else 1, cfg["report"]["discordant_share"]
+    seats, share = family_of(cfg["game"]).seats, cfg["report"]["discordant_share"]
 
     def detects(seeds: int) -> str:
         pairs = games_of(cfg, cfg["eval"]) * seats * seeds
@@ -97,50 +98,33 @@ def planned_power(cfg: dict, power: float = POWER, alpha: float = ALPHA) -> str:
             f"and a discordant share of {share} (report.discordant_share)")
 
 
-def outcomes(path: Path, two_player: bool, expected: set[str]) -> dict[str, dict] | None:
+def outcomes(path: Path, family, expected: set[str]) -> dict[str, dict] | None:
     """An arm's evaluation games as ``{pair key: {"success", "turns"}}``, or None until every game
-    of ``expected`` (:func:`evaluation_ids`) is played. Only those count: a file that holds more
-    (an evaluation since lowered from more games) reports the games the settings name, so a table
-    always agrees with its header. A question game: success = the target found, turns = the game's;
-    keyed by game id. A two-player game (``path`` the folder of ``as_alice.jsonl`` and
-    ``as_bob.jsonl``): success = the policy won, turns = the policy's own; keyed by seat and game
-    id, so arms pair by configuration and seat."""
+    of ``expected`` (:func:`evaluation_ids`) is played in every seat. Only those count: a file that
+    holds more (an evaluation since lowered from more games) reports the games the settings name,
+    so a table always agrees with its header. success = the policy won (a question game: found the
+    target), turns = the policy's own. A question game's games are keyed by game id; a two-player
+    game's (``path`` the folder of ``as_alice.jsonl`` and ``as_bob.jsonl``) by seat and game id, so
+    arms pair by configuration and seat."""
     from aria.trajectories import read_trajectories
 
-    def finished(file: Path) -> list[dict]:
-        if not file.is_file():
-            return []
-        return [r for r in read_trajectories(file, allow_partial_last_line=True)
-                if r.get("status") != "failed" and r["game_id"] in expected]
-
-    if not two_player:
-        games = {r["game_id"]: {"success": bool(r["success"]), "turns": len(r["turns"])} for r in finished(path)}
-        return games if len(games) == len(expected) else None
     out = {}
-    for role in ("alice", "bob"):
-        games = {r["game_id"]: r for r in finished(path / f"as_{role}.jsonl")}
+    for file, role in family.evaluation_seats(path):
+        records = read_trajectories(file, allow_partial_last_line=True) if file.is_file() else []
+        games = {r["game_id"]: r for r in records if r.get("status") != "failed" and r["game_id"] in expected}
         if len(games) < len(expected):
             return None
-        out.update({f"{role}:{r['game_id']}": {"success": r["meta"]["winner"] == role,
-                                                "turns": sum(t["role"] == role for t in r["turns"])} for r in games.values()})
+        out.update({f"{role}:{gid}" if role else gid: {"success": family.won(r, role), "turns": family.turns(r, role)}
+                    for gid, r in games.items()})
     return out
 
 
 def evaluation_ids(cfg: dict) -> set[str]:
     """The game ids of one arm's evaluation under the settings (``eval``): game ``i`` of the
     evaluation seed for ``i < eval.games``, or of every configuration of ``eval.config_set``."""
-    from aria.experiment_layout import is_two_player
+    from aria.games.family import family_of
 
-    e = cfg["eval"]
-    if not is_two_player(cfg):
-        from aria.rollout import game_id
-
-        return {game_id(cfg["game"]["name"], e["seed"], i) for i in range(e["games"])}
-    from aria.games.glee import config_set
-    from aria.two_player import game_id as two_player_game_id
-
-    return {two_player_game_id(c, e["seed"], i) for c in config_set(cfg["game"], e["config_set"])
-            for i in range(e["games_per_config"])}
+    return family_of(cfg["game"]).evaluation_ids(cfg)
 
 
 def _row(games: list[dict]) -> dict[str, Any]:
@@ -156,7 +140,7 @@ def collect_results(cfg: dict) -> dict[str, Any]:
 
     lay, n_eval, expected = Layout(cfg), games_of(cfg, cfg["eval"]), evaluation_ids(cfg)
     evaluations: dict[tuple[str, int, int], dict[str, dict]] = {}
-    base_games = outcomes(lay.evaluation("", 0, 0), lay.two_player, expected)
+    base_games = outcomes(lay.evaluation("", 0, 0), lay.family, expected)
     if base_games is not None:
         for seed in cfg["seeds"]:
             for method in cfg["methods"]:
@@ -164,7 +148,7 @@ def collect_results(cfg: dict) -> dict[str, Any]:
     for seed in cfg["seeds"]:
         for method in cfg["methods"]:
             for it in range(1, iterations_of(cfg, method) + 1):
-                games = outcomes(lay.evaluation(method, seed, it), lay.two_player, expected)
+                games = outcomes(lay.evaluation(method, seed, it), lay.family, expected)
                 if games is not None:
                     evaluations[(method, seed, it)] = games
     arms = [{"method": m, "seed": s, "iteration": i, **_row(list(g.values()))} for (m, s, i), g in sorted(evaluations.items())]
@@ -212,7 +196,8 @@ def collect_results(cfg: dict) -> dict[str, Any]:
     if selection.is_file():
         s = read_json(selection)
         recovery = {"chosen_k": s["chosen"]["k"], "ks": s["ks"], **(s.get("intention_recovery") or {})}
-    opponent = cfg["eval"]["opponent"] if lay.two_player else None
+    two_player = lay.family.seats > 1
+    opponent = cfg["eval"]["opponent"] if two_player else None
     preflight = {}
     for seed in cfg["seeds"]:
         for method in cfg["methods"]:
@@ -223,7 +208,7 @@ def collect_results(cfg: dict) -> dict[str, Any]:
                 if where.is_file() and name not in preflight:
                     preflight[name] = read_json(where)
     rule = {k: cfg["report"]["movement"][k] for k in ("min_token_kl", "min_weight_share")}
-    return {"name": cfg["name"], "game": cfg["game"]["name"], "two_player": lay.two_player, "opponent": opponent,
+    return {"name": cfg["name"], "game": cfg["game"]["name"], "two_player": two_player, "opponent": opponent,
             "eval_games": n_eval, "eval_seed": cfg["eval"]["seed"], "movement_rule": rule, "preflight": preflight,
             "arms": arms, "pooled": pooled, "paired_tests": tests, "gradient_variance": variance,
             "intention_recovery": recovery}
@@ -379,11 +364,7 @@ def plot(results: dict[str, Any], out: Path) -> None:
     ax.set_title(f"{results['name']}: {results['game']}")
     ax.legend()
     fig.tight_layout()
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(f".{out.name}.tmp.png")  # whole or absent, as every file written
-    fig.savefig(tmp, dpi=120)
-    plt.close(fig)
-    tmp.replace(out)
+    atomic_save_figure(fig, out, dpi=120)
 
 
 def write_results(cfg: dict) -> Path:

@@ -116,6 +116,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from aria.games.base import QuestionGame, load_game, load_game_config
+from aria.games.family import FAMILIES, QuestionFamily, TwoPlayerFamily, family_of
 from aria.games.text import normalize
 from aria.io import TOO_DEEP, DataError, iter_jsonl, read_json, require
 from aria.trajectories import make_record, make_two_player_record, write_trajectories
@@ -549,6 +550,8 @@ def import_aria_two_player(path: Path, game: str) -> list[dict]:
 
 #: Importers of two-player logs; they take the game's name (no question-game rules apply).
 TWO_PLAYER_IMPORTERS: dict[str, Callable[[Path, str], list[dict]]] = {"aria_two_player": import_aria_two_player}
+#: The game family (:mod:`aria.games.family`) each format's games belong to.
+FORMAT_FAMILIES = {**{fmt: QuestionFamily.kind for fmt in IMPORTERS}, **{fmt: TwoPlayerFamily.kind for fmt in TWO_PLAYER_IMPORTERS}}
 
 
 def import_file(
@@ -567,11 +570,10 @@ def import_file(
     if success_from not in SUCCESS_SOURCES:
         raise ValueError(f"unknown success source {success_from!r} (known: {', '.join(SUCCESS_SOURCES)})")
     name = game if isinstance(game, str) else game.name
-    two_player = load_game_config(name).get("kind") == "two_player"
-    if fmt in TWO_PLAYER_IMPORTERS and not two_player:
-        raise ValueError(f"format {fmt} holds two-player games; {name} is a single-agent game")
-    if fmt in IMPORTERS and two_player:
-        raise ValueError(f"format {fmt} holds single-agent games; {name} is a two-player game (use aria_two_player)")
+    family = family_of(load_game_config(name))
+    holds = FAMILIES[FORMAT_FAMILIES[fmt]] if fmt in FORMAT_FAMILIES else family
+    if holds is not family:
+        raise ValueError(f"format {fmt} holds {holds.title} games; {name} is a {family.title} game")
     if out_path is not None and Path(out_path).is_dir():
         raise ValueError(f"{out_path} is a folder; give the trajectories file to write")
     if fmt in TWO_PLAYER_IMPORTERS:

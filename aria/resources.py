@@ -1,8 +1,9 @@
-"""Where shipped data lives.
+"""Where shipped data and configs live.
 
 The word / city lists and the oracle fact tables ship in the repository's top-level ``dataset/``
-folder. An editable install (``pip install -e .``) finds them next to the package; any other
-layout sets ``ARIA_DATASET_DIR`` or passes explicit paths through the Hydra config.
+folder, the Hydra configs in ``config/``. An editable install (``pip install -e .``) finds both
+next to the package; any other layout sets ``ARIA_DATASET_DIR`` / ``ARIA_CONFIG_DIR`` or passes
+explicit paths through the Hydra config.
 """
 from __future__ import annotations
 
@@ -24,6 +25,17 @@ def dataset_dir() -> Path:
     return path
 
 
+def config_dir() -> Path:
+    """The folder of the Hydra configs (``ARIA_CONFIG_DIR`` overrides): what the library composes
+    configs from, and what it hands to the processes it launches (``--config-dir``)."""
+    override = os.environ.get("ARIA_CONFIG_DIR")
+    path = Path(override) if override else REPO_ROOT / "config"
+    if not (path / "game").is_dir():
+        raise FileNotFoundError(f"config folder not found at {path} (no game/ in it); install the repository with "
+                                "`pip install -e .` or set ARIA_CONFIG_DIR to the repository's config/ folder")
+    return path
+
+
 def dataset_file(name: str | os.PathLike) -> Path:
     """Resolve a data file: absolute paths as given, bare names inside :func:`dataset_dir`."""
     path = Path(name)
@@ -36,7 +48,7 @@ def compose_config(name: str, overrides: list[str]) -> dict:
     """A resolved config of ``config/<name>.yaml`` with Hydra overrides, as a plain dict.
 
     Inside a Hydra app the app's config search path is used; elsewhere (tests, library calls) the
-    repository's ``config/`` folder.
+    :func:`config_dir`.
     """
     from hydra import compose, initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
@@ -44,5 +56,5 @@ def compose_config(name: str, overrides: list[str]) -> dict:
 
     if GlobalHydra.instance().is_initialized():
         return OmegaConf.to_container(compose(config_name=name, overrides=overrides), resolve=True)
-    with initialize_config_dir(config_dir=str(REPO_ROOT / "config"), version_base="1.3"):
+    with initialize_config_dir(config_dir=str(config_dir()), version_base="1.3"):
         return OmegaConf.to_container(compose(config_name=name, overrides=overrides), resolve=True)

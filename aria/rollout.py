@@ -179,23 +179,9 @@ def _record_turn(game: QuestionGame, g: _LiveGame, action: str, question: str | 
 
 
 # ---- building the pieces from config ----------------------------------------------------
-def collect_from_config(cfg: Mapping[str, Any]) -> PlaySummary:
-    """Run a collection from a (Hydra) config: ``game``, ``policy``, ``oracle`` + run options.
-
-    Two-player games (``kind: two_player``) are played by :mod:`aria.two_player` instead, with
-    ``opponent`` in the other seat and no oracle. Counts are checked before any model loads.
-    """
-    from aria.cli import ConfigError
-
-    counts = {"batch_size": 1, **({"games_per_config": 1} if cfg["game"].get("kind") == "two_player" else {"num_games": 0})}
-    for name, low in counts.items():
-        value = cfg.get(name)
-        if isinstance(value, bool) or not isinstance(value, int) or value < low:
-            raise ConfigError(f"{name}: expected an integer >= {low}, got {value!r}")
-    if cfg["game"].get("kind") == "two_player":
-        from aria.two_player import collect_two_player_from_config
-
-        return collect_two_player_from_config(cfg)
+def collect_questions(cfg: Mapping[str, Any]) -> PlaySummary:
+    """A question-game collection from a (Hydra) config: ``game``, ``policy``, ``oracle`` + run
+    options (:func:`aria.games.family.collect_from_config` checks the counts first)."""
     game = build_game(cfg["game"])
     policy = build_policy(cfg["policy"])
     oracle = build_oracle(cfg["oracle"], cfg["game"])

@@ -11,7 +11,7 @@ import hydra
 from omegaconf import DictConfig, OmegaConf
 
 from aria.cli import command, games_in
-from aria.rollout import collect_from_config
+from aria.games.family import collect_from_config
 
 
 @hydra.main(config_path="../config", config_name="collect", version_base="1.3")

@@ -7,25 +7,18 @@ by name (``method=no_aggregation``, ``method=traj_dpo``, ...: aria/trainers/meth
 
 Re-running the same command resumes from the newest checkpoint in output_dir. Bad training data
 prints one line naming the file, sample and field, before any training, and exits 2.
+(``python -m aria.trainers.launch --config-dir config ...`` is the same command as a module.)
 """
 
 import hydra
-from omegaconf import OmegaConf
 
-from aria.cli import checkpoints_in, command
-from aria.trainers.methods import trainer_for
+from aria.trainers.launch import run
 
 
 @hydra.main(config_path="../config", config_name="reinforce_llm", version_base="1.3")
 def main(cfg) -> None:
     # Bad data or settings: one line before any model loads, exit 2; Ctrl-C: exit 130, checkpoints kept.
-    with command(kept=lambda: checkpoints_in(cfg.output_dir)):
-        config = OmegaConf.to_container(cfg, resolve=True)
-        trainer = trainer_for(config)(config)  # REINFORCE on weights, or trajectory DPO on pairs
-        result = trainer.train()
-    if trainer.accelerator.is_main_process:
-        print(f"[train] {result['steps']} steps; final model in {result['final']}"
-              + (f"; last loss {result['loss']:.4f}, {result['tokens_per_s']:.0f} tokens/s" if "loss" in result else ""))
+    run(cfg)
 
 
 if __name__ == "__main__":

@@ -14,8 +14,9 @@ import pytest
 
 from aria import experiment
 from aria.experiment_report import mcnemar, render_table, wilson_interval
+from aria.games.family import family_of
 from aria.io import atomic_write_json
-from aria.resources import compose_config
+from aria.resources import compose_config, config_dir
 
 
 # ---- statistics by hand ------------------------------------------------------------------------------
@@ -275,6 +276,38 @@ def test_a_variant_labels_the_shared_games_its_own_way_and_trains_its_method(tmp
     assert "| aria_k2 | 1 |" in (out / "table.md").read_text()
 
 
+def test_a_launcher_trains_the_module_in_a_process_of_its_own_to_the_same_weights(tmp_path, tiny_experiment, straight_run):
+    """With ``launcher`` set the runner starts the trainer as a module (``<launcher> -m
+    aria.trainers.launch --config-dir <config folder>``), never a script by its path; a plain
+    ``python`` launcher trains the same weights as training in this process."""
+    import sys
+
+    import torch
+    from safetensors.torch import load_file
+
+    run = straight_run[0] / "run"
+    cfg = tiny_experiment(tmp_path)
+    train_file, start = run / "s0" / "it1-shared" / "intention" / "train.json", run / "warm" / "model"
+    recorder = tmp_path / "launcher.py"  # records what it was asked to run, then runs it with python
+    recorder.write_text("import json, os, sys\n"
+                        f"open({str(tmp_path / 'argv.json')!r}, 'w').write(json.dumps(sys.argv[1:]))\n"
+                        "os.execv(sys.executable, [sys.executable, *sys.argv[1:]])\n")
+    weights = {}
+    for name, launcher in (("in_process", None), ("launched", f"{sys.executable} {recorder}")):
+        # behaviour cloning: the tiny model never wins, so every return (and any RL gradient) is zero
+        model = experiment.train({**cfg, "launcher": launcher}, "bc", train_file, start, tmp_path / name, 0,
+                                 cfg["train_overrides"], print)
+        weights[name] = load_file(model / "model.safetensors")
+        assert (tmp_path / name / "train" / "final" / "aria_training.json").is_file()
+    argv = json.loads((tmp_path / "argv.json").read_text())
+    assert argv[:4] == ["-m", "aria.trainers.launch", "--config-dir", str(config_dir())]
+    parent = load_file(start / "model.safetensors")
+    assert weights["launched"].keys() == weights["in_process"].keys() == parent.keys()
+    for key, value in weights["in_process"].items():
+        torch.testing.assert_close(weights["launched"][key], value, rtol=1e-5, atol=1e-6)
+    assert any(not torch.equal(value, parent[key]) for key, value in weights["in_process"].items())  # it trained
+
+
 def test_eta_uses_the_times_of_finished_stages_of_the_same_kind():
     stages = [experiment.Stage("a", "train", None), experiment.Stage("b", "train", None),
               experiment.Stage("c", "eval", None), experiment.Stage("d", "other", None)]
@@ -330,12 +363,13 @@ def test_a_two_player_experiment_runs_self_play_and_evaluates_against_the_oppone
     assert producer["structured_output"] == "json_schema" and producer["seats"]["alice"] == producer["seats"]["bob"]
     # the collection counts as done only under exactly its settings: with free replies it is played again
     games, n, seed = run / "s0" / "it1-shared" / "games.jsonl", experiment.games_of(cfg, cfg["collect"]), producer["seed"]
-    assert experiment.games_done(games, n, experiment.expected_producer(cfg, cfg["collect"], seed, producer["seats"]))
+    family, made_by = family_of(cfg["game"]), producer["seats"]["alice"]
+    assert experiment.games_done(games, n, family.collection_producer(cfg, cfg["collect"], seed, made_by))
     free = {**cfg, "game": {**cfg["game"], "structured_output": "none"}}
-    assert not experiment.games_done(games, n, experiment.expected_producer(free, free["collect"], seed, producer["seats"]))
+    assert not experiment.games_done(games, n, family.collection_producer(free, free["collect"], seed, made_by))
     # nor under other rules: fewer re-prompts allowed for an illegal move
     strict = {**cfg, "game": {**cfg["game"], "max_reprompts": 0}}
-    assert not experiment.games_done(games, n, experiment.expected_producer(strict, strict["collect"], seed, producer["seats"]))
+    assert not experiment.games_done(games, n, family.collection_producer(strict, strict["collect"], seed, made_by))
     for role in ("alice", "bob"):
         assert (run / "s0" / "aria" / "it1" / "eval" / f"as_{role}.jsonl").is_file()
     # movement measured on the policy's own turns in both seats of the base model's evaluation

@@ -10,9 +10,10 @@ from hypothesis import given, settings, strategies as st
 
 from aria.games.base import build_game, load_game_config
 from aria.games.expert import NO, YES, ScriptedExpertPolicy, answer_class
+from aria.games.family import collect_from_config
 from aria.games.oracle import build_oracle
-from aria.rollout import collect_from_config, play_games
 from aria.resources import compose_config
+from aria.rollout import play_games
 from aria.trajectories import read_trajectories
 
 GAMES = ["twenty_questions_subset", "guess_my_city_subset", "twenty_questions", "guess_my_city"]

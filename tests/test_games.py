@@ -146,7 +146,6 @@ def test_a_testbed_config_starts_from_its_game_and_keeps_a_subset(tmp_path, monk
     from hydra import compose, initialize_config_dir
     from omegaconf import OmegaConf
 
-    import aria.games.base as base
     from aria.games.base import load_game, load_game_config
     from aria.games.oracle import OracleRequest, build_oracle
     from aria.io import DataError
@@ -168,17 +167,18 @@ def test_a_testbed_config_starts_from_its_game_and_keeps_a_subset(tmp_path, monk
     answers = oracle.answer([OracleRequest(game.name, "Dog", q) for q in ("Is it an animal?", "Is it a dog?", "Is it a pen?")])
     assert [a.text for a in answers] == ["Yes.", game.win_answer, "No."]
 
-    (tmp_path / "bad.yaml").write_text(yaml.safe_dump({"defaults": ["twenty_questions", "_self_"], "name": "bad",
+    (tmp_path / "game").mkdir()  # a config folder of its own (ARIA_CONFIG_DIR)
+    (tmp_path / "game" / "bad.yaml").write_text(yaml.safe_dump({"defaults": ["twenty_questions", "_self_"], "name": "bad",
                                                        "targets_only": ["Dog", "Unicorn"]}))
-    (tmp_path / "twenty_questions.yaml").write_text((repo / "config/game/twenty_questions.yaml").read_text())
-    monkeypatch.setattr(base, "GAME_CONFIG_DIR", tmp_path)
+    (tmp_path / "game" / "twenty_questions.yaml").write_text((repo / "config/game/twenty_questions.yaml").read_text())
+    monkeypatch.setenv("ARIA_CONFIG_DIR", str(tmp_path))
     with pytest.raises(DataError, match="targets_only.*not in the list: Unicorn"):
         load_game("bad")
-    (tmp_path / "loop.yaml").write_text(yaml.safe_dump({"defaults": ["loop2"], "name": "loop"}))
-    (tmp_path / "loop2.yaml").write_text(yaml.safe_dump({"defaults": ["loop"], "name": "loop2"}))
+    (tmp_path / "game" / "loop.yaml").write_text(yaml.safe_dump({"defaults": ["loop2"], "name": "loop"}))
+    (tmp_path / "game" / "loop2.yaml").write_text(yaml.safe_dump({"defaults": ["loop"], "name": "loop2"}))
     with pytest.raises(DataError, match="starts from itself: loop -> loop2 -> loop"):
         load_game_config("loop")
-    (tmp_path / "empty.yaml").write_text("")
+    (tmp_path / "game" / "empty.yaml").write_text("")
     with pytest.raises(DataError, match="expected a mapping"):
         load_game_config("empty")
 

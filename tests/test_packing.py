@@ -143,7 +143,7 @@ def test_game_ordered_batches_keep_games_together_and_cover_every_sample():
 def played_samples(tmp_path_factory, tiny_model_dir) -> list[dict]:
     """Training samples of four games the tiny model played (the collection code, the knowledge
     base oracle), rendered as pipeline step 4 renders them, with their game ids and turns."""
-    from aria.data import observation_renderer
+    from aria.games.family import family_of
     from aria.games.base import build_game, load_game_config
     from aria.games.oracle import build_oracle
     from aria.llm.local import LocalChatModel
@@ -155,7 +155,7 @@ def played_samples(tmp_path_factory, tiny_model_dir) -> list[dict]:
     policy = LocalChatModel(str(tiny_model_dir), max_new_tokens=12, seed=0, dtype="float32")
     play_games(build_game(game_cfg), policy, build_oracle({"name": "knowledge_base"}, game_cfg), out, num_games=4,
                seed=0, batch_size=4, progress=False)
-    render = observation_renderer(game_cfg)
+    render = family_of(game_cfg).observation_renderer(game_cfg)
     samples = [{"observation": render(r, i), "action": t["action"], "reward": -1.0 + 0.25 * i,
                 "step_return": -float(len(r["turns"]) - i), "game_id": r["game_id"], "turn": i}
                for r in read_trajectories(out) for i, t in enumerate(r["turns"])]

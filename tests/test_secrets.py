@@ -82,7 +82,7 @@ def test_planted_key_reaches_no_file(tmp_path, monkeypatch, tiny_model_dir, tiny
     llm_oracle = ["oracle=llm", f"oracle.base_url={server.url}", f"oracle.model={MODEL}"]
     try:
         # 1. collection: the endpoint policy against the LLM oracle
-        from aria.rollout import collect_from_config
+        from aria.games.family import collect_from_config
 
         games = tmp_path / "data" / "games.jsonl"
         collect_from_config(compose_config("collect", [*endpoint, *llm_oracle, "num_games=3", "batch_size=3",

@@ -22,9 +22,8 @@ import yaml
 
 from aria.games.text import PhraseIndex, extract_question
 from aria.io import ConfigError, DataError, read_json
-from aria.resources import REPO_ROOT, dataset_file
+from aria.resources import config_dir, dataset_file
 
-GAME_CONFIG_DIR = REPO_ROOT / "config" / "game"
 
 
 @dataclass(frozen=True)
@@ -131,11 +130,7 @@ class QuestionGame:
         """What decides how a game is played and scored, for a file's producer record: a resumed
         file continues only under the same rules (a lower ``max_turns`` would otherwise mix games
         of two lengths). Long texts and lists are recorded by digest."""
-        import hashlib
-        import json
-
-        def digest(value: Any) -> str:
-            return hashlib.sha256(json.dumps(value, sort_keys=True).encode()).hexdigest()[:16]
+        from aria.io import json_digest as digest
 
         return {"family": self.family, "max_turns": self.max_turns, "max_question_chars": self.max_question_chars,
                 "invalid_answer": self.invalid_answer, "win_answer": self.win_answer, "single_guess": self.single_guess,
@@ -282,7 +277,7 @@ def build_game(cfg: Mapping[str, Any]) -> QuestionGame:
 
 def known_games() -> list[str]:
     """Names of the games with a config in ``config/game/``."""
-    return sorted(p.stem for p in GAME_CONFIG_DIR.glob("*.yaml"))
+    return sorted(p.stem for p in (config_dir() / "game").glob("*.yaml"))
 
 
 def load_game_config(name: str, _within: tuple[str, ...] = ()) -> dict:
@@ -293,7 +288,7 @@ def load_game_config(name: str, _within: tuple[str, ...] = ()) -> dict:
     """
     from omegaconf import OmegaConf
 
-    path = GAME_CONFIG_DIR / f"{name}.yaml"
+    path = config_dir() / "game" / f"{name}.yaml"
     if not path.is_file():
         raise DataError(path, None, None, f"no config for game {name!r} (known: {', '.join(known_games())})")
     if name in _within:
@@ -316,10 +311,10 @@ def load_game_config(name: str, _within: tuple[str, ...] = ()) -> dict:
 STRUCTURED_OUTPUTS = {"question": ("none", "regex"), "two_player": ("none", "json_schema")}
 
 
-def structured_output(game_cfg: Mapping[str, Any], kind: str | None = None) -> str:
-    """The game's ``structured_output`` setting (default ``none``), checked against its ``kind``
-    (``question`` or ``two_player``; default: the config's own ``kind``)."""
-    allowed = STRUCTURED_OUTPUTS[kind or ("two_player" if game_cfg.get("kind") == "two_player" else "question")]
+def structured_output(game_cfg: Mapping[str, Any], kind: str) -> str:
+    """The game's ``structured_output`` setting (default ``none``), checked against what its
+    family (``kind``: ``question`` or ``two_player``) allows."""
+    allowed = STRUCTURED_OUTPUTS[kind]
     value = game_cfg.get("structured_output") or "none"
     if value not in allowed:
         raise ConfigError(f"{game_cfg['name']}: structured_output must be one of {allowed}, got {value!r}")

@@ -24,7 +24,6 @@ names the step to re-run (:class:`StaleInput`).
 from __future__ import annotations
 
 import glob
-import hashlib
 import io
 import json
 import logging
@@ -35,14 +34,14 @@ from typing import Any, Callable
 
 import numpy as np
 
-from aria.data import observation_renderer
+from aria.games.family import family_of
 from aria.intention.aggregate import aggregate
 from aria.intention.cluster import CLUSTERINGS, cluster_all_k, distinct_points, k_range
 from aria.intention.corpus import Corpus, IntentionSpec, build_corpus
 from aria.intention.embed import EmbeddingCache, build_embedder, embedder_name, text_digest
 from aria.intention.select import ClusterQuality, choose_k, split_scores
-from aria.io import (DataError, atomic_write_bytes, atomic_write_json, atomic_write_json_rows, atomic_write_jsonl,
-                     iter_jsonl, read_json)
+from aria.io import (DataError, atomic_write_bytes, atomic_write_json, atomic_write_json_rows, atomic_write_jsonl, file_digest,
+                     iter_jsonl, json_digest, read_json)
 from aria.trajectories import read_trajectories
 
 log = logging.getLogger(__name__)
@@ -80,13 +79,6 @@ def read_inputs(files: list[Path]) -> list[dict]:
             seen[record["game_id"]] = path
             records.append(record)
     return records
-
-
-def file_digest(files: list[Path]) -> str:
-    h = hashlib.sha256()
-    for path in files:
-        h.update(path.read_bytes())
-    return h.hexdigest()[:16]
 
 
 #: The numbered scripts, to name in a refusal.
@@ -130,10 +122,6 @@ def _up_to_date(out_path: Path, meta_path: Path, fingerprint: str, digest_key: s
         return False
     meta = read_json(meta_path)
     return meta.get("fingerprint") == fingerprint and meta.get(digest_key) == file_digest([out_path])
-
-
-def _fingerprint(obj: Any) -> str:
-    return hashlib.sha256(json.dumps(obj, sort_keys=True).encode()).hexdigest()[:16]
 
 
 def game_spec(cfg: dict) -> IntentionSpec:
@@ -197,7 +185,7 @@ def step1_embed_and_cluster(cfg: dict, echo: Printer = print) -> dict:
     settings = {"version": PIPELINE_VERSION, "input": file_digest(files), "pools": {p: text_digest(t) for p, t in corpus.pools.items()},
                 "embedder": cfg["embedder"], "use_precomputed": cfg["embedding"]["use_precomputed"],
                 "clustering": clustering, "seed": cfg["seed"]}
-    fingerprint = _fingerprint(settings)
+    fingerprint = json_digest(settings)
     summary_path, labels_path = run_dir / "utterances.json", run_dir / "labels.npz"
     if summary_path.is_file() and labels_path.is_file() and read_json(summary_path).get("fingerprint") == fingerprint:
         echo(f"[step 1] up to date: {labels_path}")
@@ -327,7 +315,7 @@ def step2_select_k(cfg: dict, echo: Printer = print) -> dict:
     selection_cfg, agg_cfg = cfg["selection"], cfg["aggregation"]
     corpus, _, files = load_corpus(cfg)
     _check_inputs(summary, corpus, files)
-    fingerprint = _fingerprint({"step1": summary["fingerprint"], "selection": selection_cfg, "aggregation": agg_cfg})
+    fingerprint = json_digest({"step1": summary["fingerprint"], "selection": selection_cfg, "aggregation": agg_cfg})
     out_path = run_dir / "selection.json"
     if out_path.is_file() and read_json(out_path).get("fingerprint") == fingerprint:
         echo(f"[step 2] up to date: {out_path}")
@@ -518,7 +506,7 @@ def _agg_args(agg_cfg: dict) -> dict:
 def step3_apply_labels(cfg: dict, echo: Printer = print) -> Path:
     run_dir, summary, selection, corpus, records = _selected(cfg)
     out_path = run_dir / "labelled.jsonl"
-    fingerprint = _fingerprint({"step2": selection["fingerprint"]})
+    fingerprint = json_digest({"step2": selection["fingerprint"]})
     meta_path = run_dir / "labelled.meta.json"
     if _up_to_date(out_path, meta_path, fingerprint, "labelled_digest"):
         echo(f"[step 3] up to date: {out_path}")
@@ -577,18 +565,18 @@ def step4_build_training_set(cfg: dict, echo: Printer = print) -> Path:
     labelled = run_dir / "labelled.jsonl"
     made = _step_output(run_dir / "labelled.meta.json", 3)
     selection = _step_output(run_dir / "selection.json", 2)
-    if made.get("fingerprint") != _fingerprint({"step2": selection["fingerprint"]}):
+    if made.get("fingerprint") != json_digest({"step2": selection["fingerprint"]}):
         raise StaleInput(3, "labelled.jsonl was made from another selection.json")
     if not labelled.is_file() or file_digest([labelled]) != made.get("labelled_digest"):
         raise StaleInput(3, "labelled.jsonl is missing or changed since step 3 wrote it")
     out_path = Path(cfg.get("train_out") or run_dir / "train.json")
     # prompts live in the game config; the format names the fields written (format 2: every agent step)
-    fingerprint = _fingerprint({"labelled": file_digest([labelled]), "game": cfg["game"], "format": TRAIN_FORMAT})
+    fingerprint = json_digest({"labelled": file_digest([labelled]), "game": cfg["game"], "format": TRAIN_FORMAT})
     meta_path = out_path.with_suffix(".meta.json")
     if _up_to_date(out_path, meta_path, fingerprint, "train_digest"):
         echo(f"[step 4] up to date: {out_path}")
         return out_path
-    render = observation_renderer(cfg["game"])
+    render = family_of(cfg["game"]).observation_renderer(cfg["game"])
     samples = []
     for line, record in iter_jsonl(labelled):
         for i, turn in enumerate(record["turns"]):

@@ -60,13 +60,12 @@ from typing import Callable
 import numpy as np
 import torch
 
-from aria.io import atomic_write_json, read_json
+from aria.io import ConfigError, atomic_write_json, read_json
 from aria.packing import attention_break_even, sample_groups
 from aria.policy import Encoding, action_logprobs, collate_as, load_policy
 from aria.resources import REPO_ROOT, compose_config
 from aria.trainers.checkpoint import (begin_checkpoint, finish_checkpoint, latest_checkpoint, load_plain_state,
                                       load_rng_state, save_plain_state, set_rng_state, trim_metrics)
-from aria.cli import ConfigError
 from aria.trainers.losses import ADVANTAGES, LOSSES, rm_score, rm_score_centered  # noqa: F401  (re-exported)
 from aria.trainers.engine import (accumulate_step, build_optimizer, check_train_settings, make_accelerator,
                                   save_final_model)
@@ -159,6 +158,7 @@ class OnlineTrainer:
         from accelerate.utils import set_seed
 
         from aria.games.base import build_game, load_game_config
+        from aria.games.family import family_of
         from aria.games.oracle import build_oracle
         from aria.reward_service import build_scorer
 
@@ -183,8 +183,9 @@ class OnlineTrainer:
         self.games = {}
         for name in o["games"]:
             game_cfg = load_game_config(name)
-            if game_cfg.get("kind") == "two_player":
-                raise ConfigError(f"online.games: online ARIA plays single-agent games; {name!r} is a two-player game")
+            if not family_of(game_cfg).online:
+                raise ConfigError(f"online.games: online ARIA plays single-agent games; {name!r} is a "
+                                  f"{family_of(game_cfg).title} game")
             self.games[name] = (game_cfg, build_game(game_cfg), build_oracle(cfg["oracle"], game_cfg))
 
         m = cfg["model"]

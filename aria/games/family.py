@@ -1,0 +1,315 @@
+"""Game families: what differs between the two kinds of game, in one place.
+
+A **question game** (Twenty Questions, Guess My City) is one agent asking an oracle until it
+names the hidden target; a game is a success or not. A **two-player game** (Bargaining,
+Negotiation) seats two agents, Alice and Bob: collection is self-play, evaluation puts the policy
+in each seat against an opponent, and a game is won by a seat. A game config names its family
+with ``kind`` (``question`` when absent, ``two_player``).
+
+Everything outside the games asks :func:`family_of` instead of testing ``kind``: the experiment
+runner (collect, evaluate, check settings), the collection command, the training-set renderer,
+online training and the importers. Each family delegates to the modules that play it
+(:mod:`aria.rollout` and :mod:`aria.two_player`), imported when first used, so this module stays
+below everything that uses it and above everything it uses (no import cycle).
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Callable, Mapping, Protocol
+
+from aria.io import ConfigError
+
+Printer = Callable[[str], None]
+
+
+class GameFamily(Protocol):
+    kind: str                             # the game config's ``kind``
+    title: str                            # how messages name it
+    outcome: str                          # what an evaluation counts: "success" or "win"
+    seats: int                            # seats the policy plays in an evaluation (each its own games)
+    online: bool                          # whether online ARIA (aria.trainers.online) is defined for it
+    collection_counts: dict[str, int]     # the collection command's counts and the least each may be
+
+    def observation_renderer(self, game_cfg: Mapping[str, Any]) -> Callable[[dict, int], str]:
+        """``render(record, turn_index) -> observation``: what the policy saw before that turn."""
+
+    def collect(self, cfg: Mapping[str, Any]):
+        """A collection from ``config/collect.yaml`` (``scripts/collect_games.py``) -> PlaySummary."""
+
+    def games_in(self, game_cfg: Mapping[str, Any], section: Mapping[str, Any]) -> int:
+        """Games a collection or evaluation section plays (per seat, in an evaluation)."""
+
+    def play(self, cfg: Mapping[str, Any], policy, out: Path, seed: int, section: Mapping[str, Any]):
+        """The experiment's collection (self-play for two players) into ``out`` -> PlaySummary."""
+
+    def collection_producer(self, cfg: Mapping[str, Any], section: Mapping[str, Any], seed: int, made_by: dict) -> dict:
+        """The producer record :meth:`play` writes for a policy described by ``made_by``."""
+
+    def evaluation_output(self, where: Path) -> Path:
+        """An evaluation's file (one seat) or folder (one file a seat) from its path without suffix."""
+
+    def evaluation_seats(self, out: Path) -> list[tuple[Path, str | None]]:
+        """(file, the policy's role, None for a question game) of each file of the evaluation at ``out``."""
+
+    def evaluation_files(self, cfg: Mapping[str, Any], out: Path, made_by: dict) -> list[tuple[Path, str | None, dict]]:
+        """:meth:`evaluation_seats` with the producer record each file's games are played under."""
+
+    def evaluation_ids(self, cfg: Mapping[str, Any]) -> set[str]:
+        """The game ids of one evaluation under the settings (``eval``), in each seat."""
+
+    def won(self, record: dict, role: str | None) -> bool:
+        """Whether the policy (in ``role``; None in a question game) won the game ``record``."""
+
+    def turns(self, record: dict, role: str | None) -> int:
+        """The policy's own turns in ``record``."""
+
+    def evaluate(self, cfg: Mapping[str, Any], policy, out: Path, echo: Printer) -> int:
+        """The experiment's evaluation of ``policy`` into ``out``; returns the number of failed games."""
+
+    def check_experiment(self, cfg: Mapping[str, Any]) -> None:
+        """The family's own experiment settings, one :class:`ConfigError` line before any work."""
+
+    def evaluate_served(self, cfg: Mapping[str, Any], game_cfg: dict, policy, out: Path, batch_size: int) -> dict:
+        """One environment of ``evaluation/evaluate.py`` (``config/eval.yaml``) played into the folder
+        ``out``: its summary (:mod:`aria.evaluate`), with the generation cost and the reply format used."""
+
+
+class QuestionFamily:
+    kind = "question"
+    title = "single-agent"
+    outcome = "success"
+    seats = 1
+    online = True
+    collection_counts = {"num_games": 0, "batch_size": 1}  # the collection command's counts and their minimum
+
+    def observation_renderer(self, game_cfg):
+        from aria.games.base import build_game
+
+        game = build_game(game_cfg)
+        return lambda record, index: game.prompt_before_turn(record["turns"], index)
+
+    def collect(self, cfg):
+        from aria.rollout import collect_questions
+
+        return collect_questions(cfg)
+
+    def games_in(self, game_cfg, section):
+        return section["games"]
+
+    def play(self, cfg, policy, out, seed, section):
+        from aria.games.base import build_game
+        from aria.games.oracle import build_oracle
+        from aria.rollout import play_games, reply_format
+
+        return play_games(build_game(cfg["game"]), policy, build_oracle(cfg["oracle"], cfg["game"]), out,
+                          num_games=section["games"], seed=seed, batch_size=section["batch_size"], progress=False,
+                          force_new=True, reply_format=reply_format(cfg["game"]))
+
+    def collection_producer(self, cfg, section, seed, made_by):
+        from aria.games.base import build_game
+        from aria.games.oracle import build_oracle
+        from aria.rollout import question_producer, reply_format
+        from aria.trajectories import describe
+
+        return question_producer(build_game(cfg["game"]), seed, made_by, describe(build_oracle(cfg["oracle"], cfg["game"])),
+                                 reply_format=reply_format(cfg["game"]))
+
+    def evaluation_output(self, where):
+        return where.with_suffix(".jsonl")
+
+    def evaluation_seats(self, out):
+        return [(out, None)]
+
+    def evaluation_files(self, cfg, out, made_by):
+        e = cfg["eval"]
+        return [(out, None, self.collection_producer(cfg, e, e["seed"], made_by))]
+
+    def evaluation_ids(self, cfg):
+        from aria.rollout import game_id
+
+        e = cfg["eval"]
+        return {game_id(cfg["game"]["name"], e["seed"], i) for i in range(e["games"])}
+
+    def won(self, record, role):
+        return bool(record["success"])
+
+    def turns(self, record, role):
+        return len(record["turns"])
+
+    def evaluate(self, cfg, policy, out, echo):
+        e = cfg["eval"]
+        summary = self.play(cfg, policy, out, e["seed"], e)
+        echo(f"[experiment] evaluation {out.parent.name}: {summary.line()}")
+        return summary.failed
+
+    def check_experiment(self, cfg):
+        pass  # the question sections' counts are checked with every family's (aria.experiment.check_settings)
+
+    def evaluate_served(self, cfg, game_cfg, policy, out, batch_size):
+        from aria.evaluate import generation_cost, summarize_games
+        from aria.games.base import build_game, structured_output
+        from aria.games.oracle import build_oracle
+        from aria.rollout import play_games, reply_format
+        from aria.trajectories import read_trajectories
+
+        if cfg["structured_output"] is not None:
+            game_cfg["structured_output"] = cfg["structured_output"]
+        if cfg["max_turns"] is not None:
+            game_cfg["max_turns"] = cfg["max_turns"]
+        transcripts = out / "transcripts.jsonl"
+        tokens, seconds = getattr(policy, "generated_tokens", 0), getattr(policy, "generation_seconds", 0.0)
+        run = play_games(build_game(game_cfg), policy, build_oracle(cfg["oracle"], game_cfg), transcripts,
+                         num_games=cfg["num_games"], seed=cfg["seed"], batch_size=batch_size, progress=cfg["progress"],
+                         force_new=cfg["force_new"], reply_format=reply_format(game_cfg))
+        print(f"[eval] {game_cfg['name']}: {run.line()}")
+        return {**summarize_games(list(read_trajectories(transcripts))), "generation": generation_cost(policy, tokens, seconds),
+                "structured_output": structured_output(game_cfg, self.kind)}  # what was used
+
+
+class TwoPlayerFamily:
+    kind = "two_player"
+    title = "two-player"
+    outcome = "win"
+    seats = 2
+    online = False  # online ARIA is defined for single-agent games (the paper's online experiments)
+    collection_counts = {"games_per_config": 1, "batch_size": 1}
+
+    def observation_renderer(self, game_cfg):
+        from aria.data import Transcript
+
+        return Transcript.from_config(game_cfg).render
+
+    def collect(self, cfg):
+        from aria.two_player import collect_two_player_from_config
+
+        return collect_two_player_from_config(cfg)
+
+    def games_in(self, game_cfg, section):
+        from aria.games.glee import config_set
+
+        return len(config_set(game_cfg, section["config_set"])) * section["games_per_config"]
+
+    def play(self, cfg, policy, out, seed, section):
+        from aria.games.glee import config_set
+        from aria.two_player import PolicyPlayer, play_two_player
+
+        player = PolicyPlayer(policy)
+        return play_two_player(cfg["game"], config_set(cfg["game"], section["config_set"]), {"alice": player, "bob": player},
+                               out, games_per_config=section["games_per_config"], seed=seed,
+                               batch_size=section["batch_size"], progress=False, force_new=True)
+
+    def collection_producer(self, cfg, section, seed, made_by):
+        return self._producer(cfg, section, seed, {"alice": made_by, "bob": made_by})
+
+    def evaluation_output(self, where):
+        return where
+
+    def evaluation_seats(self, out):
+        from aria.games.glee import PLAYERS
+
+        return [(out / f"as_{role}.jsonl", role) for role in PLAYERS]
+
+    def evaluation_files(self, cfg, out, made_by):
+        from aria.games.glee import other
+        from aria.trajectories import describe
+        from aria.two_player import build_player
+
+        e = cfg["eval"]
+        opponent = describe(build_player(e["opponent"], cfg["game"]["name"]))
+        return [(file, role, self._producer(cfg, e, e["seed"], {role: made_by, other(role): opponent}))
+                for file, role in self.evaluation_seats(out)]
+
+    def evaluation_ids(self, cfg):
+        from aria.games.glee import config_set
+        from aria.two_player import game_id
+
+        e = cfg["eval"]
+        return {game_id(c, e["seed"], i) for c in config_set(cfg["game"], e["config_set"]) for i in range(e["games_per_config"])}
+
+    def won(self, record, role):
+        return record["meta"]["winner"] == role
+
+    def turns(self, record, role):
+        return sum(t["role"] == role for t in record["turns"])
+
+    def evaluate(self, cfg, policy, out, echo):
+        from aria.games.glee import config_set
+        from aria.two_player import PolicyPlayer, build_player, evaluate_two_player
+
+        e = cfg["eval"]
+        player = PolicyPlayer(policy)
+        summary = evaluate_two_player(cfg["game"], config_set(cfg["game"], e["config_set"]), player,
+                                      build_player(e["opponent"], cfg["game"]["name"], player), out,
+                                      games_per_config=e["games_per_config"], seed=e["seed"], batch_size=e["batch_size"],
+                                      progress=False, echo=lambda line: echo(f"[experiment] {line}"), force_new=True)
+        return summary["overall"]["failed"]
+
+    def check_experiment(self, cfg):
+        from aria.games.glee import config_set
+        from aria.two_player import schema_options
+
+        if cfg["warm_start"]["enabled"]:
+            raise ConfigError(f"warm_start.enabled: the scripted expert plays question games, not {cfg['game']['name']}; "
+                              "a two-player game starts from the base model (warm_start.enabled=false, as experiment=bargaining)")
+        schema_options(cfg["game"])
+        for name in ("collect", "eval"):
+            section = cfg[name]
+            for key in ("config_set", "games_per_config"):
+                if section.get(key) is None:
+                    raise ConfigError(f"{name}.{key}: a two-player game needs it (see config/experiment/bargaining.yaml)")
+            try:
+                config_set(cfg["game"], section["config_set"])
+            except KeyError as err:
+                raise ConfigError(f"{name}.config_set: {err.args[0]}") from None
+        if not cfg["eval"].get("opponent"):
+            raise ConfigError("eval.opponent: a two-player evaluation needs an opponent (see config/experiment/bargaining.yaml)")
+
+    def evaluate_served(self, cfg, game_cfg, policy, out, batch_size):
+        from aria.evaluate import generation_cost, reply_tokens_key
+        from aria.games.base import structured_output
+        from aria.games.glee import config_set
+        from aria.llm.registry import build_policy
+        from aria.two_player import PolicyPlayer, build_player, evaluate_two_player
+
+        tp = cfg["two_player"]
+        if tp["structured_output"] is not None:
+            game_cfg["structured_output"] = tp["structured_output"]
+        # a policy of its own: the reply length of a two-player turn is its own setting
+        player = PolicyPlayer(build_policy({**cfg["policy"], reply_tokens_key(cfg["policy"]): tp["max_tokens"]}))
+        summary = evaluate_two_player(game_cfg, config_set(game_cfg, tp["config_set"]), player,
+                                      build_player(cfg["opponent"], game_cfg["name"], player), out,
+                                      games_per_config=tp["games_per_config"], seed=cfg["seed"], batch_size=batch_size,
+                                      progress=cfg["progress"], force_new=cfg["force_new"])
+        return {**summary, "generation": generation_cost(player.model, 0, 0.0),
+                "structured_output": structured_output(game_cfg, self.kind)}
+
+    @staticmethod
+    def _producer(cfg, section, seed, seats):
+        from aria.games.glee import config_set
+        from aria.two_player import two_player_producer
+
+        return two_player_producer(cfg["game"], config_set(cfg["game"], section["config_set"]), seats, seed)
+
+
+#: ``kind`` of a game config -> its family.
+FAMILIES: dict[str, GameFamily] = {f.kind: f for f in (QuestionFamily(), TwoPlayerFamily())}
+
+
+def family_of(game_cfg: Mapping[str, Any]) -> GameFamily:
+    """The family of a game config (its ``kind``; ``question`` when absent)."""
+    kind = game_cfg.get("kind") or QuestionFamily.kind
+    if kind not in FAMILIES:
+        raise ConfigError(f"{game_cfg.get('name', 'game')}: kind: unknown {kind!r} (known: {', '.join(FAMILIES)})")
+    return FAMILIES[kind]
+
+
+def collect_from_config(cfg: Mapping[str, Any]):
+    """A collection from ``config/collect.yaml`` (``scripts/collect_games.py``): the counts are
+    checked before any model loads, then the game's family plays (question games against the
+    oracle; two-player games with ``opponent`` in the other seat) -> PlaySummary."""
+    family = family_of(cfg["game"])
+    for name, low in family.collection_counts.items():
+        value = cfg.get(name)
+        if isinstance(value, bool) or not isinstance(value, int) or value < low:
+            raise ConfigError(f"{name}: expected an integer >= {low}, got {value!r}")
+    return family.collect(cfg)

@@ -1,0 +1,65 @@
+"""Game families (aria/games/family.py): the one place that knows how question games and
+two-player games differ."""
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from aria.games.base import load_game_config
+from aria.games.family import FAMILIES, QuestionFamily, TwoPlayerFamily, family_of
+from aria.io import ConfigError
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def test_every_game_config_has_a_family_and_an_unknown_kind_is_one_line():
+    assert isinstance(family_of(load_game_config("twenty_questions")), QuestionFamily)
+    assert isinstance(family_of(load_game_config("bargaining")), TwoPlayerFamily)
+    assert family_of({"name": "g"}) is FAMILIES["question"]  # no kind: a question game
+    with pytest.raises(ConfigError, match=r"^chess: kind: unknown 'board' \(known: question, two_player\)$"):
+        family_of({"name": "chess", "kind": "board"})
+
+
+def test_outcomes_and_seats_of_hand_made_records():
+    question, two = FAMILIES["question"], FAMILIES["two_player"]
+    found = {"success": True, "turns": [{"action": "a"}, {"action": "b"}, {"action": "c"}]}
+    assert question.won(found, None) and question.turns(found, None) == 3
+    assert not question.won({**found, "success": False}, None)
+    deal = {"meta": {"winner": "bob"}, "turns": [{"role": "alice"}, {"role": "bob"}, {"role": "alice"}]}
+    assert two.won(deal, "bob") and not two.won(deal, "alice")
+    assert (two.turns(deal, "alice"), two.turns(deal, "bob")) == (2, 1)
+    assert not two.won({**deal, "meta": {"winner": None}}, "alice")  # a tie is won by no seat
+    where = Path("run/eval/it0")
+    assert question.evaluation_seats(question.evaluation_output(where)) == [(Path("run/eval/it0.jsonl"), None)]
+    assert two.evaluation_seats(two.evaluation_output(where)) == [(where / "as_alice.jsonl", "alice"),
+                                                                   (where / "as_bob.jsonl", "bob")]
+    assert (question.seats, two.seats, question.outcome, two.outcome) == (1, 2, "success", "win")
+
+
+def test_games_in_a_section():
+    section = {"config_set": "eval48", "games_per_config": 3}  # the 48-configuration evaluation set
+    assert FAMILIES["two_player"].games_in(load_game_config("bargaining"), section) == 3 * 48
+    assert FAMILIES["question"].games_in(load_game_config("twenty_questions"), {"games": 7}) == 7
+
+
+def test_the_collection_command_checks_its_counts_per_family_before_any_model_loads():
+    from aria.games.family import collect_from_config
+
+    with pytest.raises(ConfigError, match=r"^num_games: expected an integer >= 0, got -1$"):
+        collect_from_config({"game": load_game_config("twenty_questions"), "num_games": -1, "batch_size": 1,
+                             "policy": {"name": "no such policy"}})
+    with pytest.raises(ConfigError, match=r"^games_per_config: expected an integer >= 1, got 0$"):
+        collect_from_config({"game": load_game_config("bargaining"), "games_per_config": 0, "batch_size": 1,
+                             "policy": {"name": "no such policy"}})
+
+
+def test_no_module_outside_the_families_tests_a_game_config_for_its_kind():
+    """The family is decided by family_of alone: a new family is one class, not a hunt for branches."""
+    # a game config's kind: game_cfg.get("kind"), cfg["game"]["kind"], load_game_config(name).get("kind"), ...
+    pattern = re.compile(r"""(game\w*|\[["']game["']\]|load_game_config\([^)]*\))(\.get\(["']kind["']\)|\[["']kind["']\])""")
+    offenders = [f"{path.relative_to(REPO)}:{i}" for folder in ("aria", "evaluation", "scripts", "clustering", "reward_aggregation")
+                 for path in (REPO / folder).rglob("*.py") if path.name != "family.py"
+                 for i, line in enumerate(path.read_text().splitlines(), 1) if pattern.search(line)]
+    assert offenders == []
