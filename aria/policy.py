@@ -30,11 +30,6 @@ class EncodedSample:
         return len(self.input_ids) - self.prompt_len
 
 
-def prompt_ids(tokenizer, observation: str, max_prompt_tokens: int, system_prompt: str | None = None) -> list[int]:
-    """The chat-templated prompt (with the assistant header), truncated on the left."""
-    return full_prompt_ids(tokenizer, observation, system_prompt)[-max_prompt_tokens:]
-
-
 def full_prompt_ids(tokenizer, observation: str, system_prompt: str | None = None) -> list[int]:
     """The chat-templated prompt (with the assistant header), whole."""
     messages = [{"role": "system", "content": system_prompt}] if system_prompt else []
