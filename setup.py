@@ -13,6 +13,7 @@ setup(
     long_description_content_type="text/markdown",
     python_requires=">=3.10",
     packages=find_packages(include=["aria", "aria.*"]),
+    package_data={"aria.llm": ["serve_vllm.sh"]},  # the vLLM server script the library starts
     install_requires=[
         "torch",  # pinned by the set-up scripts (torch==2.13.0), not here, so GPU users keep their build
         "transformers>=5.0",

@@ -10,13 +10,19 @@
   nothing half-written is trusted by the re-run.
 * Ctrl-C: ``interrupted: <what was kept>; re-run the same command to resume`` and exit status 130
   (the shell's code for SIGINT). The work that finished is on disk already: every writer of this
-  project writes whole games, whole files and whole checkpoints.
+  project writes whole games, whole files and whole checkpoints. SIGTERM (``kill``, a cluster
+  scheduler's stop) ends the command the same way, with exit status 143, so that the servers it
+  started are stopped by it and not left to their watchdog. A command started in the background
+  of a script keeps the SIGINT the shell set it to ignore: a Ctrl-C meant for the script does
+  not stop it (tests/test_vllm_integration.py).
 """
 from __future__ import annotations
 
 import errno
 import os
+import signal
 import sys
+import threading
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Callable, Iterator
@@ -24,7 +30,8 @@ from typing import Any, Callable, Iterator
 from aria.io import ConfigError
 
 EXIT_BAD_INPUT = 2
-EXIT_INTERRUPTED = 130
+EXIT_INTERRUPTED = 130  # 128 + SIGINT
+EXIT_TERMINATED = 143  # 128 + SIGTERM
 
 
 def _expected_errors() -> tuple[type[BaseException], ...]:
@@ -35,18 +42,29 @@ def _expected_errors() -> tuple[type[BaseException], ...]:
     return DataError, ConfigError, ResumeMismatch, StaleInput, InUse, FileNotFoundError
 
 
+class _Stopped(KeyboardInterrupt):
+    """SIGTERM, raised where the command is, as Ctrl-C is: ``finally`` blocks stop its servers."""
+
+
+def _on_sigterm(signum, frame):
+    raise _Stopped()
+
+
 @contextmanager
 def command(kept: Callable[[], str] | None = None) -> Iterator[None]:
     """Run a command's body; ``kept`` says what a Ctrl-C leaves on disk ("12 games in out.jsonl")."""
+    previous = None
+    if threading.current_thread() is threading.main_thread():  # signal handlers belong to the main thread
+        previous = signal.signal(signal.SIGTERM, _on_sigterm)
     try:
         yield
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as stop:
         try:
             what = kept() if kept else "the finished work"
         except Exception:  # noqa: BLE001 - the summary must not turn a Ctrl-C into a traceback
             what = "the finished work"
         print(f"interrupted: {what} kept; re-run the same command to resume", file=sys.stderr)
-        sys.exit(EXIT_INTERRUPTED)
+        sys.exit(EXIT_TERMINATED if isinstance(stop, _Stopped) else EXIT_INTERRUPTED)
     except _expected_errors() as err:
         print(f"error: {err}", file=sys.stderr)
         sys.exit(EXIT_BAD_INPUT)
@@ -56,6 +74,9 @@ def command(kept: Callable[[], str] | None = None) -> Iterator[None]:
             raise
         print(f"error: {line}", file=sys.stderr)
         sys.exit(EXIT_BAD_INPUT)
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
 
 
 #: What to do about a path the command cannot write, by ``errno``.

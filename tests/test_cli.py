@@ -136,6 +136,31 @@ def interrupt_when(proc: subprocess.Popen, ready, timeout: float = 120) -> subpr
     return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
 
 
+WAITING_COMMAND = """
+import sys, time
+from aria.cli import command
+with command(kept=lambda: "the test's work"):
+    try:
+        print("ready", flush=True)
+        time.sleep(120)
+    finally:  # where a command stops the servers it started
+        open(sys.argv[1], "w").write("cleaned up")
+"""
+
+
+def test_sigterm_stops_a_command_as_ctrl_c_does(tmp_path):
+    """SIGTERM is how ``kill`` and cluster schedulers stop a job: the command ends as on Ctrl-C,
+    its ``finally`` blocks run (its servers are stopped), one line, exit 143 (128 + SIGTERM)."""
+    proc = subprocess.Popen([sys.executable, "-c", WAITING_COMMAND, str(tmp_path / "cleanup")], cwd=REPO,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert proc.stdout.readline() == "ready\n"
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=60)
+    line = one_line_error(subprocess.CompletedProcess(proc.args, proc.returncode, out, err), code=143)
+    assert line == "interrupted: the test's work kept; re-run the same command to resume"
+    assert (tmp_path / "cleanup").read_text() == "cleaned up"
+
+
 def test_ctrl_c_during_collection_keeps_games_and_says_how_to_resume(tmp_path):
     server = start_server(Script(reply=lambda body: "Question: Is it alive?", delay_s=0.02))
     out = tmp_path / "games.jsonl"

@@ -1,4 +1,4 @@
-"""The generation dtype from the CPU's flags (aria/llm/hardware.py, used by scripts/serve_vllm.sh)."""
+"""The generation dtype from the CPU's flags (aria/llm/hardware.py, used by aria/llm/serve_vllm.sh)."""
 from __future__ import annotations
 
 import os

@@ -18,7 +18,9 @@ from pathlib import Path
 from typing import Sequence
 
 from aria.llm.base import Completion, Message, OutputFormat
-from aria.resources import REPO_ROOT
+
+#: The server script shipped in the package (scripts/serve_vllm.sh runs the same file).
+SERVE_SCRIPT = Path(__file__).with_name("serve_vllm.sh")
 
 
 def free_port() -> int:
@@ -46,7 +48,7 @@ def start_server(model_dir: Path, name: str, port: int, log: Path | None = None,
         env["VLLM_DTYPE"] = dtype
     if block_size is not None:
         env["VLLM_BLOCK_SIZE"] = str(block_size)
-    started = subprocess.run(["bash", str(REPO_ROOT / "scripts" / "serve_vllm.sh"), str(model_dir), str(port)],
+    started = subprocess.run(["bash", str(SERVE_SCRIPT), str(model_dir), str(port)],
                              env=env, capture_output=True, text=True)
     if started.returncode != 0:
         raise RuntimeError(f"vLLM did not start for {model_dir}:\n{started.stderr[-2000:]}")
@@ -75,7 +77,7 @@ def server_metrics(base_url: str, timeout_s: float = 10.0) -> dict[str, float]:
 
 
 def stop_server(pid: str) -> None:
-    subprocess.run(["bash", str(REPO_ROOT / "scripts" / "serve_vllm.sh"), "stop", str(pid)], capture_output=True)
+    subprocess.run(["bash", str(SERVE_SCRIPT), "stop", str(pid)], capture_output=True)
 
 
 def process_tree(pid: int) -> set[int]:

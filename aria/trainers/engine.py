@@ -20,12 +20,12 @@ from aria.io import atomic_folder, atomic_write_json
 OPTIMIZERS: dict[str, type[torch.optim.Optimizer]] = {"adamw": torch.optim.AdamW, "adam": torch.optim.Adam}
 
 
-def check_train_settings(cfg: dict, losses: Mapping[str, Callable], loss_name: str | None = None) -> None:
+def check_train_settings(cfg: dict, losses: Mapping[str, Callable], loss_name: str | None = None,
+                         check_scheduler: bool = True) -> None:
     """Reject settings that cannot work, in one line naming the setting, before anything loads.
 
-    ``loss_name``: the trainer's own loss, when the config's ``loss.name`` does not choose it."""
-    from transformers import SchedulerType
-
+    ``loss_name``: the trainer's own loss, when the config's ``loss.name`` does not choose it;
+    ``check_scheduler=False`` leaves :func:`check_lr_scheduler` to the caller."""
     from aria.io import ConfigError
 
     t = cfg["train"]
@@ -43,13 +43,25 @@ def check_train_settings(cfg: dict, losses: Mapping[str, Callable], loss_name: s
         raise ConfigError(f"train.packing: unknown {t.get('packing')!r} (known: {', '.join(PACKINGS)})")
     if t["optimizer"] not in OPTIMIZERS:
         raise ConfigError(f"train.optimizer: unknown {t['optimizer']!r} (known: {', '.join(sorted(OPTIMIZERS))})")
-    schedulers = [s.value for s in SchedulerType]
-    if t["lr_scheduler"] not in schedulers:
-        raise ConfigError(f"train.lr_scheduler: unknown {t['lr_scheduler']!r} (known: {', '.join(schedulers)})")
     if not (isinstance(t["lr"], (int, float)) and t["lr"] > 0):
         raise ConfigError(f"train.lr: expected a positive number, got {t['lr']!r}")
     if loss_name is None and cfg["loss"]["name"] not in losses:
         raise ConfigError(f"loss.name: unknown {cfg['loss']['name']!r} (known: {', '.join(sorted(losses))})")
+    if check_scheduler:
+        check_lr_scheduler(t)
+
+
+def check_lr_scheduler(t: dict) -> None:
+    """``train.lr_scheduler`` is one of transformers' schedulers. Its own check because the names
+    come with transformers' trainer utilities, which import peft (about 5 s on 2 cores): a trainer
+    checks its data before this, so a bad file is one line within seconds."""
+    from transformers import SchedulerType
+
+    from aria.io import ConfigError
+
+    schedulers = [s.value for s in SchedulerType]
+    if t["lr_scheduler"] not in schedulers:
+        raise ConfigError(f"train.lr_scheduler: unknown {t['lr_scheduler']!r} (known: {', '.join(schedulers)})")
 
 
 def resolve_mixed_precision(value: str) -> str:

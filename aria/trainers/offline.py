@@ -52,8 +52,8 @@ from aria.trainers.checkpoint import (begin_checkpoint, finish_checkpoint, lates
                                       trim_metrics)
 from aria.packing import attention_break_even, game_ordered_batches, packing_stats, sample_groups
 from aria.policy import EncodedSample, Encoding, action_logprobs, collate_as, load_model
-from aria.trainers.engine import (OPTIMIZERS, accumulate_step, build_optimizer, check_train_settings,  # noqa: F401
-                                  make_accelerator, resolve_mixed_precision, save_final_model)
+from aria.trainers.engine import (OPTIMIZERS, accumulate_step, build_optimizer, check_lr_scheduler,  # noqa: F401
+                                  check_train_settings, make_accelerator, resolve_mixed_precision, save_final_model)
 from aria.trainers.losses import LOSSES, reinforce_loss  # noqa: F401  (re-exported)
 from aria.trainers.methods import METHODS, get_method, method_weights
 
@@ -128,17 +128,19 @@ class OfflineTrainer:
     def __init__(self, cfg: dict, on_step: Callable[[int], None] | None = None):
         from accelerate.utils import set_seed
 
-        check_train_settings(cfg, self.losses, self.loss_name)
+        check_train_settings(cfg, self.losses, self.loss_name, check_scheduler=False)
         self.cfg = cfg
         t = cfg["train"]
+        # Data: read and check everything before the scheduler's name (its check imports peft,
+        # about 5 s on 2 cores), the accelerator and the model; a bad file is one line in seconds.
+        self.train_path = cfg["data"]["train_file"]
+        self.samples = self.select_samples(read_training_set(self.train_path))
+        check_lr_scheduler(t)
+
         self.output_dir = Path(cfg["output_dir"])
         self.accelerator = make_accelerator(cfg, self.output_dir, cfg["logging"]["report_to"])
         self.on_step = on_step  # called after every optimizer step (tests use it to interrupt a run)
         set_seed(cfg["seed"])
-
-        # Data: read and check everything before the model is even loaded.
-        self.train_path = cfg["data"]["train_file"]
-        self.samples = self.select_samples(read_training_set(self.train_path))
 
         self.encoding = Encoding.from_config(cfg["data"])
         m = cfg["model"]

@@ -63,7 +63,7 @@ import torch
 from aria.io import ConfigError, atomic_write_json, read_json
 from aria.packing import attention_break_even, sample_groups
 from aria.policy import Encoding, action_logprobs, collate_as, load_policy
-from aria.resources import REPO_ROOT, compose_config
+from aria.resources import compose_config, config_dir
 from aria.trainers.checkpoint import (begin_checkpoint, finish_checkpoint, latest_checkpoint, load_plain_state,
                                       load_rng_state, save_plain_state, set_rng_state, trim_metrics)
 from aria.trainers.losses import ADVANTAGES, LOSSES, rm_score, rm_score_centered  # noqa: F401  (re-exported)
@@ -334,19 +334,20 @@ class OnlineTrainer:
         return run_dir / "train.json"
 
     def train_reward_model(self, train_file: Path, out_dir: Path) -> dict:
-        """Train the reward model on ``train_file`` with ``scripts/train_rm.py`` in a child process
+        """Train the reward model on ``train_file`` with :mod:`aria.trainers.launch_reward_model` in a child process
         (its own accelerate state and memory; ``reward_model.train_command`` may launch it on other
         devices), starting from the current reward model or the base; returns its ``eval.json``."""
         rm = self.cfg["reward_model"]
         start = self.state.rm_path if (rm["refresh_from"] == "current" and self.state.rm_path) else rm["base_path"]
-        command = list(rm["train_command"] or [sys.executable, str(REPO_ROOT / "scripts" / "train_rm.py")])
+        command = list(rm["train_command"] or [sys.executable, "-m", "aria.trainers.launch_reward_model",
+                                                "--config-dir", str(config_dir()), "--config-name", "reward_model"])
         command += [f"data.train_file={Path(train_file).resolve()}", f"model.path={start}",
                     f"output_dir={Path(out_dir).resolve()}", f"seed={self.cfg['seed']}",
                     f"data.max_prompt_tokens={rm['max_prompt_tokens']}", *rm["train_overrides"]]
         log_path = out_dir.parent / "train_rm.log"
         out_dir.parent.mkdir(parents=True, exist_ok=True)
         with open(log_path, "w", encoding="utf-8") as log_file:
-            done = subprocess.run(command, stdout=log_file, stderr=subprocess.STDOUT, cwd=REPO_ROOT, env=standalone_env())
+            done = subprocess.run(command, stdout=log_file, stderr=subprocess.STDOUT, env=standalone_env())
         if done.returncode != 0:
             tail = log_path.read_text(errors="replace")[-3000:]
             raise RuntimeError(f"reward-model training failed (exit {done.returncode}); log {log_path}:\n{tail}")
