@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Train the pointwise reward model (spec §5), like the original's reward-model script.
+# Train the pointwise reward model (docs/method.md §5), like the original's reward-model script.
 #
 #   TRAIN_FILE=outputs/intention/twenty_questions/train.json bash scripts/train_rm.sh
 #   NUM_PROCESSES=8 ACCELERATE_CONFIG=config/accelerate/gpu_8.yaml MODEL_PATH=/models/Llama-3.1-8B-Instruct bash scripts/train_rm.sh
