@@ -42,7 +42,7 @@ def gradient_variance(cfg: dict, max_samples: int = 256, seed: int = 0, methods:
     if missing:
         raise DataError(d["train_file"], None, f"sample {missing[0]}.step_return",
                         "missing (the raw return is needed; pipeline step 4 writes it)")
-    methods = list(methods or [cfg.get("method", "aria")])
+    methods = list(methods or [cfg["method"]])
     for method in methods:
         try:
             weights = np.nan_to_num(method_weights(method, samples), nan=0.0)
@@ -55,7 +55,7 @@ def gradient_variance(cfg: dict, max_samples: int = 256, seed: int = 0, methods:
         raise DataError(d["train_file"], None, None, "no sample has an aggregated reward (none was kept)")
     rng = np.random.default_rng(seed)
     chosen = sorted(np.asarray(kept)[rng.choice(len(kept), size=min(max_samples, len(kept)), replace=False)].tolist())
-    tokenizer, model = load_policy(m["path"], m.get("dtype", "float32"), m["lora"] if m["lora"]["enabled"] else None)
+    tokenizer, model = load_policy(m["path"], m["dtype"], m["lora"] if m["lora"]["enabled"] else None)
     model.eval()  # no dropout: the variance is over samples, not over dropout masks
     params = [p for p in model.parameters() if p.requires_grad]
     n_params = sum(p.numel() for p in params)

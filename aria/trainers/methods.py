@@ -238,5 +238,5 @@ def trainer_for(cfg: dict) -> type:
     """The offline trainer of the configured method's kind (:data:`TRAINERS`): REINFORCE on
     per-step weights, or trajectory DPO on pairs. An unknown method is the REINFORCE trainer's to
     reject (one line, before any model loads)."""
-    method = METHODS.get(cfg.get("method", "aria"))
+    method = METHODS.get(cfg["method"])
     return load_object(TRAINERS[method.kind if method is not None else "weights"])

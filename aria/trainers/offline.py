@@ -144,8 +144,8 @@ class OfflineTrainer:
 
         self.encoding = Encoding.from_config(cfg["data"])
         m = cfg["model"]
-        self.tokenizer, model = load_model(m["path"], self.head, m.get("dtype", "float32"),
-                                           m["lora"] if m["lora"]["enabled"] else None, m.get("gradient_checkpointing", False))
+        self.tokenizer, model = load_model(m["path"], self.head, m["dtype"],
+                                           m["lora"] if m["lora"]["enabled"] else None, m["gradient_checkpointing"])
         self.encoded: list[EncodedSample] = [self.encode(s) for s in self.samples]
         self.rewards = torch.tensor([float(s[self.target_field]) for s in self.samples])
         self.packing = t["packing"]
@@ -173,7 +173,7 @@ class OfflineTrainer:
         loss_name = self.loss_name or cfg["loss"]["name"]
         self.loss_fn = self.losses[loss_name]
         self.loss_options = dict(cfg["loss"].get(loss_name) or {})  # the section named like the loss
-        if self.target_field == "weight" and not get_method(cfg.get("method", "aria")).sft_marker \
+        if self.target_field == "weight" and not get_method(cfg["method"]).sft_marker \
                 and "sft_reward" in self.loss_options:
             # A reward of exactly −1 marks a demonstration only in the release's ARIA files; a
             # normalised advantage (StarPO, GiGPO) can be exactly −1 and must stay an advantage.
@@ -194,7 +194,7 @@ class OfflineTrainer:
         weights = self.apply_method(samples, method_weights)
         samples = [dict(s, weight=float(w)) for s, w in zip(samples, weights) if np.isfinite(w)]
         if not samples:
-            raise DataError(self.train_path, None, None, f"method {self.cfg.get('method', 'aria')!r} trains on none "
+            raise DataError(self.train_path, None, None, f"method {self.cfg['method']!r} trains on none "
                             "of the samples")
         return self.subset(samples)
 
@@ -205,7 +205,7 @@ class OfflineTrainer:
         from aria.io import ConfigError
 
         check_samples(samples, self.train_path)
-        name = self.cfg.get("method", "aria")
+        name = self.cfg["method"]
         if name not in METHODS:
             raise ConfigError(f"method: unknown {name!r} (known: {', '.join(sorted(METHODS))})")
         try:

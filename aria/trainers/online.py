@@ -190,8 +190,8 @@ class OnlineTrainer:
 
         m = cfg["model"]
         self.encoding = Encoding.from_config(cfg["data"])
-        self.tokenizer, model = load_policy(m["path"], m.get("dtype", "float32"), m["lora"] if m["lora"]["enabled"] else None,
-                                            m.get("gradient_checkpointing", False))
+        self.tokenizer, model = load_policy(m["path"], m["dtype"], m["lora"] if m["lora"]["enabled"] else None,
+                                            m["gradient_checkpointing"])
         self.total_steps = o["iterations"] * o["actor_updates"]
         optimizer, self.scheduler = build_optimizer(model, t, self.total_steps)
         self.break_even = attention_break_even(model)  # which micro-batches are cheaper in rows (aria.packing)
@@ -251,7 +251,7 @@ class OnlineTrainer:
                     seed = self.cfg["seed"] + iteration * acc.num_processes + acc.process_index
                     summary = play_games(game, policy, oracle, path, per_process, seed=seed,
                                          batch_size=o["rollout_batch_size"], system_prompt=r.get("system_prompt"),
-                                         progress=self.cfg["logging"].get("progress", True) and acc.is_local_main_process,
+                                         progress=self.cfg["logging"]["progress"] and acc.is_local_main_process,
                                          reply_format=reply_format(game_cfg))
                     if summary.failed:
                         print(f"[online] iteration {iteration}: {summary.failed} {name} game(s) failed; see {path}",
@@ -321,7 +321,7 @@ class OnlineTrainer:
         from aria.intention import pipeline
 
         samples = []
-        quiet = (lambda line: None) if not self.cfg["logging"].get("progress", True) else print
+        quiet = (lambda line: None) if not self.cfg["logging"]["progress"] else print
         for name in self.games:
             files = [str(f) for i in iterations for f in sorted(self.rollout_file(i, name, 0).parent.glob(f"{name}.rank*.jsonl"))]
             c = compose_config("intention", [f"game={name}", f"input=[{','.join(files)}]", f"run_dir={run_dir / name}",
