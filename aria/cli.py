@@ -132,13 +132,13 @@ def run_step(step: Callable[[dict, Callable[[str], None]], Any], cfg) -> None:
     :mod:`aria.intention.pipeline`): bad input prints one line and exits with status 2; Ctrl-C says
     what was kept (the embedding cache and the k sweep save as they go) and exits 130."""
     import openai
-    from omegaconf import OmegaConf
 
     from aria.io import DataError
+    from aria.settings import load
 
     try:
         with command(kept=lambda: f"the saved progress in {cfg.run_dir}"):
-            step(OmegaConf.to_container(cfg, resolve=True), print)
+            step(load("intention", cfg), print)
     except (DataError, FileNotFoundError, ValueError) as err:  # the settings checks of the steps
         print(f"error: {err}", file=sys.stderr)
         sys.exit(2)

@@ -34,7 +34,6 @@ the times of finished stages, kept in ``run_dir/stage_times.json``).
 from __future__ import annotations
 
 import json
-import math
 import os
 import shutil
 import time
@@ -45,8 +44,9 @@ from typing import Any, Callable
 from aria.experiment_layout import Layout, games_of, intention_overrides_of, iterations_of, method_of, seeds_of
 from aria.games.family import family_of
 from aria.io import ConfigError, atomic_write_json, check_writable, file_digest, hold_folder, json_digest, read_json
-from aria.resources import compose_config
+from aria.resources import check_overrides, compose_config
 from aria.secrets import redact
+from aria.settings import ExperimentSettings, validated
 
 Printer = Callable[[str], None]
 
@@ -432,48 +432,62 @@ def _duration(seconds: float) -> str:
     return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m" if seconds >= 3600 else f"{seconds // 60}m{seconds % 60:02d}s"
 
 
-def check_settings(cfg: dict) -> None:
+def check_settings(cfg: dict) -> dict:
     """Every setting the stages will read, checked before any work starts: a bad one is a
-    :class:`~aria.cli.ConfigError` naming it, not a traceback minutes into the run."""
+    :class:`~aria.io.ConfigError` naming it, not a traceback minutes into the run. Returns the
+    settings with the types of :class:`aria.settings.ExperimentSettings`, which checks the keys
+    and the types; what is checked here is what a type cannot say."""
     from aria.games.base import structured_output
     from aria.movement import DTYPES
     from aria.trainers.methods import METHODS
 
+    cfg = validated(ExperimentSettings, cfg, "experiment")
     if cfg["engine"] not in ("vllm", "local"):
         raise ConfigError(f"engine: expected vllm or local, got {cfg['engine']!r}")
-    check_variants(cfg.get("variants") or {}, METHODS)
-    unknown = [m for m in cfg["methods"] if m not in METHODS and m not in (cfg.get("variants") or {})]
+    check_variants(cfg["variants"], METHODS)
+    unknown = [m for m in cfg["methods"] if m not in METHODS and m not in cfg["variants"]]
     if unknown:
         raise ConfigError(f"methods: unknown {unknown} (known: {', '.join(sorted(METHODS))}, or a name of variants)")
     if len(set(cfg["methods"])) != len(cfg["methods"]):
         raise ConfigError(f"methods: each arm once, got {cfg['methods']}")
-    paired = cfg["report"].get("paired")
-    if paired is not None and (not isinstance(paired, list) or len(paired) != 2 or len(set(paired)) != 2
-                               or not all(isinstance(m, str) for m in paired)):
+    paired = cfg["report"]["paired"]
+    if paired is not None and (len(paired) != 2 or len(set(paired)) != 2):
         raise ConfigError(f"report.paired: expected two arms (or null: no paired test), got {paired!r}")
-    for method in [*cfg["methods"], *(cfg.get("iterations_by_method") or {}), *(cfg.get("seeds_by_method") or {})]:
+    for method in [*cfg["methods"], *cfg["iterations_by_method"], *cfg["seeds_by_method"]]:
         iterations_of(cfg, method)
         seeds_of(cfg, method)
     if not cfg["methods"]:
         iterations_of(cfg, "")
-    share = cfg["report"].get("discordant_share")
-    if isinstance(share, bool) or not isinstance(share, (int, float)) or not 0 < share <= 1:
-        raise ConfigError(f"report.discordant_share: expected a share in (0, 1], got {share!r}")
+    if not 0 < cfg["report"]["discordant_share"] <= 1:
+        raise ConfigError(f"report.discordant_share: expected a share in (0, 1], got {cfg['report']['discordant_share']!r}")
     check_movement(cfg["report"]["movement"])
-    if cfg.get("policy_dtype") is not None and cfg["policy_dtype"] not in DTYPES:
-        raise ConfigError(f"policy_dtype: expected null or one of {', '.join(DTYPES)}, got {cfg.get('policy_dtype')!r}")
-    ks = cfg["report"].get("preflight_ks")
-    if not isinstance(ks, list) or any(isinstance(k, bool) or not isinstance(k, int) or k < 2 for k in ks):
-        raise ConfigError(f"report.preflight_ks: expected a list of whole numbers >= 2, got {ks!r}")
+    if cfg["policy_dtype"] is not None and cfg["policy_dtype"] not in DTYPES:
+        raise ConfigError(f"policy_dtype: expected null or one of {', '.join(DTYPES)}, got {cfg['policy_dtype']!r}")
+    if any(k < 2 for k in cfg["report"]["preflight_ks"]):
+        raise ConfigError(f"report.preflight_ks: expected a list of whole numbers >= 2, got {cfg['report']['preflight_ks']!r}")
     family = family_of(cfg["game"])
     structured_output(cfg["game"], family.kind)
     family.check_experiment(cfg)
+    check_override_lists(cfg)
     sections = {"collect": cfg["collect"], "eval": cfg["eval"]}
     for name, section in {**sections, **({"warm_start": cfg["warm_start"]} if cfg["warm_start"]["enabled"] else {})}.items():
         for key in ("games", "games_per_config", "batch_size"):
-            value = section.get(key)
-            if key in section and value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
-                raise ConfigError(f"{name}.{key}: expected a whole number >= 1, got {value!r}")
+            if section.get(key) is not None and section[key] < 1:
+                raise ConfigError(f"{name}.{key}: expected a whole number >= 1, got {section[key]!r}")
+    return cfg
+
+
+def check_override_lists(cfg: dict) -> None:
+    """The trainer's and the labelling's override lists, composed as their stages will compose them."""
+    model = [f"model.path={cfg['base_model']}", "data.train_file=train.json"]
+    check_overrides("reinforce_llm", [*model, *cfg["train_overrides"]], "train_overrides")
+    if cfg["warm_start"]["enabled"]:
+        check_overrides("reinforce_llm", [*model, *cfg["warm_start"]["train_overrides"]], "warm_start.train_overrides")
+    game = [f"game={cfg['game']['name']}", "input=games.jsonl"]
+    check_overrides("intention", [*game, *cfg["intention_overrides"]], "intention_overrides")
+    for name, variant in cfg["variants"].items():
+        check_overrides("intention", [*game, *cfg["intention_overrides"], *variant["intention_overrides"]],
+                        f"variants.{name}.intention_overrides")
 
 
 def check_variants(variants: dict, methods: dict) -> None:
@@ -481,28 +495,25 @@ def check_variants(variants: dict, methods: dict) -> None:
     for name, v in variants.items():
         if name in methods:
             raise ConfigError(f"variants.{name}: the name of a method; give the variant a name of its own")
-        if not isinstance(v, dict) or set(v) - {"method", "intention_overrides"} or v.get("method") not in methods:
-            raise ConfigError(f"variants.{name}: expected {{method: one of {', '.join(sorted(methods))}, "
-                              f"intention_overrides: [...]}}, got {v!r}")
-        overrides = v.get("intention_overrides") or []
-        if not isinstance(overrides, list) or not all(isinstance(o, str) and "=" in o for o in overrides):
-            raise ConfigError(f"variants.{name}.intention_overrides: expected a list of key=value overrides, got {overrides!r}")
+        if v["method"] not in methods:
+            raise ConfigError(f"variants.{name}.method: expected one of {', '.join(sorted(methods))}, got {v['method']!r}")
+        if not all("=" in o for o in v["intention_overrides"]):
+            raise ConfigError(f"variants.{name}.intention_overrides: expected a list of key=value overrides, "
+                              f"got {v['intention_overrides']!r}")
 
 
 def check_movement(m: dict) -> None:
-    if not isinstance(m.get("enabled"), bool):
-        raise ConfigError(f"report.movement.enabled: expected true or false, got {m.get('enabled')!r}")
-    if isinstance(m.get("steps"), bool) or not isinstance(m.get("steps"), int) or m["steps"] < 1:
-        raise ConfigError(f"report.movement.steps: expected a whole number >= 1, got {m.get('steps')!r}")
-    for key, top, what in (("min_token_kl", math.inf, "a number >= 0 (nats)"), ("min_weight_share", 1.0, "a share from 0 to 1")):
-        value = m.get(key)
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= top:
-            raise ConfigError(f"report.movement.{key}: expected {what}, got {value!r}")
+    if m["steps"] < 1:
+        raise ConfigError(f"report.movement.steps: expected a whole number >= 1, got {m['steps']!r}")
+    if m["min_token_kl"] < 0:
+        raise ConfigError(f"report.movement.min_token_kl: expected a number >= 0 (nats), got {m['min_token_kl']!r}")
+    if not 0 <= m["min_weight_share"] <= 1:
+        raise ConfigError(f"report.movement.min_weight_share: expected a share from 0 to 1, got {m['min_weight_share']!r}")
 
 
 def run(cfg: dict, echo: Printer = print) -> Path:
     """Run (or resume) every stage, then write the results (module doc)."""
-    check_settings(cfg)
+    cfg = check_settings(cfg)
     root = Path(cfg["run_dir"])
     check_writable(cfg["results_dir"])
     with hold_folder(root):  # a second run into this run_dir is refused, naming this one

@@ -207,7 +207,7 @@ def load_model(model_path: str, head: str = "causal_lm", dtype: str = "float32",
     if lora:
         from peft import LoraConfig, get_peft_model
 
-        model = get_peft_model(model, LoraConfig(r=lora["r"], lora_alpha=lora["alpha"], lora_dropout=lora.get("dropout", 0.0),
+        model = get_peft_model(model, LoraConfig(r=lora["r"], lora_alpha=lora["alpha"], lora_dropout=lora["dropout"],
                                                  target_modules=list(lora["target_modules"]),
                                                  task_type="CAUSAL_LM" if head == "causal_lm" else "SEQ_CLS"))
     return tokenizer, model

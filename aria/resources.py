@@ -45,16 +45,36 @@ def dataset_file(name: str | os.PathLike) -> Path:
 
 
 def compose_config(name: str, overrides: list[str]) -> dict:
-    """A resolved config of ``config/<name>.yaml`` with Hydra overrides, as a plain dict.
+    """A resolved config of ``config/<name>.yaml`` with Hydra overrides, as a plain dict checked
+    against its schema (:mod:`aria.settings`).
 
     Inside a Hydra app the app's config search path is used; elsewhere (tests, library calls) the
     :func:`config_dir`.
     """
     from hydra import compose, initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
-    from omegaconf import OmegaConf
+
+    from aria.settings import load
 
     if GlobalHydra.instance().is_initialized():
-        return OmegaConf.to_container(compose(config_name=name, overrides=overrides), resolve=True)
+        return load(name, compose(config_name=name, overrides=overrides))
     with initialize_config_dir(config_dir=str(config_dir()), version_base="1.3"):
-        return OmegaConf.to_container(compose(config_name=name, overrides=overrides), resolve=True)
+        return load(name, compose(config_name=name, overrides=overrides))
+
+
+def check_overrides(name: str, overrides: list[str], setting: str) -> dict:
+    """``config/<name>.yaml`` composed with ``overrides`` (an override list of another command's
+    config, such as the experiment's ``train_overrides``) and checked against its schema, so that a
+    mistake in the list is one line naming ``setting`` before any work rather than a failure of
+    the stage that uses it, hours in."""
+    from hydra.errors import HydraException
+    from omegaconf.errors import OmegaConfBaseException
+
+    from aria.io import ConfigError
+
+    try:
+        return compose_config(name, overrides)  # checked against SCHEMAS[name]
+    except ConfigError as err:
+        raise ConfigError(f"{setting}: {str(err).removeprefix(f'{name}: ')}") from None
+    except (HydraException, OmegaConfBaseException) as err:
+        raise ConfigError(f"{setting}: {' '.join(str(err).split())[:300]}") from None

@@ -287,8 +287,8 @@ def _in_process(serve: dict, reward_model: dict, device: str) -> InProcessScorer
 
 
 def _http(serve: dict, reward_model: dict, device: str) -> HttpScorer:
-    token_env = serve.get("token_env")
-    return HttpScorer(serve["url"], serve.get("timeout", 300.0), serve.get("retries", 3),
+    token_env = serve["token_env"]
+    return HttpScorer(serve["url"], serve["timeout"], serve["retries"],
                       batch_size=reward_model["score_batch_size"], token=os.environ.get(token_env) if token_env else None)
 
 

@@ -187,9 +187,9 @@ def collect_questions(cfg: Mapping[str, Any]) -> PlaySummary:
     oracle = build_oracle(cfg["oracle"], cfg["game"])
     try:
         return play_games(
-            game, policy, oracle, cfg["out"], num_games=int(cfg["num_games"]), seed=int(cfg["seed"]),
-            batch_size=int(cfg["batch_size"]), system_prompt=cfg.get("system_prompt"),
-            progress=bool(cfg.get("progress", True)), force_new=bool(cfg.get("force_new", False)),
+            game, policy, oracle, cfg["out"], num_games=cfg["num_games"], seed=cfg["seed"],
+            batch_size=cfg["batch_size"], system_prompt=cfg["system_prompt"], progress=cfg["progress"],
+            force_new=cfg["force_new"],
             reply_format=reply_format(cfg["game"]),
         )
     finally:

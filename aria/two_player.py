@@ -358,12 +358,12 @@ def collect_two_player_from_config(cfg: Mapping[str, Any]) -> PlaySummary:
     game_cfg = cfg["game"]
     policy = PolicyPlayer(build_policy(cfg["policy"]))
     opponent = build_player(cfg["opponent"], game_cfg["name"], policy)
-    seats = {"alice": policy, "bob": opponent} if cfg.get("policy_role", "alice") == "alice" else {"alice": opponent, "bob": policy}
+    seats = {"alice": policy, "bob": opponent} if cfg["policy_role"] == "alice" else {"alice": opponent, "bob": policy}
     configs = config_set(game_cfg, cfg["config_set"])
     try:
-        return play_two_player(game_cfg, configs, seats, cfg["out"], games_per_config=int(cfg["games_per_config"]),
-                               seed=int(cfg["seed"]), batch_size=int(cfg["batch_size"]),
-                               progress=bool(cfg.get("progress", True)), force_new=bool(cfg.get("force_new", False)))
+        return play_two_player(game_cfg, configs, seats, cfg["out"], games_per_config=cfg["games_per_config"],
+                               seed=cfg["seed"], batch_size=cfg["batch_size"], progress=cfg["progress"],
+                               force_new=cfg["force_new"])
     finally:  # policy=vllm servers go with the run
         for player in {id(p): p for p in seats.values()}.values():
             getattr(getattr(player, "model", None), "close", lambda: None)()

@@ -18,7 +18,6 @@ import sys
 from pathlib import Path
 
 import hydra
-from omegaconf import OmegaConf
 
 from aria.cli import command
 from aria.evaluate import reply_tokens_key, write_summary
@@ -26,15 +25,17 @@ from aria.games.base import known_games, load_game_config
 from aria.games.family import family_of
 from aria.llm.endpoint import check_server
 from aria.llm.registry import build_policy
+from aria.settings import load
 
 @hydra.main(config_path="../config", config_name="eval", version_base="1.3")
 def main(cfg) -> None:
     # OUT holding another model's games: one line, exit 2; Ctrl-C: exit 130, transcripts kept.
     with command(kept=lambda: f"the transcripts in {cfg.out}"):
-        evaluate(OmegaConf.to_container(cfg, resolve=True))
+        evaluate(cfg)
 
 
-def evaluate(cfg: dict) -> None:
+def evaluate(cfg) -> None:
+    cfg = load("eval", cfg)
     p = cfg["policy"]
     # A served model (the usual case) or a local transformers model (policy=local: no server, the
     # same games and summaries; for a quick look at a small model on a CPU).

@@ -8,7 +8,7 @@ a vLLM server of the run's own; ``policy=local`` plays in this process.
 import sys
 
 import hydra
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
 from aria.cli import command, games_in
 from aria.games.family import collect_from_config
@@ -18,7 +18,7 @@ from aria.games.family import collect_from_config
 def main(cfg: DictConfig) -> None:
     # Bad settings, or an out of another policy's games: one line, exit 2; Ctrl-C: exit 130.
     with command(kept=lambda: games_in(cfg.out)):
-        summary = collect_from_config(OmegaConf.to_container(cfg, resolve=True))
+        summary = collect_from_config(cfg)
     print(f"[collect] {cfg.game.name}: {summary.line()} -> {cfg.out}")
     if summary.failed:
         print(f"[collect] {summary.failed} game(s) failed; their errors are in {cfg.out}; re-run to retry them", file=sys.stderr)

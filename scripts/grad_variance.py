@@ -11,19 +11,19 @@ import json
 import sys
 
 import hydra
-from omegaconf import OmegaConf
 
-from aria.io import DataError, atomic_write_json
+from aria.io import ConfigError, DataError, atomic_write_json
+from aria.settings import load
 from aria.trainers.grad_variance import gradient_variance
 
 
 @hydra.main(config_path="../config", config_name="reinforce_llm", version_base="1.3")
 def main(cfg) -> None:
-    c = OmegaConf.to_container(cfg, resolve=True)
-    gv = c["grad_variance"]
     try:
-        result = gradient_variance(c, gv["max_samples"], gv["seed"], gv.get("methods"))
-    except DataError as err:
+        c = load("reinforce_llm", cfg)
+        gv = c["grad_variance"]
+        result = gradient_variance(c, gv["max_samples"], gv["seed"], gv["methods"])
+    except (DataError, ConfigError) as err:
         print(f"error: {err}", file=sys.stderr)
         sys.exit(2)
     atomic_write_json(gv["out"], result)

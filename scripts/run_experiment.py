@@ -7,8 +7,6 @@
 Every stage resumes; results go to results/experiments/<name>/ (table.md, results.json, plot).
 """
 import hydra
-from omegaconf import OmegaConf
-
 from aria.cli import command
 from aria.experiment import run
 
@@ -16,7 +14,7 @@ from aria.experiment import run
 @hydra.main(config_path="../config", config_name="experiment", version_base="1.3")
 def main(cfg) -> None:
     with command(kept=lambda: f"the finished stages in {cfg.run_dir} (a re-run skips them)"):
-        out = run(OmegaConf.to_container(cfg, resolve=True))
+        out = run(cfg)
         print((out / "table.md").read_text())
 
 

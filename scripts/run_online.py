@@ -8,8 +8,6 @@ Re-running the same command resumes after the last checkpointed iteration.
 """
 
 import hydra
-from omegaconf import OmegaConf
-
 from aria.cli import checkpoints_in, command
 from aria.trainers.online import OnlineTrainer
 
@@ -18,7 +16,7 @@ from aria.trainers.online import OnlineTrainer
 def main(cfg) -> None:
     # Bad settings: one line before any model loads, exit 2; Ctrl-C: exit 130, checkpoints kept.
     with command(kept=lambda: checkpoints_in(cfg.output_dir)):
-        result = OnlineTrainer(OmegaConf.to_container(cfg, resolve=True)).train()
+        result = OnlineTrainer(cfg).train()
     print(f"[online] {result['iterations']} iterations, {result['steps']} actor steps; final policy in {result['final']}; "
           f"reward model {result['reward_model']}")
 

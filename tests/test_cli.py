@@ -202,6 +202,14 @@ BAD_EXPERIMENT_SETTINGS = [
     (["+iterations_by_method.aria=0"], "iterations_by_method.aria: expected a whole number >= 1, got 0"),
     (["methods=[aria,bogus]"], "methods: unknown ['bogus']"),
     (["eval.games=0"], "eval.games: expected a whole number >= 1, got 0"),
+    # a key or a type the schema does not have (aria/settings.py), here and inside the override lists
+    (["eval.games=many"], "experiment: eval.games: Value 'many' of type 'str' could not be converted to Integer"),
+    (["+eval.gmes=5"], "experiment: eval.gmes: not a setting of this command"),
+    (["train_overrides=['train.epochs=3','train.lr=fast']"],
+     "train_overrides: train.lr: Value 'fast' of type 'str' could not be converted to Float"),
+    (["intention_overrides=['selection.fixed_k=twenty']"],
+     "intention_overrides: selection.fixed_k: Value 'twenty' of type 'str' could not be converted to Integer"),
+    (["train_overrides=['train.epocs=3']"], "train_overrides: Could not override 'train.epocs'"),
     # a two-player game given to a question-game preset (before: KeyError: 'prompt')
     (["game=bargaining"], "warm_start.enabled: the scripted expert plays question games, not bargaining"),
     (["experiment=bargaining", "eval.config_set=nope"], "eval.config_set: config/game/bargaining.yaml has no config set 'nope'"),
@@ -224,10 +232,9 @@ def run_experiment_command(overrides: list[str], capsys) -> tuple[int, str]:
     from aria.cli import command
     from aria.resources import compose_config
 
-    cfg = compose_config("experiment", overrides)
     with pytest.raises(SystemExit) as stop:
         with command(kept=lambda: "nothing"):
-            experiment.run(cfg, lambda line: None)
+            experiment.run(compose_config("experiment", overrides), lambda line: None)
     return stop.value.code, capsys.readouterr().err
 
 

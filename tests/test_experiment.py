@@ -481,12 +481,14 @@ def test_a_full_disk_stops_the_run_with_one_line_and_the_rerun_after_freeing_spa
 @pytest.mark.parametrize("override, message", [
     ("policy_dtype=float8", "policy_dtype: expected null or one of float32, bfloat16, float16, got 'float8'"),
     ("report.preflight_ks=[10,1]", "report.preflight_ks: expected a list of whole numbers >= 2, got [10, 1]"),
+    ("report.preflight_ks=[10,ten]", "report.preflight_ks[1]: Value 'ten' of type 'str' could not be converted to Integer"),
     ("report.movement.steps=0", "report.movement.steps: expected a whole number >= 1, got 0"),
     ("report.movement.min_token_kl=-1", "report.movement.min_token_kl: expected a number >= 0 (nats), got -1"),
     ("report.movement.min_weight_share=2", "report.movement.min_weight_share: expected a share from 0 to 1, got 2"),
-    ("report.movement.enabled=maybe", "report.movement.enabled: expected true or false, got 'maybe'"),
+    ("report.movement.enabled=maybe", "report.movement.enabled: Value 'maybe' is not a valid bool"),
     ("+variants={aria:{method:bc}}", "variants.aria: the name of a method; give the variant a name of its own"),
-    ("+variants={fine:{method:arya}}", "variants.fine: expected {method: one of "),
+    ("+variants={fine:{method:arya}}", "variants.fine.method: expected one of "),
+    ("+variants={fine:{method:aria,k:20}}", "variants.fine.k: not a setting of this command"),
     ("+variants={fine:{method:aria,intention_overrides:[k20]}}",
      "variants.fine.intention_overrides: expected a list of key=value overrides, got ['k20']"),
     ("methods=[aria,fine]", "methods: unknown ['fine'] (known: "),
@@ -497,6 +499,5 @@ def test_a_full_disk_stops_the_run_with_one_line_and_the_rerun_after_freeing_spa
 def test_arm_movement_and_preflight_settings_are_checked_before_any_work(override, message):
     from aria.io import ConfigError
 
-    cfg = compose_config("experiment", [override])
-    with pytest.raises(ConfigError, match=re.escape(message)):
-        experiment.check_settings(cfg)
+    with pytest.raises(ConfigError, match=re.escape(message)):  # the composition checks the types (aria/settings.py)
+        experiment.check_settings(compose_config("experiment", [override]))

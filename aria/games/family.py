@@ -307,9 +307,11 @@ def collect_from_config(cfg: Mapping[str, Any]):
     """A collection from ``config/collect.yaml`` (``scripts/collect_games.py``): the counts are
     checked before any model loads, then the game's family plays (question games against the
     oracle; two-player games with ``opponent`` in the other seat) -> PlaySummary."""
+    from aria.settings import load
+
+    cfg = load("collect", cfg)
     family = family_of(cfg["game"])
     for name, low in family.collection_counts.items():
-        value = cfg.get(name)
-        if isinstance(value, bool) or not isinstance(value, int) or value < low:
-            raise ConfigError(f"{name}: expected an integer >= {low}, got {value!r}")
+        if cfg[name] < low:
+            raise ConfigError(f"{name}: expected an integer >= {low}, got {cfg[name]!r}")
     return family.collect(cfg)

@@ -168,13 +168,12 @@ def check_clustering(clustering: dict) -> None:
     if clustering["method"] not in CLUSTERINGS:
         raise ValueError(f"clustering.method: unknown {clustering['method']!r} (known: {sorted(CLUSTERINGS)})")
     k_range(clustering["k_min"], clustering["k_max"], clustering["k_max"])  # raises on a bad range
-    if clustering.get("weight", "occurrences") not in WEIGHTS:
+    if clustering["weight"] not in WEIGHTS:
         raise ValueError(f"clustering.weight: {clustering['weight']!r} is not one of {WEIGHTS}")
-    if not (isinstance(clustering.get("max_iter", 1), int) and clustering.get("max_iter", 1) >= 1):
+    if clustering["max_iter"] < 1:
         raise ValueError(f"clustering.max_iter: expected an integer >= 1, got {clustering['max_iter']!r}")
-    pca = clustering.get("pca_dim")
-    if pca is not None and not (isinstance(pca, int) and not isinstance(pca, bool) and pca >= 1):
-        raise ValueError(f"clustering.pca_dim: expected null or an integer >= 1, got {pca!r}")
+    if clustering["pca_dim"] is not None and clustering["pca_dim"] < 1:
+        raise ValueError(f"clustering.pca_dim: expected null or an integer >= 1, got {clustering['pca_dim']!r}")
 
 
 def step1_embed_and_cluster(cfg: dict, echo: Printer = print) -> dict:
@@ -230,7 +229,7 @@ def step1_embed_and_cluster(cfg: dict, echo: Printer = print) -> dict:
         partial = {}
     labels: dict[str, np.ndarray] = {}
     options = {k: v for k, v in clustering.items() if k not in ("method", "k_min", "k_max", "weight")}
-    by_occurrence = clustering.get("weight", "occurrences") == "occurrences"
+    by_occurrence = clustering["weight"] == "occurrences"
     info: dict[str, dict] = {}  # what each pool's sweep did (k-means: the PCA's kept variance)
     for pool, x in embeddings.items():
         done = {int(k): partial[f"{pool}/{k}"] for k in ks if f"{pool}/{k}" in partial}

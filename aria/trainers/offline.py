@@ -47,6 +47,7 @@ import torch
 from aria.data import read_training_set
 from aria.io import DataError, atomic_write_json, json_digest
 from aria.secrets import redact
+from aria.settings import TrainerSettings, validated
 from aria.trainers.checkpoint import (begin_checkpoint, finish_checkpoint, latest_checkpoint, load_plain_state,
                                       load_rng_state, load_state, save_plain_state, save_state, set_rng_state,
                                       trim_metrics)
@@ -122,12 +123,15 @@ class OfflineTrainer:
     target_field = "weight"
     #: the trainer's own loss; None: the config's ``loss.name``
     loss_name: str | None = None
+    #: the shape of its config (:mod:`aria.settings`)
+    settings: type = TrainerSettings
     #: what one unit of data (an entry of a micro-batch) is called in messages
     unit = "samples"
 
     def __init__(self, cfg: dict, on_step: Callable[[int], None] | None = None):
         from accelerate.utils import set_seed
 
+        cfg = validated(self.settings, cfg, "trainer settings")
         check_train_settings(cfg, self.losses, self.loss_name, check_scheduler=False)
         self.cfg = cfg
         t = cfg["train"]

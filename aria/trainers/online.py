@@ -64,6 +64,7 @@ from aria.io import ConfigError, atomic_write_json, read_json
 from aria.packing import attention_break_even, sample_groups
 from aria.policy import Encoding, action_logprobs, collate_as, load_policy
 from aria.resources import compose_config, config_dir
+from aria.settings import OnlineTrainerSettings, validated
 from aria.trainers.checkpoint import (begin_checkpoint, finish_checkpoint, latest_checkpoint, load_plain_state,
                                       load_rng_state, save_plain_state, set_rng_state, trim_metrics)
 from aria.trainers.losses import ADVANTAGES, LOSSES, rm_score, rm_score_centered  # noqa: F401  (re-exported)
@@ -162,6 +163,7 @@ class OnlineTrainer:
         from aria.games.oracle import build_oracle
         from aria.reward_service import build_scorer
 
+        cfg = validated(OnlineTrainerSettings, cfg, "online trainer settings")
         check_train_settings(cfg, LOSSES)
         for name, low in (("iterations", 1), ("rollout_size", 1), ("rollout_batch_size", 1), ("actor_updates", 1),
                           ("rm_refresh", 0)):

@@ -33,6 +33,7 @@ from aria.io import DataError, atomic_write_json
 from aria.packing import (PrefixTreePack, is_tree_batch, prefix_tree_packs, score_position,  # noqa: F401  (re-exported)
                           tree_scores)
 from aria.policy import EncodedSample, collate, load_model
+from aria.settings import RewardModelTrainerSettings
 from aria.trainers.losses import RM_LOSSES, mse_loss, mse_weights, weighted_mse_loss  # noqa: F401  (re-exported)
 from aria.trainers.offline import OfflineTrainer, check_samples
 
@@ -150,6 +151,7 @@ class RewardModelTrainer(OfflineTrainer):
     ``cfg`` is the resolved Hydra config (``config/reward_model.yaml``)."""
 
     losses = RM_LOSSES
+    settings = RewardModelTrainerSettings
 
     head = "score"
     target_field = "reward"
@@ -161,7 +163,7 @@ class RewardModelTrainer(OfflineTrainer):
         if not samples:
             raise DataError(self.train_path, None, None, "no sample has an aggregated reward (none was kept)")
         d = self.cfg["data"]
-        train, self.eval_samples = held_out_split(samples, float(d.get("eval_fraction") or 0.0), self.cfg["seed"])
+        train, self.eval_samples = held_out_split(samples, d["eval_fraction"], self.cfg["seed"])
         if not train:
             raise DataError(self.train_path, None, None, "no samples left for training after the held-out split")
         return self.subset(train)

@@ -1,0 +1,452 @@
+"""Typed settings: the shape of every config a command reads, checked once where the config enters.
+
+Each command's config (a Hydra composition of ``config/<name>.yaml``, or a dict a caller builds)
+goes through :func:`validated` with its schema before any work: a key the schema does not know, a
+value of the wrong type or a mandatory value left as ``???`` is one :class:`~aria.io.ConfigError`
+naming the setting, and what comes back is a plain dict whose values have the declared types
+(``1`` becomes ``1.0`` for a float, ``"3"`` becomes ``3`` for an int).
+
+Where the defaults live: the YAML files hold every value and its explanation, so a field that
+the YAML always sets is ``MISSING`` here (no second default to drift from the first). A field
+carries a default here only where the shipped YAML leaves it out on purpose, as an option most
+runs never set.
+
+Choices that come from a registry (``method``, ``loss.name``, ``train.packing``, a scheduler
+name) stay strings: the registry checks them and lists the known names. Game, policy, oracle,
+opponent and embedder sections are config groups whose options differ in shape; their builders
+check them (``aria.games.base.make_spec``, ``aria.llm.build_policy``, ...).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Mapping, Optional, TypeVar
+
+from omegaconf import MISSING, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+from aria.io import ConfigError
+
+T = TypeVar("T")
+
+
+# --- The trainers: offline REINFORCE (config/reinforce_llm.yaml), the reward model
+# (config/reward_model.yaml) and the online actor (config/onlinereinforce_llm.yaml), all three on
+# config/default.yaml -----------------------------------------------------------------------------
+
+@dataclass
+class LoraSettings:
+    enabled: bool = MISSING
+    r: int = MISSING
+    alpha: int = MISSING
+    dropout: float = MISSING
+    target_modules: List[str] = MISSING
+
+
+@dataclass
+class ModelSettings:
+    path: str = MISSING
+    dtype: str = MISSING
+    gradient_checkpointing: bool = MISSING
+    lora: LoraSettings = field(default_factory=LoraSettings)
+
+
+@dataclass
+class DataSettings:
+    train_file: str = MISSING
+    max_prompt_tokens: int = MISSING
+    append_eos: bool = MISSING
+    system_prompt: Optional[str] = MISSING
+    max_samples: Optional[int] = MISSING
+
+
+@dataclass
+class ReinforceLossSettings:
+    sft_reward: Optional[float] = MISSING
+    sft_weight: float = MISSING
+
+
+@dataclass
+class DpoLossSettings:
+    beta: float = MISSING
+
+
+@dataclass
+class LossSettings:
+    name: str = MISSING
+    reinforce: ReinforceLossSettings = field(default_factory=ReinforceLossSettings)
+    dpo: DpoLossSettings = field(default_factory=DpoLossSettings)
+
+
+@dataclass
+class TrainSettings:
+    epochs: int = MISSING
+    micro_batch_size: int = MISSING
+    gradient_accumulation_steps: int = MISSING
+    lr: float = MISSING
+    optimizer: str = MISSING
+    betas: List[float] = MISSING
+    eps: float = MISSING
+    weight_decay: float = MISSING
+    lr_scheduler: str = MISSING
+    warmup_ratio: float = MISSING
+    warmup_steps: Optional[int] = MISSING
+    max_grad_norm: float = MISSING
+    mixed_precision: str = MISSING
+    packing: str = MISSING
+    length_bucketing: bool = MISSING
+    bucket_batches: int = MISSING
+    save_freq: int = MISSING
+    keep_checkpoints: Optional[int] = MISSING
+
+
+@dataclass
+class LoggingSettings:
+    log_every: int = MISSING
+    report_to: Optional[str] = MISSING
+    run_name: Optional[str] = MISSING
+    write_data_order: bool = MISSING
+
+
+@dataclass
+class GradVarianceSettings:
+    methods: List[str] = MISSING
+    max_samples: int = MISSING
+    seed: int = MISSING
+    out: str = MISSING
+
+
+@dataclass
+class TrainerSettings:
+    """config/reinforce_llm.yaml: the offline trainer (and scripts/grad_variance.py)."""
+    seed: int = MISSING
+    device: str = MISSING
+    output_dir: str = MISSING
+    scale_name: str = MISSING
+    model: ModelSettings = field(default_factory=ModelSettings)
+    data: DataSettings = field(default_factory=DataSettings)
+    method: str = MISSING
+    loss: LossSettings = field(default_factory=LossSettings)
+    train: TrainSettings = field(default_factory=TrainSettings)
+    logging: LoggingSettings = field(default_factory=LoggingSettings)
+    grad_variance: GradVarianceSettings = field(default_factory=GradVarianceSettings)
+
+
+@dataclass
+class RewardModelDataSettings(DataSettings):
+    eval_fraction: float = MISSING
+
+
+@dataclass
+class WeightedMseSettings:
+    extreme_weight: float = MISSING
+    low: float = MISSING
+    high: float = MISSING
+    middle_weight: float = MISSING
+    middle: float = MISSING
+    middle_halfwidth: float = MISSING
+
+
+@dataclass
+class RewardModelLossSettings(LossSettings):
+    weighted_mse: WeightedMseSettings = field(default_factory=WeightedMseSettings)
+
+
+@dataclass
+class RewardModelTrainerSettings(TrainerSettings):
+    """config/reward_model.yaml."""
+    data: RewardModelDataSettings = field(default_factory=RewardModelDataSettings)
+    loss: RewardModelLossSettings = field(default_factory=RewardModelLossSettings)
+
+
+@dataclass
+class OnlineSettings:
+    games: List[str] = MISSING
+    iterations: int = MISSING
+    rollout_size: int = MISSING
+    rollout_batch_size: int = MISSING
+    actor_updates: int = MISSING
+    advantage: str = MISSING
+    rm_refresh: int = MISSING
+    refresh_window: Optional[int] = MISSING
+    save_freq: int = MISSING
+    intention_overrides: List[str] = MISSING
+
+
+@dataclass
+class RolloutSettings:
+    max_new_tokens: int = MISSING
+    temperature: float = MISSING
+    top_p: float = MISSING
+    max_prompt_tokens: int = MISSING
+    reuse_cache: bool = MISSING
+    dtype: Optional[str] = MISSING
+    system_prompt: Optional[str] = MISSING
+
+
+@dataclass
+class RewardServiceSettings:
+    name: str = MISSING
+    url: Optional[str] = MISSING
+    token_env: Optional[str] = MISSING
+    timeout: float = MISSING
+    retries: int = MISSING
+
+
+@dataclass
+class OnlineRewardModelSettings:
+    init_path: Optional[str] = MISSING
+    train_file: Optional[str] = MISSING
+    base_path: str = MISSING
+    refresh_from: str = MISSING
+    train_command: Optional[List[str]] = MISSING
+    train_overrides: List[str] = MISSING
+    max_prompt_tokens: int = MISSING
+    score_batch_size: int = MISSING
+    score_packing: str = MISSING
+    score_pack_tokens: int = MISSING
+    dtype: str = MISSING
+    serve: RewardServiceSettings = field(default_factory=RewardServiceSettings)
+
+
+@dataclass
+class OnlineLoggingSettings(LoggingSettings):
+    progress: bool = MISSING
+
+
+@dataclass
+class OnlineTrainerSettings(TrainerSettings):
+    """config/onlinereinforce_llm.yaml."""
+    logging: OnlineLoggingSettings = field(default_factory=OnlineLoggingSettings)
+    oracle: Any = MISSING  # a config group (config/oracle/)
+    online: OnlineSettings = field(default_factory=OnlineSettings)
+    rollout: RolloutSettings = field(default_factory=RolloutSettings)
+    reward_model: OnlineRewardModelSettings = field(default_factory=OnlineRewardModelSettings)
+
+
+# --- The experiment runner (config/experiment.yaml and its presets in config/experiment/) --------
+
+@dataclass
+class WarmStartSettings:
+    enabled: bool = MISSING
+    games: int = MISSING
+    epsilon: float = MISSING
+    seed: int = MISSING
+    train_overrides: List[str] = MISSING
+
+
+@dataclass
+class PlaySettings:
+    """A collection or an evaluation: ``games`` for a question game; ``config_set`` and
+    ``games_per_config`` for a two-player one (docs/games.md)."""
+    games: Optional[int] = None
+    config_set: Optional[str] = None
+    games_per_config: Optional[int] = None
+    temperature: float = MISSING
+    max_tokens: int = MISSING
+    batch_size: Optional[int] = MISSING
+
+
+@dataclass
+class EvalPlaySettings(PlaySettings):
+    seed: int = MISSING
+    opponent: Optional[Any] = None  # two-player: who sits in the other seat (config/opponent/)
+
+
+@dataclass
+class VariantSettings:
+    method: str = MISSING
+    intention_overrides: List[str] = field(default_factory=list)
+
+
+@dataclass
+class VllmSettings:
+    eager: bool = MISSING
+
+
+@dataclass
+class ExperimentGradVarianceSettings:
+    enabled: bool = MISSING
+    max_samples: int = MISSING
+
+
+@dataclass
+class MovementSettings:
+    enabled: bool = MISSING
+    steps: int = MISSING
+    min_token_kl: float = MISSING
+    min_weight_share: float = MISSING
+
+
+@dataclass
+class ReportSettings:
+    paired: Optional[List[str]] = MISSING
+    discordant_share: float = MISSING
+    preflight_ks: List[int] = MISSING
+    movement: MovementSettings = field(default_factory=MovementSettings)
+
+
+@dataclass
+class ExperimentSettings:
+    """config/experiment.yaml with a preset of config/experiment/."""
+    name: str = MISSING
+    run_dir: str = MISSING
+    results_dir: str = MISSING
+    game: Any = MISSING  # a config group (config/game/)
+    oracle: Any = MISSING  # a config group (config/oracle/)
+    base_model: str = MISSING
+    methods: List[str] = MISSING
+    variants: Dict[str, VariantSettings] = MISSING
+    seeds: List[int] = MISSING
+    seeds_by_method: Dict[str, List[int]] = MISSING
+    iterations: int = MISSING
+    iterations_by_method: Dict[str, int] = MISSING
+    engine: str = MISSING
+    vllm: VllmSettings = field(default_factory=VllmSettings)
+    policy_dtype: Optional[str] = MISSING
+    launcher: Optional[str] = MISSING
+    warm_start: WarmStartSettings = field(default_factory=WarmStartSettings)
+    collect: PlaySettings = field(default_factory=PlaySettings)
+    intention_overrides: List[str] = MISSING
+    train_overrides: List[str] = MISSING
+    eval: EvalPlaySettings = field(default_factory=EvalPlaySettings)
+    grad_variance: ExperimentGradVarianceSettings = field(default_factory=ExperimentGradVarianceSettings)
+    report: ReportSettings = field(default_factory=ReportSettings)
+
+
+# --- Collection, labelling and evaluation --------------------------------------------------------
+
+@dataclass
+class CollectSettings:
+    """config/collect.yaml."""
+    game: Any = MISSING
+    policy: Any = MISSING
+    oracle: Any = MISSING
+    opponent: Any = MISSING
+    num_games: int = MISSING
+    seed: int = MISSING
+    batch_size: int = MISSING
+    system_prompt: Optional[str] = MISSING
+    progress: bool = MISSING
+    force_new: bool = MISSING
+    config_set: str = MISSING
+    games_per_config: int = MISSING
+    policy_role: str = MISSING
+    out: str = MISSING
+
+
+@dataclass
+class EmbeddingSettings:
+    use_precomputed: bool = MISSING
+    save_every: int = MISSING
+
+
+@dataclass
+class ClusteringSettings:
+    method: str = MISSING
+    weight: str = MISSING
+    k_min: int = MISSING
+    k_max: int = MISSING
+    pca_dim: Optional[int] = MISSING
+    max_iter: int = MISSING
+    seeding: str = MISSING
+    tol: float = MISSING
+    max_hierarchical_points: int = MISSING
+
+
+@dataclass
+class AggregationSettings:
+    gamma: float = MISSING
+    discount: str = MISSING
+    mode: str = MISSING
+    n_rollout: int = MISSING
+    include_first_action: bool = MISSING
+
+
+@dataclass
+class SelectionSettings:
+    criterion: str = MISSING
+    epsilon: float = MISSING
+    tau: int = MISSING
+    fixed_k: Optional[int] = MISSING
+    silhouette_sample: int = MISSING
+
+
+@dataclass
+class IntentionSettings:
+    """config/intention.yaml: the labelling pipeline, steps 1-4."""
+    game: Any = MISSING
+    embedder: Any = MISSING
+    input: Any = MISSING  # a glob, a file, or a list of them
+    run_dir: str = MISSING
+    train_out: Optional[str] = MISSING
+    seed: int = MISSING
+    embedding: EmbeddingSettings = field(default_factory=EmbeddingSettings)
+    clustering: ClusteringSettings = field(default_factory=ClusteringSettings)
+    aggregation: AggregationSettings = field(default_factory=AggregationSettings)
+    selection: SelectionSettings = field(default_factory=SelectionSettings)
+
+
+@dataclass
+class TwoPlayerEvalSettings:
+    config_set: str = MISSING
+    games_per_config: int = MISSING
+    max_tokens: int = MISSING
+    structured_output: Optional[str] = MISSING
+
+
+@dataclass
+class EvalSettings:
+    """config/eval.yaml: the evaluation harness."""
+    policy: Any = MISSING
+    oracle: Any = MISSING
+    opponent: Any = MISSING
+    envs: List[str] = MISSING
+    num_games: int = MISSING
+    seed: int = MISSING
+    out: str = MISSING
+    progress: bool = MISSING
+    batch_size: Optional[int] = MISSING
+    force_new: bool = MISSING
+    max_turns: Optional[int] = MISSING
+    structured_output: Optional[str] = MISSING
+    two_player: TwoPlayerEvalSettings = field(default_factory=TwoPlayerEvalSettings)
+
+
+#: The schema of each config in config/, by its name there.
+SCHEMAS: dict[str, type] = {
+    "reinforce_llm": TrainerSettings,
+    "reward_model": RewardModelTrainerSettings,
+    "onlinereinforce_llm": OnlineTrainerSettings,
+    "experiment": ExperimentSettings,
+    "collect": CollectSettings,
+    "intention": IntentionSettings,
+    "eval": EvalSettings,
+}
+
+
+def load(name: str, cfg: Mapping | Any) -> dict:
+    """The config of ``config/<name>.yaml`` (a Hydra config or a dict), checked (:func:`validated`)."""
+    return validated(SCHEMAS[name], cfg, name)
+
+
+def validated(schema: type, cfg: Mapping | Any, where: str = "") -> dict:
+    """``cfg`` (a dict or an OmegaConf config, interpolations resolved or not) checked against
+    ``schema``, as a plain dict with the declared types; a problem is one :class:`ConfigError`
+    naming the setting (and ``where`` the settings came from, when given)."""
+    try:
+        merged = OmegaConf.merge(OmegaConf.structured(schema), cfg)
+        return OmegaConf.to_container(merged, resolve=True, throw_on_missing=True)
+    except OmegaConfBaseException as err:
+        raise ConfigError(_one_line(err, where)) from None
+
+
+def _one_line(err: OmegaConfBaseException, where: str) -> str:
+    key = getattr(err, "full_key", None) or "?"
+    message = str(getattr(err, "msg", None) or err).strip().splitlines()[0]
+    if type(err).__name__ == "MissingMandatoryValue":
+        message = "no value given (the config leaves it as ???): set it on the command line, e.g. " \
+                  f"{key}=..."
+    elif type(err).__name__ == "ConfigKeyError":
+        message = f"not a setting of this command ({message})"
+    return f"{where + ': ' if where else ''}{key}: {message}"
+

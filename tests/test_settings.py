@@ -1,0 +1,117 @@
+"""Typed settings (aria/settings.py): every shipped config and preset fits its schema, and a wrong
+key, a wrong type or a value left as ??? is one line naming the setting, before any work."""
+from __future__ import annotations
+
+import copy
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from aria.io import ConfigError
+from aria.resources import check_overrides, compose_config, config_dir
+from aria.settings import SCHEMAS, TrainerSettings, validated
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def options(group: str) -> list[str]:
+    return sorted(p.stem for p in (config_dir() / group).glob("*.yaml"))
+
+
+# Every option of every group at least once, in a config that composes it: a shipped file the
+# schema does not fit fails here, not in a user's run. (The scripted policy plays one game: it
+# reads ${game}, which the evaluation's config, several games in one run, does not have.)
+SHIPPED = [
+    *[("reinforce_llm", [f"scale={s}", "model.path=m"]) for s in options("scale")],
+    ("reward_model", []),
+    *[("onlinereinforce_llm", [f"online_scale={s}", "model.path=m"]) for s in options("online_scale")],
+    *[("onlinereinforce_llm", [f"oracle={o}"]) for o in options("oracle")],
+    *[("experiment", [f"experiment={e}", "base_model=m"]) for e in options("experiment")],
+    *[("collect", [f"game={g}"]) for g in options("game")],
+    *[("collect", ["game=bargaining", f"policy={p}", f"opponent={o}"]) for p in options("policy") for o in options("opponent")],
+    *[("intention", [f"embedder={e}"]) for e in options("embedder")],
+    *[("eval", [f"policy={p}", f"oracle={o}"]) for p in options("policy") if p != "scripted" for o in options("oracle")],
+    *[("eval", [f"opponent={o}"]) for o in options("opponent")],
+]
+
+
+@pytest.mark.parametrize(("name", "overrides"), SHIPPED, ids=[f"{n}:{','.join(o)}" for n, o in SHIPPED])
+def test_every_shipped_config_fits_its_schema(name, overrides):
+    cfg = compose_config(name, overrides)  # composes and validates
+    assert set(cfg) == set(SCHEMAS[name].__dataclass_fields__)
+
+
+def test_every_top_level_config_has_a_schema():
+    tops = {p.stem for p in config_dir().glob("*.yaml")} - {"default"}  # default.yaml: the trainers' shared part
+    assert tops == set(SCHEMAS)
+
+
+@pytest.fixture(scope="module")
+def trainer_cfg() -> dict:
+    return compose_config("reinforce_llm", [])
+
+
+@pytest.mark.parametrize(("change", "message"), [
+    (lambda c: c["train"].update(epocs=3), "train.epocs: not a setting of this command (Key 'epocs' not in 'TrainSettings')"),
+    (lambda c: c["train"].update(epochs="three"), "train.epochs: Value 'three' of type 'str' could not be converted to Integer"),
+    (lambda c: c["train"].update(epochs=1.5), "train.epochs: Value '1.5' of type 'float' could not be converted to Integer"),
+    (lambda c: c["train"].update(epochs=True), "train.epochs: Value 'True' of type 'bool' could not be converted to Integer"),
+    (lambda c: c["model"]["lora"].update(enabled="maybe"), "model.lora.enabled: Value 'maybe' is not a valid bool"),
+    (lambda c: c.update(method=None), "method: Incompatible value 'None' for field of type 'str'"),
+    (lambda c: c["model"].update(path="???"), "model.path: no value given (the config leaves it as ???)"),
+    (lambda c: c.pop("logging"), "logging.log_every: no value given"),
+])
+def test_a_bad_setting_is_one_error_naming_it(trainer_cfg, change, message):
+    cfg = copy.deepcopy(trainer_cfg)
+    change(cfg)
+    with pytest.raises(ConfigError) as err:
+        validated(TrainerSettings, cfg, "trainer settings")
+    assert str(err.value).startswith(f"trainer settings: {message}"), str(err.value)
+    assert "\n" not in str(err.value)
+
+
+def test_values_come_back_with_the_declared_types(trainer_cfg):
+    cfg = copy.deepcopy(trainer_cfg)
+    cfg["train"].update(lr=1, epochs="2", warmup_steps=None)
+    cfg["model"]["lora"]["dropout"] = 0
+    out = validated(TrainerSettings, cfg)
+    assert out["train"]["lr"] == 1.0 and isinstance(out["train"]["lr"], float)
+    assert out["train"]["epochs"] == 2 and isinstance(out["train"]["epochs"], int)
+    assert isinstance(out["model"]["lora"]["dropout"], float) and out["train"]["warmup_steps"] is None
+    assert type(out) is dict and type(out["train"]) is dict and type(out["train"]["betas"]) is list
+    assert json.loads(json.dumps(out)) == out  # plain data: what the files and digests see
+
+
+def test_a_bad_override_list_names_the_list():
+    with pytest.raises(ConfigError) as err:
+        check_overrides("reinforce_llm", ["model.path=m", "train.epocs=3"], "train_overrides")
+    assert str(err.value).startswith("train_overrides: ") and "epocs" in str(err.value)
+    with pytest.raises(ConfigError) as err:
+        check_overrides("reinforce_llm", ["model.path=m", "train.epochs=many"], "train_overrides")
+    assert str(err.value) == "train_overrides: train.epochs: Value 'many' of type 'str' could not be converted to Integer"
+    assert check_overrides("reinforce_llm", ["model.path=m", "train.epochs=5"], "x")["train"]["epochs"] == 5
+
+
+def test_the_trainer_refuses_a_bad_setting_before_it_reads_the_data(trainer_cfg, tmp_path):
+    """The data file does not exist: an error about the setting means it came first."""
+    from aria.trainers.offline import OfflineTrainer
+
+    cfg = copy.deepcopy(trainer_cfg)
+    cfg["data"]["train_file"] = str(tmp_path / "missing.json")
+    cfg["train"]["micro_batch_size"] = "four"
+    with pytest.raises(ConfigError, match=r"^trainer settings: train.micro_batch_size: Value 'four'"):
+        OfflineTrainer(cfg)
+
+
+@pytest.mark.subprocess
+def test_a_bad_setting_on_the_command_line_is_one_line_and_exit_2(tmp_path):
+    """As a user runs it: a type error on the collection command's line stops it before any game."""
+    done = subprocess.run([sys.executable, "scripts/collect_games.py", "num_games=many", f"out={tmp_path / 'g.jsonl'}",
+                           "policy=scripted"], capture_output=True, text=True, cwd=REPO, timeout=120)
+    assert done.returncode == 2, done.stderr[-2000:]
+    assert done.stderr.strip().splitlines()[-1] == \
+        "error: collect: num_games: Value 'many' of type 'str' could not be converted to Integer"
+    assert "Traceback" not in done.stderr and not (tmp_path / "g.jsonl").exists()
