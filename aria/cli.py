@@ -133,12 +133,15 @@ def run_step(step: Callable[[dict, Callable[[str], None]], Any], cfg) -> None:
     what was kept (the embedding cache and the k sweep save as they go) and exits 130."""
     import openai
 
+    from aria.games.family import checked_game
     from aria.io import DataError
     from aria.settings import load
 
     try:
         with command(kept=lambda: f"the saved progress in {cfg.run_dir}"):
-            step(load("intention", cfg), print)
+            settings = load("intention", cfg)
+            settings["game"] = checked_game(settings["game"])
+            step(settings, print)
     except (DataError, FileNotFoundError, ValueError) as err:  # the settings checks of the steps
         print(f"error: {err}", file=sys.stderr)
         sys.exit(2)

@@ -1,93 +1,19 @@
-"""Evaluation statistics and reports (``docs/method.md`` §6).
+"""Evaluating a model (``docs/method.md`` §6): every environment played, summarised and written.
 
-Single-agent games: success rate with a Wilson 95 % interval, mean turns, share of invalid
-questions, failed games. Two-player games: the policy's win rate (its payoff strictly above the
-opponent's) per role and overall with Wilson intervals, tie and deal rates, its mean payoff share
-(the normalised reward of :func:`aria.games.glee.normalized_rewards`, 0.5 on a tie) and the share
-of its turns with no usable reply. ``summary.json`` / ``summary.md`` per evaluated model, and
-the paper's Table 1 / Table 2 layout across models."""
+:func:`evaluate_model` is the evaluation harness (``evaluation/evaluate.py``, ``eval.sh``): a
+served model (or ``policy=local``, a transformers model in this process) plays ``num_games``
+seeded games of each single-agent environment, and both seats of every configuration of each
+two-player one against the opponent; transcripts go to ``out/<env>/`` (a re-run resumes) and
+``summary.json`` / ``summary.md`` to ``out``. :func:`compare_table` puts several models side by
+side in the paper's Table 1 / Table 2 layout. The numbers themselves (intervals, summaries,
+paired tests) are :mod:`aria.statistics`; how each game family plays an evaluation is its
+``evaluate_served`` (:mod:`aria.games.family`)."""
 from __future__ import annotations
 
-import math
 from pathlib import Path
-from typing import Iterable, Mapping, Sequence
+from typing import Any, Iterable, Mapping
 
-from aria.io import atomic_write_json, atomic_write_text, read_json
-
-Z_95 = 1.959963984540054  # two-sided 95 % normal quantile
-
-
-def wilson_interval(successes: int, n: int, z: float = Z_95) -> tuple[float, float]:
-    """Wilson score interval for a binomial proportion; (0, 1) when n = 0 (nothing is known)."""
-    if n < 0 or not 0 <= successes <= n:
-        raise ValueError(f"need 0 <= successes <= n, got {successes}/{n}")
-    if n == 0:
-        return 0.0, 1.0
-    p = successes / n
-    denominator = 1 + z * z / n
-    center = (p + z * z / (2 * n)) / denominator
-    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / denominator
-    # With no successes the lower bound is exactly 0, with all successes the upper exactly 1;
-    # the formula only gets within rounding of them (5.6e-17 for 0 of 3).
-    low = 0.0 if successes == 0 else max(0.0, center - half)
-    high = 1.0 if successes == n else min(1.0, center + half)
-    return low, high
-
-
-def summarize_games(records: Sequence[dict]) -> dict:
-    """Statistics of one environment's transcripts (schema-v1 single-agent records).
-
-    Failed games (requests that kept failing) are counted and listed, never scored as losses.
-    """
-    finished = [r for r in records if r["status"] == "finished"]
-    failed = [r["game_id"] for r in records if r["status"] != "finished"]
-    wins = sum(r["success"] for r in finished)
-    turns = sum(r["num_turns"] for r in finished)
-    invalid = sum(1 for r in finished for t in r["turns"] if t.get("question") is None)
-    low, high = wilson_interval(wins, len(finished))
-    return {
-        "games": len(records), "finished": len(finished), "failed": len(failed), "failed_game_ids": failed,
-        "successes": wins, "success_rate": wins / len(finished) if finished else None,
-        "success_rate_ci95": [low, high],
-        "mean_turns": turns / len(finished) if finished else None,
-        "invalid_question_share": invalid / turns if turns else None,
-    }
-
-
-def summarize_two_player(games: Mapping[str, Sequence[dict]]) -> dict:
-    """Statistics of the policy in two-player transcripts (schema-v1 two-player records).
-
-    Args:
-        games: the policy's seat (``"alice"`` / ``"bob"``) -> the records of the games it played
-            in that seat; give both seats to get the statistics over both.
-    """
-    pairs = [(role, r) for role, records in games.items() for r in records]
-    finished = [(role, r) for role, r in pairs if r["status"] == "finished"]
-    failed = [r["game_id"] for _, r in pairs if r["status"] != "finished"]
-    wins = ties = deals = turns = unusable = reprompted = 0
-    shares = []
-    for me, r in finished:
-        winner = r["meta"]["winner"]
-        wins += winner == me
-        ties += winner is None
-        deals += r["meta"]["outcome"] == "deal"
-        shares.append(r["role_rewards"][me])
-        mine = [t for t in r["turns"] if t["role"] == me]
-        turns += len(mine)
-        unusable += sum(1 for t in mine if t.get("forfeit"))
-        reprompted += sum(1 for t in mine if t.get("attempts"))
-    n = len(finished)
-    low, high = wilson_interval(wins, n)
-    return {
-        "games": len(pairs), "finished": n, "failed": len(failed), "failed_game_ids": failed,
-        "wins": wins, "ties": ties, "losses": n - wins - ties,
-        "win_rate": wins / n if n else None, "win_rate_ci95": [low, high],
-        "tie_rate": ties / n if n else None, "deal_rate": deals / n if n else None,
-        "mean_payoff_share": sum(shares) / n if n else None,
-        "unusable_reply_share": unusable / turns if turns else None,  # no usable reply after the re-prompts
-        "reprompted_turn_share": reprompted / turns if turns else None,  # the first reply was not usable
-    }
-
+from aria.io import ConfigError, atomic_write_json, atomic_write_text, read_json
 
 def _pct(x: float | None) -> str:
     return "n/a" if x is None else f"{100 * x:.1f}"
@@ -172,15 +98,48 @@ def compare_table(folders: Iterable[str | Path]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def generation_cost(policy, tokens_before: int, seconds_before: float) -> dict:
-    """Reply tokens the policy generated in this run of an environment, the seconds its generate
-    calls took, and their ratio (games already in the transcripts cost nothing)."""
-    tokens = getattr(policy, "generated_tokens", 0) - tokens_before
-    seconds = getattr(policy, "generation_seconds", 0.0) - seconds_before
-    return {"tokens": tokens, "seconds": round(seconds, 2), "tokens_per_s": round(tokens / seconds, 1) if seconds > 0 else None}
+def evaluate_model(cfg: Mapping[str, Any]) -> tuple[Path, dict]:
+    """The evaluation harness (module doc) on ``config/eval.yaml`` settings -> (out, summary).
 
+    Checks the settings, the environments' names and the servers first (one
+    :class:`~aria.io.ConfigError` naming the URL and what ``/v1/models`` returned)."""
+    from aria.games.base import known_games, load_game_config
+    from aria.games.family import checked_game, family_of
+    from aria.llm.endpoint import check_server
+    from aria.llm.registry import build_policy, reply_tokens_key
+    from aria.settings import load
 
-def reply_tokens_key(policy_cfg) -> str:
-    """The policy config's name for the reply length: ``max_tokens`` for a served model (the
-    OpenAI API's), ``max_new_tokens`` for a local transformers model."""
-    return "max_tokens" if policy_cfg["name"] == "endpoint" else "max_new_tokens"
+    cfg = load("eval", cfg)
+    p = cfg["policy"]
+    # A served model (the usual case) or a local transformers model (policy=local: no server, the
+    # same games and summaries; for a quick look at a small model on a CPU).
+    served = p["name"] == "endpoint"
+    reply_tokens = reply_tokens_key(p)
+    batch_size = cfg["batch_size"] or (p["concurrency"] if served else 16)
+    unknown = [e for e in cfg["envs"] if e not in known_games()]
+    if unknown:
+        raise ConfigError(f"unknown environment(s) {unknown} (known: {known_games()})")
+    games = {env: checked_game(load_game_config(env)) for env in cfg["envs"]}
+    two_player = [env for env, game in games.items() if family_of(game).seats > 1]  # against an opponent
+    try:
+        if served:
+            check_server(p["base_url"], p.get("api_key"), p["model"])
+        if two_player and cfg["opponent"]["name"] == "endpoint":
+            o = cfg["opponent"]
+            check_server(o["base_url"], o.get("api_key"), o["model"])
+    except RuntimeError as err:
+        raise ConfigError(str(err)) from None
+    out = Path(cfg["out"])
+    policy = build_policy(p)
+    summary = {"model": p["model"] if served else p["model_path"], "base_url": p.get("base_url"),
+               "oracle": cfg["oracle"]["name"], "seed": cfg["seed"], "num_games": cfg["num_games"],
+               "max_turns": cfg["max_turns"],
+               "sampling": {k: p.get(k) for k in ("temperature", "top_p", reply_tokens)},
+               "environments": {}}
+    if two_player:  # what the win rates were measured under (reply length matters a lot to a small model)
+        summary["two_player"] = {**{k: cfg["two_player"][k] for k in ("config_set", "games_per_config", "max_tokens")},
+                                 "opponent": {k: v for k, v in cfg["opponent"].items() if k != "api_key"}}  # no secrets in results
+    for env, game_cfg in games.items():
+        summary["environments"][env] = family_of(game_cfg).evaluate_served(cfg, game_cfg, policy, out / env, batch_size)
+    write_summary(out, summary)
+    return out, summary

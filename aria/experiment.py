@@ -42,7 +42,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from aria.experiment_layout import Layout, games_of, intention_overrides_of, iterations_of, method_of, seeds_of
-from aria.games.family import family_of
+from aria.games.family import checked_game, family_of
 from aria.io import ConfigError, atomic_write_json, check_writable, file_digest, hold_folder, json_digest, read_json
 from aria.resources import check_overrides, compose_config
 from aria.secrets import redact
@@ -234,7 +234,7 @@ def train(cfg: dict, method: str, train_file: Path, start_model: Path, out_dir: 
     atomic_write_json(marker, trained_on)
     overrides = [f"data.train_file={train_file}", f"output_dir={out_dir / 'train'}", f"seed={seed}",
                  f"model.path={start_model}", f"method={method}", "logging.report_to=null", *overrides]
-    if cfg.get("launcher"):  # several GPUs: the trainer runs under accelerate in processes of its own
+    if cfg["launcher"]:  # several GPUs: the trainer runs under accelerate in processes of its own
         import shlex
         import subprocess
 
@@ -442,6 +442,7 @@ def check_settings(cfg: dict) -> dict:
     from aria.trainers.methods import METHODS
 
     cfg = validated(ExperimentSettings, cfg, "experiment")
+    cfg["game"] = checked_game(cfg["game"])
     if cfg["engine"] not in ("vllm", "local"):
         raise ConfigError(f"engine: expected vllm or local, got {cfg['engine']!r}")
     check_variants(cfg["variants"], METHODS)

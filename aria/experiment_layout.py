@@ -18,7 +18,7 @@ class Layout:
     def __init__(self, cfg: dict):
         self.root = Path(cfg["run_dir"])
         self.family = family_of(cfg["game"])
-        self.variants = set(cfg.get("variants") or {})
+        self.variants = set(cfg["variants"])
 
     @property
     def warm(self) -> Path:
@@ -56,30 +56,30 @@ class Layout:
 
 def method_of(cfg: dict, arm: str) -> str:
     """The training method of an arm: the arm's own name, or a variant's ``method``."""
-    variant = (cfg.get("variants") or {}).get(arm)
+    variant = cfg["variants"].get(arm)
     return variant["method"] if variant else arm
 
 
 def intention_overrides_of(cfg: dict, arm: str) -> list[str]:
     """The pipeline overrides an arm labels its games with: ``intention_overrides``, then a variant's own."""
-    variant = (cfg.get("variants") or {}).get(arm)
+    variant = cfg["variants"].get(arm)
     return [*cfg["intention_overrides"], *(variant.get("intention_overrides") or [] if variant else [])]
 
 
 def seeds_of(cfg: dict, method: str) -> list:
     """The seeds ``method`` runs: ``seeds_by_method[method]`` (some of ``seeds``), else ``seeds``; an
     arm outside the paired test may run fewer, its detectable difference stated with its rows."""
-    seeds = (cfg.get("seeds_by_method") or {}).get(method, cfg["seeds"])
-    if not isinstance(seeds, list) or not seeds or any(s not in cfg["seeds"] for s in seeds):
+    seeds = cfg["seeds_by_method"].get(method, cfg["seeds"])
+    if not seeds or any(s not in cfg["seeds"] for s in seeds):
         raise ConfigError(f"seeds_by_method.{method}: expected a non-empty list of some of seeds {cfg['seeds']}, got {seeds!r}")
     return seeds
 
 
 def iterations_of(cfg: dict, method: str) -> int:
     """How many iterations ``method`` runs: ``iterations_by_method[method]``, else ``iterations``."""
-    n = (cfg.get("iterations_by_method") or {}).get(method, cfg["iterations"])
-    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-        setting = f"iterations_by_method.{method}" if method in (cfg.get("iterations_by_method") or {}) else "iterations"
+    n = cfg["iterations_by_method"].get(method, cfg["iterations"])
+    if n < 1:
+        setting = f"iterations_by_method.{method}" if method in cfg["iterations_by_method"] else "iterations"
         raise ConfigError(f"{setting}: expected a whole number >= 1, got {n!r}")
     return n
 

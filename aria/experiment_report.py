@@ -11,59 +11,16 @@ complete):
   game) with intervals and mean turns, then the paired test and the variances, in words.
 * ``success_vs_iteration.png``: success per iteration and method, with the intervals.
 
-Statistics (all standard, by hand in ``tests/test_experiment.py``):
-
-* Wilson score interval for k wins in n games: centre (k + z²/2)/(n + z²), half-width
-  z·sqrt(k(n−k)/n + z²/4)/(n + z²), z = 1.959964 (95%).
-* Paired test of two arms evaluated on the same targets (games paired by seed and game id, the
-  same target by construction): exact McNemar, the two-sided binomial test of b against
-  Binomial(b + c, 1/2), where b = pairs only the first arm won and c = pairs only the second
-  won. Effect size: the difference of success rates (b − c)/n with its Wald interval for paired
-  proportions, and the odds ratio b/c.
+The statistics (Wilson intervals, the exact McNemar test of two arms on the same targets and
+its sensitivity) are :mod:`aria.statistics`, shared with the evaluation harness.
 """
 from __future__ import annotations
 
-import math
 from pathlib import Path
 from typing import Any
 
-from aria.evaluate import Z_95, wilson_interval  # one Wilson interval for the evaluation and the experiment
+from aria.statistics import ALPHA, POWER, mcnemar, sensitivity, wilson_interval
 from aria.io import atomic_save_figure, atomic_write_json, atomic_write_text, read_json
-
-ALPHA = 0.05  # the level of every test in the report (the verdicts and the power statements)
-POWER = 0.8   # the power at which a detectable difference is stated
-
-
-def mcnemar(first: list[bool], second: list[bool]) -> dict[str, Any]:
-    """Exact McNemar test of two paired win/loss lists (module doc)."""
-    from scipy.stats import binomtest
-
-    if len(first) != len(second):
-        raise ValueError("paired lists must have the same length")
-    n = len(first)
-    b = sum(a and not o for a, o in zip(first, second))
-    c = sum(o and not a for a, o in zip(first, second))
-    p = binomtest(b, b + c, 0.5).pvalue if b + c else 1.0
-    diff = (b - c) / n if n else 0.0
-    # Wald interval of a difference of paired proportions
-    se = math.sqrt(max((b + c) / n - diff * diff, 0.0) / n) if n else 0.0
-    return {"pairs": n, "first_only": b, "second_only": c, "both": sum(a and o for a, o in zip(first, second)),
-            "p_value": float(p), "difference": diff, "difference_ci95": [diff - Z_95 * se, diff + Z_95 * se],
-            "odds_ratio": (b / c) if c else None}
-
-
-def sensitivity(test: dict[str, Any], power: float = POWER, alpha: float = ALPHA) -> dict[str, Any]:
-    """What a paired test of this size could see: the share of discordant pairs it observed, and
-    the smallest difference of success rates that the exact McNemar test on as many pairs detects
-    with ``power`` at that share (``aria/power.py``); None where no pair was discordant or no
-    difference is detectable."""
-    from aria.power import detectable_difference
-
-    n = test["pairs"]
-    share = (test["first_only"] + test["second_only"]) / n if n else 0.0
-    detectable = detectable_difference(n, share, power, alpha) if share > 0 else None
-    return {"discordant_share": share, "detectable_difference": detectable, "power": power}
-
 
 def paired_arms(cfg: dict) -> tuple[str, str] | None:
     """The two arms of the paired test: ``report.paired`` when both are in ``methods``, else none."""

@@ -4,7 +4,7 @@ Two arms play the same n targets (games paired by seed and game id). A pair is *
 exactly one arm won it, with probability ``d`` (the discordant share); the first arm's success
 rate exceeds the second's by ``delta = p10 - p01``, where ``p10 + p01 = d``. Given ``m``
 discordant pairs, the number ``b`` that the first arm won is Binomial(m, q) with
-``q = (1 + delta / d) / 2``, and the exact McNemar test (``aria.experiment_report.mcnemar``)
+``q = (1 + delta / d) / 2``, and the exact McNemar test (``aria.statistics.mcnemar``)
 rejects at level ``alpha`` when the two-sided binomial p-value of ``b`` against Binomial(m, 1/2)
 is at most ``alpha``. Since Binomial(m, 1/2) is symmetric, that p-value is
 ``min(1, 2 * P[X <= min(b, m - b)])``, so the test rejects exactly when ``b <= k_m`` or

@@ -412,6 +412,66 @@ class EvalSettings:
     two_player: TwoPlayerEvalSettings = field(default_factory=TwoPlayerEvalSettings)
 
 
+# --- Games (config/game/): one schema per game family (aria.games.family), checked by
+# aria.games.family.checked_game where a command takes its game -------------------------------------
+
+@dataclass
+class GameIntentionSettings:
+    """How pipeline step 1 reads the game's turns (docs/method.md §2): per channel, what is
+    clustered or mapped; which channels are trained."""
+    channels: Dict[str, Dict[str, str]] = MISSING
+    trained: List[str] = MISSING
+
+
+@dataclass
+class QuestionPromptSettings:
+    intro: str = MISSING
+    history_header: str = MISSING
+    turn: str = MISSING
+    outro: str = MISSING
+
+
+@dataclass
+class QuestionGameSettings:
+    """Twenty Questions, Guess My City and their subsets (config/game/twenty_questions.yaml)."""
+    name: str = MISSING
+    kind: Optional[str] = None  # the family: absent or "question"
+    family: Optional[str] = None  # a subset's full game (twenty_questions_subset -> twenty_questions)
+    targets_file: str = MISSING
+    targets_format: str = MISSING
+    targets_only: Optional[List[str]] = None  # a subset of the targets, the testbed a small model can win
+    aliases_file: Optional[str] = None
+    facts_file: str = MISSING
+    max_turns: int = MISSING
+    max_question_chars: int = MISSING
+    structured_output: str = MISSING
+    reply_regex: str = MISSING
+    invalid_answer: str = MISSING
+    win_answer: str = MISSING
+    single_guess: bool = MISSING
+    decoys: List[str] = MISSING
+    prompt: QuestionPromptSettings = field(default_factory=QuestionPromptSettings)
+    intention: GameIntentionSettings = field(default_factory=GameIntentionSettings)
+
+
+@dataclass
+class TwoPlayerGameSettings:
+    """Bargaining and Negotiation (config/game/bargaining.yaml); the prompts' and transcripts'
+    texts are checked by the game when it renders them (aria.games.glee)."""
+    name: str = MISSING
+    kind: str = MISSING
+    players: List[str] = MISSING
+    display_names: Dict[str, str] = MISSING
+    max_reprompts: int = MISSING
+    structured_output: str = MISSING
+    reply_schema: Dict[str, int] = MISSING
+    on_invalid: str = MISSING
+    config_sets: Dict[str, Dict[str, List[Any]]] = MISSING
+    prompts: Dict[str, Any] = MISSING
+    transcript: Dict[str, Any] = MISSING
+    intention: GameIntentionSettings = field(default_factory=GameIntentionSettings)
+
+
 #: The schema of each config in config/, by its name there.
 SCHEMAS: dict[str, type] = {
     "reinforce_llm": TrainerSettings,

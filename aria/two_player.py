@@ -244,7 +244,7 @@ def _play_turn(game_cfg: Mapping[str, Any], transcript: Transcript, games: Seque
                schema: Mapping[str, int] | None = None) -> int:
     """One turn of games whose mover is the same player; returns the number of re-prompts."""
     player = games[0].seats[games[0].match.mover]
-    max_reprompts, on_invalid = int(game_cfg.get("max_reprompts", 2)), game_cfg.get("on_invalid", "reject")
+    max_reprompts, on_invalid = game_cfg["max_reprompts"], game_cfg["on_invalid"]
     requests = []
     for g in games:
         view = g.record_view()
@@ -386,9 +386,9 @@ def evaluate_two_player(
     every configuration; transcripts in ``out_dir/as_<role>.jsonl`` (re-running resumes).
 
     Returns the environment's summary: per seat and over both seats
-    (:func:`aria.evaluate.summarize_two_player`), plus the opponent and the configurations used.
+    (:func:`aria.statistics.summarize_two_player`), plus the opponent and the configurations used.
     """
-    from aria.evaluate import summarize_two_player
+    from aria.statistics import summarize_two_player
     from aria.games.glee import other
     from aria.trajectories import read_trajectories
 

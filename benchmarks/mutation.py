@@ -6,7 +6,7 @@ dropped) and runs, for each change ("mutant"), the in-process tests that call th
 function. A mutant is *killed* when some test fails, *survived* when all pass. The core is
 ``aria/intention/`` (aggregate, select, corpus), the pure losses (``aria/trainers/losses.py``),
 the log-prob code (``aria/policy.py``), the two-player payoffs (``aria/games/glee.py``) and the
-evaluation statistics (``aria/evaluate.py``).
+evaluation statistics (``aria/statistics.py``).
 
 This script runs mutmut in a scratch copy of the repository (so ``mutants/`` never lands in the
 working tree), then writes killed / total per file and every surviving mutant's diff to JSON.

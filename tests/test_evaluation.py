@@ -15,7 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from aria.evaluate import compare_table, summarize_games, summarize_two_player, wilson_interval, write_summary
+from aria.evaluate import compare_table, write_summary
+from aria.statistics import summarize_games, summarize_two_player, wilson_interval
 from aria.trajectories import make_record, read_trajectories
 
 REPO = Path(__file__).resolve().parents[1]

@@ -10,6 +10,7 @@ import pytest
 from aria.games.base import load_game_config
 from aria.games.family import FAMILIES, QuestionFamily, TwoPlayerFamily, family_of
 from aria.io import ConfigError
+from aria.resources import compose_config
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -48,11 +49,11 @@ def test_the_collection_command_checks_its_counts_per_family_before_any_model_lo
     from aria.games.family import collect_from_config
 
     with pytest.raises(ConfigError, match=r"^num_games: expected an integer >= 0, got -1$"):
-        collect_from_config({"game": load_game_config("twenty_questions"), "num_games": -1, "batch_size": 1,
-                             "policy": {"name": "no such policy"}})
+        collect_from_config(compose_config("collect", ["game=twenty_questions", "num_games=-1", "batch_size=1",
+                                                       "policy.model_path=/no/such/model"]))
     with pytest.raises(ConfigError, match=r"^games_per_config: expected an integer >= 1, got 0$"):
-        collect_from_config({"game": load_game_config("bargaining"), "games_per_config": 0, "batch_size": 1,
-                             "policy": {"name": "no such policy"}})
+        collect_from_config(compose_config("collect", ["game=bargaining", "games_per_config=0", "batch_size=1",
+                                                       "policy.model_path=/no/such/model"]))
 
 
 def test_no_module_outside_the_families_tests_a_game_config_for_its_kind():

@@ -5,7 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from aria.experiment_report import mcnemar, render_table, sensitivity
+from aria.experiment_report import render_table
+from aria.statistics import mcnemar, sensitivity
 from aria.power import critical_counts, detectable_difference, mcnemar_power, pairs_needed
 
 

@@ -115,3 +115,20 @@ def test_a_bad_setting_on_the_command_line_is_one_line_and_exit_2(tmp_path):
     assert done.stderr.strip().splitlines()[-1] == \
         "error: collect: num_games: Value 'many' of type 'str' could not be converted to Integer"
     assert "Traceback" not in done.stderr and not (tmp_path / "g.jsonl").exists()
+
+
+@pytest.mark.parametrize(("game", "change", "message"), [
+    ("twenty_questions", {"max_turns": "twenty"}, "game twenty_questions: max_turns: Value 'twenty' of type 'str' could not be converted to Integer"),
+    ("twenty_questions", {"max_turn": 5}, "game twenty_questions: max_turn: not a setting of this command"),
+    ("guess_my_city", {"prompt": {"intro": "x"}}, "game guess_my_city: prompt.history_header: no value given"),
+    ("bargaining", {"max_reprompts": 1.5}, "game bargaining: max_reprompts: Value '1.5' of type 'float' could not be converted to Integer"),
+    ("negotiation", {"players": "alice"}, "game negotiation: players: Invalid value assigned: AnyNode is not a ListConfig"),
+])
+def test_a_game_is_checked_against_its_familys_schema(game, change, message):
+    from aria.games.base import load_game_config
+    from aria.games.family import checked_game
+
+    assert checked_game(load_game_config(game))["name"] == game
+    with pytest.raises(ConfigError) as err:
+        checked_game({**load_game_config(game), **change})
+    assert str(err.value).startswith(message), str(err.value)

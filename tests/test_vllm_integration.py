@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from aria.evaluate import summarize_games
+from aria.statistics import summarize_games
 from aria.llm.embedded import embedded_model_dir
 from aria.llm.hardware import cpu_flags, vllm_cpu_dtype
 from aria.trajectories import read_trajectories

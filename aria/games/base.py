@@ -219,7 +219,7 @@ def load_targets(cfg: Mapping[str, Any]) -> list[Target]:
     """Targets from the game's data files (``targets_file`` and optional ``aliases_file``)."""
     path = dataset_file(cfg["targets_file"])
     data = read_json(path)
-    fmt = cfg.get("targets_format", "words")
+    fmt = cfg["targets_format"]
     targets: list[Target] = []
     if fmt == "words":  # {"words": [{"category": ..., "names": [canonical, aliases...]}]}
         words = data.get("words") if isinstance(data, dict) else None
@@ -265,12 +265,12 @@ def build_game(cfg: Mapping[str, Any]) -> QuestionGame:
         name=cfg["name"],
         targets=load_targets(cfg),
         prompt=PromptFormat(p["intro"], p["history_header"], p["turn"], p["outro"]),
-        max_turns=int(cfg.get("max_turns", 20)),
-        max_question_chars=int(cfg.get("max_question_chars", 300)),
-        invalid_answer=cfg.get("invalid_answer", "Invalid Question."),
-        win_answer=cfg.get("win_answer", "Yes."),
-        decoys=tuple(cfg.get("decoys", ()) or ()),
-        single_guess=bool(cfg.get("single_guess", True)),
+        max_turns=int(cfg["max_turns"]),
+        max_question_chars=int(cfg["max_question_chars"]),
+        invalid_answer=cfg["invalid_answer"],
+        win_answer=cfg["win_answer"],
+        decoys=tuple(cfg["decoys"]),
+        single_guess=bool(cfg["single_guess"]),
         family=str(cfg.get("family") or cfg["name"]),
     )
 

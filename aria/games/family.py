@@ -18,12 +18,14 @@ from pathlib import Path
 from typing import Any, Callable, Mapping, Protocol
 
 from aria.io import ConfigError
+from aria.settings import QuestionGameSettings, TwoPlayerGameSettings, validated
 
 Printer = Callable[[str], None]
 
 
 class GameFamily(Protocol):
     kind: str                             # the game config's ``kind``
+    settings: type                        # the game config's schema (aria.settings)
     title: str                            # how messages name it
     outcome: str                          # what an evaluation counts: "success" or "win"
     seats: int                            # seats the policy plays in an evaluation (each its own games)
@@ -71,11 +73,12 @@ class GameFamily(Protocol):
 
     def evaluate_served(self, cfg: Mapping[str, Any], game_cfg: dict, policy, out: Path, batch_size: int) -> dict:
         """One environment of ``evaluation/evaluate.py`` (``config/eval.yaml``) played into the folder
-        ``out``: its summary (:mod:`aria.evaluate`), with the generation cost and the reply format used."""
+        ``out``: its summary (:mod:`aria.statistics`), with the generation cost and the reply format used."""
 
 
 class QuestionFamily:
     kind = "question"
+    settings = QuestionGameSettings
     title = "single-agent"
     outcome = "success"
     seats = 1
@@ -146,7 +149,7 @@ class QuestionFamily:
         pass  # the question sections' counts are checked with every family's (aria.experiment.check_settings)
 
     def evaluate_served(self, cfg, game_cfg, policy, out, batch_size):
-        from aria.evaluate import generation_cost, summarize_games
+        from aria.statistics import generation_cost, summarize_games
         from aria.games.base import build_game, structured_output
         from aria.games.oracle import build_oracle
         from aria.rollout import play_games, reply_format
@@ -168,6 +171,7 @@ class QuestionFamily:
 
 class TwoPlayerFamily:
     kind = "two_player"
+    settings = TwoPlayerGameSettings
     title = "two-player"
     outcome = "win"
     seats = 2
@@ -265,7 +269,8 @@ class TwoPlayerFamily:
             raise ConfigError("eval.opponent: a two-player evaluation needs an opponent (see config/experiment/bargaining.yaml)")
 
     def evaluate_served(self, cfg, game_cfg, policy, out, batch_size):
-        from aria.evaluate import generation_cost, reply_tokens_key
+        from aria.llm.registry import reply_tokens_key
+        from aria.statistics import generation_cost
         from aria.games.base import structured_output
         from aria.games.glee import config_set
         from aria.llm.registry import build_policy
@@ -303,6 +308,12 @@ def family_of(game_cfg: Mapping[str, Any]) -> GameFamily:
     return FAMILIES[kind]
 
 
+def checked_game(game_cfg: Mapping[str, Any]) -> dict:
+    """A game config checked against its family's schema (:mod:`aria.settings`), as a plain dict:
+    what every command does with the game it is given, before it plays."""
+    return validated(family_of(game_cfg).settings, game_cfg, f"game {game_cfg.get('name', '?')}")
+
+
 def collect_from_config(cfg: Mapping[str, Any]):
     """A collection from ``config/collect.yaml`` (``scripts/collect_games.py``): the counts are
     checked before any model loads, then the game's family plays (question games against the
@@ -310,6 +321,7 @@ def collect_from_config(cfg: Mapping[str, Any]):
     from aria.settings import load
 
     cfg = load("collect", cfg)
+    cfg["game"] = checked_game(cfg["game"])
     family = family_of(cfg["game"])
     for name, low in family.collection_counts.items():
         if cfg[name] < low:

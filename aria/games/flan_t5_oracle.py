@@ -87,7 +87,7 @@ class FlanT5Oracle:
         if (game_cfg.get("family") or game_cfg.get("name")) != TWENTY_QUESTIONS:
             raise ValueError(f"the flan_t5 oracle only plays {TWENTY_QUESTIONS}, not {game_cfg.get('name')!r}")
         self.game = str(game_cfg["name"])  # the name requests carry (a subset testbed included)
-        self.invalid_answer = str(game_cfg.get("invalid_answer", "Invalid Question."))
+        self.invalid_answer = str(game_cfg["invalid_answer"])
         self.batch_size = int(batch_size)
         self.max_new_tokens = int(max_new_tokens)
         self.device = torch.device(device)

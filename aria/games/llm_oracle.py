@@ -110,7 +110,7 @@ class LLMOracle:
     ):
         self.game = str(game_cfg["name"])
         self.family = str(game_cfg.get("family") or self.game)  # a testbed asks with its family's prompt
-        self.invalid_answer = str(game_cfg.get("invalid_answer", "Invalid Question."))
+        self.invalid_answer = str(game_cfg["invalid_answer"])
         prompt = merge_prompts(prompts).get(self.family)
         if not prompt or not {"system", "user"} <= set(prompt):
             raise ValueError(

@@ -28,3 +28,9 @@ def build_policy(cfg: Mapping[str, Any]) -> ChatModel:
     if kind not in POLICIES:
         raise KeyError(f"unknown policy {kind!r}; registered: {sorted(POLICIES)}")
     return load_object(POLICIES[kind])(**options)
+
+
+def reply_tokens_key(policy_cfg) -> str:
+    """The policy config's name for the reply length: ``max_tokens`` for a served model (the
+    OpenAI API's), ``max_new_tokens`` for a local transformers model."""
+    return "max_tokens" if policy_cfg["name"] == "endpoint" else "max_new_tokens"

@@ -159,7 +159,7 @@ class OnlineTrainer:
         from accelerate.utils import set_seed
 
         from aria.games.base import build_game, load_game_config
-        from aria.games.family import family_of
+        from aria.games.family import checked_game, family_of
         from aria.games.oracle import build_oracle
         from aria.reward_service import build_scorer
 
@@ -184,7 +184,7 @@ class OnlineTrainer:
         # The games and their oracle (single-agent games only: online ARIA is not defined for two players).
         self.games = {}
         for name in o["games"]:
-            game_cfg = load_game_config(name)
+            game_cfg = checked_game(load_game_config(name))
             if not family_of(game_cfg).online:
                 raise ConfigError(f"online.games: online ARIA plays single-agent games; {name!r} is a "
                                   f"{family_of(game_cfg).title} game")

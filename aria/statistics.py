@@ -1,0 +1,142 @@
+"""The statistics of evaluations (``docs/method.md`` §6): one place for every interval and test.
+
+* **Wilson score interval** for k wins in n games: centre (k + z²/2)/(n + z²), half-width
+  z·sqrt(k(n−k)/n + z²/4)/(n + z²), z = 1.959964 (95%); exactly 0 / 1 at the edges.
+* **Summaries of games**: single-agent success rate with its interval, mean turns, share of
+  invalid questions, failed games (counted and listed, never scored as losses); two-player win
+  rate (the policy's payoff strictly above the opponent's) per seat or over both, tie and deal
+  rates, mean payoff share (the normalised reward of :func:`aria.games.glee.normalized_rewards`,
+  0.5 on a tie) and the share of turns with no usable reply.
+* **Paired test** of two arms evaluated on the same targets (games paired by seed and game id):
+  exact McNemar, the two-sided binomial test of b against Binomial(b + c, 1/2), where b = pairs
+  only the first arm won and c = pairs only the second won. Effect size: the difference of
+  success rates (b − c)/n with its Wald interval for paired proportions, and the odds ratio b/c;
+  its sensitivity (the difference detectable with 80% power at the observed discordant share)
+  comes from :mod:`aria.power`.
+
+Everything here is a pure function of game records and counts, checked by hand in
+``tests/test_evaluation.py`` and ``tests/test_power.py``; the commands that play and write the
+evaluations are :mod:`aria.evaluate` (a served or local model on every environment) and
+:mod:`aria.experiment_report` (the experiment's table).
+"""
+from __future__ import annotations
+
+import math
+from typing import Any, Mapping, Sequence
+
+Z_95 = 1.959963984540054  # two-sided 95 % normal quantile
+
+
+def wilson_interval(successes: int, n: int, z: float = Z_95) -> tuple[float, float]:
+    """Wilson score interval for a binomial proportion; (0, 1) when n = 0 (nothing is known)."""
+    if n < 0 or not 0 <= successes <= n:
+        raise ValueError(f"need 0 <= successes <= n, got {successes}/{n}")
+    if n == 0:
+        return 0.0, 1.0
+    p = successes / n
+    denominator = 1 + z * z / n
+    center = (p + z * z / (2 * n)) / denominator
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / denominator
+    # With no successes the lower bound is exactly 0, with all successes the upper exactly 1;
+    # the formula only gets within rounding of them (5.6e-17 for 0 of 3).
+    low = 0.0 if successes == 0 else max(0.0, center - half)
+    high = 1.0 if successes == n else min(1.0, center + half)
+    return low, high
+
+
+ALPHA = 0.05  # the level of every test in the report (the verdicts and the power statements)
+POWER = 0.8   # the power at which a detectable difference is stated
+
+
+def summarize_games(records: Sequence[dict]) -> dict:
+    """Statistics of one environment's transcripts (schema-v1 single-agent records).
+
+    Failed games (requests that kept failing) are counted and listed, never scored as losses.
+    """
+    finished = [r for r in records if r["status"] == "finished"]
+    failed = [r["game_id"] for r in records if r["status"] != "finished"]
+    wins = sum(r["success"] for r in finished)
+    turns = sum(r["num_turns"] for r in finished)
+    invalid = sum(1 for r in finished for t in r["turns"] if t.get("question") is None)
+    low, high = wilson_interval(wins, len(finished))
+    return {
+        "games": len(records), "finished": len(finished), "failed": len(failed), "failed_game_ids": failed,
+        "successes": wins, "success_rate": wins / len(finished) if finished else None,
+        "success_rate_ci95": [low, high],
+        "mean_turns": turns / len(finished) if finished else None,
+        "invalid_question_share": invalid / turns if turns else None,
+    }
+
+
+def summarize_two_player(games: Mapping[str, Sequence[dict]]) -> dict:
+    """Statistics of the policy in two-player transcripts (schema-v1 two-player records).
+
+    Args:
+        games: the policy's seat (``"alice"`` / ``"bob"``) -> the records of the games it played
+            in that seat; give both seats to get the statistics over both.
+    """
+    pairs = [(role, r) for role, records in games.items() for r in records]
+    finished = [(role, r) for role, r in pairs if r["status"] == "finished"]
+    failed = [r["game_id"] for _, r in pairs if r["status"] != "finished"]
+    wins = ties = deals = turns = unusable = reprompted = 0
+    shares = []
+    for me, r in finished:
+        winner = r["meta"]["winner"]
+        wins += winner == me
+        ties += winner is None
+        deals += r["meta"]["outcome"] == "deal"
+        shares.append(r["role_rewards"][me])
+        mine = [t for t in r["turns"] if t["role"] == me]
+        turns += len(mine)
+        unusable += sum(1 for t in mine if t.get("forfeit"))
+        reprompted += sum(1 for t in mine if t.get("attempts"))
+    n = len(finished)
+    low, high = wilson_interval(wins, n)
+    return {
+        "games": len(pairs), "finished": n, "failed": len(failed), "failed_game_ids": failed,
+        "wins": wins, "ties": ties, "losses": n - wins - ties,
+        "win_rate": wins / n if n else None, "win_rate_ci95": [low, high],
+        "tie_rate": ties / n if n else None, "deal_rate": deals / n if n else None,
+        "mean_payoff_share": sum(shares) / n if n else None,
+        "unusable_reply_share": unusable / turns if turns else None,  # no usable reply after the re-prompts
+        "reprompted_turn_share": reprompted / turns if turns else None,  # the first reply was not usable
+    }
+
+
+def generation_cost(policy, tokens_before: int, seconds_before: float) -> dict:
+    """Reply tokens the policy generated in this run of an environment, the seconds its generate
+    calls took, and their ratio (games already in the transcripts cost nothing)."""
+    tokens = getattr(policy, "generated_tokens", 0) - tokens_before
+    seconds = getattr(policy, "generation_seconds", 0.0) - seconds_before
+    return {"tokens": tokens, "seconds": round(seconds, 2), "tokens_per_s": round(tokens / seconds, 1) if seconds > 0 else None}
+
+
+def mcnemar(first: list[bool], second: list[bool]) -> dict[str, Any]:
+    """Exact McNemar test of two paired win/loss lists (module doc)."""
+    from scipy.stats import binomtest
+
+    if len(first) != len(second):
+        raise ValueError("paired lists must have the same length")
+    n = len(first)
+    b = sum(a and not o for a, o in zip(first, second))
+    c = sum(o and not a for a, o in zip(first, second))
+    p = binomtest(b, b + c, 0.5).pvalue if b + c else 1.0
+    diff = (b - c) / n if n else 0.0
+    # Wald interval of a difference of paired proportions
+    se = math.sqrt(max((b + c) / n - diff * diff, 0.0) / n) if n else 0.0
+    return {"pairs": n, "first_only": b, "second_only": c, "both": sum(a and o for a, o in zip(first, second)),
+            "p_value": float(p), "difference": diff, "difference_ci95": [diff - Z_95 * se, diff + Z_95 * se],
+            "odds_ratio": (b / c) if c else None}
+
+
+def sensitivity(test: dict[str, Any], power: float = POWER, alpha: float = ALPHA) -> dict[str, Any]:
+    """What a paired test of this size could see: the share of discordant pairs it observed, and
+    the smallest difference of success rates that the exact McNemar test on as many pairs detects
+    with ``power`` at that share (``aria/power.py``); None where no pair was discordant or no
+    difference is detectable."""
+    from aria.power import detectable_difference
+
+    n = test["pairs"]
+    share = (test["first_only"] + test["second_only"]) / n if n else 0.0
+    detectable = detectable_difference(n, share, power, alpha) if share > 0 else None
+    return {"discordant_share": share, "detectable_difference": detectable, "power": power}
