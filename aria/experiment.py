@@ -3,7 +3,7 @@
 One experiment, as a list of stages run in order (every one resumes; a finished one is skipped):
 
 1. **Warm start** (ArCHer and LMRL-Gym start RL from an SFT checkpoint): the scripted expert
-   (:mod:`aria.games.expert`, ``warm_start.epsilon``) plays ``warm_start.games`` games; behaviour
+   (:mod:`aria.games.question.expert`, ``warm_start.epsilon``) plays ``warm_start.games`` games; behaviour
    cloning of ``base_model`` on every step (method ``bc``) gives the model ``M0``. Its games also
    go through pipeline steps 1-2, which score the intention labels against the expert's true
    intentions (ARI, NMI per k).

@@ -11,7 +11,7 @@ stops an import except a malformed field.
 * **Questions.** Both originals store the agent's output; the turn's ``action`` is rebuilt as
   ``"Question: <text>"`` (the output format this project's prompt asks for, and the form of ARIA's
   own training actions), and the question is read out of it by the one extractor of play
-  (:func:`aria.games.text.extract_question`), so a multi-line output ("Based on the information
+  (:func:`aria.games.question.text.extract_question`), so a multi-line output ("Based on the information
   provided, my next question would be:\n\nIs your hometown Dalian?") yields its question.
 * **Targets.** A name (or, for ``"city,country"``, the part before the comma) is mapped to the
   game's canonical target when it equals a target name or alias after folding case, accents,
@@ -115,9 +115,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from aria.games.base import QuestionGame, load_game, load_game_config
+from aria.games.base import load_game_config
 from aria.games.family import FAMILIES, QuestionFamily, TwoPlayerFamily, family_of
-from aria.games.text import normalize
+from aria.games.question.game import QuestionGame, load_game
+from aria.games.question.text import normalize
 from aria.io import TOO_DEEP, DataError, iter_jsonl, read_json, require
 from aria.trajectories import make_record, make_two_player_record, write_trajectories
 

@@ -1,6 +1,6 @@
 """One batched, resumable game scheduler for every kind of game.
 
-Single-agent question games (:mod:`aria.rollout`) and two-player games (:mod:`aria.two_player`)
+Single-agent question games (:mod:`aria.games.question.play`) and two-player games (:mod:`aria.two_player`)
 are played by the same loop; a game kind supplies only what differs (verl's agent loop and
 RAGEN's split between stepping the environment and building prompts work the same way):
 

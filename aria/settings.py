@@ -14,7 +14,7 @@ runs never set.
 Choices that come from a registry (``method``, ``loss.name``, ``train.packing``, a scheduler
 name) stay strings: the registry checks them and lists the known names. Game, policy, oracle,
 opponent and embedder sections are config groups whose options differ in shape; their builders
-check them (``aria.games.base.make_spec``, ``aria.llm.build_policy``, ...).
+check them (``aria.games.question.game.build_game``, ``aria.llm.registry.build_policy``, ...).
 """
 from __future__ import annotations
 

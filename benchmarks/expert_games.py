@@ -14,11 +14,12 @@ import tempfile
 import time
 from pathlib import Path
 
-from aria.games.base import build_game, load_game_config
-from aria.games.expert import ScriptedExpertPolicy
-from aria.games.oracle import build_oracle
+from aria.games.base import load_game_config
+from aria.games.question.expert import ScriptedExpertPolicy
+from aria.games.question.game import build_game
+from aria.games.question.oracle import build_oracle
+from aria.games.question.play import play_games
 from aria.io import atomic_write_json
-from aria.rollout import play_games
 from aria.trajectories import read_trajectories
 
 GAMES = ["twenty_questions_subset", "guess_my_city_subset", "twenty_questions", "guess_my_city"]

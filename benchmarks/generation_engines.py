@@ -126,14 +126,15 @@ def serve(dtype: str, port: int, eager: bool = True) -> dict:
 
 def play(workload: str, policy, concurrency: int, turns: int, rounds: int, seed: int) -> dict:
     """Play ``workload`` with ``policy``; returns turns, generated tokens and seconds."""
-    from aria.games.base import build_game, load_game_config
+    from aria.games.base import load_game_config
+    from aria.games.question.game import build_game
 
     games = 3 if concurrency == 1 else concurrency
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "games.jsonl"
         if workload == "twenty_questions":
-            from aria.games.oracle import build_oracle
-            from aria.rollout import play_games
+            from aria.games.question.oracle import build_oracle
+            from aria.games.question.play import play_games
 
             game_cfg = {**load_game_config("twenty_questions"), "max_turns": turns}
             oracle = build_oracle({"name": "knowledge_base"}, game_cfg)

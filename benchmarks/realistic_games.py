@@ -28,8 +28,9 @@ import argparse
 import random
 from typing import Any, Callable
 
-from aria.games.base import load_game, load_game_config
-from aria.games.oracle import build_oracle
+from aria.games.base import load_game_config
+from aria.games.question.game import load_game
+from aria.games.question.oracle import build_oracle
 from aria.io import read_json
 from aria.resources import dataset_file
 from aria.trajectories import make_record, write_trajectories

@@ -41,7 +41,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 def step_samples(records: list[dict]) -> list[dict]:
     """Every agent step as ``{observation, action}``: the online trainer's ``step_samples``."""
-    from aria.games.base import load_game
+    from aria.games.question.game import load_game
 
     games: dict = {}
     samples = []

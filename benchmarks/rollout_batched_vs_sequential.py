@@ -20,12 +20,13 @@ import time
 from pathlib import Path
 
 import torch
-from aria.games.base import build_game, load_game_config
-from aria.games.oracle import build_oracle
+from aria.games.base import load_game_config
+from aria.games.question.game import build_game
+from aria.games.question.oracle import build_oracle
+from aria.games.question.play import play_games
 from aria.io import atomic_write_json
 from aria.llm.local import LocalChatModel
 from aria.resources import REPO_ROOT
-from aria.rollout import play_games
 
 
 def run(variant: str, batch_size: int, reuse_cache: bool, games: int, seed: int, max_new_tokens: int) -> dict:

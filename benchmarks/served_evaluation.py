@@ -95,11 +95,12 @@ class RunningSampler:
 
 # ---- one way ----------------------------------------------------------------------------------------
 def run_way(name: str, args, out_dir: Path) -> tuple[dict, Path]:
-    from aria.games.base import build_game, load_game_config
-    from aria.games.oracle import build_oracle
+    from aria.games.base import load_game_config
+    from aria.games.question.game import build_game
+    from aria.games.question.oracle import build_oracle
+    from aria.games.question.play import play_games, reply_format
     from aria.llm.endpoint import EndpointChatModel
     from aria.llm.served import free_port, start_server, stop_server
-    from aria.rollout import play_games, reply_format
 
     way = WAYS[name]
     game_cfg = load_game_config(args.game)
@@ -157,7 +158,8 @@ def floor(args, games: Path, generated_tokens: int, rates: dict) -> dict:
     """The compute and bandwidth floors of these games (module doc)."""
     from transformers import AutoConfig, AutoTokenizer
 
-    from aria.games.base import build_game, load_game_config
+    from aria.games.base import load_game_config
+    from aria.games.question.game import build_game
     from aria.packing import _common_prefix
     from aria.policy import full_prompt_ids
     from aria.trajectories import read_trajectories

@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from aria.games.base import load_game, load_game_config
+from aria.games.base import load_game_config
+from aria.games.question.game import load_game
 
 
 def pytest_configure(config):

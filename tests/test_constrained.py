@@ -13,9 +13,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from aria.games.base import build_game, load_game_config
+from aria.games.base import load_game_config
 from aria.games.glee import BargainingConfig, Match, Move, NegotiationConfig
 from aria.games.offers import parse_reply, reply_schema, split_grid
+from aria.games.question.game import build_game
 from aria.llm.base import OutputFormat
 from aria.llm.endpoint import structured_request
 from aria.llm.local import LocalChatModel

@@ -13,9 +13,9 @@ import pytest
 import torch
 import yaml
 
-from aria.games.flan_t5_oracle import FlanT5Oracle, oracle_input, original_answer
-from aria.games.llm_oracle import LLMOracle, redact_names
-from aria.games.oracle import OracleRequest
+from aria.games.question.flan_t5_oracle import FlanT5Oracle, oracle_input, original_answer
+from aria.games.question.llm_oracle import LLMOracle, redact_names
+from aria.games.question.oracle import OracleRequest
 from aria.llm.endpoint import EndpointChatModel, check_server
 from fake_openai import MODEL, last_user as _last_user, start_server
 GAME_DIR = Path(__file__).resolve().parent.parent / "config" / "game"

@@ -1,4 +1,4 @@
-"""The scripted expert questioner (aria/games/expert.py): it wins, it means what it asks, and it
+"""The scripted expert questioner (aria/games/question/expert.py): it wins, it means what it asks, and it
 says so on every turn; its noise makes worse games; it plays through the rollout machinery."""
 from __future__ import annotations
 
@@ -8,12 +8,13 @@ from collections import defaultdict
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from aria.games.base import build_game, load_game_config
-from aria.games.expert import NO, YES, ScriptedExpertPolicy, answer_class
+from aria.games.base import load_game_config
 from aria.games.family import collect_from_config
-from aria.games.oracle import build_oracle
+from aria.games.question.expert import NO, YES, ScriptedExpertPolicy, answer_class
+from aria.games.question.game import build_game
+from aria.games.question.oracle import build_oracle
+from aria.games.question.play import play_games
 from aria.resources import compose_config
-from aria.rollout import play_games
 from aria.trajectories import read_trajectories
 
 GAMES = ["twenty_questions_subset", "guess_my_city_subset", "twenty_questions", "guess_my_city"]

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from aria.games.base import target_schedule
+from aria.games.question.game import target_schedule
 
 
 @pytest.mark.parametrize(
@@ -146,8 +146,9 @@ def test_a_testbed_config_starts_from_its_game_and_keeps_a_subset(tmp_path, monk
     from hydra import compose, initialize_config_dir
     from omegaconf import OmegaConf
 
-    from aria.games.base import load_game, load_game_config
-    from aria.games.oracle import OracleRequest, build_oracle
+    from aria.games.base import load_game_config
+    from aria.games.question.game import load_game
+    from aria.games.question.oracle import OracleRequest, build_oracle
     from aria.io import DataError
 
     subset, full = load_game_config("twenty_questions_subset"), load_game_config("twenty_questions")
@@ -184,8 +185,9 @@ def test_a_testbed_config_starts_from_its_game_and_keeps_a_subset(tmp_path, monk
 
 
 def test_guess_my_city_subset_is_guess_my_city_on_ten_named_cities():
-    from aria.games.base import load_game, load_game_config
-    from aria.games.oracle import OracleRequest, build_oracle
+    from aria.games.base import load_game_config
+    from aria.games.question.game import load_game
+    from aria.games.question.oracle import OracleRequest, build_oracle
 
     subset, full = load_game_config("guess_my_city_subset"), load_game_config("guess_my_city")
     assert {k for k in subset if subset[k] != full.get(k)} == {"name", "family", "targets_only", "prompt"}

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from aria.games.base import load_game
+from aria.games.question.game import load_game
 from aria.importers import IMPORTERS, import_file, import_summary, parse_history, split_line
 from aria.io import DataError
 from aria.trajectories import read_trajectories, validate_record

@@ -4,7 +4,7 @@ modules that play games import alone.
 A cycle that only closes inside a function still breaks whoever imports the modules in the
 "wrong" order, and it makes the playing code one tangle: the rollout, two-player play, the
 scheduler and the oracles reach each other only through registries of import paths
-(:mod:`aria.llm.registry`, :data:`aria.games.oracle.ORACLES`).
+(:mod:`aria.llm.registry`, :data:`aria.games.question.oracle.ORACLES`).
 """
 import ast
 import graphlib
@@ -40,8 +40,8 @@ def import_graph() -> dict[str, set[str]]:
 
 def test_the_graph_reader_sees_deferred_imports():
     graph = import_graph()
-    assert "aria.games.knowledge_base" in graph["aria.games.expert"]  # imported inside a function there
-    assert "aria.scheduler" in graph["aria.rollout"] and "aria.scheduler" in graph["aria.two_player"]
+    assert "aria.games.question.knowledge_base" in graph["aria.games.question.expert"]  # imported inside a function there
+    assert "aria.scheduler" in graph["aria.games.question.play"] and "aria.scheduler" in graph["aria.two_player"]
 
 
 def test_the_package_has_no_import_cycle():
@@ -51,8 +51,8 @@ def test_the_package_has_no_import_cycle():
         pytest.fail(f"import cycle: {' -> '.join(err.args[1])}")
 
 
-@pytest.mark.parametrize("module", ["aria.scheduler", "aria.rollout", "aria.two_player", "aria.games.oracle",
-                                    "aria.games.knowledge_base", "aria.games.llm_oracle", "aria.games.expert",
+@pytest.mark.parametrize("module", ["aria.scheduler", "aria.games.question.play", "aria.two_player", "aria.games.question.oracle",
+                                    "aria.games.question.knowledge_base", "aria.games.question.llm_oracle", "aria.games.question.expert",
                                     "aria.llm.registry", "aria.llm.constrained", "aria.games.offers"])
 def test_each_playing_module_imports_alone(module):
     done = subprocess.run([sys.executable, "-c", f"import {module}"], capture_output=True, text=True,

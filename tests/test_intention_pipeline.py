@@ -13,12 +13,12 @@ import pytest
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
-from aria.games.base import target_schedule
-from aria.games.oracle import build_oracle
+from aria.games.question.game import target_schedule
+from aria.games.question.oracle import build_oracle
+from aria.games.question.play import game_id, play_games
 from aria.importers import import_file
 from aria.intention import pipeline
 from aria.io import DataError
-from aria.rollout import game_id, play_games
 from aria.trajectories import make_record, write_trajectories
 from conftest import ORIGINAL_SAMPLES, ScriptedPolicy
 

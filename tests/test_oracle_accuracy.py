@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from aria.games.knowledge_base import KnowledgeBaseOracle
-from aria.games.oracle import OracleRequest, build_oracle
-from aria.games.text import contains_phrase
+from aria.games.question.knowledge_base import KnowledgeBaseOracle
+from aria.games.question.oracle import OracleRequest, build_oracle
+from aria.games.question.text import contains_phrase
 
 CASES = Path(__file__).parent / "data"
 FLOOR = {"twenty_questions": 0.95, "guess_my_city": 0.95}
@@ -89,8 +89,8 @@ def test_guess_my_city_says_you_guessed_it_exactly_when_the_game_counts_a_win(ga
     """A question naming the hidden city among others is no guess under single_guess, so the
     oracle must not answer "you guessed it" (it did, and the game went on as lost: seen in a
     collection, "How does Bombay fit into Chicago?")."""
-    from aria.games.base import load_game
-    from aria.games.oracle import build_oracle
+    from aria.games.question.game import load_game
+    from aria.games.question.oracle import build_oracle
 
     game = load_game("guess_my_city")
     oracle = build_oracle({"name": "knowledge_base"}, game_configs["guess_my_city"])

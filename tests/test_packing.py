@@ -143,11 +143,12 @@ def test_game_ordered_batches_keep_games_together_and_cover_every_sample():
 def played_samples(tmp_path_factory, tiny_model_dir) -> list[dict]:
     """Training samples of four games the tiny model played (the collection code, the knowledge
     base oracle), rendered as pipeline step 4 renders them, with their game ids and turns."""
+    from aria.games.base import load_game_config
     from aria.games.family import family_of
-    from aria.games.base import build_game, load_game_config
-    from aria.games.oracle import build_oracle
+    from aria.games.question.game import build_game
+    from aria.games.question.oracle import build_oracle
+    from aria.games.question.play import play_games
     from aria.llm.local import LocalChatModel
-    from aria.rollout import play_games
     from aria.trajectories import read_trajectories
 
     game_cfg = {**load_game_config("twenty_questions_subset"), "max_turns": 6}

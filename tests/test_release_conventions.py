@@ -17,7 +17,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from aria.games.base import load_game
+from aria.games.question.game import load_game
 from aria.importers import parse_history
 from aria.intention.aggregate import aggregate, step_returns
 from aria.intention.corpus import IntentionSpec, build_corpus

@@ -11,10 +11,10 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 
-from aria.games.base import target_schedule
-from aria.games.oracle import build_oracle
+from aria.games.question.game import target_schedule
+from aria.games.question.oracle import build_oracle
+from aria.games.question.play import game_id, play_games
 from aria.llm.local import LocalChatModel
-from aria.rollout import game_id, play_games
 from aria.trajectories import read_trajectories
 from conftest import ScriptedPolicy
 

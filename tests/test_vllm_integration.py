@@ -73,7 +73,7 @@ def test_the_served_model_is_the_trained_model(vllm_server):
     from openai import OpenAI
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from aria.games.base import load_game
+    from aria.games.question.game import load_game
     from aria.policy import full_prompt_ids
 
     tokenizer = AutoTokenizer.from_pretrained(vllm_server["model"])
@@ -182,7 +182,7 @@ def test_the_second_turn_of_a_game_is_served_from_the_prefix_cache(vllm_server):
     """Turn 2 of a game repeats turn 1's prompt up to where the closing request starts: the
     server computes only what follows the last whole KV block of that shared history (blocks of
     32 tokens on the CPU build, serve_vllm.sh), read from its own counters."""
-    from aria.games.base import load_game
+    from aria.games.question.game import load_game
     from aria.llm.endpoint import EndpointChatModel
     from aria.llm.served import server_metrics
     from aria.packing import _common_prefix

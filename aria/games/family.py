@@ -9,7 +9,7 @@ with ``kind`` (``question`` when absent, ``two_player``).
 Everything outside the games asks :func:`family_of` instead of testing ``kind``: the experiment
 runner (collect, evaluate, check settings), the collection command, the training-set renderer,
 online training and the importers. Each family delegates to the modules that play it
-(:mod:`aria.rollout` and :mod:`aria.two_player`), imported when first used, so this module stays
+(:mod:`aria.games.question.play` and :mod:`aria.two_player`), imported when first used, so this module stays
 below everything that uses it and above everything it uses (no import cycle).
 """
 from __future__ import annotations
@@ -86,13 +86,13 @@ class QuestionFamily:
     collection_counts = {"num_games": 0, "batch_size": 1}  # the collection command's counts and their minimum
 
     def observation_renderer(self, game_cfg):
-        from aria.games.base import build_game
+        from aria.games.question.game import build_game
 
         game = build_game(game_cfg)
         return lambda record, index: game.prompt_before_turn(record["turns"], index)
 
     def collect(self, cfg):
-        from aria.rollout import collect_questions
+        from aria.games.question.play import collect_questions
 
         return collect_questions(cfg)
 
@@ -100,18 +100,18 @@ class QuestionFamily:
         return section["games"]
 
     def play(self, cfg, policy, out, seed, section):
-        from aria.games.base import build_game
-        from aria.games.oracle import build_oracle
-        from aria.rollout import play_games, reply_format
+        from aria.games.question.game import build_game
+        from aria.games.question.oracle import build_oracle
+        from aria.games.question.play import play_games, reply_format
 
         return play_games(build_game(cfg["game"]), policy, build_oracle(cfg["oracle"], cfg["game"]), out,
                           num_games=section["games"], seed=seed, batch_size=section["batch_size"], progress=False,
                           force_new=True, reply_format=reply_format(cfg["game"]))
 
     def collection_producer(self, cfg, section, seed, made_by):
-        from aria.games.base import build_game
-        from aria.games.oracle import build_oracle
-        from aria.rollout import question_producer, reply_format
+        from aria.games.question.game import build_game
+        from aria.games.question.oracle import build_oracle
+        from aria.games.question.play import question_producer, reply_format
         from aria.trajectories import describe
 
         return question_producer(build_game(cfg["game"]), seed, made_by, describe(build_oracle(cfg["oracle"], cfg["game"])),
@@ -128,7 +128,7 @@ class QuestionFamily:
         return [(out, None, self.collection_producer(cfg, e, e["seed"], made_by))]
 
     def evaluation_ids(self, cfg):
-        from aria.rollout import game_id
+        from aria.games.question.play import game_id
 
         e = cfg["eval"]
         return {game_id(cfg["game"]["name"], e["seed"], i) for i in range(e["games"])}
@@ -149,10 +149,11 @@ class QuestionFamily:
         pass  # the question sections' counts are checked with every family's (aria.experiment.check_settings)
 
     def evaluate_served(self, cfg, game_cfg, policy, out, batch_size):
+        from aria.games.base import structured_output
+        from aria.games.question.game import build_game
+        from aria.games.question.oracle import build_oracle
+        from aria.games.question.play import play_games, reply_format
         from aria.statistics import generation_cost, summarize_games
-        from aria.games.base import build_game, structured_output
-        from aria.games.oracle import build_oracle
-        from aria.rollout import play_games, reply_format
         from aria.trajectories import read_trajectories
 
         if cfg["structured_output"] is not None:
@@ -269,11 +270,11 @@ class TwoPlayerFamily:
             raise ConfigError("eval.opponent: a two-player evaluation needs an opponent (see config/experiment/bargaining.yaml)")
 
     def evaluate_served(self, cfg, game_cfg, policy, out, batch_size):
-        from aria.llm.registry import reply_tokens_key
-        from aria.statistics import generation_cost
         from aria.games.base import structured_output
         from aria.games.glee import config_set
+        from aria.llm.registry import reply_tokens_key
         from aria.llm.registry import build_policy
+        from aria.statistics import generation_cost
         from aria.two_player import PolicyPlayer, build_player, evaluate_two_player
 
         tp = cfg["two_player"]

@@ -26,7 +26,7 @@ from typing import Any, Callable, Iterable, Mapping
 
 import numpy as np
 
-from aria.games.oracle import normalize_yes_no
+from aria.games.question.oracle import normalize_yes_no
 from aria.intention.aggregate import StepTable, step_returns
 from aria.io import DataError
 

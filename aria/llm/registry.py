@@ -17,7 +17,7 @@ POLICIES: dict[str, str] = {
     "local": "aria.llm.local:LocalChatModel",  # a Hugging Face model in this process
     "endpoint": "aria.llm.endpoint:EndpointChatModel",  # an OpenAI-compatible server
     "vllm": "aria.llm.served:ServedChatModel",  # a vLLM server started for the run
-    "scripted": "aria.games.expert:ScriptedExpertPolicy",  # the scripted expert questioner
+    "scripted": "aria.games.question.expert:ScriptedExpertPolicy",  # the scripted expert questioner
 }
 
 

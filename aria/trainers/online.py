@@ -4,7 +4,7 @@
 One story per iteration ``i`` (``config/onlinereinforce_llm.yaml`` names every setting):
 
 1. **Roll out** ``online.rollout_size`` games of every game in ``online.games`` with the current
-   policy, many at once (:func:`aria.rollout.play_games`, the policy's live weights through
+   policy, many at once (:func:`aria.games.question.play.play_games`, the policy's live weights through
    :meth:`LocalChatModel.from_model`), into ``rollouts/iter-<i>/<game>.rank<r>.jsonl``. These
    files are the rollout buffer: a refresh reads them, and an interrupted rollout resumes game by
    game.
@@ -158,9 +158,10 @@ class OnlineTrainer:
     def __init__(self, cfg: dict, on_iteration: Callable[[int], None] | None = None):
         from accelerate.utils import set_seed
 
-        from aria.games.base import build_game, load_game_config
+        from aria.games.base import load_game_config
         from aria.games.family import checked_game, family_of
-        from aria.games.oracle import build_oracle
+        from aria.games.question.game import build_game
+        from aria.games.question.oracle import build_oracle
         from aria.reward_service import build_scorer
 
         cfg = validated(OnlineTrainerSettings, cfg, "online trainer settings")
@@ -232,8 +233,8 @@ class OnlineTrainer:
     def rollout(self, iteration: int) -> list[dict]:
         """Play this process's share of the iteration's games with the current weights; returns the
         finished records (failed games are kept in the file, not trained on)."""
+        from aria.games.question.play import play_games, reply_format
         from aria.llm.local import LocalChatModel
-        from aria.rollout import play_games, reply_format
         from aria.trajectories import read_trajectories
 
         acc, o, r = self.accelerator, self.cfg["online"], self.cfg["rollout"]

@@ -22,7 +22,7 @@ from typing import Any, Mapping, Sequence
 
 import torch
 
-from aria.games.oracle import OracleRequest, normalize_yes_no
+from aria.games.question.oracle import OracleRequest, normalize_yes_no
 from aria.llm.base import Completion
 
 TWENTY_QUESTIONS = "twenty_questions"

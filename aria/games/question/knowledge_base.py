@@ -25,9 +25,9 @@ import re
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
-from aria.games.base import build_game
-from aria.games.oracle import OracleRequest
-from aria.games.text import normalize
+from aria.games.question.game import build_game
+from aria.games.question.oracle import OracleRequest
+from aria.games.question.text import normalize
 from aria.io import DataError, read_json
 from aria.llm.base import Completion
 from aria.resources import dataset_file

@@ -8,7 +8,7 @@ space recovers intentions (adjusted Rand index, NMI).
 How it plays (one story per turn):
 
 1. **What is still possible.** The game history is read back from the prompt
-   (:meth:`aria.games.base.PromptFormat.parse`); a candidate target survives when the
+   (:meth:`aria.games.question.game.PromptFormat.parse`); a candidate target survives when the
    knowledge-base oracle, asked each past question about that candidate, gives the answer the
    game gave (yes / no / other). So the expert reasons with the oracle's own fact tables
    (``dataset/*_facts.json``), and a random question of the noisy expert narrows the set as well.
@@ -34,8 +34,8 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any, Mapping, Sequence
 
-from aria.games.base import QuestionGame, build_game
-from aria.games.text import normalize
+from aria.games.question.game import QuestionGame, build_game
+from aria.games.question.text import normalize
 from aria.llm.base import Completion, Message
 
 #: Answer classes the expert compares (an answer's first word).
@@ -106,7 +106,7 @@ def _fill(template: str, x: str) -> str:
 
 
 def _twenty_questions_intentions(game: QuestionGame, facts: Mapping[str, Any]) -> list[Intention]:
-    from aria.games.knowledge_base import CATEGORY_TAGS, REFERENCE_SIZE
+    from aria.games.question.knowledge_base import CATEGORY_TAGS, REFERENCE_SIZE
 
     objects = {t.name: facts["objects"][t.name] for t in game.targets}
     intentions = [Intention(key, tuple(templates)) for key, templates in _TQ_BOOLEANS.items()]
@@ -194,7 +194,7 @@ class ExpertQuestioner:
     """The fact tables, the intentions of one game and their checked templates (see module doc)."""
 
     def __init__(self, game_cfg: Mapping[str, Any]):
-        from aria.games.knowledge_base import KnowledgeBaseOracle
+        from aria.games.question.knowledge_base import KnowledgeBaseOracle
         from aria.io import read_json
         from aria.resources import dataset_file
 

@@ -4,7 +4,7 @@ The model is told the hidden target (and, for Guess My City, its country) and th
 question, and answers greedily (temperature 0). Its free-text reply is then forced into the
 game's answer set, so a chatty model cannot break the game:
 
-- Twenty Questions: the first word decides, via :func:`~aria.games.oracle.normalize_yes_no`
+- Twenty Questions: the first word decides, via :func:`~aria.games.question.oracle.normalize_yes_no`
   ("Yes, it is a fruit." -> "Yes.", anything that is not yes/no -> the invalid answer).
 - Guess My City: the first line of the reply, with every mention of the city (or one of its
   other names) replaced by "my city", so the oracle can never give the answer away.
@@ -14,9 +14,9 @@ from __future__ import annotations
 import re
 from typing import Any, Mapping, Sequence
 
-from aria.games.base import load_targets
-from aria.games.oracle import OracleRequest, normalize_yes_no
-from aria.games.text import contains_phrase, normalize
+from aria.games.question.game import load_targets
+from aria.games.question.oracle import OracleRequest, normalize_yes_no
+from aria.games.question.text import contains_phrase, normalize
 from aria.llm.base import Completion
 from aria.llm.endpoint import EndpointChatModel
 
@@ -64,7 +64,7 @@ def first_line(text: str) -> str:
 def redact_names(text: str, names: Sequence[str], replacement: str = CITY_REDACTION) -> str:
     """Replace every whole-word, case- and accent-insensitive mention of any of ``names``.
 
-    Words are compared after :func:`~aria.games.text.normalize`, so "SÃO PAULO's" matches
+    Words are compared after :func:`~aria.games.question.text.normalize`, so "SÃO PAULO's" matches
     "Sao Paulo" and the span "SÃO PAULO" is replaced, keeping the "'s".
     """
     if not any(contains_phrase(text, name) for name in names):

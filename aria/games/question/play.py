@@ -22,8 +22,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
-from aria.games.base import QuestionGame, Target, build_game, structured_output, target_schedule
-from aria.games.oracle import Oracle, OracleRequest, build_oracle
+from aria.games.base import structured_output
+from aria.games.question.game import QuestionGame, Target, build_game, target_schedule
+from aria.games.question.oracle import Oracle, OracleRequest, build_oracle
 from aria.llm.base import ChatModel, OutputFormat, concurrent
 from aria.llm.registry import build_policy
 from aria.scheduler import PlaySummary, run_games
@@ -93,7 +94,7 @@ def question_producer(game: QuestionGame, seed: int, policy: dict, oracle: dict,
                       reply_format: OutputFormat | None = None) -> dict:
     """The producer record of a file of question games (:class:`~aria.trajectories.TrajectoryWriter`):
     the settings its games were played under, the game's rules included
-    (:meth:`~aria.games.base.QuestionGame.settings`), which a resumed run must match exactly."""
+    (:meth:`~aria.games.question.game.QuestionGame.settings`), which a resumed run must match exactly."""
     producer = {"game": game.name, "game_settings": game.settings(), "seed": seed, "system_prompt": system_prompt,
                 "policy": policy, "oracle": oracle}
     if reply_format is not None:  # files written before the setting existed keep their producer

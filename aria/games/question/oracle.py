@@ -38,9 +38,9 @@ class Oracle(Protocol):
 #: name -> "module:Class" (built in) or a class (registered with :func:`register_oracle`). The class
 #: takes ``game_cfg`` and the config's other keys as keyword arguments.
 ORACLES: dict[str, str | Callable[..., Oracle]] = {
-    "knowledge_base": "aria.games.knowledge_base:KnowledgeBaseOracle",  # fact tables, offline
-    "llm": "aria.games.llm_oracle:LLMOracle",  # an LLM behind an OpenAI-compatible server
-    "flan_t5": "aria.games.flan_t5_oracle:FlanT5Oracle",  # a local seq2seq model
+    "knowledge_base": "aria.games.question.knowledge_base:KnowledgeBaseOracle",  # fact tables, offline
+    "llm": "aria.games.question.llm_oracle:LLMOracle",  # an LLM behind an OpenAI-compatible server
+    "flan_t5": "aria.games.question.flan_t5_oracle:FlanT5Oracle",  # a local seq2seq model
 }
 
 
