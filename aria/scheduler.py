@@ -1,8 +1,9 @@
 """One batched, resumable game scheduler for every kind of game.
 
-Single-agent question games (:mod:`aria.games.question.play`) and two-player games (:mod:`aria.two_player`)
-are played by the same loop; a game kind supplies only what differs (verl's agent loop and
-RAGEN's split between stepping the environment and building prompts work the same way):
+Single-agent question games (:mod:`aria.games.question.play`) and two-player games
+(:mod:`aria.games.two_player.play`) are played by the same loop; a game kind supplies only what
+differs (verl's agent loop and RAGEN's split between stepping the environment and building
+prompts work the same way):
 
 * :meth:`GameKind.start`: a new live game from a job (a target, a configuration);
 * :meth:`GameKind.play_turn`: one turn of every live game, batched (one policy call per player);

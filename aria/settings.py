@@ -457,7 +457,7 @@ class QuestionGameSettings:
 @dataclass
 class TwoPlayerGameSettings:
     """Bargaining and Negotiation (config/game/bargaining.yaml); the prompts' and transcripts'
-    texts are checked by the game when it renders them (aria.games.glee)."""
+    texts are checked by the game when it renders them (aria.games.two_player.glee)."""
     name: str = MISSING
     kind: str = MISSING
     players: List[str] = MISSING

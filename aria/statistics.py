@@ -5,7 +5,7 @@
 * **Summaries of games**: single-agent success rate with its interval, mean turns, share of
   invalid questions, failed games (counted and listed, never scored as losses); two-player win
   rate (the policy's payoff strictly above the opponent's) per seat or over both, tie and deal
-  rates, mean payoff share (the normalised reward of :func:`aria.games.glee.normalized_rewards`,
+  rates, mean payoff share (the normalised reward of :func:`aria.games.two_player.glee.normalized_rewards`,
   0.5 on a tie) and the share of turns with no usable reply.
 * **Paired test** of two arms evaluated on the same targets (games paired by seed and game id):
   exact McNemar, the two-sided binomial test of b against Binomial(b + c, 1/2), where b = pairs

@@ -40,7 +40,7 @@ Two-player games (bargaining, negotiation) use the same envelope with ``players`
 Their turns need ``role`` and ``action`` (``observation``/``question`` are not used: the other
 player's next turn is the observation); ``reward``, ``embedding`` and ``shown`` (the text the other
 player received, which transcripts show instead of ``action``) are optional. Games played here
-add the parsed move and every re-prompt to each turn (see :mod:`aria.two_player`).
+add the parsed move and every re-prompt to each turn (see :mod:`aria.games.two_player.play`).
 
 :func:`validate_record` checks all of this and names file, line and field of the first problem.
 """

@@ -10,7 +10,7 @@
 Both write to ``benchmarks/results/constrained_decoding.json`` (each its own section).
 
 **engines**: per engine, the seconds to compile the tokenizer and the Bargaining answer schema
-(:func:`aria.games.offers.reply_schema`), and the median time to compute one token mask and
+(:func:`aria.games.two_player.offers.reply_schema`), and the median time to compute one token mask and
 advance by one token, over a valid reply's tokens, 16 rows at a time (a batch of games), median
 of 5 repeats.
 
@@ -33,11 +33,12 @@ from pathlib import Path
 
 OUT = Path(__file__).resolve().parent / "results" / "constrained_decoding.json"
 ROWS = 16
-# aria.games.offers and aria.games.glee need only the standard library, so the engines part can
-# run in the vLLM build's environment, which does not have this package installed.
+# aria.games.two_player.offers and aria.games.two_player.glee need only the standard library, so
+# the engines part can run in the vLLM build's environment, which does not have this package
+# installed.
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from aria.games.glee import BargainingConfig, Match, Move  # noqa: E402
-from aria.games.offers import ParseError, parse_reply, reply_schema  # noqa: E402
+from aria.games.two_player.glee import BargainingConfig, Match, Move  # noqa: E402
+from aria.games.two_player.offers import ParseError, parse_reply, reply_schema  # noqa: E402
 
 
 def answer_match() -> Match:

@@ -141,8 +141,8 @@ def play(workload: str, policy, concurrency: int, turns: int, rounds: int, seed:
             summary = play_games(build_game(game_cfg), policy, oracle, out, num_games=games, seed=seed,
                                  batch_size=concurrency, progress=False)
         else:
-            from aria.games.glee import config_set
-            from aria.two_player import PolicyPlayer, play_two_player
+            from aria.games.two_player.glee import config_set
+            from aria.games.two_player.play import PolicyPlayer, play_two_player
 
             game_cfg = load_game_config("bargaining")
             configs = [dataclasses.replace(c, max_rounds=rounds) for c in config_set(game_cfg, "eval48")[:games]]

@@ -14,9 +14,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from aria.games.base import load_game_config
-from aria.games.glee import BargainingConfig, Match, Move, NegotiationConfig
-from aria.games.offers import parse_reply, reply_schema, split_grid
 from aria.games.question.game import build_game
+from aria.games.two_player.glee import BargainingConfig, Match, Move, NegotiationConfig
+from aria.games.two_player.offers import parse_reply, reply_schema, split_grid
 from aria.llm.base import OutputFormat
 from aria.llm.endpoint import structured_request
 from aria.llm.local import LocalChatModel
@@ -162,7 +162,7 @@ def test_endpoint_requests_carry_the_format():
 
 
 def test_the_schema_options_come_from_the_game_config():
-    from aria.two_player import schema_options
+    from aria.games.two_player.play import schema_options
 
     cfg = load_game_config("bargaining")
     assert schema_options(cfg) == {"message_chars": 80, "offer_steps": 100}

@@ -8,8 +8,8 @@ tested in tests/test_two_player_games.py; a few rows here go through the rules t
 """
 import pytest
 
-from aria.games.glee import BargainingConfig, Match, Move, NegotiationConfig
-from aria.games.offers import ParseError, parse_reply, to_number
+from aria.games.two_player.glee import BargainingConfig, Match, Move, NegotiationConfig
+from aria.games.two_player.offers import ParseError, parse_reply, to_number
 
 BAR = ("alice_gain", "bob_gain")
 NEG = ("product_price",)

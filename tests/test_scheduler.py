@@ -8,14 +8,14 @@ import threading
 import pytest
 
 from aria.games.base import load_game_config
-from aria.games.glee import BargainingConfig, config_set
 from aria.games.question.game import build_game
 from aria.games.question.oracle import build_oracle
 from aria.games.question.play import QuestionGames, game_id
+from aria.games.two_player.glee import BargainingConfig, config_set
+from aria.games.two_player.play import PolicyPlayer, ScriptedPlayer, TwoPlayerGames, play_two_player
 from aria.llm.local import LocalChatModel
 from aria.scheduler import run_games
 from aria.trajectories import ResumeMismatch, read_trajectories
-from aria.two_player import PolicyPlayer, ScriptedPlayer, TwoPlayerGames, play_two_player
 from conftest import ScriptedPolicy
 
 

@@ -3,11 +3,11 @@ training, the subgame-perfect split and the scripted opponents' known outcomes."
 import pytest
 
 from aria.games.base import load_game_config
-from aria.games.glee import (
+from aria.games.two_player.glee import (
     BargainingConfig, Match, Move, NegotiationConfig, config_from_dict, config_set, config_to_dict, normalized_rewards, rubinstein_split,
     spe_concessions, winner,
 )
-from aria.games.scripted import ScriptedBargainer, ScriptedNegotiator
+from aria.games.two_player.scripted import ScriptedBargainer, ScriptedNegotiator
 
 
 def split(x, y):

@@ -11,12 +11,12 @@ from omegaconf import OmegaConf
 
 from aria.data import Transcript
 from aria.games.base import load_game_config
-from aria.games.glee import BargainingConfig, Match, NegotiationConfig, config_set, normalized_rewards
-from aria.games.offers import ParseError, parse_reply
+from aria.games.two_player.glee import BargainingConfig, Match, NegotiationConfig, config_set, normalized_rewards
+from aria.games.two_player.offers import ParseError, parse_reply
+from aria.games.two_player.play import PolicyPlayer, ScriptedPlayer, play_two_player, read_move
 from aria.intention import pipeline
 from aria.llm.base import Completion
 from aria.trajectories import read_trajectories
-from aria.two_player import PolicyPlayer, ScriptedPlayer, play_two_player, read_move
 
 REPO = Path(__file__).resolve().parent.parent
 

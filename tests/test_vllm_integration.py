@@ -155,8 +155,8 @@ def test_structured_outputs_through_the_real_server(vllm_server):
     structured-outputs engine, set by serve_vllm.sh): every sampled reply is valid and a legal move."""
     import jsonschema
 
-    from aria.games.glee import BargainingConfig, Match, Move
-    from aria.games.offers import parse_reply, reply_schema
+    from aria.games.two_player.glee import BargainingConfig, Match, Move
+    from aria.games.two_player.offers import parse_reply, reply_schema
     from aria.llm.base import OutputFormat
     from aria.llm.endpoint import EndpointChatModel
 

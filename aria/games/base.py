@@ -46,7 +46,7 @@ def load_game_config(name: str, _within: tuple[str, ...] = ()) -> dict:
 
 #: ``structured_output`` values of a game config, per kind of game: free replies, a question game's
 #: one-line question format (``reply_regex``, e.g. ``Question: ...?``), or a two-player reply
-#: under the JSON schema of its turn (:func:`aria.games.offers.reply_schema`).
+#: under the JSON schema of its turn (:func:`aria.games.two_player.offers.reply_schema`).
 STRUCTURED_OUTPUTS = {"question": ("none", "regex"), "two_player": ("none", "json_schema")}
 
 

@@ -9,8 +9,9 @@ with ``kind`` (``question`` when absent, ``two_player``).
 Everything outside the games asks :func:`family_of` instead of testing ``kind``: the experiment
 runner (collect, evaluate, check settings), the collection command, the training-set renderer,
 online training and the importers. Each family delegates to the modules that play it
-(:mod:`aria.games.question.play` and :mod:`aria.two_player`), imported when first used, so this module stays
-below everything that uses it and above everything it uses (no import cycle).
+(:mod:`aria.games.question.play` and :mod:`aria.games.two_player.play`), imported when first
+used, so this module stays below everything that uses it and above everything it uses (no
+import cycle).
 """
 from __future__ import annotations
 
@@ -185,18 +186,18 @@ class TwoPlayerFamily:
         return Transcript.from_config(game_cfg).render
 
     def collect(self, cfg):
-        from aria.two_player import collect_two_player_from_config
+        from aria.games.two_player.play import collect_two_player_from_config
 
         return collect_two_player_from_config(cfg)
 
     def games_in(self, game_cfg, section):
-        from aria.games.glee import config_set
+        from aria.games.two_player.glee import config_set
 
         return len(config_set(game_cfg, section["config_set"])) * section["games_per_config"]
 
     def play(self, cfg, policy, out, seed, section):
-        from aria.games.glee import config_set
-        from aria.two_player import PolicyPlayer, play_two_player
+        from aria.games.two_player.glee import config_set
+        from aria.games.two_player.play import PolicyPlayer, play_two_player
 
         player = PolicyPlayer(policy)
         return play_two_player(cfg["game"], config_set(cfg["game"], section["config_set"]), {"alice": player, "bob": player},
@@ -210,14 +211,14 @@ class TwoPlayerFamily:
         return where
 
     def evaluation_seats(self, out):
-        from aria.games.glee import PLAYERS
+        from aria.games.two_player.glee import PLAYERS
 
         return [(out / f"as_{role}.jsonl", role) for role in PLAYERS]
 
     def evaluation_files(self, cfg, out, made_by):
-        from aria.games.glee import other
+        from aria.games.two_player.glee import other
+        from aria.games.two_player.play import build_player
         from aria.trajectories import describe
-        from aria.two_player import build_player
 
         e = cfg["eval"]
         opponent = describe(build_player(e["opponent"], cfg["game"]["name"]))
@@ -225,8 +226,8 @@ class TwoPlayerFamily:
                 for file, role in self.evaluation_seats(out)]
 
     def evaluation_ids(self, cfg):
-        from aria.games.glee import config_set
-        from aria.two_player import game_id
+        from aria.games.two_player.glee import config_set
+        from aria.games.two_player.play import game_id
 
         e = cfg["eval"]
         return {game_id(c, e["seed"], i) for c in config_set(cfg["game"], e["config_set"]) for i in range(e["games_per_config"])}
@@ -238,8 +239,8 @@ class TwoPlayerFamily:
         return sum(t["role"] == role for t in record["turns"])
 
     def evaluate(self, cfg, policy, out, echo):
-        from aria.games.glee import config_set
-        from aria.two_player import PolicyPlayer, build_player, evaluate_two_player
+        from aria.games.two_player.glee import config_set
+        from aria.games.two_player.play import PolicyPlayer, build_player, evaluate_two_player
 
         e = cfg["eval"]
         player = PolicyPlayer(policy)
@@ -250,8 +251,8 @@ class TwoPlayerFamily:
         return summary["overall"]["failed"]
 
     def check_experiment(self, cfg):
-        from aria.games.glee import config_set
-        from aria.two_player import schema_options
+        from aria.games.two_player.glee import config_set
+        from aria.games.two_player.play import schema_options
 
         if cfg["warm_start"]["enabled"]:
             raise ConfigError(f"warm_start.enabled: the scripted expert plays question games, not {cfg['game']['name']}; "
@@ -271,11 +272,11 @@ class TwoPlayerFamily:
 
     def evaluate_served(self, cfg, game_cfg, policy, out, batch_size):
         from aria.games.base import structured_output
-        from aria.games.glee import config_set
+        from aria.games.two_player.glee import config_set
+        from aria.games.two_player.play import PolicyPlayer, build_player, evaluate_two_player
         from aria.llm.registry import reply_tokens_key
         from aria.llm.registry import build_policy
         from aria.statistics import generation_cost
-        from aria.two_player import PolicyPlayer, build_player, evaluate_two_player
 
         tp = cfg["two_player"]
         if tp["structured_output"] is not None:
@@ -291,8 +292,8 @@ class TwoPlayerFamily:
 
     @staticmethod
     def _producer(cfg, section, seed, seats):
-        from aria.games.glee import config_set
-        from aria.two_player import two_player_producer
+        from aria.games.two_player.glee import config_set
+        from aria.games.two_player.play import two_player_producer
 
         return two_player_producer(cfg["game"], config_set(cfg["game"], section["config_set"]), seats, seed)
 

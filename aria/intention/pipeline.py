@@ -607,7 +607,7 @@ def _final_reward_of(record: dict, role: str) -> float:
 def _won(record: dict, role: str) -> bool:
     if "players" not in record:
         return bool(record["success"])
-    from aria.games.glee import winner
+    from aria.games.two_player.glee import winner
 
     meta = record.get("meta") or {}
     # the recorded winner (None: a tie), else the role with the strictly higher reward (imported logs)

@@ -1,4 +1,5 @@
-"""Reading a player's reply in Bargaining / Negotiation: model text -> :class:`~aria.games.glee.Move`.
+"""Reading a player's reply in Bargaining / Negotiation: model text -> a move
+(:class:`~aria.games.two_player.glee.Move`).
 
 Models are asked for one JSON object, e.g. ``{"decision": "reject", "alice_gain": 60,
 "bob_gain": 40, "message": "..."}``, but often wrap it in prose or code fences, use other
@@ -15,7 +16,7 @@ spellings, or write plain sentences. Parsing therefore goes in two stages:
 
 What the parser cannot read raises :class:`ParseError` with a reason that is shown to the
 model when it is asked again; whether a readable move is *legal* is the rules' business
-(:meth:`aria.games.glee.Match.check`). Both are recorded in the trajectory.
+(:meth:`aria.games.two_player.glee.Match.check`). Both are recorded in the trajectory.
 """
 from __future__ import annotations
 
@@ -24,7 +25,7 @@ import math
 import re
 from typing import Any, Sequence
 
-from aria.games.glee import Move
+from aria.games.two_player.glee import Move
 
 DECISION_WORDS = {
     "accept": ("accept", "accepted", "accepting", "agree", "agreed", "deal", "yes"),
@@ -281,7 +282,7 @@ def split_grid(money: float, steps: int = OFFER_STEPS) -> list[tuple[float, floa
     Every whole-number split when M is a whole number no larger than ``steps``; otherwise ``steps``
     equal steps of M, rounded to whole units (cents when M is not a whole number). Each pair adds
     up to M exactly (to the cent), so every listed offer is legal
-    (:meth:`aria.games.glee.BargainingConfig.check_offer`), and the grid includes 0, M and (for
+    (:meth:`aria.games.two_player.glee.BargainingConfig.check_offer`), and the grid includes 0, M and (for
     an even ``steps``) the even split.
     """
     if steps < 1:
@@ -295,7 +296,7 @@ def split_grid(money: float, steps: int = OFFER_STEPS) -> list[tuple[float, floa
 
 
 def reply_schema(match, message_chars: int = MESSAGE_CHARS, offer_steps: int = OFFER_STEPS) -> dict:
-    """The JSON schema of a legal reply on this turn of ``match`` (:class:`aria.games.glee.Match`),
+    """The JSON schema of a legal reply on this turn of ``match`` (:class:`aria.games.two_player.glee.Match`),
     as the prompt's reply format describes it (``config/game/<game>.yaml``, ``reply_format``).
 
     * nothing on the table: an offer ``{<offer fields>, "message"}`` (Negotiation: or walk away);

@@ -7,14 +7,14 @@ at once through the one game scheduler (:func:`aria.scheduler.run_games`); this 
 the two-player turn (:class:`TwoPlayerGames`): the live games are grouped by the player to move
 and every group is one batched call.
 
-A turn (rules: :mod:`aria.games.glee`):
+A turn (rules: :mod:`aria.games.two_player.glee`):
 
 1. the mover's prompt is its system prompt plus the transcript so far (:class:`aria.data.Transcript`,
    the same renderer that builds training observations);
 2. with ``structured_output: json_schema`` (game config) the reply is generated under the JSON
-   schema of its turn (:func:`aria.games.offers.reply_schema`: an offer, or accept / reject with
+   schema of its turn (:func:`aria.games.two_player.offers.reply_schema`: an offer, or accept / reject with
    a counter-offer / walk away), so a small model always writes a legal move;
-3. the reply is parsed (:func:`aria.games.offers.parse_reply`) and checked against the rules; an
+3. the reply is parsed (:func:`aria.games.two_player.offers.parse_reply`) and checked against the rules; an
    unreadable or illegal reply is sent back with the reason, up to ``max_reprompts`` times
    (batched across games), then the turn counts as ``on_invalid``;
 4. the move is applied and the other player sees it as one transcript line (:func:`shown_text`).
@@ -23,7 +23,7 @@ Each game is written as one schema-v1 two-player record (:mod:`aria.trajectories
 ``role``, ``action`` (the reply used, or the last unusable one), ``shown``, ``decision``, ``offer``,
 ``round`` (of a new offer), ``message``, ``attempts`` (every unusable reply with its error),
 ``forfeit`` (the rule applied when no reply was usable). ``role_rewards`` are the normalised
-payoffs of :func:`aria.games.glee.normalized_rewards`; ``meta`` keeps the configuration, the
+payoffs of :func:`aria.games.two_player.glee.normalized_rewards`; ``meta`` keeps the configuration, the
 payoffs, the outcome, the winner, who played each seat, and the two system prompts (under the
 original's keys ``player_1_system_prompt`` / ``player_2_system_prompt``).
 
@@ -40,10 +40,11 @@ from typing import Any, Mapping, Sequence
 
 from aria.data import Transcript
 from aria.games.base import structured_output
-from aria.games.glee import PLAYERS, GameConfig, Match, Move, config_set, config_to_dict, normalized_rewards, winner
-from aria.games.glee_text import shown_text, system_prompt
-from aria.games.offers import MESSAGE_CHARS, OFFER_STEPS, ParseError, parse_reply, reply_schema
-from aria.games.scripted import SCRIPTED_PLAYERS, reply_json
+from aria.games.two_player.glee import (PLAYERS, GameConfig, Match, Move, config_set, config_to_dict,
+                                      normalized_rewards, winner)
+from aria.games.two_player.glee_text import shown_text, system_prompt
+from aria.games.two_player.offers import MESSAGE_CHARS, OFFER_STEPS, ParseError, parse_reply, reply_schema
+from aria.games.two_player.scripted import SCRIPTED_PLAYERS, reply_json
 from aria.io import ConfigError, json_digest
 from aria.llm.base import ChatModel, Completion, Message, OutputFormat, concurrent
 from aria.scheduler import PlaySummary, run_games
@@ -81,7 +82,8 @@ class PolicyPlayer:
 
 
 class ScriptedPlayer:
-    """A scripted opponent (:mod:`aria.games.scripted`) in a seat; it reads the game state, not the text."""
+    """A scripted opponent (:mod:`aria.games.two_player.scripted`) in a seat; it reads the game
+    state, not the text."""
 
     concurrent = True  # a function of the game's state: safe from any thread
 
@@ -171,7 +173,7 @@ SCHEMA_LIMITS = {"offer_steps": 1_000, "message_chars": 10_000}
 
 
 def schema_options(game_cfg: Mapping[str, Any]) -> dict[str, int]:
-    """The game config's ``reply_schema`` options of :func:`aria.games.offers.reply_schema`
+    """The game config's ``reply_schema`` options of :func:`aria.games.two_player.offers.reply_schema`
     (``message_chars``, ``offer_steps``) over their defaults, checked."""
     options = {"message_chars": MESSAGE_CHARS, "offer_steps": OFFER_STEPS}
     given = dict(game_cfg.get("reply_schema") or {})
@@ -388,8 +390,8 @@ def evaluate_two_player(
     Returns the environment's summary: per seat and over both seats
     (:func:`aria.statistics.summarize_two_player`), plus the opponent and the configurations used.
     """
+    from aria.games.two_player.glee import other
     from aria.statistics import summarize_two_player
-    from aria.games.glee import other
     from aria.trajectories import read_trajectories
 
     games: dict[str, list[dict]] = {}

@@ -1,8 +1,8 @@
 """Bargaining and Negotiation, the two-player games of GLEE (``docs/method.md`` §6).
 
 Pure rules: game configurations, what a player may do on its turn, payoffs, and the rewards
-used for training. No I/O and no models; prompts and parsing live in :mod:`aria.games.offers`
-and the players in :mod:`aria.games.scripted` / :mod:`aria.two_player`.
+used for training. No I/O and no models; prompts and parsing live in :mod:`aria.games.two_player.offers`
+and the players in :mod:`aria.games.two_player.scripted` / :mod:`aria.games.two_player.play`.
 
 Turn structure (both games). Alice and Bob speak alternately, Alice first. Every turn is one
 reply of the mover:

@@ -4,7 +4,7 @@ opponents are replaced offline by these; any OpenAI-compatible model can still b
 Every scripted player has a ``strength`` s in [0, 1] (1 = strong):
 
 * :class:`ScriptedBargainer` plays the subgame-perfect strategy of the finite alternating-offers
-  game (:func:`aria.games.glee.spe_concessions`): as proposer in round t it offers the responder
+  game (:func:`aria.games.two_player.glee.spe_concessions`): as proposer in round t it offers the responder
   c_t, the responder's value of rejecting (in round-t money); as responder it accepts an offer
   worth at least c_t. Two strong bargainers therefore agree in round 1 on the discount-predicted
   split. A weaker one offers s·c_t + (1 − s)·M/2 (closer to an even split) and accepts anything
@@ -26,7 +26,7 @@ from __future__ import annotations
 import json
 import math
 
-from aria.games.glee import BargainingConfig, Match, Move, NegotiationConfig, other, spe_concessions
+from aria.games.two_player.glee import BargainingConfig, Match, Move, NegotiationConfig, other, spe_concessions
 
 _GUESS_FACTOR = 1.5  # a negotiator's guess of the other's value under incomplete information
 

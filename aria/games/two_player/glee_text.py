@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-from aria.games.glee import BargainingConfig, GameConfig, NegotiationConfig, other
+from aria.games.two_player.glee import BargainingConfig, GameConfig, NegotiationConfig, other
 
 
 def money_text(x: float, sign: str = "$") -> str:
