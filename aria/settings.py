@@ -12,9 +12,11 @@ carries a default here only where the shipped YAML leaves it out on purpose, as 
 runs never set.
 
 Choices that come from a registry (``method``, ``loss.name``, ``train.packing``, a scheduler
-name) stay strings: the registry checks them and lists the known names. Game, policy, oracle,
-opponent and embedder sections are config groups whose options differ in shape; their builders
-check them (``aria.games.question.game.build_game``, ``aria.llm.registry.build_policy``, ...).
+name) stay strings: the registry checks them and lists the known names. A game section has the
+schema of its family (:class:`QuestionGameSettings`, :class:`TwoPlayerGameSettings`), checked by
+``aria.games.family.checked_game`` where a command takes its game. Policy, oracle, opponent and
+embedder sections are config groups whose options differ in shape; the registries that build
+them check them (``aria.llm.registry.build_policy``, ``aria.games.question.oracle.build_oracle``).
 """
 from __future__ import annotations
 
