@@ -77,7 +77,7 @@ def test_the_movement_verdict_by_hand(tmp_path):
     from aria.experiment_layout import Layout
     from aria.experiment_report import moved_from_parent
 
-    cfg = {"run_dir": str(tmp_path), "game": {"name": "twenty_questions_subset"},
+    cfg = {"run_dir": str(tmp_path), "game": {"name": "twenty_questions_subset"}, "variants": {},
            "report": {"movement": {"min_token_kl": 0.01, "min_weight_share": 0.001}}}
     lay = Layout(cfg)
     parent = {f"g{i}": {"success": i < 3, "turns": 5} for i in range(10)}   # won 3
