@@ -14,48 +14,20 @@ from pathlib import Path
 from typing import Any, Iterable, Mapping
 
 from aria.io import ConfigError, atomic_write_json, atomic_write_text, read_json
-
-def _pct(x: float | None) -> str:
-    return "n/a" if x is None else f"{100 * x:.1f}"
-
-
-def _two_player_rows(summary: dict) -> list[str]:
-    rows = []
-    for env, e in summary["environments"].items():
-        if e.get("kind") != "two_player":
-            continue
-        for seat in ("as_alice", "as_bob", "overall"):
-            s = e[seat]
-            low, high = s["win_rate_ci95"]
-            share = "n/a" if s["mean_payoff_share"] is None else f"{s['mean_payoff_share']:.3f}"
-            rows.append(f"| {env} | {seat.replace('_', ' ')} | {s['finished']} | {_pct(s['win_rate'])} | {_pct(low)}-{_pct(high)} | "
-                        f"{_pct(s['tie_rate'])} | {_pct(s['deal_rate'])} | {share} | {_pct(s['unusable_reply_share'])} | {s['failed']} |")
-    if not rows:
-        return []
-    opponents = sorted({e["opponent"] for e in summary["environments"].values() if e.get("kind") == "two_player"})
-    setup = summary.get("two_player")
-    measured = (f" ({setup['config_set']}, {setup['games_per_config']} per configuration and seat, "
-                f"replies up to {setup['max_tokens']} tokens)") if setup else ""
-    return ["", f"Two-player games{measured} against {', '.join(opponents)}:", "",
-            "| environment | policy plays | games | win % | 95% CI | ties % | deals % | mean payoff share | unusable replies % | failed |",
-            "|---|---|---|---|---|---|---|---|---|---|", *rows]
+from aria.statistics import percent
 
 
 def summary_markdown(summary: dict) -> str:
+    """``summary.md``: the run's settings, then a table per game family (its own columns)."""
+    from aria.games.family import FAMILIES, family_of_summary
+
     lines = [f"# {summary['model']}", "", f"Endpoint: {summary.get('base_url', '?')}; oracle: {summary.get('oracle', '?')}; "
              f"seed {summary.get('seed')}" + (f"; at most {summary['max_turns']} questions a game (not the game's own limit)"
-                                              if summary.get("max_turns") else ""), "",
-             "| environment | games | success % | 95% CI | mean turns | invalid questions % | failed |",
-             "|---|---|---|---|---|---|---|"]
-    single = {env: s for env, s in summary["environments"].items() if s.get("kind") != "two_player"}
-    if not single:
-        lines = lines[:4]
-    for env, s in single.items():
-        low, high = s["success_rate_ci95"]
-        turns = "n/a" if s["mean_turns"] is None else f"{s['mean_turns']:.2f}"
-        lines.append(f"| {env} | {s['finished']} | {_pct(s['success_rate'])} | {_pct(low)}-{_pct(high)} | {turns} | "
-                     f"{_pct(s['invalid_question_share'])} | {s['failed']} |")
-    lines += _two_player_rows(summary)
+                                              if summary.get("max_turns") else ""), ""]
+    for family in FAMILIES.values():
+        envs = [env for env, s in summary["environments"].items() if family_of_summary(s) is family]
+        if envs:
+            lines += family.summary_table(summary, envs)
     costs = [(env, s["generation"]) for env, s in summary["environments"].items() if (s.get("generation") or {}).get("tokens")]
     if costs:  # environments whose games were all played before this run generated nothing now
         lines += ["", "Generation (this run's games): " + "; ".join(
@@ -72,13 +44,14 @@ def write_summary(out_dir: str | Path, summary: dict) -> None:
 def compare_table(folders: Iterable[str | Path]) -> str:
     """Success rates (single-agent) and win rates over both seats (two-player) of several result
     folders side by side (the paper's Table 2 / Table 1 layout)."""
+    from aria.games.family import family_of_summary
+
     summaries = [read_json(Path(f) / "summary.json") for f in folders]
     envs: list[str] = []
     for s in summaries:
         envs += [e for e in s["environments"] if e not in envs]
-    kinds = {e: next(s["environments"][e].get("kind", "single_agent") for s in summaries if e in s["environments"]) for e in envs}
-    metric = {e: "win %" if kinds[e] == "two_player" else "success %" for e in envs}
-    lines = ["| model | " + " | ".join(f"{e} {metric[e]} (95% CI)" for e in envs) + " |",
+    families = {e: next(family_of_summary(s["environments"][e]) for s in summaries if e in s["environments"]) for e in envs}
+    lines = ["| model | " + " | ".join(f"{e} {families[e].outcome} % (95% CI)" for e in envs) + " |",
              "|---|" + "---|" * len(envs)]
     for s in summaries:
         cells = []
@@ -87,13 +60,8 @@ def compare_table(folders: Iterable[str | Path]) -> str:
             if env is None:
                 cells.append("-")
                 continue
-            if kinds[e] == "two_player":
-                env = env["overall"]
-                rate, (low, high) = env["win_rate"], env["win_rate_ci95"]
-            else:
-                rate, (low, high) = env["success_rate"], env["success_rate_ci95"]
-            cells.append(f"{_pct(rate)} ({_pct(low)}-{_pct(high)}), n={env['finished']}"
-                         + (f", {env['failed']} failed" if env["failed"] else ""))
+            rate, (low, high), finished, failed = families[e].headline(env)
+            cells.append(f"{percent(rate)} ({percent(low)}-{percent(high)}), n={finished}" + (f", {failed} failed" if failed else ""))
         lines.append(f"| {s['model']} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from aria.statistics import ALPHA, POWER, mcnemar, sensitivity, wilson_interval
+from aria.statistics import ALPHA, POWER, mcnemar, percent, sensitivity, wilson_interval
 from aria.io import atomic_save_figure, atomic_write_json, atomic_write_text, read_json
 
 def paired_arms(cfg: dict) -> tuple[str, str] | None:
@@ -192,10 +192,6 @@ def moved_from_parent(cfg: dict, lay, evaluations: dict, method: str, seed: int,
     return out
 
 
-def _pct(x: float | None) -> str:
-    return "–" if x is None else f"{100 * x:.1f}"
-
-
 def render_table(results: dict[str, Any]) -> str:
     """``table.md`` (module doc)."""
     if results.get("two_player"):
@@ -212,14 +208,14 @@ def render_table(results: dict[str, Any]) -> str:
     lines += [f"| method | iteration | seeds | {measure} | 95% CI (Wilson) | wins / games | mean turns |",
               "|---|---|---|---|---|---|---|"]
     for r in results["pooled"]:
-        lines.append(f"| {r['method']} | {r['iteration']} | {r['seeds']} | {_pct(r['success'])} | "
-                     f"{_pct(r['ci95'][0])}–{_pct(r['ci95'][1])} | {r['wins']} / {r['games']} | {r['mean_turns']:.2f} |")
+        lines.append(f"| {r['method']} | {r['iteration']} | {r['seeds']} | {percent(r['success'])} | "
+                     f"{percent(r['ci95'][0])}–{percent(r['ci95'][1])} | {r['wins']} / {r['games']} | {r['mean_turns']:.2f} |")
     if results["arms"]:
         lines += ["", "Per seed:", "", f"| method | seed | iteration | {measure} | 95% CI | mean turns |", "|---|---|---|---|---|---|"]
         for r in results["arms"]:
             if r["iteration"] > 0:
-                lines.append(f"| {r['method']} | {r['seed']} | {r['iteration']} | {_pct(r['success'])} | "
-                             f"{_pct(r['ci95'][0])}–{_pct(r['ci95'][1])} | {r['mean_turns']:.2f} |")
+                lines.append(f"| {r['method']} | {r['seed']} | {r['iteration']} | {percent(r['success'])} | "
+                             f"{percent(r['ci95'][0])}–{percent(r['ci95'][1])} | {r['mean_turns']:.2f} |")
     if results.get("preflight"):
         lines += ["", "**Pre-flight: can aggregation change anything?** Measured on each collection after labelling, "
                   "before training: the share of steps whose intention key (history and action) another step of the "
@@ -229,10 +225,10 @@ def render_table(results: dict[str, Any]) -> str:
         for name, found in results["preflight"].items():
             for r in found["rows"]:
                 k = "/".join(map(str, sorted(set(r["k"].values())))) + (" (chosen)" if r["chosen"] else "")
-                turns = ", ".join(f"{t}: {_pct(v)}" for t, v in r["shared_by_turn"].items())
+                turns = ", ".join(f"{t}: {percent(v)}" for t, v in r["shared_by_turn"].items())
                 ratio = "–" if r["variance_ratio"] is None else f"{r['variance_ratio']:.3f}"
                 mean = "–" if r["mean_abs_change"] is None else f"{r['mean_abs_change']:.4f}"
-                lines.append(f"| {name} ({found['steps']} steps) | {k} | {_pct(r['shared'])}% | {turns} | {mean} | {ratio} |")
+                lines.append(f"| {name} ({found['steps']} steps) | {k} | {percent(r['shared'])}% | {turns} | {mean} | {ratio} |")
     moved = [r for r in results["arms"] if r.get("movement")]
     if moved:
         rule = results.get("movement_rule") or {}
@@ -241,7 +237,7 @@ def render_table(results: dict[str, Any]) -> str:
                   "KL, mean change of the action's log-probability on steps of won and of lost games, the share of "
                   "weights that differ at the precision the model is served in, success against the parent "
                   "on the same targets, and the difference those pairs detect with 80% power at their discordant share. An arm moved when its KL is at least "
-                  f"{rule.get('min_token_kl')} and at least {_pct(rule.get('min_weight_share'))}% of its weights "
+                  f"{rule.get('min_token_kl')} and at least {percent(rule.get('min_weight_share'))}% of its weights "
                   "changed (report.movement, fixed before the run).", "",
                   "| method | seed | iteration | token KL | Δ log-prob won / lost | weights changed | success vs parent (95% CI) "
                   "| its pairs detect | moved |",

@@ -48,6 +48,11 @@ ALPHA = 0.05  # the level of every test in the report (the verdicts and the powe
 POWER = 0.8   # the power at which a detectable difference is stated
 
 
+def percent(x: float | None) -> str:
+    """A share as the tables print it: one decimal of a percent, ``n/a`` where nothing was measured."""
+    return "n/a" if x is None else f"{100 * x:.1f}"
+
+
 def summarize_games(records: Sequence[dict]) -> dict:
     """Statistics of one environment's transcripts (schema-v1 single-agent records).
 

@@ -72,6 +72,13 @@ class GameFamily(Protocol):
     def check_experiment(self, cfg: Mapping[str, Any]) -> None:
         """The family's own experiment settings, one :class:`ConfigError` line before any work."""
 
+    def headline(self, summary: Mapping[str, Any]) -> tuple[float | None, list[float], int, int]:
+        """(rate, its 95% interval, finished games, failed games) of one environment's evaluation
+        summary: what a comparison of models shows (:func:`aria.evaluate.compare_table`)."""
+
+    def summary_table(self, summary: Mapping[str, Any], envs: list[str]) -> list[str]:
+        """The lines of ``summary.md`` for the environments ``envs`` (of this family) of an evaluation."""
+
     def evaluate_served(self, cfg: Mapping[str, Any], game_cfg: dict, policy, out: Path, batch_size: int) -> dict:
         """One environment of ``evaluation/evaluate.py`` (``config/eval.yaml``) played into the folder
         ``out``: its summary (:mod:`aria.statistics`), with the generation cost and the reply format used."""
@@ -148,6 +155,22 @@ class QuestionFamily:
 
     def check_experiment(self, cfg):
         pass  # the question sections' counts are checked with every family's (aria.experiment.check_settings)
+
+    def headline(self, summary):
+        return summary["success_rate"], summary["success_rate_ci95"], summary["finished"], summary["failed"]
+
+    def summary_table(self, summary, envs):
+        from aria.statistics import percent
+
+        lines = ["| environment | games | success % | 95% CI | mean turns | invalid questions % | failed |",
+                 "|---|---|---|---|---|---|---|"]
+        for env in envs:
+            s = summary["environments"][env]
+            low, high = s["success_rate_ci95"]
+            turns = "n/a" if s["mean_turns"] is None else f"{s['mean_turns']:.2f}"
+            lines.append(f"| {env} | {s['finished']} | {percent(s['success_rate'])} | {percent(low)}-{percent(high)} | "
+                         f"{turns} | {percent(s['invalid_question_share'])} | {s['failed']} |")
+        return lines
 
     def evaluate_served(self, cfg, game_cfg, policy, out, batch_size):
         from aria.games.base import structured_output
@@ -270,6 +293,30 @@ class TwoPlayerFamily:
         if not cfg["eval"].get("opponent"):
             raise ConfigError("eval.opponent: a two-player evaluation needs an opponent (see config/experiment/bargaining.yaml)")
 
+    def headline(self, summary):
+        o = summary["overall"]  # both seats
+        return o["win_rate"], o["win_rate_ci95"], o["finished"], o["failed"]
+
+    def summary_table(self, summary, envs):
+        from aria.statistics import percent
+
+        rows = []
+        for env in envs:
+            for seat in ("as_alice", "as_bob", "overall"):
+                s = summary["environments"][env][seat]
+                low, high = s["win_rate_ci95"]
+                share = "n/a" if s["mean_payoff_share"] is None else f"{s['mean_payoff_share']:.3f}"
+                rows.append(f"| {env} | {seat.replace('_', ' ')} | {s['finished']} | {percent(s['win_rate'])} | "
+                            f"{percent(low)}-{percent(high)} | {percent(s['tie_rate'])} | {percent(s['deal_rate'])} | {share} | "
+                            f"{percent(s['unusable_reply_share'])} | {s['failed']} |")
+        opponents = sorted({summary["environments"][env]["opponent"] for env in envs})
+        setup = summary.get("two_player")
+        measured = (f" ({setup['config_set']}, {setup['games_per_config']} per configuration and seat, "
+                    f"replies up to {setup['max_tokens']} tokens)") if setup else ""
+        return ["", f"Two-player games{measured} against {', '.join(opponents)}:", "",
+                "| environment | policy plays | games | win % | 95% CI | ties % | deals % | mean payoff share | unusable replies % | failed |",
+                "|---|---|---|---|---|---|---|---|---|---|", *rows]
+
     def evaluate_served(self, cfg, game_cfg, policy, out, batch_size):
         from aria.games.base import structured_output
         from aria.games.two_player.glee import config_set
@@ -308,6 +355,12 @@ def family_of(game_cfg: Mapping[str, Any]) -> GameFamily:
     if kind not in FAMILIES:
         raise ConfigError(f"{game_cfg.get('name', 'game')}: kind: unknown {kind!r} (known: {', '.join(FAMILIES)})")
     return FAMILIES[kind]
+
+
+def family_of_summary(summary: Mapping[str, Any]) -> GameFamily:
+    """The family of one environment's evaluation summary (its ``kind``, written by the family's
+    evaluation; a question game's summary has none)."""
+    return FAMILIES[summary.get("kind") or QuestionFamily.kind]
 
 
 def checked_game(game_cfg: Mapping[str, Any]) -> dict:
