@@ -127,12 +127,17 @@ def checkpoints_in(output_dir: str | Path) -> str:
     return f"checkpoints up to step {steps[-1]} in {folder}" if steps else f"no checkpoint yet in {folder}"
 
 
+def _openai_errors() -> tuple[type[BaseException], ...]:
+    """openai's error class once something has imported openai (nothing raised one before): the
+    steps that never call an endpoint do not pay for importing it (about 1 s a command)."""
+    module = sys.modules.get("openai")
+    return (module.OpenAIError,) if module is not None else ()
+
+
 def run_step(step: Callable[[dict, Callable[[str], None]], Any], cfg) -> None:
     """Entry point of the numbered pipeline scripts (``step`` one of the ``step*`` functions of
     :mod:`aria.intention.pipeline`): bad input prints one line and exits with status 2; Ctrl-C says
     what was kept (the embedding cache and the k sweep save as they go) and exits 130."""
-    import openai
-
     from aria.games.family import checked_game
     from aria.io import DataError
     from aria.settings import load
@@ -145,7 +150,7 @@ def run_step(step: Callable[[dict, Callable[[str], None]], Any], cfg) -> None:
     except (DataError, FileNotFoundError, ValueError) as err:  # the settings checks of the steps
         print(f"error: {err}", file=sys.stderr)
         sys.exit(2)
-    except openai.OpenAIError as err:  # the embeddings endpoint kept failing (after its retries)
+    except _openai_errors() as err:  # the embeddings endpoint kept failing (after its retries)
         url = cfg.embedder.get("base_url", "?")
         print(f"error: embeddings endpoint {url}: {type(err).__name__}: {' '.join(str(err).split())[:300]}", file=sys.stderr)
         sys.exit(1)

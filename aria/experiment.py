@@ -469,12 +469,12 @@ def check_settings(cfg: dict) -> dict:
     family = family_of(cfg["game"])
     structured_output(cfg["game"], family.kind)
     family.check_experiment(cfg)
-    check_override_lists(cfg)
     sections = {"collect": cfg["collect"], "eval": cfg["eval"]}
     for name, section in {**sections, **({"warm_start": cfg["warm_start"]} if cfg["warm_start"]["enabled"] else {})}.items():
         for key in ("games", "games_per_config", "batch_size"):
             if section.get(key) is not None and section[key] < 1:
                 raise ConfigError(f"{name}.{key}: expected a whole number >= 1, got {section[key]!r}")
+    check_override_lists(cfg)  # last: each composition is a Hydra start
     return cfg
 
 
