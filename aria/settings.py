@@ -21,15 +21,12 @@ them check them (``aria.llm.registry.build_policy``, ``aria.games.question.oracl
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Mapping, Optional, TypeVar
+from typing import Any, Dict, List, Mapping, Optional
 
 from omegaconf import MISSING, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from aria.io import ConfigError
-
-T = TypeVar("T")
-
 
 # --- The trainers: offline REINFORCE (config/reinforce_llm.yaml), the reward model
 # (config/reward_model.yaml) and the online actor (config/onlinereinforce_llm.yaml), all three on
