@@ -29,8 +29,10 @@ padding; packed: the trees' nodes), the process's peak memory (max RSS), the las
 Then on the packed run's first ``--check-batches`` micro-batches, in one process, the loss and
 gradient norm of each micro-batch in both layouts: the largest difference of each.
 
-Training runs in float32 by default (``--mixed-precision no``: what a CPU without native
-bfloat16 computes); the CPU is recorded with the figures.
+Training runs in float32 on the CPU by default (``--mixed-precision no``: what a CPU without
+native bfloat16 computes); the CPU is recorded with the figures. ``--device auto`` trains on a GPU
+where there is one (with ``--mixed-precision bf16``), and records its name and each run's peak
+GPU memory too.
 
     python benchmarks/training_packing.py --sets tq=RUN/s0/it1-shared/intention/train.json ... \
         --online-model RUN/warm/model      # -> benchmarks/results/training_packing.json
@@ -62,12 +64,12 @@ def layout(args, way: str) -> list[str]:
             f"train.mixed_precision={args.mixed_precision}"]
 
 
-def offline_config(trainer: str, train_file: str, model: str, out: Path, overrides: list[str]) -> dict:
+def offline_config(trainer: str, train_file: str, model: str, out: Path, overrides: list[str], device: str = "cpu") -> dict:
     from aria.resources import compose_config
 
     name, extra = {"reinforce": ("reinforce_llm", ["method=aria"]),
                    "reward_model": ("reward_model", ["data.eval_fraction=0", "model.lora.enabled=true", "train.lr=1e-4"])}[trainer]
-    return compose_config(name, [f"data.train_file={train_file}", f"model.path={model}", f"output_dir={out}", "device=cpu",
+    return compose_config(name, [f"data.train_file={train_file}", f"model.path={model}", f"output_dir={out}", f"device={device}",
                                  "train.epochs=1", "train.save_freq=100000", "logging.report_to=null", *extra, *overrides])
 
 
@@ -92,7 +94,7 @@ def one_offline(args) -> dict:
     from aria.trainers.reward_model import RewardModelTrainer
 
     out = Path(tempfile.mkdtemp(prefix="training_packing-"))
-    cfg = offline_config(args.trainer, args.train_file, args.model, out, layout(args, args.way))
+    cfg = offline_config(args.trainer, args.train_file, args.model, out, layout(args, args.way), args.device)
     trainer = (RewardModelTrainer if args.trainer == "reward_model" else trainer_for(cfg))(cfg)
     row = {"samples": len(trainer.samples), "steps": trainer.total_steps, **tokens_of(trainer)}
     start = time.perf_counter()
@@ -135,7 +137,7 @@ def check(args, trainer_name: str, train_file: str, model: str) -> dict:
     from aria.trainers.reward_model import RewardModelTrainer
 
     out = Path(tempfile.mkdtemp(prefix="training_packing-check-"))
-    cfg = offline_config(trainer_name, train_file, model, out, layout(args, "prefix_tree"))
+    cfg = offline_config(trainer_name, train_file, model, out, layout(args, "prefix_tree"), args.device)
     trainer = (RewardModelTrainer if trainer_name == "reward_model" else trainer_for(cfg))(cfg)
     worst = {"loss_abs": 0.0, "loss_rel": 0.0, "grad_norm_rel": 0.0}
     for indices in trainer._epoch_batches(0)[: args.check_batches]:
@@ -180,11 +182,27 @@ def peak_rss_mb() -> float:
     return round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
 
 
+def peak_gpu_memory_mb() -> dict:
+    """The GPU memory this process's tensors held at most, where it used a GPU."""
+    import torch
+
+    if not (torch.cuda.is_available() and torch.cuda.is_initialized()):
+        return {}
+    return {"peak_gpu_mb": round(torch.cuda.max_memory_allocated() / 2**20, 1)}
+
+
+def gpu_name() -> str | None:
+    import torch
+
+    return torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
+
+
 def run_child(args, extra: list[str]) -> dict:
     """One run, or the check (``--check``), in a fresh process: a run's peak memory is its own,
     and the check's two layouts (15 GB on the Guess My City games) are not held by this process
     while the next run starts."""
     done = subprocess.run([sys.executable, __file__, "--one", *extra, "--mixed-precision", args.mixed_precision,
+                           "--device", args.device,
                            "--check-batches", str(args.check_batches),
                            "--padded-micro", str(args.padded_micro), "--padded-accumulation", str(args.padded_accumulation),
                            "--packed-micro", str(args.packed_micro), "--packed-accumulation", str(args.packed_accumulation),
@@ -214,6 +232,8 @@ def main(argv=None) -> int:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--check-batches", type=int, default=8)
     parser.add_argument("--mixed-precision", default="no")
+    parser.add_argument("--device", default="cpu", help="cpu, or auto: a GPU where there is one (then its name and "
+                        "peak memory are recorded too)")
     parser.add_argument("--padded-micro", type=int, default=8)
     parser.add_argument("--padded-accumulation", type=int, default=2)
     parser.add_argument("--packed-micro", type=int, default=16)
@@ -234,6 +254,7 @@ def main(argv=None) -> int:
     if args.one:
         row = one_online(args) if args.trainer == "online" else one_offline(args)
         row["peak_rss_mb"] = peak_rss_mb()
+        row.update(peak_gpu_memory_mb())
         print(json.dumps(row))
         return 0
 
@@ -248,6 +269,8 @@ def main(argv=None) -> int:
     result = read_json(args.out) if Path(args.out).is_file() else {}
     if result.get("settings") != settings or result.get("machine", {}).get("cpu_model") != describe()["cpu_model"]:
         result = {"machine": describe(), "settings": settings, "runs": {}, "checks": {}}
+    if args.device != "cpu":
+        result["machine"]["gpu"] = gpu_name()
 
     def save() -> None:
         atomic_write_json(args.out, result)
@@ -306,6 +329,8 @@ def main(argv=None) -> int:
                         "truncated_prompts": runs["prefix_tree"][0]["truncated_prompts"],
                         "samples": runs["prefix_tree"][0]["samples"]})
         row.update({f"{w}_peak_rss_mb": max(r["peak_rss_mb"] for r in runs[w]) for w in WAYS})
+        if all("peak_gpu_mb" in r for w in WAYS for r in runs[w]):
+            row.update({f"{w}_peak_gpu_mb": max(r["peak_gpu_mb"] for r in runs[w]) for w in WAYS})
         summary[key] = row
     result["summary"] = summary
     save()

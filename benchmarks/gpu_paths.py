@@ -1,0 +1,301 @@
+"""The GPU paths, checked on a CUDA machine: what the CPU tests prove, measured again on a GPU.
+
+The test suite runs on CPUs only (CI has no GPU, and every test pins ``device=cpu``). This script
+runs the same exactness properties on a CUDA device, with the tests' tiny random model
+(``tests/conftest.py``) and the tests' samples, and writes what it found, property by property,
+to one JSON file. It asserts nothing: on a GPU some properties hold only up to rounding
+(bfloat16, non-deterministic kernels), and the point is to record by how much.
+
+* ``generation``: the local policy's batched generation with per-game KV reuse against plain
+  unbatched, uncached generation, greedy, in float32 and bfloat16 (``tests/test_local_policy.py``).
+* ``packing``: log-probs, loss and LoRA gradient of prefix trees against padded rows, for the
+  packing tests' five micro-batches, with SDPA and eager attention, in float32 and under bfloat16
+  autocast as mixed-precision training runs them (``tests/test_packing.py``).
+* ``trainers``: each trainer's step packed and padded (REINFORCE, reward model, trajectory DPO),
+  float32 on the GPU.
+* ``resume``: offline REINFORCE in bfloat16 mixed precision (``mixed_precision=auto``), run whole
+  and run cut at step 2 then resumed: are the final weights bit-identical?
+* ``merge``: a merged LoRA model's log-probs against the adapter's, in float32 and bfloat16.
+* ``online``: one iteration of online ARIA (rollouts, reward-model refresh, update) with every
+  setting left at ``auto``.
+
+    python benchmarks/gpu_paths.py --out benchmarks/results/gpu_paths.json
+
+Training speed on a GPU is ``benchmarks/training_packing.py --device auto``.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+import time
+import traceback
+from pathlib import Path
+
+import torch
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "tests"))  # the tests' tiny model and samples
+
+from aria.io import atomic_write_json  # noqa: E402
+
+
+def to(batch: dict, device: str) -> dict:
+    return {k: v.to(device) if torch.is_tensor(v) else v for k, v in batch.items()}
+
+
+def played_samples(model_dir: Path, work: Path, device: str) -> list[dict]:
+    """The packing tests' samples: four games the tiny model played, as pipeline step 4 renders them."""
+    from aria.games.base import load_game_config
+    from aria.games.family import family_of
+    from aria.games.question.game import build_game
+    from aria.games.question.oracle import build_oracle
+    from aria.games.question.play import play_games
+    from aria.llm.local import LocalChatModel
+    from aria.trajectories import read_trajectories
+
+    game_cfg = {**load_game_config("twenty_questions_subset"), "max_turns": 6}
+    out = work / "games.jsonl"
+    policy = LocalChatModel(str(model_dir), max_new_tokens=12, seed=0, dtype="float32", device=device)
+    play_games(build_game(game_cfg), policy, build_oracle({"name": "knowledge_base"}, game_cfg), out, num_games=4,
+               seed=0, batch_size=4, progress=False)
+    render = family_of(game_cfg).observation_renderer(game_cfg)
+    return [{"observation": render(r, i), "action": t["action"], "reward": -1.0 + 0.25 * i,
+             "step_return": -float(len(r["turns"]) - i), "game_id": r["game_id"], "turn": i}
+            for r in read_trajectories(out) for i, t in enumerate(r["turns"])]
+
+
+def check_generation(model_dir: Path, device: str) -> dict:
+    from aria.llm.local import LocalChatModel
+
+    found = {}
+    for dtype in ("float32", "bfloat16"):
+        cached = LocalChatModel(str(model_dir), max_new_tokens=6, temperature=0, reuse_cache=True, dtype=dtype, device=device)
+        plain = LocalChatModel(str(model_dir), max_new_tokens=6, temperature=0, reuse_cache=False, dtype=dtype, device=device)
+        keys = ["a", "b", "c"]
+        prompts = ["Is it an animal?", "Let's play a game of Twenty Questions. Guess the object.", "Hi"]
+        equal_turns = 0
+        for _ in range(3):
+            conversations = [[{"role": "user", "content": p}] for p in prompts]
+            batched = [c.text for c in cached.generate(conversations, keys=keys)]
+            one_by_one = [plain.generate([c])[0].text for c in conversations]
+            equal_turns += batched == one_by_one
+            prompts = [p + f"\nQuestion: {reply}\nAnswer: No." + " Yes." * i for i, (p, reply) in enumerate(zip(prompts, batched))]
+        found[dtype] = {"turns": 3, "turns_with_equal_replies": equal_turns}
+    return found
+
+
+def check_packing(model_dir: Path, samples: list[dict], device: str) -> dict:
+    from peft import LoraConfig, get_peft_model
+
+    from aria.packing import collate_tree
+    from aria.policy import action_logprobs, collate, load_policy
+    from aria.trainers.losses import reinforce_loss
+    from test_packing import cases, gradients
+
+    found = {}
+    for attention in ("sdpa", "eager"):
+        for precision in ("float32", "bf16_autocast"):
+            tokenizer, model = load_policy(str(model_dir))
+            model.config._attn_implementation = attention
+            torch.manual_seed(0)
+            model = get_peft_model(model, LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"],
+                                                     init_lora_weights=False)).to(device)
+            for case, encoded in cases(tokenizer, samples).items():
+                reward = torch.linspace(-1.0, 1.0, len(encoded), device=device)
+                tree = to(collate_tree(encoded, tokenizer.pad_token_id), device)
+                rows = to(collate(encoded, tokenizer.pad_token_id), device)
+                results = []
+                for batch in (rows, tree):
+                    model.zero_grad()
+                    with torch.autocast(device.split(":")[0], dtype=torch.bfloat16, enabled=precision == "bf16_autocast"):
+                        logp = action_logprobs(model, batch)
+                        loss = reinforce_loss(logp, reward)
+                    loss.backward()
+                    results.append((logp.detach().float(), float(loss), gradients(model).float()))
+                (lp_r, loss_r, g_r), (lp_t, loss_t, g_t) = results
+                found[f"{attention}/{precision}/{case}"] = {
+                    "logp_max_abs_diff": float((lp_t - lp_r).abs().max()),
+                    "logp_max_abs": float(lp_r.abs().max()),
+                    "loss_rel_diff": abs(loss_t - loss_r) / max(abs(loss_r), 1e-12),
+                    "grad_rel_diff": float((g_t - g_r).norm() / g_r.norm()),
+                    "tree_tokens": int(tree["input_ids"].numel()), "row_tokens": int(sum(len(e.input_ids) for e in encoded)),
+                }
+    return found
+
+
+def trainer_config(work: Path, model_dir: Path, data: list[dict], name: str, *overrides: str) -> dict:
+    from aria.resources import compose_config
+
+    work.mkdir(parents=True, exist_ok=True)
+    (work / "train.json").write_text(json.dumps(data))
+    return compose_config(name, [f"model.path={model_dir}", f"data.train_file={work / 'train.json'}", f"output_dir={work / 'out'}",
+                                 "train.warmup_ratio=0", "train.lr_scheduler=constant", "logging.report_to=null", *overrides])
+
+
+def check_trainers(model_dir: Path, samples: list[dict], work: Path) -> dict:
+    from aria.trainers.dpo import TrajectoryDPOTrainer
+    from aria.trainers.offline import OfflineTrainer
+    from aria.trainers.reward_model import RewardModelTrainer
+
+    games = sorted({s["game_id"] for s in samples})
+    data = [dict(s, reward=0.1 * (s["turn"] % 7), target="Dog", success=games.index(s["game_id"]) % 2 == 0) for s in samples]
+    found = {}
+    for name, (cls, cfg_name, extra) in {
+            "reinforce": (OfflineTrainer, "reinforce_llm", ["method=no_aggregation"]),
+            "reward_model": (RewardModelTrainer, "reward_model", ["data.eval_fraction=0", "model.lora.enabled=true"]),
+            "traj_dpo": (TrajectoryDPOTrainer, "reinforce_llm", ["method=traj_dpo"])}.items():
+        cfg = trainer_config(work / name, model_dir, data, cfg_name, "device=auto", "train.mixed_precision=no",
+                             "train.micro_batch_size=8", "train.gradient_accumulation_steps=1", "train.packing=prefix_tree", *extra)
+        trainer = cls(cfg)
+        indices = trainer._epoch_batches(0)[0]
+        got = {}
+        for way in ("prefix_tree", "padded"):
+            trainer.packing = way
+            trainer.model.zero_grad()
+            loss = trainer.micro_loss(trainer.make_batch(indices), indices)
+            loss.backward()
+            got[way] = (float(loss), torch.cat([p.grad.flatten() for p in trainer.model.parameters() if p.grad is not None]))
+        (lp, gp), (lr, gr) = got["prefix_tree"], got["padded"]
+        found[name] = {"device": str(trainer.accelerator.device), "loss_rel_diff": abs(lp - lr) / max(abs(lr), 1e-12),
+                       "grad_rel_diff": float((gp - gr).norm() / gr.norm())}
+    return found
+
+
+def check_resume(model_dir: Path, samples: list[dict], work: Path) -> dict:
+    from safetensors.torch import load_file
+
+    from aria.trainers.offline import OfflineTrainer
+
+    common = ["device=auto", "train.mixed_precision=auto", "train.epochs=2", "train.micro_batch_size=4",
+              "train.gradient_accumulation_steps=2", "train.save_freq=1", "train.lr=0.005", "model.lora.dropout=0.2",
+              "train.keep_checkpoints=null", "train.packing=prefix_tree", "method=no_aggregation"]
+    start = time.perf_counter()
+    trainer = OfflineTrainer(trainer_config(work / "full", model_dir, samples, "reinforce_llm", *common))
+    precision, device = trainer.accelerator.mixed_precision, str(trainer.accelerator.device)
+    full = trainer.train()
+    seconds = time.perf_counter() - start
+    last = f"step-{full['steps']}"
+    expected = load_file(str(work / "full" / "out" / "checkpoints" / last / "trainable.safetensors"))
+
+    def crash(step):
+        if step == 2:
+            raise KeyboardInterrupt
+
+    cut = trainer_config(work / "cut", model_dir, samples, "reinforce_llm", *common)
+    try:
+        OfflineTrainer(cut, on_step=crash).train()
+    except KeyboardInterrupt:
+        pass
+    resumed = OfflineTrainer(cut).train()
+    got = load_file(str(work / "cut" / "out" / "checkpoints" / last / "trainable.safetensors"))
+    return {"device": device, "mixed_precision": precision, "steps": full["steps"], "resumed_from": resumed["resumed_from"],
+            "bit_identical": all(torch.equal(got[k], expected[k]) for k in expected),
+            "max_abs_diff": max(float((got[k].float() - expected[k].float()).abs().max()) for k in expected),
+            "whole_run_seconds": round(seconds, 2)}
+
+
+def check_merge(model_dir: Path, work: Path, device: str) -> dict:
+    from aria.policy import action_logprobs, collate, encode_sample, load_policy, merge_lora
+
+    samples = [("Question: Is it an animal?\nAnswer: No.", "Question: Is it a fruit?"),
+               ("Let's play a game of Twenty Questions.", "Question: Is it red?")]
+    lora = {"r": 4, "alpha": 8, "dropout": 0.0, "target_modules": ["q_proj", "v_proj"]}
+    tokenizer, model = load_policy(str(model_dir), lora=lora)
+    torch.manual_seed(0)
+    with torch.no_grad():  # a trained-looking adapter (lora_B starts at zero)
+        for name, p in model.named_parameters():
+            if "lora_B" in name:
+                p.normal_(0, 0.5)
+    model.save_pretrained(work / "adapter")
+    batch = to(collate([encode_sample(tokenizer, o, a, max_prompt_tokens=512) for o, a in samples], tokenizer.pad_token_id), device)
+    found = {}
+    with torch.no_grad():
+        with_adapter = action_logprobs(model.to(device).eval(), batch)
+        for dtype in ("float32", "bfloat16"):
+            merged_dir = merge_lora(work / "adapter", work / f"merged-{dtype}", base=str(model_dir), dtype=dtype)
+            merged = action_logprobs(load_policy(str(merged_dir), dtype=dtype)[1].to(device).eval(), batch)
+            found[dtype] = {"max_abs_diff": float((merged.float() - with_adapter).abs().max()),
+                            "logp": [round(float(x), 4) for x in merged], "adapter_logp": [round(float(x), 4) for x in with_adapter]}
+    return found
+
+
+def check_online(model_dir: Path, sentence_dir: Path, work: Path) -> dict:
+    from aria.resources import compose_config
+    from aria.trainers.online import OnlineTrainer
+
+    offline = [{"observation": f"Question {i}: Is it an animal?", "action": "Question: Is it a fruit?" if i % 2 else "Yes.",
+                "reward": float(i % 2), "game_id": f"g{i // 2}", "turn": i % 2} for i in range(12)]
+    work.mkdir(parents=True, exist_ok=True)
+    (work / "offline.json").write_text(json.dumps(offline))
+    cfg = compose_config("onlinereinforce_llm", [
+        f"model.path={model_dir}", f"output_dir={work / 'online'}", "device=auto", "train.mixed_precision=auto",
+        "train.micro_batch_size=4", "train.gradient_accumulation_steps=2", "train.lr=1e-2",
+        "online.rollout_size=8", "online.rollout_batch_size=8", "online.actor_updates=2", "online.iterations=1",
+        "online.rm_refresh=2", "rollout.max_new_tokens=6", "logging.progress=false",
+        f"online.intention_overrides=['embedder.model={sentence_dir}','clustering.k_max=4']",
+        "reward_model.train_overrides=['device=auto','train.epochs=1','train.micro_batch_size=8',"
+        "'train.gradient_accumulation_steps=1','data.eval_fraction=0.34']",
+        f"reward_model.train_file={work / 'offline.json'}"])
+    trainer = OnlineTrainer(cfg)
+    before = {n: p.detach().clone() for n, p in trainer.accelerator.unwrap_model(trainer.model).named_parameters() if p.requires_grad}
+    start = time.perf_counter()
+    result = trainer.train()
+    after = dict(trainer.accelerator.unwrap_model(trainer.model).named_parameters())
+    [metrics] = [json.loads(line) for line in (work / "online" / "metrics.jsonl").read_text().splitlines()]
+    return {"device": str(trainer.accelerator.device), "mixed_precision": trainer.accelerator.mixed_precision,
+            "seconds": round(time.perf_counter() - start, 2), "steps": result["steps"], "score_n": metrics.get("score_n"),
+            "loss": metrics.get("loss"), "actor_moved": any(not torch.equal(before[k], after[k].detach()) for k in before),
+            "reward_model_refreshed": "rm_refresh" in metrics}
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--out", default="benchmarks/results/gpu_paths.json")
+    parser.add_argument("--only", nargs="*", default=None, help="run only these checks")
+    parser.add_argument("--device", default="cuda", help="cpu: a dry run of the script itself")
+    args = parser.parse_args(argv)
+    if args.device.startswith("cuda") and not torch.cuda.is_available():
+        sys.exit("gpu_paths.py: no CUDA device here (this script checks the GPU paths)")
+    import transformers
+
+    from aria.llm.hardware import describe
+    from conftest import build_tiny_chat_model, build_tiny_sentence_model
+
+    device = args.device
+    cuda = device.startswith("cuda")
+    result = {"gpu": torch.cuda.get_device_name(0) if cuda else None, "bf16_supported": cuda and torch.cuda.is_bf16_supported(),
+              "torch": torch.__version__, "cuda": torch.version.cuda, "transformers": transformers.__version__,
+              "machine": describe(), "checks": {}}
+    work = Path(tempfile.mkdtemp(prefix="gpu_paths-"))
+    model_dir = build_tiny_chat_model(work / "tiny-llama")
+    samples = played_samples(model_dir, work, device)
+    result["samples"] = len(samples)
+    checks = {
+        "generation": lambda: check_generation(model_dir, device),
+        "packing": lambda: check_packing(model_dir, samples, device),
+        "trainers": lambda: check_trainers(model_dir, samples, work / "trainers"),
+        "resume": lambda: check_resume(model_dir, samples, work / "resume"),
+        "merge": lambda: check_merge(model_dir, work / "merge", device),
+        "online": lambda: check_online(model_dir, build_tiny_sentence_model(work / "tiny-bert"), work / "online"),
+    }
+    for name, run in checks.items():
+        if args.only is not None and name not in args.only:
+            continue
+        start = time.perf_counter()
+        try:
+            result["checks"][name] = {"result": run()}
+        except Exception as error:  # recorded, and the next check runs: this is a report, not a test
+            result["checks"][name] = {"error": f"{type(error).__name__}: {error}", "traceback": traceback.format_exc()[-3000:]}
+        result["checks"][name]["seconds"] = round(time.perf_counter() - start, 2)
+        print(name, json.dumps(result["checks"][name])[:2000], flush=True)
+        atomic_write_json(args.out, result)
+        from accelerate.state import AcceleratorState
+
+        AcceleratorState._reset_state(reset_partial_state=True)  # each check chooses its own device and precision
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
