@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from fake_openai import MODEL, Script, start_server
+from in_process import run_script
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -74,9 +75,11 @@ def test_nan_embeddings_are_refused_at_import_and_at_read(tmp_path):
     ("loss.name=ppo", "loss.name: unknown 'ppo' (known: reinforce)"),
 ])
 def test_impossible_training_settings_stop_before_the_model_loads(tmp_path, override, message):
-    # model.path names no model: a check that came after loading would fail on the path instead
-    line = one_line_error(run("scripts/run_offline.py", "--config-name", "reinforce_llm", override, "model.path=/no/model",
-                              f"data.train_file={tmp_path / 'missing.json'}", f"output_dir={tmp_path / 'out'}"))
+    # model.path names no model: a check that came after loading would fail on the path instead.
+    # In this process (the script through a subprocess: the training set test above)
+    line = one_line_error(run_script(REPO / "scripts/run_offline.py", "--config-name", "reinforce_llm", override,
+                                     "model.path=/no/model", f"data.train_file={tmp_path / 'missing.json'}",
+                                     f"output_dir={tmp_path / 'out'}"))
     assert line == f"error: {message}"
     assert not (tmp_path / "out" / "final").exists()
 

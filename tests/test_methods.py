@@ -237,29 +237,29 @@ def test_two_steps_of_trajectory_dpo_on_a_tiny_model(tmp_path, tiny_model_dir):
 
 
 def test_trajectory_dpo_without_a_pair_is_one_line(tmp_path):
-    import subprocess
-    import sys
+    """The training command in this process (through a subprocess: tests/test_cli.py)."""
     from pathlib import Path
+
+    from in_process import run_script
 
     repo = Path(__file__).resolve().parents[1]
     (tmp_path / "train.json").write_text(__import__("json").dumps(STEPS[5:]))  # dog won, fox lost: no shared target
-    done = subprocess.run([sys.executable, str(repo / "scripts/run_offline.py"), "method=traj_dpo", "model.path=/no/model",
-                           f"data.train_file={tmp_path / 'train.json'}", f"output_dir={tmp_path / 'out'}"],
-                          capture_output=True, text=True)
+    done = run_script(repo / "scripts/run_offline.py", "method=traj_dpo", "model.path=/no/model",
+                      f"data.train_file={tmp_path / 'train.json'}", f"output_dir={tmp_path / 'out'}")
     assert done.returncode == 2, done.stderr[-2000:]
     assert "no pair of a won and a lost game with the same target" in done.stderr.strip().splitlines()[-1]
 
 
 def test_an_unknown_method_is_one_line_before_the_model_loads(tmp_path):
-    import subprocess
-    import sys
+    """The training command in this process (through a subprocess: tests/test_cli.py)."""
     from pathlib import Path
+
+    from in_process import run_script
 
     repo = Path(__file__).resolve().parents[1]
     (tmp_path / "train.json").write_text(__import__("json").dumps(STEPS))
-    done = subprocess.run([sys.executable, str(repo / "scripts/run_offline.py"), "method=ppo", "model.path=/no/model",
-                           f"data.train_file={tmp_path / 'train.json'}", f"output_dir={tmp_path / 'out'}"],
-                          capture_output=True, text=True)
+    done = run_script(repo / "scripts/run_offline.py", "method=ppo", "model.path=/no/model",
+                      f"data.train_file={tmp_path / 'train.json'}", f"output_dir={tmp_path / 'out'}")
     assert done.returncode == 2 and done.stderr.strip().splitlines()[-1].startswith("error: method: unknown 'ppo'")
 
 
@@ -277,9 +277,11 @@ def games_for_two_processes() -> list[dict]:
 @pytest.mark.parametrize("name, processes, units, steps_per_epoch",
                          [("gigpo", 2, 16, 4), ("traj_dpo", 2, 4, 2), ("traj_dpo", 1, 4, 4)])
 def test_accelerate_launch_and_resume_per_method(name, processes, units, steps_per_epoch, tmp_path, tiny_model_dir):
-    """`accelerate launch` with one or two CPU processes trains a group-normalised method (GiGPO)
-    and trajectory DPO: two processes split the units (samples, pairs) without overlap, and a run
-    resumed from an earlier checkpoint ends with the same weights as the uninterrupted one."""
+    """`accelerate launch` with two CPU processes trains a group-normalised method (GiGPO) and
+    trajectory DPO, and the training command with one process (in this one: a launcher adds
+    nothing to one process) trains trajectory DPO: two processes split the units (samples, pairs)
+    without overlap, and a run resumed from an earlier checkpoint ends with the same weights as
+    the uninterrupted one."""
     import json
     import os
     import shutil
@@ -296,14 +298,20 @@ def test_accelerate_launch_and_resume_per_method(name, processes, units, steps_p
     out = tmp_path / "out"
 
     def launch() -> str:
-        done = subprocess.run(
-            [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(repo / f"config/accelerate/cpu_{processes}proc.yaml"),
-             str(repo / "scripts/run_offline.py"), f"model.path={tiny_model_dir}", f"data.train_file={train_file}",
-             f"output_dir={out}", "device=cpu", "train.mixed_precision=no", "train.epochs=2",
-             f"train.micro_batch_size={2 if name == 'gigpo' else 1}", "train.gradient_accumulation_steps=1",
-             "train.save_freq=1", "train.keep_checkpoints=null", "train.lr=0.01", "model.lora.dropout=0.2",
-             "logging.write_data_order=true", f"method={name}"],
-            capture_output=True, text=True, cwd=tmp_path, env={**os.environ, "OMP_NUM_THREADS": "1"}, timeout=600)
+        command = [str(repo / "scripts/run_offline.py"), f"model.path={tiny_model_dir}", f"data.train_file={train_file}",
+                   f"output_dir={out}", "device=cpu", "train.mixed_precision=no", "train.epochs=2",
+                   f"train.micro_batch_size={2 if name == 'gigpo' else 1}", "train.gradient_accumulation_steps=1",
+                   "train.save_freq=1", "train.keep_checkpoints=null", "train.lr=0.01", "model.lora.dropout=0.2",
+                   "logging.write_data_order=true", f"method={name}"]
+        if processes == 1:
+            from in_process import run_script
+
+            done = run_script(*command, cwd=tmp_path)
+        else:
+            done = subprocess.run(
+                [sys.executable, "-m", "accelerate.commands.launch", "--config_file",
+                 str(repo / f"config/accelerate/cpu_{processes}proc.yaml"), *command],
+                capture_output=True, text=True, cwd=tmp_path, env={**os.environ, "OMP_NUM_THREADS": "1"}, timeout=600)
         assert done.returncode == 0, done.stderr[-3000:]
         return done.stdout + done.stderr
 

@@ -133,11 +133,13 @@ def test_length_bucketing_reduces_padding():
     ([{"observation": 3, "action": "a", "reward": 1.0}], "sample 0.observation"),
 ])
 def test_bad_training_data_is_rejected_before_training(tmp_path, data, field):
+    """The training command in this process (through a subprocess: tests/test_cli.py)."""
+    from in_process import run_script
+
     train_file = tmp_path / "train.json"
     train_file.write_text(json.dumps(data))  # json writes NaN for float("nan")
-    done = subprocess.run([sys.executable, str(REPO / "scripts/run_offline.py"), f"data.train_file={train_file}",
-                           "model.path=/nonexistent/model", f"output_dir={tmp_path / 'out'}"],
-                          capture_output=True, text=True, cwd=tmp_path)
+    done = run_script(REPO / "scripts/run_offline.py", f"data.train_file={train_file}", "model.path=/nonexistent/model",
+                      f"output_dir={tmp_path / 'out'}", cwd=tmp_path)
     assert done.returncode == 2, done.stderr
     last = done.stderr.strip().splitlines()[-1]
     assert last.startswith("error:") and str(train_file) in last

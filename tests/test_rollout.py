@@ -78,7 +78,8 @@ def _collect_command(out: Path, model_dir: Path, *extra: str) -> list[str]:
 
 def test_resume_after_an_interrupted_run(tmp_path, tiny_model_dir):
     out = tmp_path / "games.jsonl"
-    cmd = _collect_command(out, tiny_model_dir, "num_games=12", "batch_size=2", "seed=3")
+    # 5 questions a game (a random tiny model plays every game to the limit): resume is the subject
+    cmd = _collect_command(out, tiny_model_dir, "num_games=12", "batch_size=2", "seed=3", "game.max_turns=5")
     proc = subprocess.Popen(cmd, cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     deadline = time.time() + 300
     while time.time() < deadline and proc.poll() is None:
@@ -92,7 +93,10 @@ def test_resume_after_an_interrupted_run(tmp_path, tiny_model_dir):
     done_before = [json.loads(line)["game_id"] for line in before.splitlines() if line.strip()]
     assert 2 <= len(done_before) < 12
 
-    result = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=600)
+    # the re-run in this process: its subject is what it reads back, not how a process ends
+    from in_process import run_script
+
+    result = run_script(*cmd[1:], cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     ids = [r["game_id"] for r in read_trajectories(out)]
     assert sorted(ids) == sorted(game_id("twenty_questions", 3, i) for i in range(12))  # none lost, none twice

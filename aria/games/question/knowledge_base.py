@@ -21,6 +21,7 @@ Accuracy on hand-written fair questions is measured in ``tests/test_oracle_accur
 """
 from __future__ import annotations
 
+import functools
 import re
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Mapping, Sequence
@@ -57,6 +58,7 @@ def stem(word: str) -> str:
     return word
 
 
+@functools.lru_cache(maxsize=1 << 16)
 def stem_tokens(text: str) -> tuple[str, ...]:
     return tuple(stem(w) for w in normalize(text).split())
 

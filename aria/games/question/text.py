@@ -7,6 +7,7 @@ seven two-word Twenty Questions objects unwinnable).
 """
 from __future__ import annotations
 
+import functools
 import re
 import unicodedata
 from dataclasses import dataclass, field
@@ -17,10 +18,13 @@ _QUOTES = str.maketrans({"\u2018": "'", "\u2019": "'", "\u201a": "'", "\u201b": 
                          "\u201c": '"', "\u201d": '"', "\u201e": '"', "\u00ab": '"', "\u00bb": '"'})
 
 
+@functools.lru_cache(maxsize=1 << 16)
 def normalize(text: str) -> str:
     """Lower-case, strip accents, turn every non-alphanumeric run into one space.
 
-    ``"São Paulo's"`` -> ``"sao paulo s"``; ``"Xi'an"`` -> ``"xi an"``.
+    ``"São Paulo's"`` -> ``"sao paulo s"``; ``"Xi'an"`` -> ``"xi an"``. Cached: an oracle and the
+    scripted expert normalise the same questions and names once per target (1.4 million calls,
+    30 of 53 s, for the expert's 12 Twenty Questions games before).
     """
     return _NON_ALNUM.sub(" ", fold(text).lower()).strip()
 
