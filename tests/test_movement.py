@@ -110,7 +110,8 @@ def test_the_script_writes_its_result_and_names_a_bad_sample(tmp_path, tiny_mode
     result = json.loads(out.read_text())
     assert result["token_kl"] == 0.0 and result["weights"]["changed"] == 0 and result["steps"] == 5
     steps.write_text(json.dumps([{"observation": "x", "action": "y", "success": "yes"}]))
-    done = subprocess.run([sys.executable, str(script), str(tiny_model_dir), str(tiny_model_dir), str(steps)],
-                          capture_output=True, text=True, timeout=300)
+    from in_process import run_script  # the bad sample in this process: the script ran as a process above
+
+    done = run_script(script, str(tiny_model_dir), str(tiny_model_dir), str(steps))
     assert done.returncode == 2 and done.stderr.strip() == f"error: {steps}, field 'sample 0.success': expected a bool " \
         "(a pipeline step-4 sample)"
