@@ -1,6 +1,7 @@
 """Every command's way of stopping (aria/cli.py): bad bytes, NaN vectors, impossible settings and
 Ctrl-C give one line and a known exit status (2, or 130 for SIGINT), never a traceback, and bad
-settings are caught before a model loads. Commands run as a user runs them, in a subprocess."""
+settings are caught before a model loads. Commands run as a user runs them, in a subprocess; the
+cases that only vary a bad value run the same script in this process (tests/in_process.py)."""
 from __future__ import annotations
 
 import json
