@@ -160,6 +160,7 @@ class RewardModelTrainerSettings(TrainerSettings):
 @dataclass
 class OnlineSettings:
     games: List[str] = MISSING
+    max_turns: Optional[int] = MISSING
     iterations: int = MISSING
     rollout_size: int = MISSING
     rollout_batch_size: int = MISSING

@@ -28,6 +28,8 @@ def online_config(tmp_path: Path, model_dir: Path, sentence_dir: Path, *override
         "train.micro_batch_size=4", "train.gradient_accumulation_steps=2", "train.lr=1e-2",
         "online.rollout_size=3", "online.rollout_batch_size=3", "online.actor_updates=2", "online.iterations=1",
         "online.rm_refresh=2", "rollout.max_new_tokens=6", "logging.progress=false",
+        # 5 questions a game, not 20: the tiny random model never wins, so every game runs to the limit
+        "online.max_turns=5",
         # float32 scores on every CPU (auto is bfloat16 where the CPU has AVX512-BF16), as the test recomputes them
         "reward_model.dtype=float32",
         f"online.intention_overrides=['embedder.model={sentence_dir}','clustering.k_max=4']",
@@ -85,6 +87,7 @@ def test_one_iteration_end_to_end_with_a_reward_model_refresh(tmp_path, tiny_mod
     # The rollout buffer: 3 finished games of the iteration, in the trajectory schema.
     games = [json.loads(line) for line in (out / "rollouts" / "iter-00000" / "twenty_questions.rank0.jsonl").read_text().splitlines()]
     assert len(games) == 3 and all(g["status"] == "finished" for g in games)
+    assert all(g["num_turns"] == 5 for g in games)  # online.max_turns=5; a random tiny model never wins early
     steps = sum(g["num_turns"] for g in games)
 
     # The first reward model was trained on the offline set; the refresh due at step 2
@@ -260,6 +263,7 @@ def test_two_processes_share_the_games_and_refresh_once(tmp_path, tiny_model_dir
          "train.mixed_precision=no", "train.micro_batch_size=2", "train.gradient_accumulation_steps=2",
          "online.rollout_size=4", "online.rollout_batch_size=2", "online.actor_updates=1", "online.iterations=1",
          "online.rm_refresh=1", "rollout.max_new_tokens=6", "logging.progress=false", f"reward_model.init_path={rm_dirs[0]}",
+         "online.max_turns=5",
          f"online.intention_overrides=['embedder.model={tiny_sentence_model_dir}','clustering.k_max=4']",
          "reward_model.train_overrides=['device=cpu','train.mixed_precision=no','train.epochs=1',"
          "'train.micro_batch_size=8','train.gradient_accumulation_steps=1','data.eval_fraction=0.25']"],
@@ -342,3 +346,11 @@ def test_an_online_step_raises_the_favoured_action(tmp_path, tiny_model_dir, tin
     after = logps()
     assert after[0] > before[0] and after[1] < before[1]
     assert (after[0] - after[1]) - (before[0] - before[1]) > 0.05
+
+
+def test_a_bad_max_turns_is_one_line_before_any_model_loads(tmp_path):
+    from aria.io import ConfigError
+
+    cfg = compose_config("onlinereinforce_llm", ["model.path=/no/model", f"output_dir={tmp_path}", "online.max_turns=0"])
+    with pytest.raises(ConfigError, match=r"online.max_turns: expected a whole number >= 1 or null, got 0"):
+        OnlineTrainer(cfg)

@@ -184,8 +184,13 @@ class OnlineTrainer:
 
         # The games and their oracle (single-agent games only: online ARIA is not defined for two players).
         self.games = {}
+        if o["max_turns"] is not None and o["max_turns"] < 1:
+            raise ConfigError(f"online.max_turns: expected a whole number >= 1 or null, got {o['max_turns']!r}")
         for name in o["games"]:
-            game_cfg = checked_game(load_game_config(name))
+            game_cfg = load_game_config(name)
+            if o["max_turns"] is not None:  # as the evaluation's max_turns: the game's rules, shortened
+                game_cfg["max_turns"] = o["max_turns"]
+            game_cfg = checked_game(game_cfg)
             if not family_of(game_cfg).online:
                 raise ConfigError(f"online.games: online ARIA plays single-agent games; {name!r} is a "
                                   f"{family_of(game_cfg).title} game")
