@@ -409,7 +409,10 @@ def test_a_second_run_into_the_same_run_dir_is_refused_and_the_first_completes(t
         assert first.poll() is None, first.communicate()[1][-3000:]
         assert time.monotonic() < deadline
         time.sleep(0.1)
-    second = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    # the second and third runs in this process (tests/in_process.py): a process other than the first
+    from in_process import run_script
+
+    second = run_script(*command[1:], cwd=tmp_path)
     assert first.poll() is None, "the first run ended before the second was refused: the test proves nothing"
     assert second.returncode == 2, second.stderr[-3000:]
     assert second.stderr.strip().splitlines() == [second.stderr.strip()]  # one line, no traceback
@@ -422,7 +425,7 @@ def test_a_second_run_into_the_same_run_dir_is_refused_and_the_first_completes(t
         ids = [r["game_id"] for r in read_trajectories(games)]
         assert len(ids) == len(set(ids)), games
     # the lock went with the process: a third run resumes (every stage is done: it only reports)
-    third = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    third = run_script(*command[1:], cwd=tmp_path)
     assert third.returncode == 0, third.stderr[-3000:]
 
 
