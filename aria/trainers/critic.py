@@ -145,8 +145,3 @@ class DoubleCritic(torch.nn.Module):
         s, a = self.encode(histories), self.encode(utterances)
         sa = torch.cat([s, a], dim=-1)
         return tuple(h(x).squeeze(-1) for h, x in ((self.q1, sa), (self.q2, sa), (self.v1, s), (self.v2, s)))
-
-    def values(self, histories: Sequence[str]) -> tuple[torch.Tensor, torch.Tensor]:
-        """``(V_1, V_2)`` alone (the histories' encodings only)."""
-        s = self.encode(histories)
-        return self.v1(s).squeeze(-1), self.v2(s).squeeze(-1)
