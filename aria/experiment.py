@@ -43,7 +43,7 @@ from typing import Any, Callable
 
 from aria.experiment_layout import Layout, games_of, intention_overrides_of, iterations_of, method_of, seeds_of
 from aria.games.family import checked_game, family_of
-from aria.io import ConfigError, atomic_write_json, check_writable, file_digest, hold_folder, json_digest, read_json
+from aria.io import ConfigError, atomic_folder, atomic_write_json, check_writable, file_digest, hold_folder, json_digest, read_json
 from aria.resources import check_overrides, compose_config
 from aria.secrets import redact
 from aria.settings import ExperimentSettings, validated
@@ -214,9 +214,44 @@ def label(cfg: dict, trajectories: Path, out_dir: Path, seed: int, echo: Printer
     return out_dir / "train.json"
 
 
+def train_critic(cfg: dict, train_file: Path, out_dir: Path, seed: int, init: Path | None, echo: Printer) -> Path:
+    """ArCHer's critic on ``train_file`` (from ``init``, the previous iteration's critic, when
+    given), in ``out_dir``; returns the training set with each step's advantage. Resumes itself."""
+    overrides = [f"data.train_file={train_file}", f"output_dir={out_dir}", f"seed={seed}",
+                 f"critic.init={init if init else 'null'}", *cfg["archer"]["critic_overrides"]]
+    if cfg["launcher"]:
+        import shlex
+        import subprocess
+
+        from aria.resources import config_dir
+
+        command = [*shlex.split(cfg["launcher"]), "-m", "aria.trainers.launch_critic", "--config-dir", str(config_dir()),
+                   "--config-name", "critic", *overrides]
+        if subprocess.run(command).returncode != 0:
+            raise RuntimeError(f"critic training failed: {' '.join(command)} (run the experiment again to resume it)")
+        out = out_dir / "train.json"
+    else:
+        from accelerate.state import AcceleratorState
+
+        from aria.trainers.archer import CriticTrainer
+
+        try:
+            result = CriticTrainer(compose_config("critic", overrides)).train()
+        finally:
+            AcceleratorState._reset_state(reset_partial_state=True)
+        out = Path(result["train_file"])
+        echo(f"[experiment] critic: {result['steps']} steps; held out: TD error {result.get('eval_td_mse')}, won above lost "
+             f"{result.get('eval_ranking_accuracy')} (same turn {result.get('eval_ranking_accuracy_same_turn')})")
+    return out
+
+
 def train(cfg: dict, method: str, train_file: Path, start_model: Path, out_dir: Path, seed: int, overrides: list[str],
-          echo: Printer) -> Path:
-    """Train ``method`` on ``train_file`` from ``start_model``; merge the adapter into ``out_dir/model``."""
+          echo: Printer, critic_init: Path | None = None, actor: bool = True) -> Path:
+    """Train ``method`` on ``train_file`` from ``start_model``; merge the adapter into ``out_dir/model``.
+
+    ``archer`` trains its critic first (:func:`train_critic`, from ``critic_init``), then the actor on
+    the critic's advantages; ``actor=False`` (ArCHer's warm-up iterations) trains the critic only
+    and the iteration's model is its start model."""
     from aria.policy import merge_lora
     from aria.trainers.methods import trainer_for
 
@@ -224,6 +259,9 @@ def train(cfg: dict, method: str, train_file: Path, start_model: Path, out_dir: 
     trained_on = {"train_json_sha256": file_digest(train_file, length=None), "method": method,
                   "start_model": recorded_path(cfg, start_model), "start_model_version": model_version(start_model), "seed": seed,
                   "overrides": list(overrides)}
+    if method == "archer":
+        trained_on.update(critic_overrides=list(cfg["archer"]["critic_overrides"]), actor=actor,
+                          critic_init=str(critic_init) if critic_init else None)
     trained_on = json.loads(json.dumps(redact(trained_on)))  # as the marker is written: a key is never on disk
     marker = out_dir / "trained_on.json"
     if (model / "model.safetensors").is_file() and marker.is_file() and read_json(marker) == trained_on:
@@ -232,6 +270,15 @@ def train(cfg: dict, method: str, train_file: Path, start_model: Path, out_dir: 
         shutil.rmtree(out_dir / "train", ignore_errors=True)
         shutil.rmtree(model, ignore_errors=True)
     atomic_write_json(marker, trained_on)
+    if method == "archer":
+        train_file = train_critic(cfg, train_file, out_dir / "critic", seed, critic_init, echo)
+        if not actor:  # ArCHer's warm-up: the critic learns, the policy stays
+            with atomic_folder(model) as tmp:
+                for file in start_model.iterdir():
+                    if file.is_file():
+                        os.link(file, tmp / file.name)
+            echo(f"[experiment] archer warm-up: critic only; the policy stays {start_model.name}")
+            return model
     overrides = [f"data.train_file={train_file}", f"output_dir={out_dir / 'train'}", f"seed={seed}",
                  f"model.path={start_model}", f"method={method}", "logging.report_to=null", *overrides]
     if cfg["launcher"]:  # several GPUs: the trainer runs under accelerate in processes of its own
@@ -393,8 +440,10 @@ def plan(cfg: dict, generator: Generator, echo: Printer) -> list[Stage]:
                         label(cfg, games, shared, seed, echo, steps=1)
                     train_file = label(cfg, games, own, seed, echo, overrides=intention_overrides_of(cfg, method),
                                        step1_from=shared if own != shared else None)
+                    previous_critic = lay.arm(method, seed, it - 1) / "critic" / "final" if it > 1 else None
                     train(cfg, method_of(cfg, method), train_file, model_of(method, seed, it - 1), lay.arm(method, seed, it),
-                          seed, cfg["train_overrides"], echo)
+                          seed, cfg["train_overrides"], echo, critic_init=previous_critic,
+                          actor=it > cfg["archer"]["actor_warmup_iterations"])
 
                 tag = f"seed {seed} · {method} · iteration {it}"
                 stages += [Stage(f"{tag}: collect", "collect", collect), Stage(f"{tag}: label and train", "train", fit),
@@ -413,13 +462,20 @@ def gradient_variance_stage(cfg: dict, lay: Layout, seed: int, model: Path, echo
 
     out = lay.shared(seed) / "grad_variance.json"
     train_file = lay.shared(seed) / "intention" / "train.json"
+    methods = list(dict.fromkeys(method_of(cfg, m) for m in cfg["methods"]))  # on the shared labels: one row per method
+    if "archer" in methods:  # its weights are its critic's advantages, on the same steps (iteration 1's critic)
+        arm = next(m for m in cfg["methods"] if method_of(cfg, m) == "archer")
+        critic_file = lay.arm(arm, seed, 1) / "critic" / "train.json"
+        if critic_file.is_file():
+            train_file = critic_file
+        else:
+            methods.remove("archer")
     g = cfg["grad_variance"]
     key = {"train_json_sha256": file_digest(train_file, length=None), "model": str(model),
            "methods": cfg["methods"], "max_samples": g["max_samples"], "seed": seed}
     if out.is_file() and read_json(out).get("key") == key:
         return out
     config = compose_config("reinforce_llm", [f"data.train_file={train_file}", f"model.path={model}", *cfg["train_overrides"]])
-    methods = list(dict.fromkeys(method_of(cfg, m) for m in cfg["methods"]))  # on the shared labels: one row per method
     result = gradient_variance(config, g["max_samples"], seed, [m for m in methods if m != "traj_dpo"])
     atomic_write_json(out, {"key": key, **result})
     echo(f"[experiment] gradient variance, seed {seed}: {result['samples']} samples in {result['seconds']:.0f}s")
@@ -474,6 +530,9 @@ def check_settings(cfg: dict) -> dict:
         for key in ("games", "games_per_config", "batch_size"):
             if section.get(key) is not None and section[key] < 1:
                 raise ConfigError(f"{name}.{key}: expected a whole number >= 1, got {section[key]!r}")
+    if cfg["archer"]["actor_warmup_iterations"] < 0:
+        raise ConfigError(f"archer.actor_warmup_iterations: expected a whole number >= 0, got "
+                          f"{cfg['archer']['actor_warmup_iterations']!r}")
     check_override_lists(cfg)  # last: each composition is a Hydra start
     return cfg
 
@@ -482,6 +541,9 @@ def check_override_lists(cfg: dict) -> None:
     """The trainer's and the labelling's override lists, composed as their stages will compose them."""
     model = [f"model.path={cfg['base_model']}", "data.train_file=train.json"]
     check_overrides("reinforce_llm", [*model, *cfg["train_overrides"]], "train_overrides")
+    if any(method_of(cfg, m) == "archer" for m in cfg["methods"]):
+        check_overrides("critic", ["data.train_file=train.json", *cfg["archer"]["critic_overrides"]],
+                        "archer.critic_overrides")
     if cfg["warm_start"]["enabled"]:
         check_overrides("reinforce_llm", [*model, *cfg["warm_start"]["train_overrides"]], "warm_start.train_overrides")
     game = [f"game={cfg['game']['name']}", "input=games.jsonl"]

@@ -223,6 +223,62 @@ class OnlineTrainerSettings(TrainerSettings):
     reward_model: OnlineRewardModelSettings = field(default_factory=OnlineRewardModelSettings)
 
 
+# --- ArCHer's critic (config/critic.yaml) -------------------------------------------------------------
+
+@dataclass
+class CriticDataSettings:
+    train_file: str = MISSING
+    eval_fraction: float = MISSING
+
+
+@dataclass
+class CriticModelSettings:
+    encoder: Optional[str] = MISSING
+    hidden: Optional[int] = MISSING
+    max_tokens: int = MISSING
+    gamma: float = MISSING
+    tau: float = MISSING
+    v_target: str = MISSING
+    init: Optional[str] = MISSING
+
+
+@dataclass
+class CriticTrainSettings:
+    epochs: int = MISSING
+    micro_batch_size: int = MISSING
+    gradient_accumulation_steps: int = MISSING
+    lr: float = MISSING
+    optimizer: str = MISSING
+    betas: List[float] = MISSING
+    eps: float = MISSING
+    weight_decay: float = MISSING
+    lr_scheduler: str = MISSING
+    warmup_ratio: float = MISSING
+    warmup_steps: Optional[int] = MISSING
+    max_grad_norm: float = MISSING
+    mixed_precision: str = MISSING
+    save_freq: int = MISSING
+    keep_checkpoints: Optional[int] = MISSING
+
+
+@dataclass
+class CriticLoggingSettings:
+    log_every: int = MISSING
+
+
+@dataclass
+class CriticTrainerSettings:
+    """config/critic.yaml: ArCHer's critic (aria.trainers.archer)."""
+    seed: int = MISSING
+    device: str = MISSING
+    output_dir: str = MISSING
+    out: str = MISSING
+    data: CriticDataSettings = field(default_factory=CriticDataSettings)
+    critic: CriticModelSettings = field(default_factory=CriticModelSettings)
+    train: CriticTrainSettings = field(default_factory=CriticTrainSettings)
+    logging: CriticLoggingSettings = field(default_factory=CriticLoggingSettings)
+
+
 # --- The experiment runner (config/experiment.yaml and its presets in config/experiment/) --------
 
 @dataclass
@@ -286,6 +342,12 @@ class ReportSettings:
 
 
 @dataclass
+class ArcherArmSettings:
+    critic_overrides: List[str] = MISSING
+    actor_warmup_iterations: int = MISSING
+
+
+@dataclass
 class ExperimentSettings:
     """config/experiment.yaml with a preset of config/experiment/."""
     name: str = MISSING
@@ -308,6 +370,7 @@ class ExperimentSettings:
     collect: PlaySettings = field(default_factory=PlaySettings)
     intention_overrides: List[str] = MISSING
     train_overrides: List[str] = MISSING
+    archer: ArcherArmSettings = field(default_factory=ArcherArmSettings)
     eval: EvalPlaySettings = field(default_factory=EvalPlaySettings)
     grad_variance: ExperimentGradVarianceSettings = field(default_factory=ExperimentGradVarianceSettings)
     report: ReportSettings = field(default_factory=ReportSettings)
@@ -481,6 +544,7 @@ SCHEMAS: dict[str, type] = {
     "collect": CollectSettings,
     "intention": IntentionSettings,
     "eval": EvalSettings,
+    "critic": CriticTrainerSettings,
 }
 
 

@@ -276,6 +276,45 @@ def test_a_variant_labels_the_shared_games_its_own_way_and_trains_its_method(tmp
     assert "| aria_k2 | 1 |" in (out / "table.md").read_text()
 
 
+def test_archer_trains_its_critic_each_iteration_and_its_actor_after_the_warm_up(tmp_path, tiny_experiment, straight_run,
+                                                                                   tiny_sentence_model_dir):
+    """``archer`` added to a finished run, with one warm-up iteration: iteration 1 trains the critic
+    only (the iteration's model is its start model, file for file), iteration 2 trains the critic
+    from iteration 1's and then the actor on the critic's advantages; both have their rows."""
+    import shutil
+
+    straight_root, _, _ = straight_run
+    shutil.copytree(straight_root / "run", tmp_path / "run", ignore=shutil.ignore_patterns(".lock"))
+    cfg = tiny_experiment(tmp_path)
+    cfg = {**cfg, "methods": [*cfg["methods"], "archer"],
+           "archer": {"actor_warmup_iterations": 1, "critic_overrides": [
+               f"critic.encoder={tiny_sentence_model_dir}", "critic.hidden=16", "critic.max_tokens=64", "device=cpu",
+               "train.mixed_precision=no", "train.epochs=1", "train.micro_batch_size=4", "train.gradient_accumulation_steps=1",
+               "data.eval_fraction=0.25"]}}
+    lines: list[str] = []
+    out = experiment.run(cfg, lines.append)
+    arm = tmp_path / "run" / "s0" / "archer"
+    start = tmp_path / "run" / "warm" / "model" / "model.safetensors"
+    assert (arm / "it1" / "model" / "model.safetensors").stat().st_ino == start.stat().st_ino  # the policy stayed
+    assert (arm / "it1" / "critic" / "final" / "critic.safetensors").is_file()
+    second = json.loads((arm / "it2" / "critic" / "final" / "critic.json").read_text())
+    assert second["steps"] > 0
+    marker = json.loads((arm / "it2" / "trained_on.json").read_text())
+    assert marker["critic_init"] == str(arm / "it1" / "critic" / "final") and marker["actor"] is True
+    trained = json.loads((arm / "it2" / "critic" / "train.json").read_text())
+    assert trained and all("advantage" in step for step in trained)
+    assert [line for line in lines if line.startswith("[experiment] trained")] == [
+        f"[experiment] trained archer from model -> {arm / 'it2' / 'model'}"]
+    assert sum(line.startswith("[experiment] archer warm-up: critic only") for line in lines) == 1
+    results = json.loads((out / "results.json").read_text())
+    rows = {r["iteration"]: r for r in results["arms"] if r["method"] == "archer"}
+    assert set(rows) == {0, 1, 2} and rows[2]["movement"]["steps"] > 0
+    assert rows[1]["movement"]["token_kl"] == 0.0 and rows[1]["movement"]["moved"] is False  # the warm-up iteration
+    assert "| archer | 2 |" in (out / "table.md").read_text()
+    # the gradient-variance report weighs the same steps by the critic's advantages too
+    assert set(results["gradient_variance"]["0"]["methods"]) == {"aria", "no_aggregation", "archer"}
+
+
 def test_a_launcher_trains_the_module_in_a_process_of_its_own_to_the_same_weights(tmp_path, tiny_experiment, straight_run):
     """With ``launcher`` set the runner starts the trainer as a module (``<launcher> -m
     aria.trainers.launch --config-dir <config folder>``), never a script by its path; a plain

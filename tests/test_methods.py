@@ -21,7 +21,7 @@ WEIGHT_METHODS = sorted(name for name, method in METHODS.items() if method.kind 
 def step(game, turn, history, final, ret, target, success, reward=None, q=0.0, v=0.0, kept=True):
     return {"game_id": game, "role": "agent", "turn": turn, "observation": history, "final_reward": final,
             "step_return": ret, "target": target, "success": success, "reward": reward, "q": q, "v": v, "kept": kept,
-            "action": "Question: ?"}
+            "action": "Question: ?", "advantage": q - v}  # ArCHer's: a critic's min Q − min V (here the aggregation's)
 
 
 STEPS = [
@@ -42,7 +42,8 @@ def close(got, expected):
 
 
 def test_registry_names_and_rejects():
-    assert sorted(METHODS) == ["aria", "aria_adv", "bc", "filtered_bc", "gigpo", "no_aggregation", "starpo", "traj_dpo"]
+    assert sorted(METHODS) == ["archer", "aria", "aria_adv", "bc", "filtered_bc", "gigpo", "no_aggregation", "starpo",
+                              "traj_dpo"]
     assert {name: METHODS[name].kind for name in METHODS if METHODS[name].kind != "weights"} == {"traj_dpo": "pairs"}
     with pytest.raises(KeyError, match="unknown method 'ppo'"):
         get_method("ppo")
@@ -52,6 +53,10 @@ def test_registry_names_and_rejects():
         method_weights("traj_dpo", STEPS)
     with pytest.raises(KeyError, match="'aria' trains on weights, not on pairs"):
         method_pairs("aria", STEPS)
+
+
+def test_archer_weighs_each_step_by_its_critics_advantage():
+    close(method_weights("archer", STEPS), [0.0, 0.375, 0.5, 0.0, -0.125, 0.0, 0.5, 0.0])
 
 
 def test_aria_no_aggregation_bc_filtered_bc():

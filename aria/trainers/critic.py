@@ -18,7 +18,7 @@ it. One critic update minimises, each head toward a target computed with the tar
     θ̄ ← (1 − τ) · θ̄ + τ · θ              after every update (Polyak averaging)
 
 where ``a_π`` is an utterance of the current policy for ``s``. The actor's advantage is
-``A(s, a) = min(Q_1, Q_2)(s, a) − min(V_1, V_2)(s)``. The release's defaults: γ = 0.9, τ = 0.1,
+``A(s, a) = min(Q_1, Q_2)(s, a) − min(V_1, V_2)(s)``. The release's settings: γ = 0.95, τ = 0.1,
 RoBERTa-base encoding the history (cut on the left to 512 tokens) and the utterance separately,
 and each head a 3-layer MLP on the pooled encodings (Q: on both, concatenated; V: on the
 history's). Here the encoder is any Hugging Face encoder by path, by default the embedded
@@ -120,6 +120,10 @@ class DoubleCritic(torch.nn.Module):
         self.tokenizer = AutoTokenizer.from_pretrained(encoder_path)
         self.tokenizer.truncation_side = "left"  # a history's newest turns matter most
         self.encoder = AutoModel.from_pretrained(encoder_path, dtype=torch.float32)
+        if getattr(self.encoder, "pooler", None) is not None:
+            # mean pooling reads the hidden states; an unused pooler would get no gradient, which
+            # multi-process training (DDP) refuses
+            self.encoder.pooler = None
         self.max_tokens = max_tokens
         width = self.encoder.config.hidden_size
         hidden = hidden or width
@@ -139,6 +143,11 @@ class DoubleCritic(torch.nn.Module):
         states = self.encoder(**batch).last_hidden_state
         mask = batch["attention_mask"].unsqueeze(-1).to(states.dtype)
         return (states * mask).sum(1) / mask.sum(1).clamp(min=1.0)
+
+    def values(self, histories: Sequence[str]) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(V_1, V_2)`` of histories alone (the next state's values in a Q target)."""
+        s = self.encode(histories)
+        return self.v1(s).squeeze(-1), self.v2(s).squeeze(-1)
 
     def forward(self, histories: Sequence[str], utterances: Sequence[str]) -> tuple[torch.Tensor, ...]:
         """``(Q_1, Q_2, V_1, V_2)``, each of shape [batch]."""

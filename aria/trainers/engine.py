@@ -39,7 +39,7 @@ def check_train_settings(cfg: dict, losses: Mapping[str, Callable], loss_name: s
         at_least(name, 1)
     from aria.packing import PACKINGS
 
-    if t["packing"] not in PACKINGS:
+    if "packing" in t and t["packing"] not in PACKINGS:  # the critic's batches are not packed
         raise ConfigError(f"train.packing: unknown {t.get('packing')!r} (known: {', '.join(PACKINGS)})")
     if t["optimizer"] not in OPTIMIZERS:
         raise ConfigError(f"train.optimizer: unknown {t['optimizer']!r} (known: {', '.join(sorted(OPTIMIZERS))})")

@@ -24,10 +24,10 @@ A step is a dict with the fields step 4 of the pipeline writes (``aria.intention
 * ``success`` — whether the game was won (by this role).
 
 Registry as in verl's ``register_adv_est``: :func:`register_method` adds a method,
-:func:`get_method` returns it and rejects unknown names. ArCHer (a token-level actor with an
-utterance-level critic) needs a critic, not weights or pairs: it would be a third kind, with a
-trainer of its own beside the two above (:func:`trainer_for` picks the
-trainer from the kind).
+:func:`get_method` returns it and rejects unknown names; :func:`trainer_for` picks the trainer
+from the kind. ArCHer is a ``weights`` method too: its critic is trained first
+(:mod:`aria.trainers.archer`, ``scripts/train_critic.py``), which writes each step's
+``advantage``; ``archer`` here trains the token-level actor on those advantages.
 """
 from __future__ import annotations
 
@@ -61,12 +61,14 @@ class Method:
     source: str  # where the method comes from
     sft_marker: bool = False  # a weight of exactly −1 marks a demonstration (the release's ARIA files)
     kind: str = "weights"  # one of KINDS
+    made_by: str = "pipeline step 4"  # what writes the fields it needs
 
 
 METHODS: dict[str, Method] = {}
 
 
-def register_method(name: str, needs: tuple[str, ...], source: str, sft_marker: bool = False, kind: str = "weights"):
+def register_method(name: str, needs: tuple[str, ...], source: str, sft_marker: bool = False, kind: str = "weights",
+                    made_by: str = "pipeline step 4"):
     """Decorator: register ``fn(steps)`` (weights, or pairs when ``kind="pairs"``) as the method ``name``."""
     if kind not in KINDS:
         raise ValueError(f"method {name!r}: unknown kind {kind!r} (known: {', '.join(KINDS)})")
@@ -74,7 +76,7 @@ def register_method(name: str, needs: tuple[str, ...], source: str, sft_marker: 
     def wrap(fn: Callable) -> Callable:
         if name in METHODS:
             raise ValueError(f"method {name!r} is registered twice")
-        METHODS[name] = Method(name, fn, needs, source, sft_marker, kind)
+        METHODS[name] = Method(name, fn, needs, source, sft_marker, kind, made_by)
         return fn
     return wrap
 
@@ -92,7 +94,7 @@ def _checked(name: str, kind: str, steps: Sequence[dict]) -> Method:
     for i, step in enumerate(steps):
         for field in method.needs:
             if field not in step:
-                raise KeyError(f"step {i}: no {field!r}, which method {name!r} needs (re-run pipeline step 4)")
+                raise KeyError(f"step {i}: no {field!r}, which method {name!r} needs (re-run {method.made_by})")
     return method
 
 
@@ -205,6 +207,12 @@ def gigpo(steps: Sequence[dict], omega: float = 1.0) -> np.ndarray:
     anchor = _group_ids([(int(g), s["observation"]) for g, s in zip(episode_group, steps)])
     step = _normalized(np.array([float(s["step_return"]) for s in steps]), anchor, single="zero")
     return episode + omega * step
+
+
+@register_method("archer", needs=("advantage",), made_by="scripts/train_critic.py on this training set",
+                 source="ArCHer (Zhou et al. 2024): the utterance critic's advantage min Q − min V as each step's weight")
+def archer(steps: Sequence[dict]) -> np.ndarray:
+    return np.array([float(s["advantage"]) for s in steps])
 
 
 @register_method("traj_dpo", needs=("game_id", "success", "target"), kind="pairs",

@@ -1,0 +1,366 @@
+"""ArCHer's critic trained by temporal differences on a fixed collection, then every step's advantage.
+
+One story, top to bottom: read the training set (pipeline step 4's file: every agent step with its
+game, role, turn, history and utterance, and the game's final reward) -> link each step to its
+player's next step and give each step its turn reward (these games pay once, at the end: the
+final reward on a player's last step, 0 before) -> hold out a seeded share of the games ->
+epochs of micro-batches, each the four heads' TD loss of :mod:`aria.trainers.critic`, one
+accumulated optimizer step on the training engine (:mod:`aria.trainers.engine`) and the Polyak
+update of the target copy -> checkpoints and exact resume -> the critic's diagnostics on the
+held-out games -> every step's advantage ``A(s, a) = min(Q_1, Q_2) − min(V_1, V_2)`` written into a
+copy of the training set. The actor then trains on that file with ``method=archer``: the same
+REINFORCE as every other method, with the advantage as the step's weight
+(:mod:`aria.trainers.methods`), so ArCHer's low level gets the whole-game packing, LoRA and
+checkpoints of the other methods.
+
+Where this departs from the release (``docs/method.md``, ArCHer):
+
+* V's target uses the collected utterance as the policy's action ``a_π``. The release samples a
+  fresh utterance from the current actor at every critic update. The two agree in distribution
+  when the collection was made by the policy being trained, which is how the experiment runner
+  and the online loop use it (one sample per history instead of one per update); a collection of
+  another policy (the scripted expert, an imported file) makes V the value of that policy.
+* The encoder is any Hugging Face encoder with mean pooling (default: the embedded
+  all-MiniLM-L6-v2, so that it runs on a laptop) instead of RoBERTa-base's pooler.
+"""
+from __future__ import annotations
+
+import copy
+import json
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Sequence
+
+import numpy as np
+import torch
+
+from aria.data import read_training_set
+from aria.io import DataError, atomic_folder, atomic_write_json, atomic_write_json_rows, json_digest
+from aria.settings import CriticTrainerSettings, validated
+from aria.trainers.checkpoint import (begin_checkpoint, finish_checkpoint, latest_checkpoint, load_rng_state, load_state,
+                                      save_state, set_rng_state, trim_metrics)
+from aria.trainers.critic import (V_TARGETS, DoubleCritic, advantages, critic_loss, polyak_update, q_targets,
+                                  transitions, v_targets)
+from aria.trainers.engine import accumulate_step, build_optimizer, check_train_settings, make_accelerator
+from aria.trainers.reward_model import held_out_split
+
+#: The fields of a step the critic reads (pipeline step 4 writes them all).
+STEP_FIELDS = ("game_id", "turn", "observation", "action", "final_reward")
+
+
+# ---- the data -------------------------------------------------------------------------------------
+def turn_rewards(steps: Sequence[dict], done: torch.Tensor) -> torch.Tensor:
+    """The reward of each step's turn: the player's final reward on its last step, 0 before."""
+    final = torch.tensor([float(s["final_reward"]) for s in steps], dtype=torch.float32)
+    return torch.where(done > 0, final, torch.zeros_like(final))
+
+
+def check_steps(steps: Sequence[dict], path: str) -> None:
+    """Every field the critic reads, of the right type, named by file, sample and field."""
+    if not steps:
+        raise DataError(path, None, None, "the training set is empty")
+    for i, step in enumerate(steps):
+        for field in STEP_FIELDS:
+            if field not in step:
+                raise DataError(path, None, f"sample {i}.{field}", "missing (re-run pipeline step 4, which writes it)")
+        if isinstance(step["turn"], bool) or not isinstance(step["turn"], int):
+            raise DataError(path, None, f"sample {i}.turn", f"expected an integer, got {step['turn']!r}")
+        if isinstance(step["final_reward"], bool) or not isinstance(step["final_reward"], (int, float)) \
+                or not np.isfinite(step["final_reward"]):
+            raise DataError(path, None, f"sample {i}.final_reward", f"expected a finite number, got {step['final_reward']!r}")
+
+
+def ranking_accuracy(scores: Sequence[float], won: Sequence[bool], strata: Sequence | None = None) -> float | None:
+    """The share of (won, lost) pairs in which the won step scores higher (a tie counts half): the
+    area under the ROC curve. With ``strata``, only pairs in the same stratum count (the same
+    turn: a later turn is not better for being later). None where no pair exists."""
+    scores, won = np.asarray(scores, dtype=float), np.asarray(won, dtype=bool)
+    strata = np.zeros(len(scores)) if strata is None else np.asarray(strata)
+    better = pairs = 0.0
+    for stratum in np.unique(strata):
+        inside = strata == stratum
+        w, lost = scores[inside & won], scores[inside & ~won]
+        if len(w) and len(lost):
+            diff = w[:, None] - lost[None, :]
+            better += float((diff > 0).sum() + 0.5 * (diff == 0).sum())
+            pairs += diff.size
+    return better / pairs if pairs else None
+
+
+@dataclass
+class CriticState:
+    step: int = 0  # optimizer steps done
+    epoch: int = 0
+    micro: int = 0  # micro-batches of this epoch already consumed (per process)
+
+
+# ---- the trainer -----------------------------------------------------------------------------------
+class CriticTrainer:
+    """TD learning of :class:`~aria.trainers.critic.DoubleCritic` on a training set; ``cfg`` is the
+    resolved config (``config/critic.yaml``)."""
+
+    def __init__(self, cfg: dict, on_step: Callable[[int], None] | None = None):
+        from accelerate.utils import set_seed
+
+        from aria.io import ConfigError
+
+        cfg = validated(CriticTrainerSettings, cfg, "critic settings")
+        check_train_settings(cfg, {}, loss_name="td")
+        c = cfg["critic"]
+        if c["v_target"] not in V_TARGETS:
+            raise ConfigError(f"critic.v_target: unknown {c['v_target']!r} (known: {', '.join(V_TARGETS)})")
+        if not 0.0 <= c["gamma"] <= 1.0:
+            raise ConfigError(f"critic.gamma: expected a number in [0, 1], got {c['gamma']!r}")
+        if not 0.0 < c["tau"] <= 1.0:
+            raise ConfigError(f"critic.tau: expected a number in (0, 1], got {c['tau']!r}")
+        self.cfg, t = cfg, cfg["train"]
+        self.train_path = cfg["data"]["train_file"]
+        # Data first: a bad file is one line before the encoder loads.
+        self.steps = read_training_set(self.train_path)
+        check_steps(self.steps, self.train_path)
+        try:
+            linked = transitions(self.steps)
+        except ValueError as error:
+            raise DataError(self.train_path, None, None, str(error)) from None
+        self.next_index, self.done = linked.next_index, linked.done
+        self.rewards = turn_rewards(self.steps, self.done)
+        train_games, held_games = held_out_split([{"game_id": s["game_id"]} for s in self.steps],
+                                                 cfg["data"]["eval_fraction"], cfg["seed"])
+        held = {g["game_id"] for g in held_games}
+        self.train_index = [i for i, s in enumerate(self.steps) if s["game_id"] not in held]
+        self.eval_index = [i for i, s in enumerate(self.steps) if s["game_id"] in held]
+        if not self.train_index:
+            raise DataError(self.train_path, None, None, "no steps left for training after the held-out split")
+
+        self.output_dir = Path(cfg["output_dir"])
+        self.accelerator = make_accelerator(cfg, self.output_dir)
+        self.on_step = on_step  # called after every optimizer step (tests use it to interrupt a run)
+        set_seed(cfg["seed"])
+        critic = DoubleCritic(c["encoder"], c["hidden"], c["max_tokens"])
+        if c["init"]:  # go on from an earlier critic (the online loop's previous iteration)
+            load_critic(c["init"], critic)
+        self.target = copy.deepcopy(critic).requires_grad_(False)  # θ̄ starts equal to θ
+        world, accumulation = self.accelerator.num_processes, t["gradient_accumulation_steps"]
+        self.micro_per_epoch = len(self._epoch_batches(0))
+        self.steps_per_epoch = self.micro_per_epoch // accumulation
+        if self.steps_per_epoch == 0:
+            raise DataError(self.train_path, None, None, f"{len(self.train_index)} training steps make no full optimizer "
+                            f"step with micro_batch_size={t['micro_batch_size']}, accumulation={accumulation}, "
+                            f"processes={world}")
+        self.total_steps = self.steps_per_epoch * t["epochs"]
+        # What a checkpoint was trained on: resuming on other data or settings would mix two runs.
+        self.data_digest = json_digest([[s["game_id"], s.get("role"), s["turn"], s["observation"], s["action"]]
+                                        for s in self.steps] + self.rewards.tolist() + [c, t["micro_batch_size"]],
+                                       sort_keys=False)
+        optimizer, self.scheduler = build_optimizer(critic, t, self.total_steps)
+        self.model, self.optimizer = self.accelerator.prepare(critic, optimizer)
+        self.target.to(self.accelerator.device)
+        self.state = CriticState()
+
+    # ---- one micro-batch ----
+    def _texts(self, indices: Sequence[int]) -> tuple[list[str], list[str]]:
+        return [self.steps[i]["observation"] for i in indices], [self.steps[i]["action"] for i in indices]
+
+    def targets(self, indices: Sequence[int]) -> tuple[tuple[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]:
+        """The TD targets of the steps ``indices`` from the target copy: (Q targets, V targets)."""
+        c, device = self.cfg["critic"], self.accelerator.device
+        index = torch.tensor(list(indices))
+        reward, done, nxt = self.rewards[index].to(device), self.done[index].to(device), self.next_index[index]
+        histories, utterances = self._texts(indices)
+        with torch.no_grad():
+            tq1, tq2, _, _ = self.target(histories, utterances)  # Q̄ at the policy's (the collected) utterance
+            next_v1, next_v2 = torch.zeros(len(index), device=device), torch.zeros(len(index), device=device)
+            going_on = (nxt >= 0).nonzero().flatten()
+            if len(going_on):
+                v1, v2 = self.target.values([self.steps[int(j)]["observation"] for j in nxt[going_on]])
+                next_v1[going_on.to(device)], next_v2[going_on.to(device)] = v1, v2
+        q_target = (q_targets(reward, done, next_v1, c["gamma"]), q_targets(reward, done, next_v2, c["gamma"]))
+        return q_target, v_targets(tq1, tq2, c["v_target"])
+
+    def micro_loss(self, indices: Sequence[int]) -> torch.Tensor:
+        q_target, v_target = self.targets(indices)
+        q1, q2, v1, v2 = self.model(*self._texts(indices))
+        return critic_loss((q1, q2), (v1, v2), q_target, v_target)
+
+    # ---- the data order ----
+    def _epoch_batches(self, epoch: int) -> list[list[int]]:
+        from aria.trainers.offline import batches_for_process
+
+        t = self.cfg["train"]
+        order = np.random.default_rng([self.cfg["seed"], epoch]).permutation(len(self.train_index))
+        shuffled = [self.train_index[i] for i in order]
+        batches = [shuffled[i: i + t["micro_batch_size"]] for i in range(0, len(shuffled), t["micro_batch_size"])]
+        return batches_for_process(batches, self.accelerator.process_index, self.accelerator.num_processes,
+                                   t["gradient_accumulation_steps"])
+
+    # ---- the loop ----
+    def train(self) -> dict:
+        from tqdm.auto import tqdm
+
+        acc, t = self.accelerator, self.cfg["train"]
+        resumed = self.resume()
+        metrics_path = self.output_dir / "metrics.jsonl"
+        bar = tqdm(total=self.total_steps, initial=self.state.step, disable=not acc.is_local_main_process,
+                   desc="critic", dynamic_ncols=True)
+        window, start = [], time.perf_counter()
+        self.model.train()
+        try:
+            while self.state.epoch < t["epochs"]:
+                batches = self._epoch_batches(self.state.epoch)
+                while self.state.micro < len(batches):
+                    indices = batches[self.state.micro]
+                    loss, _ = accumulate_step(acc, self.model, self.optimizer, self.scheduler,
+                                              lambda: self.micro_loss(indices), t["max_grad_norm"])
+                    window.append(float(loss.detach()))
+                    self.state.micro += 1
+                    if acc.sync_gradients:
+                        polyak_update(self.target, acc.unwrap_model(self.model), self.cfg["critic"]["tau"])
+                        self.state.step += 1
+                        bar.update(1)
+                        if self.state.step % self.cfg["logging"]["log_every"] == 0 or self.state.step == self.total_steps:
+                            loss_mean = acc.reduce(torch.tensor(np.mean(window), device=acc.device), reduction="mean").item()
+                            record = {"step": self.state.step, "epoch": self.state.epoch, "loss": round(loss_mean, 6),
+                                      "lr": self.scheduler.get_last_lr()[0],
+                                      "seconds": round(time.perf_counter() - start, 2)}
+                            if acc.is_main_process:
+                                metrics_path.parent.mkdir(parents=True, exist_ok=True)
+                                with open(metrics_path, "a", encoding="utf-8") as handle:
+                                    handle.write(json.dumps(record) + "\n")
+                            bar.set_postfix(loss=f"{loss_mean:.4f}")
+                            window, start = [], time.perf_counter()
+                        if self.state.step % t["save_freq"] == 0:
+                            self.save_checkpoint()
+                        if self.on_step:
+                            self.on_step(self.state.step)
+                self.state.epoch += 1
+                self.state.micro = 0
+        finally:
+            bar.close()
+        diagnostics = self.diagnostics()
+        final = self.save_final(diagnostics)
+        out = self.write_advantages()
+        return {"steps": self.state.step, "resumed_from": str(resumed) if resumed else None, "final": str(final),
+                "train_file": str(out), **diagnostics}
+
+    # ---- what the critic learnt ----
+    @torch.no_grad()
+    def heads(self, indices: Sequence[int]) -> tuple[torch.Tensor, ...]:
+        """``(Q_1, Q_2, V_1, V_2)`` of the steps ``indices``, in evaluation mode, on the CPU."""
+        model = self.accelerator.unwrap_model(self.model)
+        model.eval()
+        out, size = [], self.cfg["train"]["micro_batch_size"]
+        for start in range(0, len(indices), size):
+            out.append([h.float().cpu() for h in model(*self._texts(indices[start: start + size]))])
+        model.train()
+        return tuple(torch.cat(column) for column in zip(*out))
+
+    @torch.no_grad()
+    def diagnostics(self) -> dict:
+        """On the held-out games: the TD error of the Q heads against the target copy's targets and
+        how well Q ranks the steps of won games above those of lost ones (all pairs, and pairs at
+        the same turn). Written to ``output_dir/eval.json``."""
+        if not self.eval_index:
+            return {}
+        model = self.accelerator.unwrap_model(self.model)
+        model.eval()
+        errors, size = [], self.cfg["train"]["micro_batch_size"]
+        for start in range(0, len(self.eval_index), size):
+            indices = self.eval_index[start: start + size]
+            (qt1, qt2), _ = self.targets(indices)
+            q1, q2, _, _ = model(*self._texts(indices))
+            errors += torch.cat([q1 - qt1, q2 - qt2]).float().cpu().tolist()
+        model.train()
+        q1, q2, _, _ = self.heads(self.eval_index)
+        q = torch.minimum(q1, q2).numpy()
+        won = [bool(self.steps[i].get("success", self.steps[i]["final_reward"] > 0)) for i in self.eval_index]
+        turns = [self.steps[i]["turn"] for i in self.eval_index]
+        result = {"eval_steps": len(self.eval_index), "eval_td_mse": round(float(np.mean(np.square(errors))), 6),
+                  "eval_ranking_accuracy": _rounded(ranking_accuracy(q, won)),
+                  "eval_ranking_accuracy_same_turn": _rounded(ranking_accuracy(q, won, turns))}
+        if self.accelerator.is_main_process:
+            atomic_write_json(self.output_dir / "eval.json", {"step": self.state.step, **result})
+        return result
+
+    def write_advantages(self) -> Path:
+        """A copy of the training set, each step with ``advantage``, ``critic_q`` and ``critic_v``:
+        what ``method=archer`` trains the actor on."""
+        out = Path(self.cfg["out"])
+        if self.accelerator.is_main_process:
+            q1, q2, v1, v2 = self.heads(list(range(len(self.steps))))
+            a, q, v = advantages(q1, q2, v1, v2), torch.minimum(q1, q2), torch.minimum(v1, v2)
+            rows = [dict(s, advantage=float(ai), critic_q=float(qi), critic_v=float(vi))
+                    for s, ai, qi, vi in zip(self.steps, a.tolist(), q.tolist(), v.tolist())]
+            atomic_write_json_rows(out, rows)
+        self.accelerator.wait_for_everyone()
+        return out
+
+    # ---- checkpoints ----
+    def _critic_state(self) -> dict:
+        return {"online": self.accelerator.unwrap_model(self.model).state_dict(), "target": self.target.state_dict()}
+
+    def save_checkpoint(self) -> Path:
+        acc = self.accelerator
+        tmp, final = begin_checkpoint(acc, self.output_dir, self.state.step)
+        if acc.is_main_process:
+            save_state(tmp / "critic.safetensors", self._critic_state())
+            save_state(tmp / "optimizer.safetensors", self.optimizer.state_dict())
+            save_state(tmp / "scheduler.safetensors", self.scheduler.state_dict())
+        return finish_checkpoint(acc, tmp, final, {**self.state.__dict__, "world_size": acc.num_processes,
+                                                   "total_steps": self.total_steps, "data_digest": self.data_digest},
+                                 self.cfg["train"]["keep_checkpoints"])
+
+    def resume(self) -> Path | None:
+        checkpoint = latest_checkpoint(self.output_dir)
+        if checkpoint is None:
+            return None
+        state = json.loads((checkpoint / "trainer_state.json").read_text())
+        if state["world_size"] != self.accelerator.num_processes:
+            raise ValueError(f"{checkpoint} was written by {state['world_size']} process(es); resume it with the same number")
+        if state["data_digest"] != self.data_digest or state["total_steps"] != self.total_steps:
+            raise ValueError(f"{checkpoint} was trained on other data or settings (data digest {state['data_digest']}, "
+                             f"{state['total_steps']} steps; now {self.data_digest}, {self.total_steps} steps): use a new "
+                             f"output_dir, or delete {checkpoint.parent} to start over")
+        saved = load_state(checkpoint / "critic.safetensors")
+        self.accelerator.unwrap_model(self.model).load_state_dict(saved["online"])
+        self.target.load_state_dict(saved["target"])
+        self.optimizer.load_state_dict(load_state(checkpoint / "optimizer.safetensors"))
+        self.scheduler.load_state_dict(load_state(checkpoint / "scheduler.safetensors"))
+        set_rng_state(load_rng_state(checkpoint, self.accelerator.process_index))
+        self.state = CriticState(step=state["step"], epoch=state["epoch"], micro=state["micro"])
+        if self.accelerator.is_main_process:  # steps after the checkpoint are redone
+            trim_metrics(self.output_dir / "metrics.jsonl", lambda line: line["step"] <= self.state.step)
+        if self.state.micro >= self.micro_per_epoch:  # saved at the very end of an epoch
+            self.state = CriticState(step=self.state.step, epoch=self.state.epoch + 1, micro=0)
+        if self.accelerator.is_main_process:
+            print(f"[critic] resumed from {checkpoint} (step {self.state.step}/{self.total_steps})")
+        return checkpoint
+
+    def save_final(self, diagnostics: dict) -> Path:
+        """``output_dir/final/``: the critic and its target copy (``critic.safetensors``) and what
+        rebuilds it (``critic.json``), whole or not at all."""
+        acc, out = self.accelerator, self.output_dir / "final"
+        acc.wait_for_everyone()
+        if acc.is_main_process:
+            c = self.cfg["critic"]
+            with atomic_folder(out) as tmp:
+                save_state(tmp / "critic.safetensors", self._critic_state())
+                atomic_write_json(tmp / "critic.json", {"encoder": c["encoder"], "hidden": c["hidden"],
+                                                        "max_tokens": c["max_tokens"], "steps": self.state.step,
+                                                        "train_file": str(self.train_path), **diagnostics})
+        acc.wait_for_everyone()
+        return out
+
+
+def load_critic(folder: str | Path, critic: DoubleCritic) -> DoubleCritic:
+    """Load a trained critic's online weights (``final/`` of a :class:`CriticTrainer` run) into
+    ``critic``, which must have the same encoder and width."""
+    path = Path(folder) / "critic.safetensors"
+    if not path.is_file():
+        raise DataError(path, None, None, "not found: expected the final/ folder of a critic run")
+    critic.load_state_dict(load_state(path)["online"])
+    return critic
+
+
+def _rounded(value: float | None) -> float | None:
+    return None if value is None else round(value, 4)

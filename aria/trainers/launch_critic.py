@@ -1,0 +1,40 @@
+"""ArCHer's critic trainer as a module, for launchers and for the experiment runner.
+
+    python -m aria.trainers.launch_critic --config-dir CONFIG --config-name critic ...
+    accelerate launch --config_file ... -m aria.trainers.launch_critic --config-dir CONFIG ...
+
+``scripts/train_critic.py`` is the same command with the repository's ``config/`` built in.
+Re-running resumes from the newest checkpoint in ``output_dir``; bad training data is one line
+naming the file, sample and field (exit 2).
+"""
+from __future__ import annotations
+
+import hydra
+from omegaconf import OmegaConf
+
+from aria.cli import checkpoints_in, command
+
+
+def run(cfg) -> dict:
+    """Train the critic of the config, write the steps' advantages; print its held-out figures."""
+    from aria.trainers.archer import CriticTrainer
+
+    with command(kept=lambda: checkpoints_in(cfg.output_dir)):
+        trainer = CriticTrainer(OmegaConf.to_container(cfg, resolve=True))
+        result = trainer.train()
+    if trainer.accelerator.is_main_process:
+        held_out = (f"; held out ({result['eval_steps']} steps): TD error (MSE) {result['eval_td_mse']:.4f}, won above "
+                    f"lost {result['eval_ranking_accuracy']} (same turn: {result['eval_ranking_accuracy_same_turn']})"
+                    ) if "eval_td_mse" in result else ""
+        print(f"[critic] {result['steps']} steps; critic in {result['final']}; advantages in {result['train_file']}"
+              f"{held_out}")
+    return result
+
+
+@hydra.main(config_path=None, config_name="critic", version_base="1.3")
+def main(cfg) -> None:
+    run(cfg)
+
+
+if __name__ == "__main__":
+    main()

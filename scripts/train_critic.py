@@ -1,0 +1,23 @@
+#!/usr/bin/env python3
+"""Train ArCHer's utterance-level critic on a training set; write each step's advantage (aria/trainers/archer.py).
+
+    python scripts/train_critic.py data.train_file=outputs/intention/twenty_questions/train.json
+    python scripts/run_offline.py method=archer data.train_file=outputs/critic/train.json   # the actor
+    accelerate launch --config_file config/accelerate/cpu_2proc.yaml scripts/train_critic.py ...
+
+Re-running the same command resumes from the newest checkpoint in output_dir. Bad training data
+prints one line naming the file, sample and field, before any model loads, and exits 2.
+"""
+
+import hydra
+
+from aria.trainers.launch_critic import run
+
+
+@hydra.main(config_path="../config", config_name="critic", version_base="1.3")
+def main(cfg) -> None:
+    run(cfg)
+
+
+if __name__ == "__main__":
+    main()
