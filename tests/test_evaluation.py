@@ -353,11 +353,11 @@ def test_resuming_into_an_out_of_another_model_is_refused(tmp_path):
     out = tmp_path / "res"
     transcripts = out / "twenty_questions" / "transcripts.jsonl"
     try:
-        first = subprocess.run(["bash", str(REPO / "evaluation/eval.sh"), "progress=false"],
+        first = subprocess.run(["bash", str(REPO / "evaluation/eval.sh"), "progress=false", "max_turns=4"],
                                env=eval_env(server.url, out, MODEL_NAME="a", N="12"), capture_output=True, text=True)
         assert first.returncode == 0, first.stderr
         summary = (out / "summary.json").read_text()
-        second = subprocess.run(["bash", str(REPO / "evaluation/eval.sh"), "progress=false"],
+        second = subprocess.run(["bash", str(REPO / "evaluation/eval.sh"), "progress=false", "max_turns=4"],
                                 env=eval_env(server.url, out, MODEL_NAME="b", N="16"), capture_output=True, text=True)
         assert second.returncode == 2
         [line] = second.stderr.strip().splitlines()
@@ -365,10 +365,10 @@ def test_resuming_into_an_out_of_another_model_is_refused(tmp_path):
         assert {r["model"] for r in read_trajectories(transcripts)} == {"a"} and len(list(read_trajectories(transcripts))) == 12
         assert (out / "summary.json").read_text() == summary
         # Same model, more games: a resume.
-        more = subprocess.run(["bash", str(REPO / "evaluation/eval.sh"), "progress=false"],
+        more = subprocess.run(["bash", str(REPO / "evaluation/eval.sh"), "progress=false", "max_turns=4"],
                               env=eval_env(server.url, out, MODEL_NAME="a", N="14"), capture_output=True, text=True)
         assert more.returncode == 0 and len(list(read_trajectories(transcripts))) == 14
-        forced = subprocess.run(["bash", str(REPO / "evaluation/eval.sh"), "progress=false"],
+        forced = subprocess.run(["bash", str(REPO / "evaluation/eval.sh"), "progress=false", "max_turns=4"],
                                 env=eval_env(server.url, out, MODEL_NAME="b", N="16", FORCE_NEW="1"), capture_output=True, text=True)
         assert forced.returncode == 0, forced.stderr
         assert [r["model"] for r in read_trajectories(transcripts)] == ["b"] * 16

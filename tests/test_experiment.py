@@ -385,12 +385,19 @@ def test_a_two_player_experiment_runs_self_play_and_evaluates_against_the_oppone
         f"intention_overrides=['embedder.model={tiny_sentence_model_dir}','clustering.k_max=4']",
         "train_overrides=['train.mixed_precision=no','train.epochs=1','train.micro_batch_size=4',"
         "'train.gradient_accumulation_steps=1','train.save_freq=2']",
-        "grad_variance.max_samples=4",
+        "grad_variance.max_samples=4", "methods=[aria,no_aggregation,archer]",
+        f"archer.critic_overrides=['critic.encoder={tiny_sentence_model_dir}','critic.hidden=16','critic.max_tokens=64',"
+        "'device=cpu','train.mixed_precision=no','train.epochs=1','train.micro_batch_size=4',"
+        "'train.gradient_accumulation_steps=1','data.eval_fraction=0.25']",
     ])
     lines: list[str] = []
     out = experiment.run(cfg, lines.append)
     results = json.loads((out / "results.json").read_text())
-    assert [(r["method"], r["iteration"]) for r in results["pooled"]] == [("base model", 0), ("aria", 1), ("no_aggregation", 1)]
+    assert [(r["method"], r["iteration"]) for r in results["pooled"]] == [
+        ("base model", 0), ("aria", 1), ("no_aggregation", 1), ("archer", 1)]
+    # ArCHer's critic learnt each seat's values on the self-play steps: both roles have advantages
+    critic_steps = json.loads((tmp_path / "run" / "s0" / "archer" / "it1" / "critic" / "train.json").read_text())
+    assert {s["role"] for s in critic_steps} == {"alice", "bob"} and all("advantage" in s for s in critic_steps)
     assert all(r["games"] == 6 for r in results["pooled"])  # 3 games as Alice, 3 as Bob
     test, = results["paired_tests"]
     assert test["pairs"] == 6 and test["first"] == "aria"
