@@ -268,6 +268,7 @@ def train(cfg: dict, method: str, train_file: Path, start_model: Path, out_dir: 
         return model
     if marker.is_file() and read_json(marker) != trained_on:  # another run's work: never continued
         shutil.rmtree(out_dir / "train", ignore_errors=True)
+        shutil.rmtree(out_dir / "critic", ignore_errors=True)  # ArCHer's critic, trained under the old settings
         shutil.rmtree(model, ignore_errors=True)
     atomic_write_json(marker, trained_on)
     if method == "archer":

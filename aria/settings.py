@@ -239,6 +239,7 @@ class CriticModelSettings:
     gamma: float = MISSING
     tau: float = MISSING
     v_target: str = MISSING
+    train_encoder: bool = MISSING
     init: Optional[str] = MISSING
 
 

@@ -97,6 +97,28 @@ def test_the_critic_trainer_learns_the_values_by_hand_and_writes_advantages(tmp_
     assert json.loads((tmp_path / "out" / "eval.json").read_text())["eval_steps"] == 12
 
 
+def test_a_frozen_encoder_trains_the_heads_on_one_encoding_of_each_text(tmp_path, tiny_sentence_model_dir):
+    """``critic.train_encoder=false``: the encoder's weights end as they began, each distinct text is
+    encoded once (shared with the target copy), and the heads still learn the hand values."""
+    from transformers import AutoModel
+
+    steps = planted_games(16)
+    cfg = critic_config(tmp_path, tiny_sentence_model_dir, steps, "critic.train_encoder=false", "train.epochs=80",
+                        "train.micro_batch_size=12", "train.gradient_accumulation_steps=1", "train.lr=1e-2",
+                        "critic.tau=0.5", "data.eval_fraction=0.25", "train.save_freq=1000")
+    trainer = CriticTrainer(cfg)
+    trainer.train()
+    texts = {s["observation"] for s in steps} | {s["action"] for s in steps}
+    assert trainer.target.cache is trainer.model.cache and set(trainer.model.cache) == texts  # 3 histories, 4 utterances
+    saved = load_state(tmp_path / "out" / "final" / "critic.safetensors")["online"]
+    start = AutoModel.from_pretrained(str(tiny_sentence_model_dir)).state_dict()
+    assert all(torch.equal(saved[f"encoder.{name}"], value) for name, value in start.items() if f"encoder.{name}" in saved)
+    rows = json.loads((tmp_path / "out" / "train.json").read_text())
+    by_hand = {0: 0.45125, 1: 0.475}
+    for r in rows:
+        assert r["critic_q"] == pytest.approx(by_hand.get(r["turn"], 1.0 if r["success"] else 0.0), abs=0.1), r
+
+
 def test_an_interrupted_critic_run_resumes_bit_identical(tmp_path, tiny_sentence_model_dir):
     steps = planted_games(8)
     common = ["train.epochs=2", "train.micro_batch_size=4", "train.gradient_accumulation_steps=2", "train.save_freq=1",

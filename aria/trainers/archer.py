@@ -141,6 +141,8 @@ class CriticTrainer:
         if c["init"]:  # go on from an earlier critic (the online loop's previous iteration)
             load_critic(c["init"], critic)
         self.target = copy.deepcopy(critic).requires_grad_(False)  # θ̄ starts equal to θ
+        if not c["train_encoder"]:  # heads only: one encoding of each text, shared with the target copy
+            self.target.freeze_encoder(critic.freeze_encoder())
         world, accumulation = self.accelerator.num_processes, t["gradient_accumulation_steps"]
         self.micro_per_epoch = len(self._epoch_batches(0))
         self.steps_per_epoch = self.micro_per_epoch // accumulation

@@ -135,8 +135,25 @@ class DoubleCritic(torch.nn.Module):
         self.q1, self.q2 = head(2 * width), head(2 * width)
         self.v1, self.v2 = head(width), head(width)
 
+    def freeze_encoder(self, cache: dict | None = None) -> dict:
+        """Train the heads only: the encoder's weights stay, so each text is encoded once and kept
+        in ``cache`` (returned; give the target copy the same one)."""
+        self.encoder.requires_grad_(False)
+        self.cache = {} if cache is None else cache
+        return self.cache
+
     def encode(self, texts: Sequence[str]) -> torch.Tensor:
         """Mean of the encoder's last hidden states over each text's tokens: [len(texts), width]."""
+        cache = getattr(self, "cache", None)
+        if cache is not None:  # a frozen encoder: each text once
+            missing = list(dict.fromkeys(t for t in texts if t not in cache))
+            if missing:
+                with torch.no_grad():
+                    cache.update(zip(missing, self._encode(missing).float()))
+            return torch.stack([cache[t] for t in texts])
+        return self._encode(texts)
+
+    def _encode(self, texts: Sequence[str]) -> torch.Tensor:
         device = next(self.parameters()).device
         batch = self.tokenizer(list(texts), padding=True, truncation=True, max_length=self.max_tokens,
                                return_tensors="pt").to(device)
