@@ -77,7 +77,8 @@ class LossSettings:
 
 
 @dataclass
-class TrainSettings:
+class EngineTrainSettings:
+    """The ``train`` section every trainer's step reads (aria.trainers.engine)."""
     epochs: int = MISSING
     micro_batch_size: int = MISSING
     gradient_accumulation_steps: int = MISSING
@@ -91,11 +92,16 @@ class TrainSettings:
     warmup_steps: Optional[int] = MISSING
     max_grad_norm: float = MISSING
     mixed_precision: str = MISSING
+    save_freq: int = MISSING
+    keep_checkpoints: Optional[int] = MISSING
+
+
+@dataclass
+class TrainSettings(EngineTrainSettings):
+    """... and how the policy trainers lay out their micro-batches."""
     packing: str = MISSING
     length_bucketing: bool = MISSING
     bucket_batches: int = MISSING
-    save_freq: int = MISSING
-    keep_checkpoints: Optional[int] = MISSING
 
 
 @dataclass
@@ -244,25 +250,6 @@ class CriticModelSettings:
 
 
 @dataclass
-class CriticTrainSettings:
-    epochs: int = MISSING
-    micro_batch_size: int = MISSING
-    gradient_accumulation_steps: int = MISSING
-    lr: float = MISSING
-    optimizer: str = MISSING
-    betas: List[float] = MISSING
-    eps: float = MISSING
-    weight_decay: float = MISSING
-    lr_scheduler: str = MISSING
-    warmup_ratio: float = MISSING
-    warmup_steps: Optional[int] = MISSING
-    max_grad_norm: float = MISSING
-    mixed_precision: str = MISSING
-    save_freq: int = MISSING
-    keep_checkpoints: Optional[int] = MISSING
-
-
-@dataclass
 class CriticLoggingSettings:
     log_every: int = MISSING
 
@@ -276,7 +263,7 @@ class CriticTrainerSettings:
     out: str = MISSING
     data: CriticDataSettings = field(default_factory=CriticDataSettings)
     critic: CriticModelSettings = field(default_factory=CriticModelSettings)
-    train: CriticTrainSettings = field(default_factory=CriticTrainSettings)
+    train: EngineTrainSettings = field(default_factory=EngineTrainSettings)  # its batches are not packed
     logging: CriticLoggingSettings = field(default_factory=CriticLoggingSettings)
 
 

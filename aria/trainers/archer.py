@@ -28,7 +28,6 @@ from __future__ import annotations
 import copy
 import json
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Sequence
 
@@ -43,6 +42,7 @@ from aria.trainers.checkpoint import (begin_checkpoint, finish_checkpoint, lates
 from aria.trainers.critic import (V_TARGETS, DoubleCritic, advantages, critic_loss, polyak_update, q_targets,
                                   transitions, v_targets)
 from aria.trainers.engine import accumulate_step, build_optimizer, check_train_settings, make_accelerator
+from aria.trainers.offline import TrainState, batches_for_process
 from aria.trainers.reward_model import held_out_split
 
 #: The fields of a step the critic reads (pipeline step 4 writes them all).
@@ -86,13 +86,6 @@ def ranking_accuracy(scores: Sequence[float], won: Sequence[bool], strata: Seque
             better += float((diff > 0).sum() + 0.5 * (diff == 0).sum())
             pairs += diff.size
     return better / pairs if pairs else None
-
-
-@dataclass
-class CriticState:
-    step: int = 0  # optimizer steps done
-    epoch: int = 0
-    micro: int = 0  # micro-batches of this epoch already consumed (per process)
 
 
 # ---- the trainer -----------------------------------------------------------------------------------
@@ -158,7 +151,7 @@ class CriticTrainer:
         optimizer, self.scheduler = build_optimizer(critic, t, self.total_steps)
         self.model, self.optimizer = self.accelerator.prepare(critic, optimizer)
         self.target.to(self.accelerator.device)
-        self.state = CriticState()
+        self.state = TrainState()
 
     # ---- one micro-batch ----
     def _texts(self, indices: Sequence[int]) -> tuple[list[str], list[str]]:
@@ -187,8 +180,6 @@ class CriticTrainer:
 
     # ---- the data order ----
     def _epoch_batches(self, epoch: int) -> list[list[int]]:
-        from aria.trainers.offline import batches_for_process
-
         t = self.cfg["train"]
         order = np.random.default_rng([self.cfg["seed"], epoch]).permutation(len(self.train_index))
         shuffled = [self.train_index[i] for i in order]
@@ -329,11 +320,11 @@ class CriticTrainer:
         self.optimizer.load_state_dict(load_state(checkpoint / "optimizer.safetensors"))
         self.scheduler.load_state_dict(load_state(checkpoint / "scheduler.safetensors"))
         set_rng_state(load_rng_state(checkpoint, self.accelerator.process_index))
-        self.state = CriticState(step=state["step"], epoch=state["epoch"], micro=state["micro"])
+        self.state = TrainState(step=state["step"], epoch=state["epoch"], micro=state["micro"])
         if self.accelerator.is_main_process:  # steps after the checkpoint are redone
             trim_metrics(self.output_dir / "metrics.jsonl", lambda line: line["step"] <= self.state.step)
         if self.state.micro >= self.micro_per_epoch:  # saved at the very end of an epoch
-            self.state = CriticState(step=self.state.step, epoch=self.state.epoch + 1, micro=0)
+            self.state = TrainState(step=self.state.step, epoch=self.state.epoch + 1, micro=0)
         if self.accelerator.is_main_process:
             print(f"[critic] resumed from {checkpoint} (step {self.state.step}/{self.total_steps})")
         return checkpoint
