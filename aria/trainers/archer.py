@@ -41,8 +41,9 @@ from aria.trainers.checkpoint import (begin_checkpoint, finish_checkpoint, lates
                                       save_state, set_rng_state, trim_metrics)
 from aria.trainers.critic import (V_TARGETS, DoubleCritic, advantages, critic_loss, polyak_update, q_targets,
                                   transitions, v_targets)
-from aria.trainers.engine import accumulate_step, build_optimizer, check_train_settings, make_accelerator
-from aria.trainers.offline import TrainState, batches_for_process
+from aria.trainers.engine import (TrainState, accumulate_step, build_optimizer, check_train_settings, make_accelerator,
+                                  run_epochs)
+from aria.trainers.offline import batches_for_process
 from aria.trainers.reward_model import held_out_split
 
 #: The fields of a step the critic reads (pipeline step 4 writes them all).
@@ -196,40 +197,33 @@ class CriticTrainer:
         metrics_path = self.output_dir / "metrics.jsonl"
         bar = tqdm(total=self.total_steps, initial=self.state.step, disable=not acc.is_local_main_process,
                    desc="critic", dynamic_ncols=True)
-        window, start = [], time.perf_counter()
         self.model.train()
-        try:
-            while self.state.epoch < t["epochs"]:
-                batches = self._epoch_batches(self.state.epoch)
-                while self.state.micro < len(batches):
-                    indices = batches[self.state.micro]
-                    loss, _ = accumulate_step(acc, self.model, self.optimizer, self.scheduler,
-                                              lambda: self.micro_loss(indices), t["max_grad_norm"])
-                    window.append(float(loss.detach()))
-                    self.state.micro += 1
-                    if acc.sync_gradients:
-                        polyak_update(self.target, acc.unwrap_model(self.model), self.cfg["critic"]["tau"])
-                        self.state.step += 1
-                        bar.update(1)
-                        if self.state.step % self.cfg["logging"]["log_every"] == 0 or self.state.step == self.total_steps:
-                            loss_mean = acc.reduce(torch.tensor(np.mean(window), device=acc.device), reduction="mean").item()
-                            record = {"step": self.state.step, "epoch": self.state.epoch, "loss": round(loss_mean, 6),
-                                      "lr": self.scheduler.get_last_lr()[0],
-                                      "seconds": round(time.perf_counter() - start, 2)}
-                            if acc.is_main_process:
-                                metrics_path.parent.mkdir(parents=True, exist_ok=True)
-                                with open(metrics_path, "a", encoding="utf-8") as handle:
-                                    handle.write(json.dumps(record) + "\n")
-                            bar.set_postfix(loss=f"{loss_mean:.4f}")
-                            window, start = [], time.perf_counter()
-                        if self.state.step % t["save_freq"] == 0:
-                            self.save_checkpoint()
-                        if self.on_step:
-                            self.on_step(self.state.step)
-                self.state.epoch += 1
-                self.state.micro = 0
-        finally:
-            bar.close()
+        window, start = [], time.perf_counter()
+
+        def micro_step(indices: list[int]) -> None:
+            loss, _ = accumulate_step(acc, self.model, self.optimizer, self.scheduler, lambda: self.micro_loss(indices),
+                                      t["max_grad_norm"])
+            window.append(float(loss.detach()))
+
+        def after_step() -> None:
+            nonlocal window, start
+            polyak_update(self.target, acc.unwrap_model(self.model), self.cfg["critic"]["tau"])
+            if self.state.step % self.cfg["logging"]["log_every"] == 0 or self.state.step == self.total_steps:
+                loss = acc.reduce(torch.tensor(np.mean(window), device=acc.device), reduction="mean").item()
+                record = {"step": self.state.step, "epoch": self.state.epoch, "loss": round(loss, 6),
+                          "lr": self.scheduler.get_last_lr()[0], "seconds": round(time.perf_counter() - start, 2)}
+                if acc.is_main_process:
+                    metrics_path.parent.mkdir(parents=True, exist_ok=True)
+                    with open(metrics_path, "a", encoding="utf-8") as handle:
+                        handle.write(json.dumps(record) + "\n")
+                bar.set_postfix(loss=f"{loss:.4f}")
+                window, start = [], time.perf_counter()
+            if self.state.step % t["save_freq"] == 0:
+                self.save_checkpoint()
+            if self.on_step:
+                self.on_step(self.state.step)
+
+        run_epochs(acc, self.state, t["epochs"], self._epoch_batches, micro_step, after_step, bar)
         diagnostics = self.diagnostics()
         final = self.save_final(diagnostics)
         out = self.write_advantages()

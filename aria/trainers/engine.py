@@ -9,6 +9,7 @@ Checkpoints and resume are :mod:`aria.trainers.checkpoint`.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Mapping
 
@@ -127,6 +128,37 @@ def accumulate_step(acc, model, optimizer, scheduler, compute_loss: Callable[[],
             scheduler.step()
         optimizer.zero_grad()
     return loss, grad_norm
+
+
+@dataclass
+class TrainState:
+    """Where a trainer is: what a checkpoint records and a resume starts from."""
+    step: int = 0  # optimizer steps done
+    epoch: int = 0
+    micro: int = 0  # micro-batches of this epoch already consumed (per process)
+
+
+def run_epochs(acc, state: TrainState, epochs: int, epoch_batches: Callable[[int], list[list[int]]],
+               micro_step: Callable[[list[int]], None], after_step: Callable[[], None], bar) -> None:
+    """The loop of the trainers on fixed data: every epoch from ``state``'s on, its micro-batches
+    from the one ``state`` stopped at. ``micro_step(indices)`` runs one micro-batch (through
+    :func:`accumulate_step`); at each optimizer-step boundary the state advances and
+    ``after_step()`` logs, checkpoints and calls back (an exception there, such as a test's
+    interruption, ends the loop with the state as checkpointed). ``bar`` (tqdm) is closed at the end."""
+    try:
+        while state.epoch < epochs:
+            batches = epoch_batches(state.epoch)
+            while state.micro < len(batches):
+                micro_step(batches[state.micro])
+                state.micro += 1
+                if acc.sync_gradients:
+                    state.step += 1
+                    bar.update(1)
+                    after_step()
+            state.epoch += 1
+            state.micro = 0
+    finally:
+        bar.close()
 
 
 def save_final_model(acc, model, tokenizer, out: Path, encoding, info: dict, state_dict: dict | None = None) -> Path:

@@ -37,7 +37,6 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
@@ -53,8 +52,9 @@ from aria.trainers.checkpoint import (begin_checkpoint, finish_checkpoint, lates
                                       trim_metrics)
 from aria.packing import attention_break_even, game_ordered_batches, packing_stats, sample_groups
 from aria.policy import EncodedSample, Encoding, action_logprobs, collate_as, load_model
-from aria.trainers.engine import (OPTIMIZERS, accumulate_step, build_optimizer, check_lr_scheduler,  # noqa: F401
-                                  check_train_settings, make_accelerator, resolve_mixed_precision, save_final_model)
+from aria.trainers.engine import (OPTIMIZERS, TrainState, accumulate_step, build_optimizer,  # noqa: F401
+                                  check_lr_scheduler, check_train_settings, make_accelerator, resolve_mixed_precision,
+                                  run_epochs, save_final_model)
 from aria.trainers.losses import LOSSES, reinforce_loss  # noqa: F401  (re-exported)
 from aria.trainers.methods import METHODS, get_method, method_weights
 
@@ -95,13 +95,6 @@ def batches_for_process(batches: list[list[int]], rank: int, world: int, accumul
 
 
 # ---- the trainer --------------------------------------------------------------------------------------
-@dataclass
-class TrainState:
-    step: int = 0  # optimizer steps done
-    epoch: int = 0
-    micro: int = 0  # micro-batches of this epoch already consumed (per process)
-
-
 class OfflineTrainer:
     """Offline REINFORCE; ``cfg`` is the resolved Hydra config (see ``config/default.yaml``).
 
@@ -283,39 +276,36 @@ class OfflineTrainer:
         metrics_path = self.output_dir / "metrics.jsonl"
         bar = tqdm(total=self.total_steps, initial=self.state.step, disable=not acc.is_local_main_process,
                    desc="reinforce", dynamic_ncols=True)
-        window = _new_window()
         self.model.train()
-        last = {}
-        try:  # closed before a Ctrl-C message, not redrawn after it at exit
-            while self.state.epoch < t["epochs"]:
-                batches = self._epoch_batches(self.state.epoch)
-                if log_cfg.get("write_data_order"):  # which samples this process trains on (to check the split)
-                    atomic_write_json(self.output_dir / f"data_order_epoch{self.state.epoch}_rank{acc.process_index}.json", batches)
-                while self.state.micro < len(batches):
-                    indices = batches[self.state.micro]
-                    batch = self.make_batch(indices)
-                    loss, grad_norm = accumulate_step(acc, self.model, self.optimizer, self.scheduler,
-                                                      lambda: self.micro_loss(batch, indices), t["max_grad_norm"])
-                    if grad_norm is not None:
-                        window["grad_norm"] = grad_norm
-                    self.state.micro += 1
-                    window["loss"] += float(loss.detach())
-                    window["micro"] += 1
-                    _count_tokens(window, batch)
-                    if acc.sync_gradients:
-                        self.state.step += 1
-                        bar.update(1)
-                        if self.state.step % log_cfg["log_every"] == 0 or self.state.step == self.total_steps:
-                            last = self._log(window, metrics_path, bar)
-                            window = _new_window()
-                        if self.state.step % t["save_freq"] == 0:
-                            self.save_checkpoint()
-                        if self.on_step:
-                            self.on_step(self.state.step)
-                self.state.epoch += 1
-                self.state.micro = 0
-        finally:
-            bar.close()
+        window, last = _new_window(), {}
+
+        def epoch_batches(epoch: int) -> list[list[int]]:
+            batches = self._epoch_batches(epoch)
+            if log_cfg.get("write_data_order"):  # which samples this process trains on (to check the split)
+                atomic_write_json(self.output_dir / f"data_order_epoch{epoch}_rank{acc.process_index}.json", batches)
+            return batches
+
+        def micro_step(indices: list[int]) -> None:
+            batch = self.make_batch(indices)
+            loss, grad_norm = accumulate_step(acc, self.model, self.optimizer, self.scheduler,
+                                              lambda: self.micro_loss(batch, indices), t["max_grad_norm"])
+            if grad_norm is not None:
+                window["grad_norm"] = grad_norm
+            window["loss"] += float(loss.detach())
+            window["micro"] += 1
+            _count_tokens(window, batch)
+
+        def after_step() -> None:
+            nonlocal window, last
+            if self.state.step % log_cfg["log_every"] == 0 or self.state.step == self.total_steps:
+                last = self._log(window, metrics_path, bar)
+                window = _new_window()
+            if self.state.step % t["save_freq"] == 0:
+                self.save_checkpoint()
+            if self.on_step:
+                self.on_step(self.state.step)
+
+        run_epochs(acc, self.state, t["epochs"], epoch_batches, micro_step, after_step, bar)
         extra = self.after_training()
         final = self.save_final()
         if log_cfg["report_to"]:
