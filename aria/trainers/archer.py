@@ -37,8 +37,8 @@ import torch
 from aria.data import read_training_set
 from aria.io import DataError, atomic_folder, atomic_write_json, atomic_write_json_rows, json_digest
 from aria.settings import CriticTrainerSettings, validated
-from aria.trainers.checkpoint import (begin_checkpoint, finish_checkpoint, latest_checkpoint, load_rng_state, load_state,
-                                      save_state, set_rng_state, trim_metrics)
+from aria.trainers.checkpoint import (begin_checkpoint, finish_checkpoint, latest_checkpoint, load_state,
+                                      read_trainer_state, resume_position, save_state)
 from aria.trainers.critic import (V_TARGETS, DoubleCritic, advantages, critic_loss, polyak_update, q_targets,
                                   transitions, v_targets)
 from aria.trainers.engine import (TrainState, accumulate_step, build_optimizer, check_train_settings, make_accelerator,
@@ -301,26 +301,13 @@ class CriticTrainer:
         checkpoint = latest_checkpoint(self.output_dir)
         if checkpoint is None:
             return None
-        state = json.loads((checkpoint / "trainer_state.json").read_text())
-        if state["world_size"] != self.accelerator.num_processes:
-            raise ValueError(f"{checkpoint} was written by {state['world_size']} process(es); resume it with the same number")
-        if state["data_digest"] != self.data_digest or state["total_steps"] != self.total_steps:
-            raise ValueError(f"{checkpoint} was trained on other data or settings (data digest {state['data_digest']}, "
-                             f"{state['total_steps']} steps; now {self.data_digest}, {self.total_steps} steps): use a new "
-                             f"output_dir, or delete {checkpoint.parent} to start over")
+        state = read_trainer_state(checkpoint, self.accelerator, self.data_digest, self.total_steps)
         saved = load_state(checkpoint / "critic.safetensors")
         self.accelerator.unwrap_model(self.model).load_state_dict(saved["online"])
         self.target.load_state_dict(saved["target"])
         self.optimizer.load_state_dict(load_state(checkpoint / "optimizer.safetensors"))
         self.scheduler.load_state_dict(load_state(checkpoint / "scheduler.safetensors"))
-        set_rng_state(load_rng_state(checkpoint, self.accelerator.process_index))
-        self.state = TrainState(step=state["step"], epoch=state["epoch"], micro=state["micro"])
-        if self.accelerator.is_main_process:  # steps after the checkpoint are redone
-            trim_metrics(self.output_dir / "metrics.jsonl", lambda line: line["step"] <= self.state.step)
-        if self.state.micro >= self.micro_per_epoch:  # saved at the very end of an epoch
-            self.state = TrainState(step=self.state.step, epoch=self.state.epoch + 1, micro=0)
-        if self.accelerator.is_main_process:
-            print(f"[critic] resumed from {checkpoint} (step {self.state.step}/{self.total_steps})")
+        self.state = resume_position(checkpoint, self.accelerator, state, self.output_dir, self.micro_per_epoch, "critic")
         return checkpoint
 
     def save_final(self, diagnostics: dict) -> Path:

@@ -185,3 +185,34 @@ def trim_metrics(path: Path, keep: Callable[[dict], bool]) -> None:
     if path.is_file():
         kept = [line for line in path.read_text().splitlines() if keep(json.loads(line))]
         atomic_write_text(path, "".join(line + "\n" for line in kept))
+
+
+# ---- resuming ------------------------------------------------------------------------------------
+def read_trainer_state(checkpoint: Path, accelerator, data_digest: str, total_steps: int) -> dict:
+    """``trainer_state.json`` of ``checkpoint``, refused when another number of processes wrote it
+    or it was trained on other data or settings (a resume must never mix two runs)."""
+    state = json.loads((checkpoint / "trainer_state.json").read_text())
+    if state["world_size"] != accelerator.num_processes:
+        raise ValueError(f"{checkpoint} was written by {state['world_size']} process(es); resume it with the same number")
+    if state.get("data_digest") != data_digest or state["total_steps"] != total_steps:
+        raise ValueError(f"{checkpoint} was trained on other data or settings (data digest {state.get('data_digest')}, "
+                         f"{state['total_steps']} steps; now {data_digest}, {total_steps} steps): "
+                         f"use a new output_dir, or delete {checkpoint.parent} to start over")
+    return state
+
+
+def resume_position(checkpoint: Path, accelerator, state: dict, output_dir: Path, micro_per_epoch: int, who: str):
+    """After the weights: every process's random state back and the metric lines of the steps
+    that will be redone dropped; returns the :class:`~aria.trainers.engine.TrainState` to go on
+    from (the next epoch when the checkpoint was saved at the very end of one)."""
+    from aria.trainers.engine import TrainState
+
+    set_rng_state(load_rng_state(checkpoint, accelerator.process_index))
+    position = TrainState(step=state["step"], epoch=state["epoch"], micro=state["micro"])
+    if accelerator.is_main_process:
+        trim_metrics(output_dir / "metrics.jsonl", lambda line: line["step"] <= position.step)
+    if position.micro >= micro_per_epoch:
+        position = TrainState(step=position.step, epoch=position.epoch + 1, micro=0)
+    if accelerator.is_main_process:
+        print(f"[{who}] resumed from {checkpoint} (step {position.step}/{state['total_steps']})")
+    return position

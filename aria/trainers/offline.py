@@ -48,8 +48,7 @@ from aria.io import DataError, atomic_write_json, json_digest
 from aria.secrets import redact
 from aria.settings import TrainerSettings, validated
 from aria.trainers.checkpoint import (begin_checkpoint, finish_checkpoint, latest_checkpoint, load_plain_state,
-                                      load_rng_state, load_state, save_plain_state, save_state, set_rng_state,
-                                      trim_metrics)
+                                      load_state, read_trainer_state, resume_position, save_plain_state, save_state)
 from aria.packing import attention_break_even, game_ordered_batches, packing_stats, sample_groups
 from aria.policy import EncodedSample, Encoding, action_logprobs, collate_as, load_model
 from aria.trainers.engine import (OPTIMIZERS, TrainState, accumulate_step, build_optimizer,  # noqa: F401
@@ -363,26 +362,13 @@ class OfflineTrainer:
         checkpoint = latest_checkpoint(self.output_dir)
         if checkpoint is None:
             return None
-        state = json.loads((checkpoint / "trainer_state.json").read_text())
-        if state["world_size"] != self.accelerator.num_processes:
-            raise ValueError(f"{checkpoint} was written by {state['world_size']} process(es); resume it with the same number")
-        if state.get("data_digest") != self.data_digest or state["total_steps"] != self.total_steps:
-            raise ValueError(f"{checkpoint} was trained on other data or settings (data digest {state.get('data_digest')}, "
-                             f"{state['total_steps']} steps; now {self.data_digest}, {self.total_steps} steps): "
-                             f"use a new output_dir, or delete {checkpoint.parent} to start over")
+        state = read_trainer_state(checkpoint, self.accelerator, self.data_digest, self.total_steps)
         if self._deepspeed:
             self.accelerator.load_state(str(checkpoint / "accelerate_state"))
             self.scheduler.load_state_dict(load_state(checkpoint / "scheduler.safetensors"))
         else:
             load_plain_state(checkpoint, self.accelerator.unwrap_model(self.model), self.optimizer, self.scheduler)
-        set_rng_state(load_rng_state(checkpoint, self.accelerator.process_index))
-        self.state = TrainState(step=state["step"], epoch=state["epoch"], micro=state["micro"])
-        if self.accelerator.is_main_process:  # steps after the checkpoint are redone
-            trim_metrics(self.output_dir / "metrics.jsonl", lambda line: line["step"] <= self.state.step)
-        if self.state.micro >= self.micro_per_epoch:  # saved at the very end of an epoch
-            self.state = TrainState(step=self.state.step, epoch=self.state.epoch + 1, micro=0)
-        if self.accelerator.is_main_process:
-            print(f"[train] resumed from {checkpoint} (step {self.state.step}/{self.total_steps})")
+        self.state = resume_position(checkpoint, self.accelerator, state, self.output_dir, self.micro_per_epoch, "train")
         return checkpoint
 
     def save_final(self) -> Path:
