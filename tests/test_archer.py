@@ -110,6 +110,10 @@ def test_a_frozen_encoder_trains_the_heads_on_one_encoding_of_each_text(tmp_path
     trainer.train()
     texts = {s["observation"] for s in steps} | {s["action"] for s in steps}
     assert trainer.target.cache is trainer.model.cache and set(trainer.model.cache) == texts  # 3 histories, 4 utterances
+    critic = trainer.accelerator.unwrap_model(trainer.model)
+    critic.encoder.eval()
+    with torch.no_grad():  # kept without dropout: the encoder's output in evaluation mode
+        torch.testing.assert_close(trainer.model.cache[OPENING], critic._encode([OPENING])[0])
     saved = load_state(tmp_path / "out" / "final" / "critic.safetensors")["online"]
     start = AutoModel.from_pretrained(str(tiny_sentence_model_dir)).state_dict()
     assert all(torch.equal(saved[f"encoder.{name}"], value) for name, value in start.items() if f"encoder.{name}" in saved)

@@ -105,3 +105,19 @@ def test_the_critic_learns_a_planted_value(tiny_sentence_model_dir):
     assert float(torch.minimum(lose[0], lose[1]).mean()) == pytest.approx(0.0, abs=0.2)
     assert (advantages(*win) > advantages(*lose)).all()
     assert not math.isclose(float(target.q1[-1].weight.sum()), float(critic.q1[-1].weight.sum()))
+
+
+def test_a_frozen_encoder_keeps_each_text_encoded_once_without_dropout(tiny_sentence_model_dir):
+    """With the encoder frozen, a text is encoded once, in evaluation mode, even while the critic
+    trains (its dropout must not be kept in the cache), and the cache is what the heads read."""
+    torch.manual_seed(0)
+    critic = DoubleCritic(str(tiny_sentence_model_dir), hidden=8, max_tokens=32)
+    cache = critic.freeze_encoder()
+    critic.train()
+    assert critic.encoder.config.hidden_dropout_prob > 0  # otherwise this test would prove nothing
+    kept = critic.encode(["Is it a cat?", "Is it a cat?", "Is it red?"])
+    assert set(cache) == {"Is it a cat?", "Is it red?"} and critic.encoder.training  # mode given back
+    critic.eval()
+    with torch.no_grad():
+        torch.testing.assert_close(kept, critic._encode(["Is it a cat?", "Is it a cat?", "Is it red?"]))
+    assert not any(p.requires_grad for p in critic.encoder.parameters())

@@ -134,7 +134,8 @@ class CriticTrainer:
         critic = DoubleCritic(c["encoder"], c["hidden"], c["max_tokens"])
         if c["init"]:  # go on from an earlier critic (the online loop's previous iteration)
             load_critic(c["init"], critic)
-        self.target = copy.deepcopy(critic).requires_grad_(False)  # θ̄ starts equal to θ
+        # θ̄ starts equal to θ; it computes targets only, without dropout (a target is not a draw)
+        self.target = copy.deepcopy(critic).requires_grad_(False).eval()
         if not c["train_encoder"]:  # heads only: one encoding of each text, shared with the target copy
             self.target.freeze_encoder(critic.freeze_encoder())
         world, accumulation = self.accelerator.num_processes, t["gradient_accumulation_steps"]

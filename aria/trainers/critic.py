@@ -147,9 +147,12 @@ class DoubleCritic(torch.nn.Module):
         cache = getattr(self, "cache", None)
         if cache is not None:  # a frozen encoder: each text once
             missing = list(dict.fromkeys(t for t in texts if t not in cache))
-            if missing:
+            if missing:  # without dropout: a kept encoding must not keep one draw of its noise
+                training = self.encoder.training
+                self.encoder.eval()
                 with torch.no_grad():
                     cache.update(zip(missing, self._encode(missing).float()))
+                self.encoder.train(training)
             return torch.stack([cache[t] for t in texts])
         return self._encode(texts)
 
