@@ -43,7 +43,7 @@ from aria.trainers.critic import (V_TARGETS, DoubleCritic, advantages, critic_lo
                                   transitions, v_targets)
 from aria.trainers.engine import (TrainState, accumulate_step, build_optimizer, check_train_settings, make_accelerator,
                                   run_epochs)
-from aria.trainers.offline import batches_for_process
+from aria.trainers.offline import _plain_batches, batches_for_process
 from aria.trainers.reward_model import held_out_split
 
 #: The fields of a step the critic reads (pipeline step 4 writes them all).
@@ -183,9 +183,8 @@ class CriticTrainer:
     # ---- the data order ----
     def _epoch_batches(self, epoch: int) -> list[list[int]]:
         t = self.cfg["train"]
-        order = np.random.default_rng([self.cfg["seed"], epoch]).permutation(len(self.train_index))
-        shuffled = [self.train_index[i] for i in order]
-        batches = [shuffled[i: i + t["micro_batch_size"]] for i in range(0, len(shuffled), t["micro_batch_size"])]
+        batches = [[self.train_index[i] for i in batch]
+                   for batch in _plain_batches(len(self.train_index), t["micro_batch_size"], self.cfg["seed"], epoch)]
         return batches_for_process(batches, self.accelerator.process_index, self.accelerator.num_processes,
                                    t["gradient_accumulation_steps"])
 
@@ -250,20 +249,15 @@ class CriticTrainer:
         the same turn). Written to ``output_dir/eval.json``."""
         if not self.eval_index:
             return {}
-        model = self.accelerator.unwrap_model(self.model)
-        model.eval()
-        errors, size = [], self.cfg["train"]["micro_batch_size"]
-        for start in range(0, len(self.eval_index), size):
-            indices = self.eval_index[start: start + size]
-            (qt1, qt2), _ = self.targets(indices)
-            q1, q2, _, _ = model(*self._texts(indices))
-            errors += torch.cat([q1 - qt1, q2 - qt2]).float().cpu().tolist()
-        model.train()
         q1, q2, _, _ = self.heads(self.eval_index)
+        size = self.cfg["train"]["micro_batch_size"]
+        held_targets = [self.targets(self.eval_index[start: start + size])[0] for start in range(0, len(self.eval_index), size)]
+        errors = torch.cat([q1 - torch.cat([t[0].float().cpu() for t in held_targets]),
+                            q2 - torch.cat([t[1].float().cpu() for t in held_targets])])
         q = torch.minimum(q1, q2).numpy()
         won = [bool(self.steps[i].get("success", self.steps[i]["final_reward"] > 0)) for i in self.eval_index]
         turns = [self.steps[i]["turn"] for i in self.eval_index]
-        result = {"eval_steps": len(self.eval_index), "eval_td_mse": round(float(np.mean(np.square(errors))), 6),
+        result = {"eval_steps": len(self.eval_index), "eval_td_mse": round(float(errors.square().mean()), 6),
                   "eval_ranking_accuracy": _rounded(ranking_accuracy(q, won)),
                   "eval_ranking_accuracy_same_turn": _rounded(ranking_accuracy(q, won, turns))}
         if self.accelerator.is_main_process:
