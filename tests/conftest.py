@@ -19,11 +19,11 @@ from aria.games.question.game import load_game
 
 
 def pytest_configure(config):
-    """Under pytest-xdist (``scripts/run_tests.sh`` runs two workers), each worker and the
-    processes its tests start compute on one thread: the tiny models gain nothing from a second
-    thread, and two workers of two OpenMP threads each on two cores wait on each other's spinning
+    """Under pytest-xdist (``scripts/run_tests.sh`` runs three workers on two cores), each
+    worker and the processes its tests start compute on one thread: the tiny models gain nothing
+    from a second thread, and workers of two OpenMP threads each wait on each other's spinning
     threads. A vLLM server a test starts (scripts/serve_vllm.sh) computes on the last core alone,
-    where its busy threads leave the other worker a core of its own."""
+    where its busy threads leave the other workers the first core."""
     if os.environ.get("PYTEST_XDIST_WORKER"):
         os.environ["OMP_NUM_THREADS"] = os.environ["MKL_NUM_THREADS"] = "1"
         cores = sorted(os.sched_getaffinity(0))

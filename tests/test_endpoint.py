@@ -52,14 +52,13 @@ def _conversation(i: int) -> list[dict]:
 def test_batch_comes_back_in_order_and_is_sent_concurrently(server):
     server.script.delay_s = 0.2
     model = _model(server.url, temperature=0.7, top_p=0.9, max_tokens=12, seed=3, stop=["\n"])
-    started = time.monotonic()
     completions = model.generate([_conversation(i) for i in range(8)], keys=[f"g{i}" for i in range(8)])
-    elapsed = time.monotonic() - started
 
     assert [c.text for c in completions] == [f"echo: question {i}" for i in range(8)]
     assert all(c.ok for c in completions)
     assert len(server.requests) == 8
-    assert server.max_in_flight > 1 and elapsed < 8 * 0.2
+    # concurrency seen by the server itself (a bound on the elapsed time failed on a loaded machine)
+    assert server.max_in_flight > 1
     body = server.requests[0]
     assert (body["model"], body["temperature"], body["top_p"], body["max_tokens"], body["seed"], body["stop"]) == (
         MODEL, 0.7, 0.9, 12, 3, ["\n"]
