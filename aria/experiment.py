@@ -511,6 +511,9 @@ def check_settings(cfg: dict) -> dict:
     paired = cfg["report"]["paired"]
     if paired is not None and (len(paired) != 2 or len(set(paired)) != 2):
         raise ConfigError(f"report.paired: expected two arms (or null: no paired test), got {paired!r}")
+    for i, pair in enumerate(cfg["report"]["more_pairs"]):
+        if len(pair) != 2 or len(set(pair)) != 2 or not set(pair) <= set(cfg["methods"]):
+            raise ConfigError(f"report.more_pairs[{i}]: expected two different arms of methods {cfg['methods']}, got {pair!r}")
     for method in [*cfg["methods"], *cfg["iterations_by_method"], *cfg["seeds_by_method"]]:
         iterations_of(cfg, method)
         seeds_of(cfg, method)

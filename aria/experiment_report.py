@@ -28,6 +28,14 @@ def paired_arms(cfg: dict) -> tuple[str, str] | None:
     return tuple(paired) if paired and set(paired) <= set(cfg["methods"]) else None
 
 
+def tested_pairs(cfg: dict) -> list[tuple[str, str]]:
+    """Every paired test of the table: ``report.paired`` (the one the preset is sized for) first,
+    then ``report.more_pairs``."""
+    main = paired_arms(cfg)
+    more = [tuple(p) for p in cfg["report"]["more_pairs"] if tuple(p) != main]
+    return ([main] if main else []) + more
+
+
 def planned_power(cfg: dict, power: float = POWER, alpha: float = ALPHA) -> str:
     """One line, said before a run starts: the pairs of its paired test per iteration and the
     difference they detect with ``power`` at the discordant share named in ``report``."""
@@ -49,6 +57,9 @@ def planned_power(cfg: dict, power: float = POWER, alpha: float = ALPHA) -> str:
         first, second = paired_arms(cfg)
         both = [s for s in seeds_of(cfg, first) if s in seeds_of(cfg, second)]
         line = f"the paired test ({first} against {second}) has {per_seed} over {len(both)} seed(s): {detects(len(both))}"
+    for first, second in tested_pairs(cfg)[1 if paired_arms(cfg) else 0:]:
+        both = [s for s in seeds_of(cfg, first) if s in seeds_of(cfg, second)]
+        line += f"; also {first} against {second} over {len(both)} seed(s): {detects(len(both))}"
     others = sorted({len(seeds_of(cfg, m)) for m in cfg["methods"]})
     against = "; ".join(f"over {n} seed(s) {detects(n)}" for n in others)
     return (f"{line}; each arm against its parent: {against}; with {100 * power:.0f}% power at the {100 * alpha:g}% level "
@@ -123,8 +134,8 @@ def collect_results(cfg: dict) -> dict[str, Any]:
                 games = [g for s in seeds for g in evaluations[(method, s, it)].values()]
                 pooled.append({"method": method, "iteration": it, "seeds": len(seeds), **_row(games)})
     tests = []
-    first, second = paired_arms(cfg) or (None, None)
-    for it in range(1, max(iterations_of(cfg, m) for m in (first, second)) + 1) if first else []:
+    for first, second, it in [(x, y, it) for x, y in tested_pairs(cfg)
+                              for it in range(1, max(iterations_of(cfg, m) for m in (x, y)) + 1)]:
         seeds = [s for s in cfg["seeds"] if (first, s, it) in evaluations and (second, s, it) in evaluations]
         if not seeds:
             continue

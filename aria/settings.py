@@ -324,6 +324,7 @@ class MovementSettings:
 @dataclass
 class ReportSettings:
     paired: Optional[List[str]] = MISSING
+    more_pairs: List[List[str]] = MISSING
     discordant_share: float = MISSING
     preflight_ks: List[int] = MISSING
     movement: MovementSettings = field(default_factory=MovementSettings)

@@ -280,7 +280,8 @@ def test_archer_trains_its_critic_each_iteration_and_its_actor_after_the_warm_up
                                                                                    tiny_sentence_model_dir):
     """``archer`` added to a finished run, with one warm-up iteration: iteration 1 trains the critic
     only (the iteration's model is its start model, file for file), iteration 2 trains the critic
-    from iteration 1's and then the actor on the critic's advantages; both have their rows."""
+    from iteration 1's and then the actor on the critic's advantages; both have their rows, and a
+    paired test against aria (``report.more_pairs``) beside the preset's own."""
     import shutil
 
     straight_root, _, _ = straight_run
@@ -290,9 +291,11 @@ def test_archer_trains_its_critic_each_iteration_and_its_actor_after_the_warm_up
            "archer": {"actor_warmup_iterations": 1, "critic_overrides": [
                f"critic.encoder={tiny_sentence_model_dir}", "critic.hidden=16", "critic.max_tokens=64", "device=cpu",
                "train.mixed_precision=no", "train.epochs=1", "train.micro_batch_size=4", "train.gradient_accumulation_steps=1",
-               "data.eval_fraction=0.25"]}}
+               "data.eval_fraction=0.25"]},
+           "report": {**cfg["report"], "more_pairs": [["archer", "aria"]]}}
     lines: list[str] = []
     out = experiment.run(cfg, lines.append)
+    assert "; also archer against aria over 1 seed(s): 4 pairs detect" in lines[0]
     arm = tmp_path / "run" / "s0" / "archer"
     start = tmp_path / "run" / "warm" / "model" / "model.safetensors"
     assert (arm / "it1" / "model" / "model.safetensors").stat().st_ino == start.stat().st_ino  # the policy stayed
@@ -311,6 +314,13 @@ def test_archer_trains_its_critic_each_iteration_and_its_actor_after_the_warm_up
     assert set(rows) == {0, 1, 2} and rows[2]["movement"]["steps"] > 0
     assert rows[1]["movement"]["token_kl"] == 0.0 and rows[1]["movement"]["moved"] is False  # the warm-up iteration
     assert "| archer | 2 |" in (out / "table.md").read_text()
+    tests = {(t["first"], t["second"], t["iteration"]): t for t in results["paired_tests"]}
+    assert set(tests) == {("aria", "no_aggregation", 1), ("aria", "no_aggregation", 2), ("archer", "aria", 1),
+                          ("archer", "aria", 2)}
+    # the warm-up iteration left archer's policy where it was: that comparison cannot speak
+    assert tests[("archer", "aria", 1)]["verdict"] == "uninformative: the policy did not move"
+    assert "archer seed 0" in tests[("archer", "aria", 1)]["not_moved"] and tests[("archer", "aria", 2)]["pairs"] == 4
+    assert "(archer against aria, 4 games paired" in (out / "table.md").read_text()
     # the gradient-variance report weighs the same steps by the critic's advantages too
     assert set(results["gradient_variance"]["0"]["methods"]) == {"aria", "no_aggregation", "archer"}
 
@@ -544,6 +554,8 @@ def test_a_full_disk_stops_the_run_with_one_line_and_the_rerun_after_freeing_spa
     ("methods=[aria,aria]", "methods: each arm once, got ['aria', 'aria']"),
     ("+seeds_by_method={aria:[5]}", "seeds_by_method.aria: expected a non-empty list of some of seeds [0], got [5]"),
     ("report.paired=[aria,aria]", "report.paired: expected two arms (or null: no paired test), got ['aria', 'aria']"),
+    ("report.more_pairs=[[aria,bc]]",
+     "report.more_pairs[0]: expected two different arms of methods ['aria', 'no_aggregation'], got ['aria', 'bc']"),
 ])
 def test_arm_movement_and_preflight_settings_are_checked_before_any_work(override, message):
     from aria.io import ConfigError

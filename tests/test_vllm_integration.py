@@ -33,6 +33,22 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def servers_started_by(tag: str) -> set[int]:
+    """The vLLM API servers whose environment carries ``ARIA_TEST_TAG=tag``: the ones a command of
+    this test started (they inherit its environment). A server of another run on the machine, such
+    as an experiment in the background, is neither counted nor stopped by a test."""
+    found = subprocess.run(["pgrep", "-f", "--", "vllm.entrypoints.openai.api_server"], capture_output=True, text=True)
+    mine = set()
+    for pid in map(int, found.stdout.split()):
+        try:
+            environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if f"ARIA_TEST_TAG={tag}".encode() in environ:
+            mine.add(pid)
+    return mine
+
+
 def trained_copy(folder: Path) -> Path:
     """The embedded model as a training step leaves it: a seeded change of its q/k/v projections
     (1% of each matrix's spread), saved in float32 beside the tokenizer."""
@@ -130,7 +146,8 @@ def test_collection_by_default_serves_the_model_with_vllm_and_stops_it(tmp_path)
     done = subprocess.run(
         [sys.executable, str(REPO / "scripts/collect_games.py"), "num_games=2", "batch_size=2",
          "game.max_turns=3", "policy.max_tokens=16", "policy.concurrency=2", f"policy.log={log}", f"out={out}",
-         "progress=false"], capture_output=True, text=True, timeout=1200, cwd=tmp_path)
+         "progress=false"], capture_output=True, text=True, timeout=1200, cwd=tmp_path,
+        env={**os.environ, "ARIA_TEST_TAG": str(tmp_path)})
     assert done.returncode == 0, done.stderr[-3000:]
     assert "2/2 games done" in done.stdout
     records = list(read_trajectories(out))
@@ -145,9 +162,8 @@ def test_collection_by_default_serves_the_model_with_vllm_and_stops_it(tmp_path)
         assert "'dtype'" not in args, args
     else:
         assert f"'dtype': '{vllm_cpu_dtype(cpu_flags())}'" in args, args
-    # Stopped: no vLLM process serves the policy any more.
-    left = subprocess.run(["pgrep", "-f", "--", "--served-model-name policy"], capture_output=True, text=True)
-    assert left.stdout.strip() == "", left.stdout
+    # Stopped: no vLLM server of this command is left.
+    assert not servers_started_by(str(tmp_path))
 
 
 def test_structured_outputs_through_the_real_server(vllm_server):
@@ -245,17 +261,15 @@ def served_evaluation(tmp_path: Path, sigint: str = "default") -> tuple[subproce
          f"run_dir={tmp_path / 'run'}", f"results_dir={tmp_path / 'results'}", "warm_start.enabled=false",
          "methods=[]", "eval.games=200", "eval.max_tokens=16", "eval.batch_size=4", "game.max_turns=4"],
         cwd=tmp_path, start_new_session=True, preexec_fn=as_job, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-        text=True)
+        text=True, env={**os.environ, "ARIA_TEST_TAG": str(tmp_path)})
     deadline = time.monotonic() + 900
     while not (eval_file.is_file() and len(eval_file.read_text().splitlines()) >= 2):
         assert runner.poll() is None, runner.communicate()[1][-3000:]
         assert time.monotonic() < deadline, "no evaluation game was written"
         time.sleep(0.5)
     # the server is not the runner's child (the start script that launched it has exited): find it
-    # by its command line
-    found = subprocess.run(["pgrep", "-f", "--", "vllm.entrypoints.openai.api_server.*--served-model-name policy"],
-                           capture_output=True, text=True).stdout.split()
-    server = {int(p) for p in found}
+    # by the environment it inherited
+    server = servers_started_by(str(tmp_path))
     assert len(server) == 1, server
     return runner, eval_file, set().union(*(descendants(p) for p in server))
 
