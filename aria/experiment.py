@@ -116,6 +116,29 @@ class Generator:
             stop_server(self._served[1]["PID"])
             self._served = None
 
+    def play(self, model_dir: Path, settings: dict, seed: int, games: Callable[[Any], Any]) -> Any:
+        """``games(policy)`` with a policy of :meth:`policy`. When games failed because the server
+        this generator started ended (killed, out of memory), the server is started again and
+        ``games`` runs again, which plays only the failed games, up to ``vllm.restarts`` times:
+        an unattended run of many hours goes on instead of stopping at the first lost server."""
+        for restart in range(self.cfg["vllm"]["restarts"] + 1):
+            try:
+                return games(self.policy(model_dir, settings, seed))
+            except GamesFailed as failed:
+                lost = self._watch.reason() if self.engine == "vllm" and self._served is not None else None
+                if lost is None or restart == self.cfg["vllm"]["restarts"]:
+                    raise
+                self.echo(f"[experiment] {failed}; the vLLM server had ended ({lost}): starting it again "
+                          f"({restart + 1} of vllm.restarts={self.cfg['vllm']['restarts']})")
+                self.stop()
+
+
+class GamesFailed(RuntimeError):
+    """Games of a stage failed (their records say why); a re-run plays them again."""
+
+    def __init__(self, failed: int, out: Path):
+        super().__init__(f"{failed} game(s) failed in {out}; run again to play them again")
+
 
 # ---- the stages' work ---------------------------------------------------------------------------------
 def recorded_path(cfg: dict, path: Path) -> str:
@@ -139,7 +162,7 @@ def play(cfg: dict, policy, out: Path, seed: int, section: dict, echo: Printer, 
     summary = family_of(cfg["game"]).play(cfg, policy, out, seed, section)
     echo(f"[experiment] {what}: {summary.line()}")
     if summary.failed:
-        raise RuntimeError(f"{summary.failed} game(s) failed in {out}; run again to play them again")
+        raise GamesFailed(summary.failed, out)
     return out
 
 
@@ -148,7 +171,7 @@ def evaluate_arm(cfg: dict, policy, out: Path, echo: Printer) -> Path:
     against the oracle, or against ``eval.opponent`` in both seats (two-player games)."""
     failed = family_of(cfg["game"]).evaluate(cfg, policy, out, echo)
     if failed:
-        raise RuntimeError(f"{failed} game(s) failed in {out}; run again to play them again")
+        raise GamesFailed(failed, out)
     return out
 
 
@@ -417,7 +440,7 @@ def plan(cfg: dict, generator: Generator, echo: Printer) -> list[Stage]:
     def evaluate(method: str, seed: int, iteration: int):
         out, model = lay.evaluation(method, seed, iteration), model_of(method, seed, iteration)
         if not evaluation_done(cfg, out, generator.describe(model, e, e["seed"])):
-            evaluate_arm(cfg, generator.policy(model, e, e["seed"]), out, echo)
+            generator.play(model, e, e["seed"], lambda policy: evaluate_arm(cfg, policy, out, echo))
 
     stages.append(Stage(f"iteration 0: evaluate the {'warm start' if w['enabled'] else 'base model'}", "eval", lambda: evaluate("", 0, 0)))
     for seed in cfg["seeds"]:
@@ -431,8 +454,8 @@ def plan(cfg: dict, generator: Generator, echo: Printer) -> list[Stage]:
                     model, game_seed = model_of(method, seed, it - 1), 1000 * seed + it
                     made_by = generator.describe(model, c, game_seed)
                     if not games_done(games, games_of(cfg, c), family_of(cfg["game"]).collection_producer(cfg, c, game_seed, made_by)):
-                        policy = generator.policy(model, c, game_seed)
-                        play(cfg, policy, games, game_seed, c, echo, f"collection {where.name}")
+                        generator.play(model, c, game_seed, lambda policy: play(
+                            cfg, policy, games, game_seed, c, echo, f"collection {where.name}"))
 
                 def fit(method=method, seed=seed, it=it, games=games):
                     generator.stop()  # training needs the cores
@@ -522,6 +545,8 @@ def check_settings(cfg: dict) -> dict:
     if not 0 < cfg["report"]["discordant_share"] <= 1:
         raise ConfigError(f"report.discordant_share: expected a share in (0, 1], got {cfg['report']['discordant_share']!r}")
     check_movement(cfg["report"]["movement"])
+    if cfg["vllm"]["restarts"] < 0:
+        raise ConfigError(f"vllm.restarts: expected a whole number >= 0, got {cfg['vllm']['restarts']!r}")
     if cfg["policy_dtype"] is not None and cfg["policy_dtype"] not in DTYPES:
         raise ConfigError(f"policy_dtype: expected null or one of {', '.join(DTYPES)}, got {cfg['policy_dtype']!r}")
     if any(k < 2 for k in cfg["report"]["preflight_ks"]):

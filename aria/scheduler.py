@@ -88,6 +88,7 @@ class PlaySummary:
     turns: int = 0
     extra_requests: int = 0  # re-prompts of unusable replies
     seconds: float = 0.0
+    stopped: str | None = None  # why no more games were started (the policy's server was lost)
     counts: Counter = field(default_factory=Counter)
     _describe: Callable[[Counter, int], str] | None = field(default=None, repr=False)
 
@@ -102,9 +103,10 @@ class PlaySummary:
     def line(self) -> str:
         own = f", {self._describe(self.counts, self.finished)}" if self._describe else ""
         reprompts = f", {self.extra_requests} re-prompts" if self.extra_requests else ""
+        stopped = f"; stopped early: {self.stopped}" if self.stopped else ""
         return (f"{self.already_done + self.finished}/{self.total} games done ({self.played} played now, "
                 f"{self.failed} failed){own}, {self.turns} turns{reprompts} in {self.seconds:.1f}s "
-                f"({self.turns_per_s:.2f} turns/s)")
+                f"({self.turns_per_s:.2f} turns/s){stopped}")
 
 
 def run_games(
@@ -116,8 +118,12 @@ def run_games(
     progress: bool = True,
     force_new: bool = False,
     on_game_end: Callable[[dict], None] | None = None,
+    lost: Callable[[], str | None] | None = None,
 ) -> PlaySummary:
-    """Play every ``(game_id, job)`` not yet in ``out_path`` (module doc)."""
+    """Play every ``(game_id, job)`` not yet in ``out_path`` (module doc). ``lost`` says what
+    ended the policy's server (None while it serves): once a game fails and it says so, no new
+    game starts, so the games left are not all recorded as failed against a server that is gone
+    (``summary.stopped``; a re-run plays them)."""
     if batch_size < 1:
         raise ValueError("batch_size must be at least 1")
     ids = [gid for gid, _ in jobs]
@@ -137,6 +143,8 @@ def run_games(
         summary.failed += game.failed
         if not game.failed:
             kind.tally(record, summary.counts)
+        elif lost is not None and summary.stopped is None:
+            summary.stopped = lost()
         bar.update(1)
         if on_game_end:
             on_game_end(record)
@@ -155,8 +163,8 @@ def run_games(
 def _in_step(kind: GameKind, todo: list, batch_size: int, summary: PlaySummary, finish: Callable, bar) -> None:
     """Every turn one batched call for all live games (module doc)."""
     live: list[LiveGame] = []
-    while todo or live:
-        while todo and len(live) < batch_size:
+    while (todo and not summary.stopped) or live:
+        while todo and len(live) < batch_size and not summary.stopped:
             live.append(kind.start(*todo.pop(0)))
         summary.extra_requests += kind.play_turn(live)
         summary.turns += len(live)
@@ -200,7 +208,7 @@ def _each_on_its_own(kind: GameKind, todo: list, batch_size: int, summary: PlayS
                 summary.turns += turns
                 summary.extra_requests += extra
                 finish(game)
-                following = next(queue, None)
+                following = next(queue, None) if not summary.stopped else None
                 if following is not None:
                     running.add(pool.submit(play_one, *following))
             bar.set_postfix_str(kind.describe(summary.counts, summary.finished), refresh=False)

@@ -305,6 +305,7 @@ class VariantSettings:
 @dataclass
 class VllmSettings:
     eager: bool = MISSING
+    restarts: int = MISSING
 
 
 @dataclass

@@ -554,6 +554,7 @@ def test_a_full_disk_stops_the_run_with_one_line_and_the_rerun_after_freeing_spa
     ("methods=[aria,aria]", "methods: each arm once, got ['aria', 'aria']"),
     ("+seeds_by_method={aria:[5]}", "seeds_by_method.aria: expected a non-empty list of some of seeds [0], got [5]"),
     ("report.paired=[aria,aria]", "report.paired: expected two arms (or null: no paired test), got ['aria', 'aria']"),
+    ("vllm.restarts=-1", "vllm.restarts: expected a whole number >= 0, got -1"),
     ("report.more_pairs=[[aria,bc]]",
      "report.more_pairs[0]: expected two different arms of methods ['aria', 'no_aggregation'], got ['aria', 'bc']"),
 ])

@@ -71,6 +71,55 @@ def test_the_scheduler_resumes_either_kind_of_game_exactly(tmp_path, make):
     assert again.played == 0 and again.already_done == len(jobs)
 
 
+class ServerGoesDown(ScriptedPolicy):
+    """The scripted policy behind a server that goes down after ``answered`` replies: from then
+    on every request fails, and ``server_lost`` says why, as an endpoint policy's watch does for
+    a server this process started (aria/llm/endpoint.py)."""
+
+    def __init__(self, script, answered: int):
+        super().__init__(script)
+        self.left = answered
+
+    def generate(self, conversations, keys=None):
+        from aria.llm.base import Completion
+
+        replies = []
+        for conversation, key in zip(conversations, keys):
+            self.left -= 1
+            replies.append(super().generate([conversation], [key])[0] if self.left >= 0
+                           else Completion(text=None, error="connection refused"))
+        return replies
+
+    def server_lost(self):
+        return "the engine process ended" if self.left < 0 else None
+
+
+@pytest.mark.parametrize("batch_size", [1, 3])
+def test_no_game_starts_once_the_server_is_lost_and_a_re_run_plays_the_rest(tmp_path, batch_size):
+    """Ten games, a server that answers five requests: the games in flight fail
+    (batch_size of them at most), no other game starts, and a re-run on a new server plays the
+    failed and the unstarted games (before: every game left was started and recorded as failed)."""
+    kind, _ = question_kind()
+    game = kind.game
+    jobs = [(game_id(game.name, 0, i), game.targets[i % len(game.targets)]) for i in range(10)]
+    script = {gid: ["Question: Is it an animal?", "Question: Is it a dog?"] for gid, _ in jobs}
+    out, producer = tmp_path / "games.jsonl", {"test": "lost server"}
+    down = ServerGoesDown(script, answered=5)
+    kind = QuestionGames(game, down, kind.oracle, seed=0)
+    summary = run_games(kind, jobs, out, producer, batch_size=batch_size, progress=False, lost=down.server_lost)
+    assert summary.stopped == "the engine process ended" and "stopped early: the engine process ended" in summary.line()
+    records = list(read_trajectories(out))
+    assert 1 <= summary.failed <= batch_size and summary.played == len(records) < len(jobs)
+    assert sum(r["status"] == "failed" for r in records) == summary.failed
+
+    again = ServerGoesDown(script, answered=10_000)
+    rest = run_games(QuestionGames(game, again, kind.oracle, seed=0), jobs, out, producer, batch_size=batch_size,
+                     progress=False, lost=again.server_lost)
+    assert rest.stopped is None and rest.failed == 0 and rest.played == len(jobs) - (len(records) - summary.failed)
+    finished = {r["game_id"] for r in read_trajectories(out) if r["status"] == "finished"}
+    assert finished == {gid for gid, _ in jobs}
+
+
 def test_game_ids_must_be_unique(tmp_path):
     kind, jobs = question_kind()
     with pytest.raises(ValueError, match="unique"):

@@ -319,32 +319,52 @@ def test_ctrl_c_during_a_served_evaluation_stops_the_run_and_its_server_and_fail
     assert len({r["game_id"] for r in records}) == len(records)
 
 
-def test_a_background_run_survives_a_sigint_to_its_group_and_a_killed_runner_takes_its_server_with_it(tmp_path):
+def test_a_background_run_survives_a_sigint_and_a_lost_server_and_a_killed_runner_takes_its_server_with_it(tmp_path):
     """1. A run started in the background ignores SIGINT (as the shell sets it up), and a SIGINT
     to its process group must not reach its server either (before: the server died, the run spent
     300 s per request waiting on it, then recorded every game as failed): the games go on.
-    2. SIGKILL of the runner's own PID (as an OOM killer or a scheduler sends it, not to the
+    2. Its server killed (an OOM killer's choice): the runner starts another and plays the failed
+    games again (``vllm.restarts``; before: every game left failed within seconds and the run
+    stopped, hours before anyone looked).
+    3. SIGKILL of the runner's own PID (as an OOM killer or a scheduler sends it, not to the
     group): the server it started stops within seconds instead of holding memory and a port
     (before: it ran on, reparented to init)."""
     import signal
     import time
 
+    def finished() -> int:
+        return sum(r["status"] == "finished" for r in read_trajectories(eval_file, allow_partial_last_line=True))
+
+    def wait_for(condition, seconds: float) -> None:
+        deadline = time.monotonic() + seconds
+        while not condition() and time.monotonic() < deadline:
+            assert runner.poll() is None, runner.communicate()[1][-3000:]
+            time.sleep(0.5)
+
     runner, eval_file, server = served_evaluation(tmp_path, sigint="ignored")
     try:
         os.killpg(runner.pid, signal.SIGINT)
-        written = len(eval_file.read_text().splitlines())
-        deadline = time.monotonic() + 120
-        while len(eval_file.read_text().splitlines()) < written + 2 and time.monotonic() < deadline:
-            time.sleep(0.5)
+        written = finished()
+        wait_for(lambda: finished() >= written + 2, 120)
         assert runner.poll() is None and alive(server) == server, "the SIGINT stopped the run or its server"
-        records = list(read_trajectories(eval_file))
-        assert len(records) >= written + 2 and all(r["status"] == "finished" for r in records), \
-            [r["errors"] for r in records if r["status"] != "finished"]
+        assert finished() >= written + 2
+
+        [api] = servers_started_by(str(tmp_path))
+        os.kill(api, signal.SIGKILL)
+        assert not wait_gone(server, 45), f"the killed server's engine outlived it: {alive(server)}"
+        wait_for(lambda: servers_started_by(str(tmp_path)) - {api}, 600)
+        [again] = servers_started_by(str(tmp_path))
+        server = descendants(again)
+        before = finished()
+        wait_for(lambda: finished() >= before + 2, 300)
+        assert finished() >= before + 2, "no game was finished on the new server"
+
         os.kill(runner.pid, signal.SIGKILL)
-        runner.communicate(timeout=60)
+        said, err = runner.communicate(timeout=60)
         assert not wait_gone(server, 45), f"the server outlived the run: {alive(server)}"
     finally:
         kill_all(runner, server)
+    assert "the vLLM server had ended" in said and "starting it again (1 of vllm.restarts=2)" in said, (said + err)[-3000:]
 
 
 def test_the_start_script_refuses_a_port_that_another_server_holds(tmp_path, vllm_server):

@@ -154,6 +154,11 @@ class EndpointChatModel:
     def release(self, key: str) -> None:
         """Nothing to forget: the endpoint keeps no per-game state on this side."""
 
+    def server_lost(self) -> str | None:
+        """What ended the server this process started for this policy (``gone``); None while it
+        serves, and always None for a server this process did not start."""
+        return self._gone()
+
     def _complete(self, messages: list[Message], fmt: OutputFormat | None = None) -> Completion:
         """Send one request, retrying transient failures; never raises."""
         attempts = 0

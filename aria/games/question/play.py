@@ -129,7 +129,7 @@ def play_games(
     kind = QuestionGames(game, policy, oracle, seed, system_prompt, reply_format)
     jobs = [(game_id(game.name, seed, i), t) for i, t in enumerate(targets)]
     return run_games(kind, jobs, out_path, producer, batch_size=batch_size, progress=progress, force_new=force_new,
-                     on_game_end=on_game_end)
+                     on_game_end=on_game_end, lost=getattr(policy, "server_lost", None))
 
 
 def _play_turn(game, policy, oracle, live: Sequence[_LiveGame], system_prompt, oracle_name,

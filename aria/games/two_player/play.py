@@ -239,7 +239,10 @@ def play_two_player(
             reply_schema(Match(config), **kind.schema)
     producer = two_player_producer(game_cfg, configs, {role: describe(player) for role, player in seats.items()}, seed)
     jobs = [(game_id(c, seed, i), c) for c in configs for i in range(games_per_config)]
-    return run_games(kind, jobs, out_path, producer, batch_size=batch_size, progress=progress, force_new=force_new)
+    watched = [player.server_lost for player in {id(p): p for p in seats.values()}.values() if hasattr(player, "server_lost")]
+    lost = (lambda: next(filter(None, (ended() for ended in watched)), None)) if watched else None
+    return run_games(kind, jobs, out_path, producer, batch_size=batch_size, progress=progress, force_new=force_new,
+                     lost=lost)
 
 
 def _play_turn(game_cfg: Mapping[str, Any], transcript: Transcript, games: Sequence[_LiveGame],
