@@ -6,15 +6,21 @@
 
 Every stage resumes; results go to results/experiments/<name>/ (table.md, results.json, plot).
 """
+import sys
+
 import hydra
 from aria.cli import command
-from aria.experiment import run
+from aria.experiment import GamesFailed, run
 
 
 @hydra.main(config_path="../config", config_name="experiment", version_base="1.3")
 def main(cfg) -> None:
     with command(kept=lambda: f"the finished stages in {cfg.run_dir} (a re-run skips them)"):
-        out = run(cfg)
+        try:
+            out = run(cfg)
+        except GamesFailed as failed:  # their records say why; exit 1, as collection does
+            print(f"error: {failed}", file=sys.stderr)
+            sys.exit(1)
         print((out / "table.md").read_text())
 
 

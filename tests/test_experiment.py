@@ -9,6 +9,8 @@ from __future__ import annotations
 import json
 import math
 import re
+import socket
+from pathlib import Path
 
 import pytest
 
@@ -17,6 +19,8 @@ from aria.experiment_report import mcnemar, render_table, wilson_interval
 from aria.games.family import family_of
 from aria.io import atomic_write_json
 from aria.resources import compose_config, config_dir
+
+REPO = Path(__file__).resolve().parents[1]
 
 
 # ---- statistics by hand ------------------------------------------------------------------------------
@@ -535,6 +539,26 @@ def test_a_full_disk_stops_the_run_with_one_line_and_the_rerun_after_freeing_spa
         io.atomic_write_bytes = real_write
         if mounted:
             subprocess.run(["umount", "-l", str(run_dir)], check=False)
+
+
+def test_failed_games_stop_the_run_with_one_line_naming_the_file(tmp_path, tiny_model_dir, tiny_sentence_model_dir):
+    """Every answer of the oracle's server fails (nothing listens on its port): the expert's games
+    that ask a question fail, and the runner stops at that stage with exit 1 and one line naming the count and the
+    file, not a traceback; the failed games are on disk for the re-run."""
+    from in_process import run_script
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        closed = s.getsockname()[1]  # free, and closed again: every request is refused
+    done = run_script(REPO / "scripts/run_experiment.py", "--config-name", "experiment",
+                      *tiny_overrides(tmp_path, tiny_model_dir, tiny_sentence_model_dir), "oracle=llm",
+                      f"oracle.base_url=http://127.0.0.1:{closed}/v1", "oracle.max_retries=0", cwd=tmp_path)
+    expert = tmp_path / "run" / "warm" / "expert.jsonl"
+    assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr[-2000:]
+    # a game the expert wins by its first guess never asks the oracle
+    failed = sum(json.loads(line)["status"] == "failed" for line in expert.read_text().splitlines())
+    assert failed >= 4
+    assert done.stderr.strip().splitlines()[-1] == f"error: {failed} game(s) failed in {expert}; run again to play them again"
 
 
 @pytest.mark.parametrize("override, message", [
