@@ -63,3 +63,34 @@ def test_signatures_and_the_partition_by_hand(game):
 def test_an_unanswered_question_names_itself_and_its_target(game):
     with pytest.raises(RuntimeError, match=r"oracle table: no answer to 'Is it red\?' for the target 'Cat': not in the table"):
         signatures(game, TableOracle(TABLE, TARGETS), ["Is it an animal?", "Is it red?"])
+
+
+def test_the_script_counts_a_games_file(tmp_path):
+    """Two scripted games on twenty_questions_subset through the scheduler: the Dog game asks
+    "Is it an animal?" and wins with "Is it a dog?" (2 outputs); the Banana game asks both and
+    repeats the second until its 20 questions run out (20 outputs). Two texts, two intentions
+    (the animal question is answered "Yes." for the Dog only, so not alike for every target)."""
+    import json
+    from pathlib import Path
+
+    from conftest import ScriptedPolicy
+    from in_process import run_script
+
+    from aria.games.base import load_game_config
+    from aria.games.question.game import build_game
+    from aria.games.question.oracle import build_oracle
+    from aria.games.question.play import QuestionGames, game_id
+    from aria.scheduler import run_games
+
+    cfg = load_game_config("twenty_questions_subset")
+    game = build_game(cfg)
+    jobs = [(game_id(game.name, 0, i), game.target(name)) for i, name in enumerate(["Dog", "Banana"])]
+    policy = ScriptedPolicy({gid: ["Question: Is it an animal?", "Question: Is it a dog?"] for gid, _ in jobs})
+    out = tmp_path / "games.jsonl"
+    run_games(QuestionGames(game, policy, build_oracle({"name": "knowledge_base"}, cfg), seed=0), jobs, out,
+              {"test": "behaviour"}, progress=False)
+    done = run_script(Path(__file__).resolve().parents[1] / "scripts/behavioural_intentions.py", str(out))
+    assert done.returncode == 0, done.stderr
+    found = json.loads(done.stdout)
+    assert (found["games"], found["outputs"], found["distinct_texts"], found["intentions"]) == (2, 22, 2, 2)
+    assert found["questions_answered_alike"] == 0 and found["share_answered_alike"] == 0.0
