@@ -76,17 +76,19 @@ class ServerGoesDown(ScriptedPolicy):
     on every request fails, and ``server_lost`` says why, as an endpoint policy's watch does for
     a server this process started (aria/llm/endpoint.py)."""
 
-    def __init__(self, script, answered: int):
+    def __init__(self, script, answered: int, concurrent: bool):
         super().__init__(script)
-        self.left = answered
+        self.left, self.concurrent, self._lock = answered, concurrent, threading.Lock()
 
     def generate(self, conversations, keys=None):
         from aria.llm.base import Completion
 
         replies = []
         for conversation, key in zip(conversations, keys):
-            self.left -= 1
-            replies.append(super().generate([conversation], [key])[0] if self.left >= 0
+            with self._lock:
+                self.left -= 1
+                up = self.left >= 0
+            replies.append(super().generate([conversation], [key])[0] if up
                            else Completion(text=None, error="connection refused"))
         return replies
 
@@ -95,16 +97,19 @@ class ServerGoesDown(ScriptedPolicy):
 
 
 @pytest.mark.parametrize("batch_size", [1, 3])
-def test_no_game_starts_once_the_server_is_lost_and_a_re_run_plays_the_rest(tmp_path, batch_size):
+@pytest.mark.parametrize("concurrent", [False, True], ids=["in step", "each on its own"])
+def test_no_game_starts_once_the_server_is_lost_and_a_re_run_plays_the_rest(tmp_path, batch_size, concurrent):
     """Ten games, a server that answers five requests: the games in flight fail
     (batch_size of them at most), no other game starts, and a re-run on a new server plays the
-    failed and the unstarted games (before: every game left was started and recorded as failed)."""
+    failed and the unstarted games (before: every game left was started and recorded as failed).
+    Both ways of playing: every turn one batched call, and each game in its own thread (an
+    endpoint policy with a knowledge-base oracle plays so)."""
     kind, _ = question_kind()
     game = kind.game
     jobs = [(game_id(game.name, 0, i), game.targets[i % len(game.targets)]) for i in range(10)]
     script = {gid: ["Question: Is it an animal?", "Question: Is it a dog?"] for gid, _ in jobs}
     out, producer = tmp_path / "games.jsonl", {"test": "lost server"}
-    down = ServerGoesDown(script, answered=5)
+    down = ServerGoesDown(script, answered=5, concurrent=concurrent)
     kind = QuestionGames(game, down, kind.oracle, seed=0)
     summary = run_games(kind, jobs, out, producer, batch_size=batch_size, progress=False, lost=down.server_lost)
     assert summary.stopped == "the engine process ended" and "stopped early: the engine process ended" in summary.line()
@@ -112,7 +117,7 @@ def test_no_game_starts_once_the_server_is_lost_and_a_re_run_plays_the_rest(tmp_
     assert 1 <= summary.failed <= batch_size and summary.played == len(records) < len(jobs)
     assert sum(r["status"] == "failed" for r in records) == summary.failed
 
-    again = ServerGoesDown(script, answered=10_000)
+    again = ServerGoesDown(script, answered=10_000, concurrent=concurrent)
     rest = run_games(QuestionGames(game, again, kind.oracle, seed=0), jobs, out, producer, batch_size=batch_size,
                      progress=False, lost=again.server_lost)
     assert rest.stopped is None and rest.failed == 0 and rest.played == len(jobs) - (len(records) - summary.failed)
