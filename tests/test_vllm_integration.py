@@ -176,7 +176,10 @@ def test_structured_outputs_through_the_real_server(vllm_server):
     from aria.llm.base import OutputFormat
     from aria.llm.endpoint import EndpointChatModel
 
-    policy = EndpointChatModel(vllm_server["BASE_URL"], vllm_server["MODEL_NAME"], temperature=1.0, max_tokens=96,
+    # room for any reply the schema admits: an 80-character message can be 80 tokens (digits and
+    # dots), plus the offer's keys (96 tokens once cut a sampled reply inside its message; the
+    # games send such a reply back, tests/test_two_player_play.py)
+    policy = EndpointChatModel(vllm_server["BASE_URL"], vllm_server["MODEL_NAME"], temperature=1.0, max_tokens=160,
                                concurrency=4)
     config = BargainingConfig(money=100, delta_alice=0.9, delta_bob=0.8, max_rounds=12)
     opening, answer = Match(config), Match(config)
