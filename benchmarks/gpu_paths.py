@@ -18,6 +18,11 @@ to one JSON file. It asserts nothing: on a GPU some properties hold only up to r
 * ``merge``: a merged LoRA model's log-probs against the adapter's, in float32 and bfloat16.
 * ``online``: one iteration of online ARIA (rollouts, reward-model refresh, update) with every
   setting left at ``auto``.
+* ``deepspeed``: offline REINFORCE launched as the paper's scale launches it, ``accelerate launch``
+  with ``config/accelerate/deepspeed_zero3.yaml`` (ZeRO-3, parameters and optimizer offloaded to
+  the CPU, bf16) on one process: does it train, save and reload a final model, resume from a
+  checkpoint to the same weights, and how far are its weights from the same run without DeepSpeed?
+  Needs ``deepspeed`` installed (it builds its CPU Adam at first use).
 
     python benchmarks/gpu_paths.py --out benchmarks/results/gpu_paths.json
 
@@ -196,6 +201,100 @@ def check_resume(model_dir: Path, samples: list[dict], work: Path) -> dict:
             "whole_run_seconds": round(seconds, 2)}
 
 
+def check_deepspeed(model_dir: Path, samples: list[dict], work: Path, use_deepspeed: bool = True, offload: bool = True) -> dict:
+    """``use_deepspeed=False`` (the CPU dry run) runs every launch without DeepSpeed, to check the check;
+    ``offload=False`` is the shipped ZeRO-3 settings without the CPU offload (no CPU Adam to build)."""
+    import os
+    import shutil
+    import subprocess
+
+    from safetensors.torch import load_file
+
+    common = ["device=auto", "train.epochs=2", "train.micro_batch_size=4", "train.gradient_accumulation_steps=2",
+              "train.save_freq=1", "train.lr=0.005", "model.lora.dropout=0", "train.keep_checkpoints=null",
+              "train.packing=prefix_tree", "method=no_aggregation", "train.warmup_ratio=0", "train.lr_scheduler=constant",
+              "logging.report_to=null"]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
+    accelerate_config = REPO / "config/accelerate/deepspeed_zero3.yaml"
+    if not offload:
+        work.mkdir(parents=True, exist_ok=True)
+        ds = json.loads((REPO / "config/deepspeed/zero3_offload.json").read_text())
+        for key in ("offload_optimizer", "offload_param"):
+            ds["zero_optimization"].pop(key)
+        (work / "zero3.json").write_text(json.dumps(ds))
+        accelerate_config = work / "zero3.yaml"
+        accelerate_config.write_text((REPO / "config/accelerate/deepspeed_zero3.yaml").read_text().replace(
+            "config/deepspeed/zero3_offload.json", str(work / "zero3.json")))
+
+    def launch(name: str, *extra: str, deepspeed: bool = True) -> tuple[float, Path]:
+        out = work / name
+        work.mkdir(parents=True, exist_ok=True)
+        (work / "train.json").write_text(json.dumps(samples))
+        args = ([sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(accelerate_config),
+                 "--num_processes", "1"] if deepspeed and use_deepspeed else [sys.executable])
+        cmd = [*args, str(REPO / "scripts/run_offline.py"), "--config-name", "reinforce_llm", f"model.path={model_dir}",
+               f"data.train_file={work / 'train.json'}", f"output_dir={out}", f"hydra.run.dir={work / 'hydra' / name}", *common, *extra]
+        start = time.perf_counter()
+        done = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True)
+        (work / f"{name}.log").write_text(done.stdout + done.stderr)
+        if done.returncode != 0:
+            raise RuntimeError(f"{name} exited {done.returncode}: {(done.stdout + done.stderr)[-2500:]}")
+        return time.perf_counter() - start, out
+
+    def losses(log: Path) -> list[float]:
+        """The loss the progress bar showed after each optimizer step."""
+        import re
+
+        seen = []
+        for value in re.findall(r"loss=(-?[0-9.]+)", log.read_text()):
+            if not seen or seen[-1] != value:
+                seen.append(value)
+        return [float(v) for v in seen]
+
+    def final_weights(out: Path) -> dict:
+        files = sorted((out / "final").rglob("*.safetensors"))
+        weights = {}
+        for f in files:
+            weights.update({k: v.float() for k, v in load_file(str(f)).items()})
+        return weights
+
+    seconds, ds_out = launch("zero3", "train.mixed_precision=bf16")
+    steps = sorted(int(c.name.split("-")[1]) for c in (ds_out / "checkpoints").glob("step-*"))
+    ds = final_weights(ds_out)
+    plain_seconds, plain_out = launch("plain", "train.mixed_precision=bf16", deepspeed=False)
+    plain = final_weights(plain_out)
+    shared = sorted(set(ds) & set(plain))
+    changed = {k: float((ds[k] - plain[k]).norm() / max(plain[k].norm(), 1e-12)) for k in shared}
+    # The scale of bf16's own noise on these weights: the same run without DeepSpeed in float32.
+    # Adam turns the sign of a tiny gradient into a full-size step, so LoRA weights after a few
+    # steps differ far more than the losses do between two roundings of the same run.
+    _, fp32_out = launch("plain_fp32", "train.mixed_precision=no", deepspeed=False)
+    fp32 = final_weights(fp32_out)
+    rounding = sorted(float((plain[k] - fp32[k]).norm() / max(fp32[k].norm(), 1e-12)) for k in shared)
+    found = {"seconds": round(seconds, 2), "plain_seconds": round(plain_seconds, 2), "checkpoints": steps,
+             "final_files": sorted(str(f.relative_to(ds_out)) for f in (ds_out / "final").rglob("*") if f.is_file()),
+             "tensors_deepspeed": len(ds), "tensors_plain": len(plain), "tensors_shared": len(shared),
+             "largest_relative_diff_to_plain": max(changed.values()) if changed else None,
+             "median_relative_diff_to_plain": sorted(changed.values())[len(changed) // 2] if changed else None,
+             "plain_bf16_vs_fp32_largest_relative_diff": rounding[-1] if rounding else None,
+             "plain_bf16_vs_fp32_median_relative_diff": rounding[len(rounding) // 2] if rounding else None,
+             "losses": {name: losses(work / f"{name}.log") for name in ("zero3", "plain", "plain_fp32")}}
+    # Resume: keep only the checkpoint of step 2 and the final's absence, then run the same command again.
+    resumed = work / "zero3_resumed"
+    shutil.copytree(ds_out, resumed)
+    shutil.rmtree(resumed / "final")
+    for c in (resumed / "checkpoints").glob("step-*"):
+        if int(c.name.split("-")[1]) != 2:
+            shutil.rmtree(c)
+    launch("zero3_resumed", "train.mixed_precision=bf16")
+    again = final_weights(resumed)
+    log = (work / "zero3_resumed.log").read_text()
+    found["resumed_from"] = next((line for line in log.splitlines() if "resumed from" in line), None)
+    found["resumed_bit_identical"] = set(again) == set(ds) and all(torch.equal(again[k], ds[k]) for k in ds)
+    found["resumed_max_abs_diff"] = max(float((again[k] - ds[k]).abs().max()) for k in ds if k in again)
+    return found
+
+
 def check_merge(model_dir: Path, work: Path, device: str) -> dict:
     from aria.policy import action_logprobs, collate, encode_sample, load_policy, merge_lora
 
@@ -279,6 +378,8 @@ def main(argv=None) -> int:
         "resume": lambda: check_resume(model_dir, samples, work / "resume"),
         "merge": lambda: check_merge(model_dir, work / "merge", device),
         "online": lambda: check_online(model_dir, build_tiny_sentence_model(work / "tiny-bert"), work / "online"),
+        "deepspeed": lambda: check_deepspeed(model_dir, samples, work / "deepspeed", cuda),
+        "deepspeed_no_offload": lambda: check_deepspeed(model_dir, samples, work / "deepspeed_no_offload", cuda, offload=False),
     }
     for name, run in checks.items():
         if args.only is not None and name not in args.only:
