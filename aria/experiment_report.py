@@ -236,6 +236,8 @@ def render_table(results: dict[str, Any]) -> str:
         for name, found in results["preflight"].items():
             for r in found["rows"]:
                 k = "/".join(map(str, sorted(set(r["k"].values())))) + (" (chosen)" if r["chosen"] else "")
+                if r.get("labels") == "behavioural":
+                    k = f"behavioural intentions ({k})"
                 turns = ", ".join(f"{t}: {percent(v)}" for t, v in r["shared_by_turn"].items())
                 ratio = "–" if r["variance_ratio"] is None else f"{r['variance_ratio']:.3f}"
                 mean = "–" if r["mean_abs_change"] is None else f"{r['mean_abs_change']:.4f}"

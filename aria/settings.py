@@ -413,6 +413,7 @@ class AggregationSettings:
     mode: str = MISSING
     n_rollout: int = MISSING
     include_first_action: bool = MISSING
+    window: Optional[int] = MISSING  # null: the whole history (the paper); m: the last m turns (ours)
 
 
 @dataclass
@@ -433,6 +434,8 @@ class IntentionSettings:
     run_dir: str = MISSING
     train_out: Optional[str] = MISSING
     seed: int = MISSING
+    labels: str = MISSING  # clusters | behavioural (aria/intention/pipeline.py LABELS)
+    behaviour: str = MISSING  # auto | required | never (aria/intention/pipeline.py BEHAVIOUR)
     embedding: EmbeddingSettings = field(default_factory=EmbeddingSettings)
     clustering: ClusteringSettings = field(default_factory=ClusteringSettings)
     aggregation: AggregationSettings = field(default_factory=AggregationSettings)

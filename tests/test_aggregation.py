@@ -287,3 +287,65 @@ def test_key_sharing_by_hand():
     # every return equal: no ratio
     flat = StepTable(**{**table.__dict__, "step_return": np.ones(4)})
     assert key_sharing(flat, labels, np.array([0, 1, 0, 1]))["variance_ratio"] is None
+
+
+def test_windowed_key_by_hand():
+    """GAMES with the history cut to the last turn (window = 1) and to nothing (window = 0).
+    Second steps: g0 (a0,o0,a1) R 1, g1 (a0,o0,a1) R 0, g3 (a2,o0,a1) R 0. The whole history keeps
+    g3 apart (test_q_mode_by_hand); a window of one turn is (a?,o0,a1) for all three here, since the
+    previous turn is the whole history -- so take a third turn to see the cut."""
+    table, labels = single_agent_table(GAMES)
+    # window >= the longest game: the paper's keys
+    np.testing.assert_allclose(aggregate(table, labels, window=5).q, aggregate(table, labels).q)
+    # window 0: the action alone. a0 steps: g0 t1 (0.5), g1 t1 (0), g2 t1 (1) -> 0.5; a1 steps: g0 t2 (1),
+    # g1 t2 (0), g3 t2 (0) -> 1/3; a2: g3 t1 -> 0
+    np.testing.assert_allclose(aggregate(table, labels, window=0).q, [0.5, 1 / 3, 0.5, 1 / 3, 0.5, 0.0, 1 / 3])
+    # Three-turn games, γ = 0.5: g0 [a1 o0 a5 o0 a3] R 1 -> 0.25, 0.5, 1; g1 [a2 o1 a5 o0 a3] R 0.
+    # window 1: the third steps' key is (a5, o0, a3) in both -> (1 + 0) / 2; the second steps' keys
+    # (a1,o0,a5) and (a2,o1,a5) differ; window None keeps the third steps apart too.
+    three, labels3 = single_agent_table([([1, 0, 5, 0, 3], 1.0), ([2, 1, 5, 0, 3], 0.0)])
+    np.testing.assert_allclose(aggregate(three, labels3, window=1).q, [0.25, 0.5, 0.5, 0.0, 0.0, 0.5])
+    np.testing.assert_allclose(aggregate(three, labels3).q, [0.25, 0.5, 1.0, 0.0, 0.0, 0.0])
+    # V under window 1: the third steps' history (a5, o0) is shared; the first steps' is empty
+    np.testing.assert_allclose(aggregate(three, labels3, window=1).v, [0.125, 0.5, 0.5, 0.125, 0.0, 0.5])
+    with pytest.raises(ValueError, match="window must be >= 0"):
+        aggregate(three, labels3, window=-1)
+
+
+def reference_window_q(games_labels, games_returns, window):
+    """Brute force: the key of a step of role r at position p is the (channel, label) pairs from the
+    window-th previous step of role r on (the game's start if it has fewer), up to the action."""
+    sums, counts, keys = {}, {}, []
+    for seq, rets in zip(games_labels, games_returns):
+        for p, r in rets.items():
+            mine = [q for q in sorted(rets) if q < p and q % 2 == p % 2]
+            start = p if window == 0 else (mine[-window] if len(mine) >= window else 0)
+            key = (p % 2, tuple(seq[start: p + 1]))
+            keys.append(key)
+            sums[key] = sums.get(key, 0.0) + r
+            counts[key] = counts.get(key, 0) + 1
+    return np.array([sums[k] / counts[k] for k in keys])
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(0, 2**31 - 1), st.integers(1, 30), st.integers(1, 4), st.integers(0, 4))
+def test_windowed_aggregation_equals_brute_force(seed, n_games, n_labels, window):
+    rng = np.random.default_rng(seed)
+    ug, up, uc, labels, su, sr, rets = [], [], [], [], [], [], []
+    games_labels, games_returns = [], []
+    for g in range(n_games):
+        seq = [(p % 2, int(rng.integers(0, n_labels))) for p in range(int(rng.integers(1, 9)))]
+        step_returns = {}
+        for p, (channel, label) in enumerate(seq):
+            ug.append(g), up.append(p), uc.append(channel), labels.append(label)
+            if rng.random() < 0.7:  # some utterances are steps of role p % 2
+                su.append(len(ug) - 1), sr.append(p % 2), rets.append(float(rng.random()))
+                step_returns[p] = rets[-1]
+        games_labels.append(seq)
+        games_returns.append(step_returns)
+    table = StepTable(np.array(ug), np.array(up), np.array(uc), np.array(su, dtype=np.int64),
+                      np.array(sr, dtype=np.int64), np.array(rets))
+    if table.num_steps == 0:
+        return
+    np.testing.assert_allclose(aggregate(table, np.array(labels), window=window).q,
+                               reference_window_q(games_labels, games_returns, window))

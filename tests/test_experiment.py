@@ -184,11 +184,13 @@ def test_the_runner_resumes_at_every_stage_to_the_same_table(tmp_path, tiny_expe
     assert all(r["movement"]["token_kl"] >= 0 and r["movement"]["weights"]["dtype"] == dtype
                and isinstance(r["movement"]["moved"], bool) and r["against_parent"]["pairs"] == 4 for r in trained)
     assert "**Did training move the policy?**" in table and table.count(f"% at {dtype} |") == 4
-    # the pre-flight of every collection: the chosen k only (10, 20 and 40 are above this run's k_max of 6)
+    # the pre-flight of every collection: the chosen k (10, 20 and 40 are above this run's k_max of 6)
+    # and the game's behavioural intentions (twenty_questions_subset has an offline oracle)
     assert list(results["preflight"]) == ["seed 0, iteration 1 (shared)", "seed 0, aria, iteration 2",
                                           "seed 0, no_aggregation, iteration 2"]
     first = results["preflight"]["seed 0, iteration 1 (shared)"]
-    assert [r["chosen"] for r in first["rows"]] == [True] and 0 <= first["rows"][0]["shared"] <= 1
+    assert [(r["chosen"], r.get("labels")) for r in first["rows"]] == [(True, None), (False, "behavioural")]
+    assert all(0 <= r["shared"] <= 1 for r in first["rows"]) and "| behavioural intentions (" in table
     assert set(first["rows"][0]["shared_by_turn"]) <= {"0", "1", "2", "3", "4", "5+"} and first["steps"] > 0
     assert "**Pre-flight: can aggregation change anything?**" in table
     assert any(line.startswith("[experiment] pre-flight: steps that share their intention key") for line in lines)

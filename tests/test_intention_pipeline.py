@@ -601,3 +601,88 @@ def test_a_turn_intention_must_be_a_string(tmp_path):
     record = _tq_record("g", [{**_turn("Is it alive?"), "intention": 3}])
     with pytest.raises(DataError, match=r"turns\[0\]\.intention"):
         validate_record(record, tmp_path / "games.jsonl", 1)
+
+
+# ---- behavioural intentions (aria/intention/behaviour.py) in the pipeline -------------------------
+def test_behavioural_intentions_in_steps_2_and_3_by_hand(tmp_path):
+    """Five texts, three behavioural intentions under the game's knowledge base: "Is it an animal?"
+    with and without the "Question:" prefix (one question), the guess of the dog, and two outputs
+    with no question. Each text has its own one-hot embedding, so at k = 5 the clusters are the
+    texts. Figures by hand: returns gamma^(T-t) with gamma 0.95; R~ under the behavioural labels
+    pools the first steps of g1 and g2 (one intention, two texts)."""
+    animal, animal2, dog, hmm, think = ("Question: Is it an animal?", "Is it an animal?", "Question: Is it a dog?",
+                                        "hmm", "I think so")
+    vectors = {text: np.eye(5)[i].tolist() for i, text in enumerate((animal, dog, animal2, hmm, think))}
+
+    def turn(action: str, answer: str) -> dict:
+        return {"action": action, "observation": answer, "reward": -1.0, "embedding": vectors[action]}
+
+    def record(gid, target, turns, success):
+        return make_record(game_id=gid, game="twenty_questions_subset", target=target, turns=turns, success=success)
+
+    games = tmp_path / "games.jsonl"
+    write_trajectories(games, [
+        record("g1", "Dog", [turn(animal, "Yes."), turn(dog, "Yes.")], True),                         # R = 1, T = 2
+        record("g2", "Dog", [turn(animal2, "Yes."), turn(hmm, "Invalid Question."), turn(dog, "Yes.")], True),  # T = 3
+        record("g3", "Chair", [turn(think, "Invalid Question."), turn(animal2, "No.")], False),       # R = 0
+    ])
+    cfg = config("game=twenty_questions_subset", f"input={games}", f"run_dir={tmp_path / 'run'}", "clustering.k_max=5")
+    pipeline.step1_embed_and_cluster(cfg, lambda s: None)
+    saved = json.loads((tmp_path / "run" / "behaviour.json").read_text())
+    assert saved["pools"]["questions"]["labels"] == [0, 1, 0, 2, 2]  # texts in first-seen order: animal, dog, animal2, hmm, think
+    assert saved["summary"]["questions"] == {"texts": 5, "intentions": 3, "questions": 3, "answered_alike": 0}
+
+    report = pipeline.step2_select_k(cfg, lambda s: None)
+    behaviour = report["behaviour"]
+    assert report["ks"] == [2, 3, 4, 5] and behaviour["step_intentions"] == 3
+    # k = 5: clusters are the texts. Steps' actions: animal dog | animal2 hmm dog | think animal2;
+    # intentions {animal, animal2 x2}, {dog x2}, {hmm, think}. Contingency pairs: 1 (animal2) + 1 (dog)
+    # = 2; rows 3, 2, 2 give 3 + 1 + 1 = 5 pairs; columns 1, 2, 2, 1, 1 give 2; 21 pairs in all.
+    # ARI = (2 - 5 * 2 / 21) / ((5 + 2) / 2 - 5 * 2 / 21) = 32 / 63.5.
+    assert behaviour["ari"][3] == pytest.approx(32 / 63.5)
+    # R~ at k = 5 against R~ under the behavioural labels: they differ only at the first steps of g1
+    # and g2 (returns 0.95 and 0.9025, pooled to their mean 0.92625 by the behavioural labels).
+    assert behaviour["bias"][3] == pytest.approx(0.0, abs=1e-12)
+    assert behaviour["mean_abs_difference"][3] == pytest.approx(2 * 0.02375 / 7)
+    returns = np.array([0.95, 1.0, 0.9025, 0.95, 1.0, 0.0, 0.0])
+    pooled = returns.copy()
+    pooled[[0, 2]] = 0.92625
+    assert behaviour["variance"][3] == pytest.approx(returns.var())
+    assert behaviour["variance_behavioural"] == pytest.approx(pooled.var())
+    assert behaviour["sharing_behavioural"]["shared"] == pytest.approx(2 / 7)
+
+    # labels: behavioural -> steps 3 and 4 aggregate with the exact partition
+    exact = dict(cfg, labels="behavioural")
+    pipeline.step2_select_k(exact, lambda s: None)
+    pipeline.step3_apply_labels(exact, lambda s: None)
+    labelled = [json.loads(line) for line in (tmp_path / "run" / "labelled.jsonl").read_text().splitlines()]
+    rewards = [t["intention"]["reward"] for r in labelled for t in r["turns"]]
+    assert rewards == pytest.approx(pooled.tolist())
+    assert labelled[0]["intention"]["labels"] == "behavioural" and labelled[0]["intention"]["k"] == {"questions": 3}
+    pipeline.step4_build_training_set(exact, lambda s: None)
+    # step 4 refuses a labelled.jsonl made under the other labels
+    with pytest.raises(pipeline.StaleInput, match="another selection.json or under other labels"):
+        pipeline.step4_build_training_set(cfg, lambda s: None)
+    # the pre-flight has a row for the behavioural intentions: 2 of 7 steps share their key
+    rows = pipeline.preflight(cfg, [])["rows"]
+    assert rows[-1]["labels"] == "behavioural" and rows[-1]["k"] == {"questions": 3}
+    assert rows[-1]["shared"] == pytest.approx(2 / 7)
+    # aggregation.window = 0: a step's key is its action's intention alone. Animal: 0.95, 0.9025, 0
+    # (g3's second step); the dog: 1, 1; no question: 0.95 (g2), 0 (g3).
+    action_only = dict(exact, aggregation={**exact["aggregation"], "window": 0})
+    pipeline.step2_select_k(action_only, lambda s: None)
+    pipeline.step3_apply_labels(action_only, lambda s: None)
+    labelled = [json.loads(line) for line in (tmp_path / "run" / "labelled.jsonl").read_text().splitlines()]
+    animal_q, none_q = (0.95 + 0.9025) / 3, 0.95 / 2
+    assert [t["intention"]["reward"] for r in labelled for t in r["turns"]] == pytest.approx(
+        [animal_q, 1.0, animal_q, none_q, 1.0, none_q, animal_q])
+    with pytest.raises(ValueError, match="aggregation.window: expected null"):
+        pipeline.check_labels(dict(cfg, aggregation={**cfg["aggregation"], "window": -1}))
+
+
+def test_behavioural_labels_need_an_offline_oracle(tmp_path, negotiation_trajectories):
+    cfg = config("game=negotiation", f"input={negotiation_trajectories}", f"run_dir={tmp_path}", "labels=behavioural")
+    with pytest.raises(ValueError, match="no offline oracle"):
+        pipeline.step1_embed_and_cluster(cfg, lambda s: None)
+    with pytest.raises(ValueError, match="labels: 'exact' is not one of"):
+        pipeline.check_labels(dict(cfg, labels="exact"))

@@ -154,6 +154,45 @@ def prefix_nodes(table: StepTable, labels: np.ndarray) -> tuple[np.ndarray, np.n
     return node, parent
 
 
+def window_keys(table: StepTable, labels: np.ndarray, window: int) -> tuple[np.ndarray, np.ndarray]:
+    """Per step, ids of its windowed (history, action) key and of its windowed history.
+
+    Ours, not the paper's (whose keys hold the whole history, ``window=None`` in
+    :func:`aggregate`): the history is cut to the last ``window`` turns of the step's role, i.e. to
+    what was said from that role's ``window``-th previous step on, so steps that reach the same
+    intentions by different early turns can share a key. ``window=0`` keeps the action alone; a
+    window as long as the game is the paper's key. Returns ``(step_key, step_history)``, both
+    ``[n_steps]``; equal ids <=> equal role, (channel, label) window and action.
+    """
+    if window < 0:
+        raise ValueError(f"window must be >= 0 (or None for the whole history), got {window}")
+    labels = np.asarray(labels, dtype=np.int64)
+    channel = np.asarray(table.utterance_channel, dtype=np.int64)
+    if len(labels) != len(channel):
+        raise ValueError(f"{len(labels)} labels for {len(channel)} utterances")
+    symbols = (labels * (int(channel.max(initial=0)) + 1) + channel).tolist()
+    game = np.asarray(table.utterance_game, dtype=np.int64)
+    position = np.asarray(table.utterance_position, dtype=np.int64)
+    spoken: dict[int, list[int]] = {}  # game -> its utterances in speaking order
+    for u in np.lexsort((position, game)).tolist():
+        spoken.setdefault(int(game[u]), []).append(u)
+    earlier: dict[tuple[int, int], list[int]] = {}  # (game, role) -> positions of that role's steps so far
+    ids: dict[tuple, int] = {}
+    key = np.empty(table.num_steps, dtype=np.int64)
+    history = np.empty(table.num_steps, dtype=np.int64)
+    steps = np.asarray(table.step_utterance, dtype=np.int64)
+    for s in np.lexsort((position[steps], game[steps])).tolist():
+        u, role = int(steps[s]), int(table.step_role[s])
+        g, at = int(game[u]), int(position[u])
+        before = earlier.setdefault((g, role), [])
+        start = before[-window] if window and len(before) >= window else (0 if window else at)
+        seen = tuple(symbols[v] for v in spoken[g][start:at])
+        history[s] = ids.setdefault((role, seen), len(ids))
+        key[s] = ids.setdefault((role, seen, symbols[u]), len(ids))
+        before.append(at)
+    return key, history
+
+
 def group_mean(keys: np.ndarray, values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Per element: the mean of ``values`` over all elements with the same key, and that count."""
     _, inverse, counts = np.unique(keys, return_inverse=True, return_counts=True)
@@ -214,6 +253,7 @@ def aggregate(
     mode: str = "q",
     n_rollout: int = 1,
     include_first_action: bool = True,
+    window: int | None = None,
 ) -> Aggregation:
     """Aggregate step returns in intention space (docs/method.md §3).
 
@@ -226,6 +266,8 @@ def aggregate(
         include_first_action: keep steps with an empty history (a game's first utterance). The
             original drops them for single-agent games and for Alice; ``False`` reproduces that.
             They count towards every mean either way.
+        window: ``None`` (the paper): a step's key is its whole intention history and action; an
+            int m: only the last m turns of its role's history (:func:`window_keys`, ours).
 
     Means are taken per role: a node of Alice's steps never mixes with Bob's.
     """
@@ -233,9 +275,11 @@ def aggregate(
         raise ValueError(f"unknown aggregation mode {mode!r}; known: {sorted(AGGREGATION_MODES)}")
     if n_rollout < 1:
         raise ValueError(f"n_rollout must be >= 1, got {n_rollout}")
-    node, parent = prefix_nodes(table, labels)
-    step_node = node[table.step_utterance]
-    step_parent = parent[table.step_utterance]
+    if window is None:
+        node, parent = prefix_nodes(table, labels)
+        step_node, step_parent = node[table.step_utterance], parent[table.step_utterance]
+    else:
+        step_node, step_parent = window_keys(table, labels, window)
     role = np.asarray(table.step_role, dtype=np.int64)
     n_roles = int(role.max(initial=0)) + 1
     returns = np.asarray(table.step_return, dtype=np.float64)
@@ -249,7 +293,8 @@ def aggregate(
     return Aggregation(reward=reward, q=q, v=v, count=count, kept=kept)
 
 
-def key_sharing(table: StepTable, labels: np.ndarray, step_turn: np.ndarray, last_turn: int = 5) -> dict:
+def key_sharing(table: StepTable, labels: np.ndarray, step_turn: np.ndarray, last_turn: int = 5,
+                window: int | None = None) -> dict:
     """How much aggregation can do at one k, before any training: where a step is alone at its
     (history, action) node, R̃ is its own return and ARIA trains exactly as its ablation.
 
@@ -258,7 +303,7 @@ def key_sharing(table: StepTable, labels: np.ndarray, step_turn: np.ndarray, las
     together under ``"{last_turn}+"``), the mean |R̃ − R_t| over the steps, and Var(R̃)/Var(R)
     over every step (None when every return is equal).
     """
-    agg = aggregate(table, labels)
+    agg = aggregate(table, labels, window=window)
     shared = agg.count >= 2
     returns = np.asarray(table.step_return, dtype=np.float64)
     turn = np.minimum(np.asarray(step_turn, dtype=np.int64), last_turn)

@@ -180,6 +180,7 @@ def step1_embed_and_cluster(cfg: dict, echo: Printer = print) -> dict:
     run_dir = Path(cfg["run_dir"])
     clustering = cfg["clustering"]
     check_clustering(clustering)
+    check_labels(cfg)
     corpus, _, files = load_corpus(cfg)
     settings = {"version": PIPELINE_VERSION, "input": file_digest(files), "pools": {p: text_digest(t) for p, t in corpus.pools.items()},
                 "embedder": cfg["embedder"], "use_precomputed": cfg["embedding"]["use_precomputed"],
@@ -188,6 +189,7 @@ def step1_embed_and_cluster(cfg: dict, echo: Printer = print) -> dict:
     summary_path, labels_path = run_dir / "utterances.json", run_dir / "labels.npz"
     if summary_path.is_file() and labels_path.is_file() and read_json(summary_path).get("fingerprint") == fingerprint:
         echo(f"[step 1] up to date: {labels_path}")
+        behavioural_labels(cfg, corpus, echo)
         return read_json(summary_path)
 
     # Embed every distinct text once per pool; the model is loaded only if a text is not cached.
@@ -270,6 +272,7 @@ def step1_embed_and_cluster(cfg: dict, echo: Printer = print) -> dict:
         "ks": ks, "clustering": clustering,
     }
     atomic_write_json(summary_path, summary)
+    behavioural_labels(cfg, corpus, echo)
     if corpus.skipped:
         echo(f"[step 1] skipped {len(corpus.skipped)} game(s): " + ", ".join(
             f"{s['game_id']} ({s['reason']})" for s in corpus.skipped[:5]) + (" ..." if len(corpus.skipped) > 5 else ""))
@@ -289,6 +292,85 @@ def _check_matrix(corpus: Corpus, pool: str, x: np.ndarray) -> None:
         game = corpus.game_ids[int(corpus.table.utterance_game[u])]
         raise DataError(None, None, "embedding", f"game {game!r}, utterance {int(corpus.table.utterance_position[u])}: "
                         f"the embedding of {corpus.pools[pool][text][:60]!r} is zero or not finite")
+
+
+# ---- behavioural intentions: the exact partition of a question game (docs/method.md §4) ----
+#: ``behaviour``: auto computes them wherever the game has an offline oracle, required refuses a game
+#: without one, never skips them.
+BEHAVIOUR = ("auto", "required", "never")
+#: ``labels``: what steps 3-4 aggregate with: step 1's clusters at the chosen k (the paper), or the
+#: behavioural partition (the ceiling any clustering can reach; question games with an offline oracle).
+LABELS = ("clusters", "behavioural")
+#: Part of behaviour.json's fingerprint: bump it when what a signature holds changes.
+BEHAVIOUR_VERSION = 1
+
+
+def check_labels(cfg: dict) -> None:
+    """Reject a bad ``labels`` / ``behaviour`` setting in one line, before anything is read."""
+    if cfg["behaviour"] not in BEHAVIOUR:
+        raise ValueError(f"behaviour: {cfg['behaviour']!r} is not one of {BEHAVIOUR}")
+    if cfg["labels"] not in LABELS:
+        raise ValueError(f"labels: {cfg['labels']!r} is not one of {LABELS}")
+    window = cfg["aggregation"]["window"]
+    if window is not None and (isinstance(window, bool) or not isinstance(window, int) or window < 0):
+        raise ValueError(f"aggregation.window: expected null (the whole history) or an integer >= 0, got {window!r}")
+    if cfg["labels"] == "behavioural" and cfg["behaviour"] == "never":
+        raise ValueError("labels: behavioural needs the behavioural intentions; set behaviour: auto (not never)")
+
+
+def _has_offline_oracle(game_cfg: dict) -> bool:
+    return family_of(game_cfg).kind == "question" and bool(game_cfg.get("facts_file"))
+
+
+def behavioural_labels(cfg: dict, corpus: Corpus, echo: Printer = print) -> dict[str, np.ndarray] | None:
+    """One behavioural intention id per distinct text of every pool (:mod:`aria.intention.behaviour`),
+    or None where they are not computed (``behaviour: never``, or ``auto`` on a game without an
+    offline oracle). The pools of trained channels are partitioned by their answer signatures over
+    every target; other pools (Guess My City's free-form answers) by their exact text, since the
+    oracle's answer is a function of (question, target). Cached in ``run_dir/behaviour.json`` under a
+    fingerprint of the pools' texts and the game, so the oracle answers each text once."""
+    check_labels(cfg)
+    game_cfg = dict(cfg["game"])
+    wanted = cfg["behaviour"] == "required" or cfg["labels"] == "behavioural"
+    if cfg["behaviour"] == "never":
+        return None
+    if not _has_offline_oracle(game_cfg):
+        if wanted:
+            raise ValueError(f"game {game_cfg['name']}: no offline oracle (facts_file) to compute behavioural intentions "
+                             f"from; use labels: clusters and behaviour: auto")
+        return None
+    from aria.games.question.game import build_game
+    from aria.games.question.oracle import build_oracle
+    from aria.intention.behaviour import partition, signatures
+    from aria.resources import dataset_file
+
+    path = Path(cfg["run_dir"]) / "behaviour.json"
+    fingerprint = json_digest({"version": BEHAVIOUR_VERSION, "pools": {p: text_digest(t) for p, t in corpus.pools.items()},
+                               "game": game_cfg, "facts": file_digest([dataset_file(game_cfg["facts_file"])])})
+    if path.is_file() and (cached := read_json(path)).get("fingerprint") == fingerprint:
+        return {p: np.asarray(v["labels"], dtype=np.int64) for p, v in cached["pools"].items()}
+    spec = game_spec(cfg)
+    trained_pools = {spec.rule(c).pool for c in spec.trained}
+    game, oracle = build_game(game_cfg), build_oracle({"name": "knowledge_base"}, game_cfg)
+    start = time.perf_counter()
+    pools, found = {}, {}
+    for pool, texts in corpus.pools.items():
+        if pool in trained_pools:
+            signature = signatures(game, oracle, texts)
+            ids = partition(signature)
+            pools[pool] = {"kind": "answer signature over every target", "labels": [ids[t] for t in texts]}
+            asked = [t for t in texts if game.extract_question(t) is not None]
+            alike = [t for t in asked if len(set(signature[t].answers)) == 1 and not signature[t].wins]
+            found[pool] = {"texts": len(texts), "intentions": len(set(ids.values())), "questions": len(asked),
+                           "answered_alike": len(alike)}
+        else:
+            pools[pool] = {"kind": "exact text", "labels": list(range(len(texts)))}
+            found[pool] = {"texts": len(texts), "intentions": len(texts)}
+    atomic_write_json(path, {"fingerprint": fingerprint, "game": game_cfg["name"], "targets": len(game.targets),
+                             "summary": found, "pools": pools})
+    counts = ", ".join(f"{pool}: {f['intentions']} intentions in {f['texts']} texts" for pool, f in found.items())
+    echo(f"[behaviour] {counts} ({len(game.targets)} targets, {time.perf_counter() - start:.1f}s); wrote {path}")
+    return {p: np.asarray(v["labels"], dtype=np.int64) for p, v in pools.items()}
 
 
 # ---- step 2: aggregate for every k and choose k ------------------------------------------
@@ -314,7 +396,8 @@ def step2_select_k(cfg: dict, echo: Printer = print) -> dict:
     selection_cfg, agg_cfg = cfg["selection"], cfg["aggregation"]
     corpus, _, files = load_corpus(cfg)
     _check_inputs(summary, corpus, files)
-    fingerprint = json_digest({"step1": summary["fingerprint"], "selection": selection_cfg, "aggregation": agg_cfg})
+    fingerprint = json_digest({"step1": summary["fingerprint"], "selection": selection_cfg, "aggregation": agg_cfg,
+                               "behaviour": cfg["behaviour"], "labels": cfg["labels"]})
     out_path = run_dir / "selection.json"
     if out_path.is_file() and read_json(out_path).get("fingerprint") == fingerprint:
         echo(f"[step 2] up to date: {out_path}")
@@ -328,11 +411,13 @@ def step2_select_k(cfg: dict, echo: Printer = print) -> dict:
 
     start = time.perf_counter()
     rewards = np.empty((len(ks), corpus.table.num_steps))
+    q_at_k = np.empty((len(ks), corpus.table.num_steps))
     returns = corpus.table.step_return
     variance: dict[str, list[float]] = {"raw_kept": [], "aggregated_kept": [], "aggregated_all": [], "kept_fraction": []}
     for i in range(len(ks)):
         agg = aggregate(corpus.table, _labels_at(corpus, labels, {p: i for p in pools}), **_agg_args(agg_cfg))
         rewards[i] = agg.reward
+        q_at_k[i] = agg.q
         # Var(R) and Var(R~) on the same steps: those kept at this k (the n_rollout filter and the
         # first-action rule keep whole nodes, so R~ is still a conditional mean of R on them).
         variance["raw_kept"].append(float(returns[agg.kept].var()) if agg.kept.any() else float("nan"))
@@ -361,6 +446,8 @@ def step2_select_k(cfg: dict, echo: Printer = print) -> dict:
            else [float("nan")] * len(ks) for m in ("silhouette", "calinski_harabasz", "davies_bouldin")},
     }
     recovery = _intention_recovery(corpus, labels, ks)
+    behaviour = behavioural_labels(cfg, corpus, echo)
+    against = _against_behaviour(corpus, labels, ks, behaviour, q_at_k, agg_cfg) if behaviour is not None else None
     raw_var_all = float(returns.var())
     claim = variance_claim(ks, variance["raw_kept"], variance["aggregated_kept"])
     fixed = _fixed_k(selection_cfg, pools)
@@ -392,6 +479,7 @@ def step2_select_k(cfg: dict, echo: Printer = print) -> dict:
         },
         "per_pool": per_pool,
         **({"intention_recovery": recovery} if recovery else {}),
+        **({"behaviour": against} if against else {}),
         "notes": {
             "split_score": "mean |R~(k+1) - R~(k)| over the agent steps kept at both k (docs/method.md §4); the last k has none",
             "variance_raw": "population variance of the step returns R over the steps kept at each k",
@@ -401,6 +489,10 @@ def step2_select_k(cfg: dict, echo: Printer = print) -> dict:
             "intention_recovery": "adjusted Rand index and normalised mutual information between the labels of "
                                   "the agent steps whose turn records its true intention and those intentions, "
                                   "at every k (only when some turn records one)",
+            "behaviour": "the labels at every k against the game's behavioural intentions (behaviour.json: "
+                         "utterances alike when the offline oracle answers them alike for every target): ARI and NMI "
+                         "over the agent steps, and R~ at every k against R~ aggregated with the behavioural labels "
+                         "(bias: mean of R~(k) - R~(behavioural) over every step; mean_abs_difference; variance: Var(R~(k)))",
             "indices": "silhouette, Calinski-Harabasz and Davies-Bouldin count every occurrence of a text when "
                        "clustering.weight is occurrences (as the clustering does), each text once when distinct",
         },
@@ -435,22 +527,31 @@ def _selected(cfg: dict) -> tuple[Path, dict, dict, Corpus, list[dict]]:
 
 def preflight(cfg: dict, fixed_ks: list[int]) -> dict:
     """Intention-key sharing (:func:`~aria.intention.aggregate.key_sharing`) of a labelled run
-    (steps 1-2 done) at the chosen k and at each of ``fixed_ks`` that step 1 clustered: whether
-    aggregation can change anything on these games, said before any training."""
+    (steps 1-2 done) at the chosen k, at each of ``fixed_ks`` that step 1 clustered, and under the
+    behavioural intentions where the game has them: whether aggregation can change anything on
+    these games, said before any training. Keys as ``aggregation.window`` cuts them."""
     from aria.intention.aggregate import key_sharing
 
     run_dir, summary, selection, corpus, _ = _selected(cfg)
     labels = _load_npz(run_dir / "labels.npz")
     _check_stamp(labels, "labels.npz", summary)
     ks = [int(k) for k in labels["ks"]]
+    window = cfg["aggregation"]["window"]
+
+    def row(k: dict, utterance_labels: np.ndarray, **marks) -> dict:
+        return {"k": k, **marks, **key_sharing(corpus.table, utterance_labels, corpus.step_turn, window=window)}
+
     chosen = selection["chosen"]["k"]
-    rows = [{"k": chosen, "chosen": True, **key_sharing(corpus.table, _labels_at(corpus, labels, {p: ks.index(chosen[p]) for p in corpus.pools}),
-                                                         corpus.step_turn)}]
+    rows = [row(chosen, _labels_at(corpus, labels, {p: ks.index(chosen[p]) for p in corpus.pools}), chosen=True)]
     for k in fixed_ks:
         if k in ks:
-            rows.append({"k": {p: k for p in corpus.pools}, "chosen": False,
-                         **key_sharing(corpus.table, _labels_at(corpus, labels, {p: ks.index(k) for p in corpus.pools}), corpus.step_turn)})
-    return {"steps": int(corpus.table.num_steps), "games": len(corpus.game_ids), "rows": rows}
+            rows.append(row({p: k for p in corpus.pools}, _labels_at(corpus, labels, {p: ks.index(k) for p in corpus.pools}),
+                            chosen=False))
+    behaviour = behavioural_labels(cfg, corpus, lambda line: None)
+    if behaviour is not None:
+        rows.append(row({p: int(len(np.unique(v))) for p, v in behaviour.items()}, corpus.utterance_labels(behaviour),
+                        chosen=False, labels="behavioural"))
+    return {"steps": int(corpus.table.num_steps), "games": len(corpus.game_ids), "window": window, "rows": rows}
 
 
 def _intention_recovery(corpus, labels: dict[str, np.ndarray], ks: list[int]) -> dict | None:
@@ -470,6 +571,29 @@ def _intention_recovery(corpus, labels: dict[str, np.ndarray], ks: list[int]) ->
         scores.append(intention_recovery(truth, pool_of * (max(ks) + 1) + step_labels))
     return {"steps": len(known), "intentions": len(set(truth)),
             "ari": [s["ari"] for s in scores], "nmi": [s["nmi"] for s in scores]}
+
+
+def _against_behaviour(corpus: Corpus, labels: dict[str, np.ndarray], ks: list[int], behaviour: dict[str, np.ndarray],
+                       q_at_k: np.ndarray, agg_cfg: dict) -> dict:
+    """Step 1's labels at every k against the behavioural partition (the pipeline's ``behaviour``
+    section of selection.json). A label is (pool, id), as in :func:`_intention_recovery`."""
+    from aria.intention.aggregate import key_sharing
+    from aria.intention.select import intention_recovery
+
+    steps = corpus.table.step_utterance
+    pool_of = corpus.utterance_pool[steps]
+    exact = corpus.utterance_labels(behaviour)
+    truth = pool_of * (int(exact.max(initial=0)) + 1) + exact[steps]
+    scores = [intention_recovery(truth, pool_of * (max(ks) + 1) + _labels_at(corpus, labels, {p: i for p in corpus.pools})[steps])
+              for i in range(len(ks))]
+    q_exact = aggregate(corpus.table, exact, **_agg_args(agg_cfg)).q
+    difference = q_at_k - q_exact
+    return {"intentions": {p: int(len(np.unique(v))) for p, v in behaviour.items()},
+            "step_intentions": int(len(np.unique(truth))),
+            "ari": [s["ari"] for s in scores], "nmi": [s["nmi"] for s in scores],
+            "bias": difference.mean(axis=1).tolist(), "mean_abs_difference": np.abs(difference).mean(axis=1).tolist(),
+            "variance": q_at_k.var(axis=1).tolist(), "variance_behavioural": float(q_exact.var()),
+            "sharing_behavioural": key_sharing(corpus.table, exact, corpus.step_turn, window=agg_cfg["window"])}
 
 
 def variance_claim(ks: list[int], raw: list[float], aggregated: list[float], rtol: float = 1e-9) -> dict:
@@ -498,14 +622,16 @@ def _finite_json(obj: Any) -> Any:
 
 
 def _agg_args(agg_cfg: dict) -> dict:
-    return {"mode": agg_cfg["mode"], "n_rollout": agg_cfg["n_rollout"], "include_first_action": agg_cfg["include_first_action"]}
+    return {"mode": agg_cfg["mode"], "n_rollout": agg_cfg["n_rollout"], "include_first_action": agg_cfg["include_first_action"],
+            "window": agg_cfg["window"]}
 
 
 # ---- step 3: apply the chosen labels -------------------------------------------------------
 def step3_apply_labels(cfg: dict, echo: Printer = print) -> Path:
     run_dir, summary, selection, corpus, records = _selected(cfg)
     out_path = run_dir / "labelled.jsonl"
-    fingerprint = json_digest({"step2": selection["fingerprint"]})
+    check_labels(cfg)
+    fingerprint = _step3_fingerprint(selection, cfg)
     meta_path = run_dir / "labelled.meta.json"
     if _up_to_date(out_path, meta_path, fingerprint, "labelled_digest"):
         echo(f"[step 3] up to date: {out_path}")
@@ -514,7 +640,12 @@ def step3_apply_labels(cfg: dict, echo: Printer = print) -> Path:
     _check_stamp(labels, "labels.npz", summary)
     ks = [int(k) for k in labels["ks"]]
     chosen = selection["chosen"]["k"]
-    utt_labels = _labels_at(corpus, labels, {p: ks.index(chosen[p]) for p in corpus.pools})
+    if cfg["labels"] == "behavioural":  # the exact partition instead of the clusters: the ceiling arm
+        behaviour = behavioural_labels(cfg, corpus, echo)
+        utt_labels = corpus.utterance_labels(behaviour)
+        chosen = {p: int(len(np.unique(v))) for p, v in behaviour.items()}
+    else:
+        utt_labels = _labels_at(corpus, labels, {p: ks.index(chosen[p]) for p in corpus.pools})
     agg = aggregate(corpus.table, utt_labels, **_agg_args(cfg["aggregation"]))
 
     by_id = {r["game_id"]: r for r in records}
@@ -543,14 +674,21 @@ def step3_apply_labels(cfg: dict, echo: Printer = print) -> Path:
                     "kept": bool(agg.kept[s]),
                     "reward": float(agg.reward[s]) if agg.kept[s] else None,
                 })
-        record["intention"] = {"k": chosen, "mode": cfg["aggregation"]["mode"], "criterion": selection["chosen"]["criterion"]}
+        record["intention"] = {"k": chosen, "mode": cfg["aggregation"]["mode"], "labels": cfg["labels"],
+                               "criterion": selection["chosen"]["criterion"] if cfg["labels"] == "clusters" else "behavioural"}
         out_records.append(record)
     atomic_write_jsonl(out_path, out_records)
-    atomic_write_json(meta_path, {"fingerprint": fingerprint, "games": len(out_records), "k": chosen,
+    atomic_write_json(meta_path, {"fingerprint": fingerprint, "games": len(out_records), "k": chosen, "labels": cfg["labels"],
                                   "labelled_digest": file_digest([out_path])})
-    echo(f"[step 3] wrote {out_path} ({len(out_records)} games labelled at {chosen}, "
+    at = f"{chosen}" if cfg["labels"] == "clusters" else f"the behavioural intentions ({chosen})"
+    echo(f"[step 3] wrote {out_path} ({len(out_records)} games labelled at {at}, "
          f"{int(agg.kept.sum())}/{len(agg.kept)} steps kept)")
     return out_path
+
+
+def _step3_fingerprint(selection: dict, cfg: dict) -> str:
+    """What labelled.jsonl is made from: step 2's report and the labels chosen (step 4 checks it)."""
+    return json_digest({"step2": selection["fingerprint"], "labels": cfg["labels"]})
 
 
 def _turn_of(record: dict, corpus: Corpus, u: int) -> int:
@@ -564,8 +702,8 @@ def step4_build_training_set(cfg: dict, echo: Printer = print) -> Path:
     labelled = run_dir / "labelled.jsonl"
     made = _step_output(run_dir / "labelled.meta.json", 3)
     selection = _step_output(run_dir / "selection.json", 2)
-    if made.get("fingerprint") != json_digest({"step2": selection["fingerprint"]}):
-        raise StaleInput(3, "labelled.jsonl was made from another selection.json")
+    if made.get("fingerprint") != _step3_fingerprint(selection, cfg):
+        raise StaleInput(3, "labelled.jsonl was made from another selection.json or under other labels")
     if not labelled.is_file() or file_digest([labelled]) != made.get("labelled_digest"):
         raise StaleInput(3, "labelled.jsonl is missing or changed since step 3 wrote it")
     out_path = Path(cfg.get("train_out") or run_dir / "train.json")

@@ -30,7 +30,9 @@ def plot_selection(report: dict, path: str | Path) -> None:
         ("davies_bouldin", "Davies-Bouldin (lower = better)", None),
     ]
     recovery = report.get("intention_recovery")
-    fig, axes = plt.subplots(5 + bool(recovery), 1, figsize=(8, 13 + 2.6 * bool(recovery)), sharex=True)
+    behaviour = report.get("behaviour")
+    extra = bool(recovery) + bool(behaviour)
+    fig, axes = plt.subplots(5 + extra, 1, figsize=(8, 13 + 2.6 * extra), sharex=True)
     if recovery:  # the known intentions against the labels, where the player recorded them
         ax = axes[4]
         ax.plot(ks, _series(recovery["ari"]), marker=".", lw=1, label="adjusted Rand index")
@@ -38,6 +40,14 @@ def plot_selection(report: dict, path: str | Path) -> None:
         ax.set_title(f"labels against the {recovery['intentions']} recorded intentions of {recovery['steps']} steps "
                      "(1 = the same partition)", fontsize=9)
         ax.legend(loc="lower right", fontsize=8)
+    if behaviour:  # the exact partition of the game's offline oracle against the labels, and R~ against its R~
+        ax = axes[4 + bool(recovery)]
+        ax.plot(ks, _series(behaviour["ari"]), marker=".", lw=1, label="adjusted Rand index")
+        ax.plot(ks, _series(behaviour["nmi"]), marker=".", lw=1, label="normalised mutual information")
+        ax.plot(ks, _series(behaviour["mean_abs_difference"]), lw=1, ls="--", label="mean |R~(k) - R~(behavioural)|")
+        ax.set_title(f"labels against the {behaviour['step_intentions']} behavioural intentions of the steps "
+                     "(1 = the same partition)", fontsize=9)
+        ax.legend(loc="center right", fontsize=8)
     for ax, (name, title, line) in zip(axes, panels):
         ax.plot(ks, _series(curves[name]), marker=".", lw=1)
         if line is not None:
