@@ -231,8 +231,10 @@ def label(cfg: dict, trajectories: Path, out_dir: Path, seed: int, echo: Printer
     if steps >= 4:  # said before training: where keys are not shared, ARIA trains as its ablation
         found = pipeline.preflight(c, cfg["report"]["preflight_ks"])
         atomic_write_json(out_dir / "preflight.json", found)
-        echo("[experiment] pre-flight: steps that share their intention key with another step: " + "; ".join(
-            f"k = {'/'.join(map(str, set(r['k'].values())))}{' (chosen)' if r['chosen'] else ''} {100 * r['shared']:.0f}%"
+        window = "" if found["window"] is None else f" (keys of the last {found['window']} turns)"
+        echo(f"[experiment] pre-flight: steps that share their intention key with another step{window}: " + "; ".join(
+            f"{'behavioural intentions' if r.get('labels') == 'behavioural' else 'k'} = "
+            f"{'/'.join(map(str, set(r['k'].values())))}{' (chosen)' if r['chosen'] else ''} {100 * r['shared']:.0f}%"
             for r in found["rows"]))
     return out_dir / "train.json"
 

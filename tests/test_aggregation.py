@@ -349,3 +349,22 @@ def test_windowed_aggregation_equals_brute_force(seed, n_games, n_labels, window
         return
     np.testing.assert_allclose(aggregate(table, np.array(labels), window=window).q,
                                reference_window_q(games_labels, games_returns, window))
+
+
+def test_error_against_the_reference_partition_by_hand():
+    """GAMES' reference keys (test_q_mode_by_hand): K1 = the three a0 first steps (R̃ 0.5), K2 =
+    (a0,o0,a1) of g0 and g1 (0.5), K3 = g3's a2 (0), K4 = g3's (a2,o0,a1) (0)."""
+    from aria.intention.aggregate import error_against
+
+    table, labels = single_agent_table(GAMES)
+    # Merging: keys of the action alone (window 0) give q = [.5, 1/3, .5, 1/3, .5, 0, 1/3]: constant on
+    # each reference key, so no variance within; the mean on K2 is 1/3 against 0.5 and on K4 1/3 against 0:
+    # bias² = (2 (1/6)² + (1/3)²) / 7 = 1/42.
+    merged = error_against(table, aggregate(table, labels, window=0).q, labels)
+    assert merged["bias_squared"] == pytest.approx(1 / 42) and merged["variance_within"] == pytest.approx(0.0)
+    # Splitting: every step alone (q = its return). The means on each key are the reference's, so no
+    # bias; (q - m)² is 0.25 for g1t1, g2t1, g0t2, g1t2: variance within 1 / 7.
+    split = error_against(table, table.step_return, labels)
+    assert split["bias_squared"] == pytest.approx(0.0) and split["variance_within"] == pytest.approx(1 / 7)
+    for found in (merged, split):
+        assert found["mse"] == pytest.approx(found["bias_squared"] + found["variance_within"])

@@ -642,7 +642,10 @@ def test_behavioural_intentions_in_steps_2_and_3_by_hand(tmp_path):
     assert behaviour["ari"][3] == pytest.approx(32 / 63.5)
     # R~ at k = 5 against R~ under the behavioural labels: they differ only at the first steps of g1
     # and g2 (returns 0.95 and 0.9025, pooled to their mean 0.92625 by the behavioural labels).
-    assert behaviour["bias"][3] == pytest.approx(0.0, abs=1e-12)
+    # Both are in one behavioural key whose mean they keep: no bias, only variance within the key.
+    assert behaviour["bias_squared"][3] == pytest.approx(0.0, abs=1e-12)
+    assert behaviour["variance_within"][3] == pytest.approx(2 * 0.02375**2 / 7)
+    assert behaviour["mse"][3] == pytest.approx(2 * 0.02375**2 / 7)
     assert behaviour["mean_abs_difference"][3] == pytest.approx(2 * 0.02375 / 7)
     returns = np.array([0.95, 1.0, 0.9025, 0.95, 1.0, 0.0, 0.0])
     pooled = returns.copy()

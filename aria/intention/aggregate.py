@@ -193,6 +193,37 @@ def window_keys(table: StepTable, labels: np.ndarray, window: int) -> tuple[np.n
     return key, history
 
 
+def step_keys(table: StepTable, labels: np.ndarray, window: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """Per step, ids of its (history, action) key and of its history, role included: the groups
+    :func:`aggregate` averages over. ``window`` as in :func:`aggregate`."""
+    if window is None:
+        node, parent = prefix_nodes(table, labels)
+        step_node, step_parent = node[table.step_utterance], parent[table.step_utterance]
+    else:
+        step_node, step_parent = window_keys(table, labels, window)
+    role = np.asarray(table.step_role, dtype=np.int64)
+    n_roles = int(role.max(initial=0)) + 1
+    return step_node * n_roles + role, step_parent * n_roles + role
+
+
+def error_against(table: StepTable, q: np.ndarray, reference_labels: np.ndarray, window: int | None = None) -> dict:
+    """How far R̃ = ``q`` (from some labels) is from R̃ under ``reference_labels`` (the behavioural
+    intentions: the partition any clustering tries to recover), as a bias-variance decomposition
+    over the steps. Let m be the mean of ``q`` over the steps of one reference key. Then
+    ``mse`` = mean (q − R̃_ref)² = ``bias_squared`` + ``variance_within``, with ``bias_squared`` =
+    mean (m − R̃_ref)² (clusters that merge intentions pull a key towards other intentions'
+    returns) and ``variance_within`` = mean (q − m)² (clusters that split an intention scatter its
+    steps over smaller, noisier keys). The plain mean of q − R̃_ref is zero for any labels (both
+    are conditional means of the same returns), so it says nothing."""
+    key, _ = step_keys(table, reference_labels, window)
+    returns = np.asarray(table.step_return, dtype=np.float64)
+    reference, _ = group_mean(key, returns)
+    q = np.asarray(q, dtype=np.float64)
+    m, _ = group_mean(key, q)
+    bias_squared, variance_within = float(np.mean((m - reference) ** 2)), float(np.mean((q - m) ** 2))
+    return {"mse": float(np.mean((q - reference) ** 2)), "bias_squared": bias_squared, "variance_within": variance_within}
+
+
 def group_mean(keys: np.ndarray, values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Per element: the mean of ``values`` over all elements with the same key, and that count."""
     _, inverse, counts = np.unique(keys, return_inverse=True, return_counts=True)
@@ -275,16 +306,10 @@ def aggregate(
         raise ValueError(f"unknown aggregation mode {mode!r}; known: {sorted(AGGREGATION_MODES)}")
     if n_rollout < 1:
         raise ValueError(f"n_rollout must be >= 1, got {n_rollout}")
-    if window is None:
-        node, parent = prefix_nodes(table, labels)
-        step_node, step_parent = node[table.step_utterance], parent[table.step_utterance]
-    else:
-        step_node, step_parent = window_keys(table, labels, window)
-    role = np.asarray(table.step_role, dtype=np.int64)
-    n_roles = int(role.max(initial=0)) + 1
+    key, history = step_keys(table, labels, window)
     returns = np.asarray(table.step_return, dtype=np.float64)
-    q, count = group_mean(step_node * n_roles + role, returns)
-    v, _ = group_mean(step_parent * n_roles + role, returns)
+    q, count = group_mean(key, returns)
+    v, _ = group_mean(history, returns)
     kept = count >= n_rollout
     if not include_first_action:
         kept &= np.asarray(table.utterance_position)[table.step_utterance] > 0

@@ -491,8 +491,9 @@ def step2_select_k(cfg: dict, echo: Printer = print) -> dict:
                                   "at every k (only when some turn records one)",
             "behaviour": "the labels at every k against the game's behavioural intentions (behaviour.json: "
                          "utterances alike when the offline oracle answers them alike for every target): ARI and NMI "
-                         "over the agent steps, and R~ at every k against R~ aggregated with the behavioural labels "
-                         "(bias: mean of R~(k) - R~(behavioural) over every step; mean_abs_difference; variance: Var(R~(k)))",
+                         "over the agent steps, and R~ at every k against R~ aggregated with the behavioural labels: "
+                         "mse = bias_squared (clusters merging intentions) + variance_within (clusters splitting "
+                         "them), aria.intention.aggregate.error_against; variance: Var(R~(k)) over every step",
             "indices": "silhouette, Calinski-Harabasz and Davies-Bouldin count every occurrence of a text when "
                        "clustering.weight is occurrences (as the clustering does), each text once when distinct",
         },
@@ -577,7 +578,7 @@ def _against_behaviour(corpus: Corpus, labels: dict[str, np.ndarray], ks: list[i
                        q_at_k: np.ndarray, agg_cfg: dict) -> dict:
     """Step 1's labels at every k against the behavioural partition (the pipeline's ``behaviour``
     section of selection.json). A label is (pool, id), as in :func:`_intention_recovery`."""
-    from aria.intention.aggregate import key_sharing
+    from aria.intention.aggregate import error_against, key_sharing
     from aria.intention.select import intention_recovery
 
     steps = corpus.table.step_utterance
@@ -587,11 +588,12 @@ def _against_behaviour(corpus: Corpus, labels: dict[str, np.ndarray], ks: list[i
     scores = [intention_recovery(truth, pool_of * (max(ks) + 1) + _labels_at(corpus, labels, {p: i for p in corpus.pools})[steps])
               for i in range(len(ks))]
     q_exact = aggregate(corpus.table, exact, **_agg_args(agg_cfg)).q
-    difference = q_at_k - q_exact
+    errors = [error_against(corpus.table, q, exact, agg_cfg["window"]) for q in q_at_k]
     return {"intentions": {p: int(len(np.unique(v))) for p, v in behaviour.items()},
             "step_intentions": int(len(np.unique(truth))),
             "ari": [s["ari"] for s in scores], "nmi": [s["nmi"] for s in scores],
-            "bias": difference.mean(axis=1).tolist(), "mean_abs_difference": np.abs(difference).mean(axis=1).tolist(),
+            **{name: [e[name] for e in errors] for name in ("mse", "bias_squared", "variance_within")},
+            "mean_abs_difference": np.abs(q_at_k - q_exact).mean(axis=1).tolist(),
             "variance": q_at_k.var(axis=1).tolist(), "variance_behavioural": float(q_exact.var()),
             "sharing_behavioural": key_sharing(corpus.table, exact, corpus.step_turn, window=agg_cfg["window"])}
 

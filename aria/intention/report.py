@@ -44,10 +44,14 @@ def plot_selection(report: dict, path: str | Path) -> None:
         ax = axes[4 + bool(recovery)]
         ax.plot(ks, _series(behaviour["ari"]), marker=".", lw=1, label="adjusted Rand index")
         ax.plot(ks, _series(behaviour["nmi"]), marker=".", lw=1, label="normalised mutual information")
-        ax.plot(ks, _series(behaviour["mean_abs_difference"]), lw=1, ls="--", label="mean |R~(k) - R~(behavioural)|")
         ax.set_title(f"labels against the {behaviour['step_intentions']} behavioural intentions of the steps "
-                     "(1 = the same partition)", fontsize=9)
-        ax.legend(loc="center right", fontsize=8)
+                     "(1 = the same partition); R~ against theirs: bias^2 + variance within", fontsize=9)
+        ax.legend(loc="upper left", fontsize=8)
+        error = ax.twinx()
+        error.plot(ks, _series(behaviour["bias_squared"]), color="tab:red", ls="--", lw=1, label="bias^2 (merged intentions)")
+        error.plot(ks, _series(behaviour["variance_within"]), color="tab:purple", ls="--", lw=1,
+                   label="variance within (split intentions)")
+        error.legend(loc="upper right", fontsize=8)
     for ax, (name, title, line) in zip(axes, panels):
         ax.plot(ks, _series(curves[name]), marker=".", lw=1)
         if line is not None:
