@@ -166,7 +166,7 @@ def collect_results(cfg: dict) -> dict[str, Any]:
         recovery = {"chosen_k": s["chosen"]["k"], "ks": s["ks"], **(s.get("intention_recovery") or {})}
     two_player = lay.family.seats > 1
     opponent = cfg["eval"]["opponent"] if two_player else None
-    preflight = {}
+    preflight, behaviour = {}, {}
     for seed in cfg["seeds"]:
         for method in cfg["methods"]:
             for it in range(1, iterations_of(cfg, method) + 1):
@@ -175,11 +175,30 @@ def collect_results(cfg: dict) -> dict[str, Any]:
                 name = f"seed {seed}, iteration 1 (shared)" if shared else f"seed {seed}, {method}, iteration {it}"
                 if where.is_file() and name not in preflight:
                     preflight[name] = read_json(where)
+                    against = behaviour_at_chosen_k(where.parent / "selection.json")
+                    if against:
+                        behaviour[name] = against
     rule = {k: cfg["report"]["movement"][k] for k in ("min_token_kl", "min_weight_share")}
     return {"name": cfg["name"], "game": cfg["game"]["name"], "two_player": two_player, "opponent": opponent,
             "eval_games": n_eval, "eval_seed": cfg["eval"]["seed"], "movement_rule": rule, "preflight": preflight,
             "arms": arms, "pooled": pooled, "paired_tests": tests, "gradient_variance": variance,
-            "intention_recovery": recovery}
+            "intention_recovery": recovery, "behaviour": behaviour}
+
+
+def behaviour_at_chosen_k(selection_path: Path) -> dict | None:
+    """A collection's clusters against its behavioural intentions (step 2's ``behaviour``
+    section) at the chosen k, and the k whose R~ is closest to the behavioural R~."""
+    if not selection_path.is_file():
+        return None
+    s = read_json(selection_path)
+    b = s.get("behaviour")
+    if not b or "mse" not in b or len(set(s["chosen"]["k"].values())) != 1:
+        return None
+    ks, k = s["ks"], next(iter(s["chosen"]["k"].values()))
+    at, best = ks.index(k), min(range(len(ks)), key=lambda i: b["mse"][i])
+    pick = lambda i: {name: b[name][i] for name in ("ari", "nmi", "mse", "bias_squared", "variance_within")}  # noqa: E731
+    return {"intentions": b["step_intentions"], "steps": s["num_steps"], "chosen_k": k, "at_chosen_k": pick(at),
+            "closest_k": ks[best], "at_closest_k": pick(best)}
 
 
 def moved_from_parent(cfg: dict, lay, evaluations: dict, method: str, seed: int, iteration: int) -> dict[str, Any]:
@@ -297,6 +316,18 @@ def render_table(results: dict[str, Any]) -> str:
             snr = v.get(f"snr_{kind}")
             lines.append(f"| {kind} | {v[f'reward_variance_{kind}']:.4g} | {v[f'trace_cov_{kind}']:.4g} | "
                          f"{'–' if snr is None else f'{snr:.4g}'} |")
+    if results.get("behaviour"):
+        lines += ["", "**The clusters against the behavioural intentions** (utterances alike when the game's offline "
+                  "oracle answers them alike for every target; docs/method.md §4): ARI and NMI of the steps' labels "
+                  "against them, and how far R̃ is from R̃ under them, mean (R̃_k − R̃_b)² = bias² (clusters merging "
+                  "intentions) + variance within (clusters splitting them).", "",
+                  "| collection | behavioural intentions | k | ARI | NMI | bias² | variance within | sum |",
+                  "|---|---|---|---|---|---|---|---|"]
+        for name, b in results["behaviour"].items():
+            for label, k, found in (("chosen", b["chosen_k"], b["at_chosen_k"]), ("closest", b["closest_k"], b["at_closest_k"])):
+                lines.append(f"| {name} ({b['steps']} steps) | {b['intentions']} | {k} ({label}) | {found['ari']:.3f} | "
+                             f"{found['nmi']:.3f} | {found['bias_squared']:.4g} | {found['variance_within']:.4g} | "
+                             f"{found['mse']:.4g} |")
     rec = results.get("intention_recovery")
     if rec and rec.get("ari"):
         ks, chosen = rec["ks"], rec["chosen_k"]

@@ -191,6 +191,13 @@ def test_the_runner_resumes_at_every_stage_to_the_same_table(tmp_path, tiny_expe
     first = results["preflight"]["seed 0, iteration 1 (shared)"]
     assert [(r["chosen"], r.get("labels")) for r in first["rows"]] == [(True, None), (False, "behavioural")]
     assert all(0 <= r["shared"] <= 1 for r in first["rows"]) and "| behavioural intentions (" in table
+    # the clusters against the behavioural intentions, at the chosen k and at the k closest to them
+    against = results["behaviour"]["seed 0, iteration 1 (shared)"]
+    assert against["chosen_k"] == first["rows"][0]["k"]["questions"] and against["intentions"] > 0
+    for found in (against["at_chosen_k"], against["at_closest_k"]):
+        assert found["mse"] == pytest.approx(found["bias_squared"] + found["variance_within"])
+    assert against["at_closest_k"]["mse"] <= against["at_chosen_k"]["mse"]
+    assert "**The clusters against the behavioural intentions**" in table
     assert set(first["rows"][0]["shared_by_turn"]) <= {"0", "1", "2", "3", "4", "5+"} and first["steps"] > 0
     assert "**Pre-flight: can aggregation change anything?**" in table
     assert any(line.startswith("[experiment] pre-flight: steps that share their intention key") for line in lines)

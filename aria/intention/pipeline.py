@@ -48,6 +48,9 @@ log = logging.getLogger(__name__)
 Printer = Callable[[str], None]
 #: Part of every fingerprint: bump it when what a step computes changes, so old outputs are redone.
 PIPELINE_VERSION = 3
+#: Part of step 2's fingerprint: bump it when what selection.json reports changes (its choice of k
+#: does not depend on it, so the labels and the training set stay byte-identical).
+SELECTION_VERSION = 2
 #: What step 4 writes: 2 = every agent step with the fields of aria.trainers.methods (1: kept steps only).
 TRAIN_FORMAT = 2
 
@@ -397,7 +400,7 @@ def step2_select_k(cfg: dict, echo: Printer = print) -> dict:
     corpus, _, files = load_corpus(cfg)
     _check_inputs(summary, corpus, files)
     fingerprint = json_digest({"step1": summary["fingerprint"], "selection": selection_cfg, "aggregation": agg_cfg,
-                               "behaviour": cfg["behaviour"], "labels": cfg["labels"]})
+                               "behaviour": cfg["behaviour"], "labels": cfg["labels"], "report": SELECTION_VERSION})
     out_path = run_dir / "selection.json"
     if out_path.is_file() and read_json(out_path).get("fingerprint") == fingerprint:
         echo(f"[step 2] up to date: {out_path}")
