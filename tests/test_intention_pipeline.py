@@ -604,12 +604,9 @@ def test_a_turn_intention_must_be_a_string(tmp_path):
 
 
 # ---- behavioural intentions (aria/intention/behaviour.py) in the pipeline -------------------------
-def test_behavioural_intentions_in_steps_2_and_3_by_hand(tmp_path):
-    """Five texts, three behavioural intentions under the game's knowledge base: "Is it an animal?"
-    with and without the "Question:" prefix (one question), the guess of the dog, and two outputs
-    with no question. Each text has its own one-hot embedding, so at k = 5 the clusters are the
-    texts. Figures by hand: returns gamma^(T-t) with gamma 0.95; R~ under the behavioural labels
-    pools the first steps of g1 and g2 (one intention, two texts)."""
+def _behaviour_run(tmp_path) -> dict:
+    """The config of a run over three games of twenty_questions_subset whose five texts make three
+    behavioural intentions (see the test below)."""
     animal, animal2, dog, hmm, think = ("Question: Is it an animal?", "Is it an animal?", "Question: Is it a dog?",
                                         "hmm", "I think so")
     vectors = {text: np.eye(5)[i].tolist() for i, text in enumerate((animal, dog, animal2, hmm, think))}
@@ -627,6 +624,16 @@ def test_behavioural_intentions_in_steps_2_and_3_by_hand(tmp_path):
         record("g3", "Chair", [turn(think, "Invalid Question."), turn(animal2, "No.")], False),       # R = 0
     ])
     cfg = config("game=twenty_questions_subset", f"input={games}", f"run_dir={tmp_path / 'run'}", "clustering.k_max=5")
+    return cfg
+
+
+def test_behavioural_intentions_in_steps_2_and_3_by_hand(tmp_path):
+    """Five texts, three behavioural intentions under the game's knowledge base: "Is it an animal?"
+    with and without the "Question:" prefix (one question), the guess of the dog, and two outputs
+    with no question. Each text has its own one-hot embedding, so at k = 5 the clusters are the
+    texts. Figures by hand: returns gamma^(T-t) with gamma 0.95; R~ under the behavioural labels
+    pools the first steps of g1 and g2 (one intention, two texts)."""
+    cfg = _behaviour_run(tmp_path)
     pipeline.step1_embed_and_cluster(cfg, lambda s: None)
     saved = json.loads((tmp_path / "run" / "behaviour.json").read_text())
     assert saved["pools"]["questions"]["labels"] == [0, 1, 0, 2, 2]  # texts in first-seen order: animal, dog, animal2, hmm, think
@@ -689,3 +696,29 @@ def test_behavioural_labels_need_an_offline_oracle(tmp_path, negotiation_traject
         pipeline.step1_embed_and_cluster(cfg, lambda s: None)
     with pytest.raises(ValueError, match="labels: 'exact' is not one of"):
         pipeline.check_labels(dict(cfg, labels="exact"))
+
+
+def test_grouping_schemes_side_by_side(tmp_path):
+    """aria/intention/grouping.py on the hand-made run above. Under the behavioural intentions with
+    whole-history keys the first steps of g1 and g2 share (2 of 7); with the action alone (window 0)
+    every step shares (animal x3, the dog x2, no question x2). GiGPO's anchor states: the first
+    steps of g1 and g2 (target Dog, the same opening prompt) share, g3's (Chair) does not: 2 of 7."""
+    from aria.intention.grouping import compare, markdown, run_config
+
+    cfg = _behaviour_run(tmp_path)
+    run_all(cfg)
+    found = compare(run_config(tmp_path / "run"), window=0, threshold=0.9)
+    rows = found["schemes"]
+    assert list(rows) == ["aria", "aria_window0", "aria_behavioural", "aria_behavioural_window0", "gigpo", "gigpo_similar"]
+    assert rows["aria_behavioural"]["shared"] == pytest.approx(2 / 7)
+    assert rows["aria_behavioural"]["bias_squared"] == pytest.approx(0.0, abs=1e-15)  # the reference itself
+    assert rows["aria_behavioural_window0"]["shared"] == pytest.approx(1.0)
+    assert rows["gigpo"]["shared"] == pytest.approx(2 / 7) and rows["gigpo"]["shared_by_turn"]["0"] == pytest.approx(2 / 3)
+    assert "bias_squared" not in rows["gigpo"]  # state groups: a baseline, not an R~
+    for name in ("aria", "aria_window0", "aria_behavioural_window0"):
+        r = rows[name]
+        assert r["mse"] == pytest.approx(r["bias_squared"] + r["variance_within"])
+    assert "| aria_behavioural_window0 | history+action | 100.0% |" in markdown(found)
+    done = _script("scripts/grouping_schemes.py", str(tmp_path / "run"), "--window", "0", "--out", str(tmp_path / "g.json"))
+    assert done.returncode == 0, done.stderr
+    assert json.loads((tmp_path / "g.json").read_text())["schemes"]["gigpo"]["shared"] == pytest.approx(2 / 7)

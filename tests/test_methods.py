@@ -42,8 +42,8 @@ def close(got, expected):
 
 
 def test_registry_names_and_rejects():
-    assert sorted(METHODS) == ["archer", "aria", "aria_adv", "bc", "filtered_bc", "gigpo", "no_aggregation", "starpo",
-                              "traj_dpo"]
+    assert sorted(METHODS) == ["archer", "aria", "aria_adv", "bc", "filtered_bc", "gigpo", "gigpo_similar", "no_aggregation",
+                              "starpo", "traj_dpo"]
     assert {name: METHODS[name].kind for name in METHODS if METHODS[name].kind != "weights"} == {"traj_dpo": "pairs"}
     with pytest.raises(KeyError, match="unknown method 'ppo'"):
         get_method("ppo")
@@ -114,6 +114,29 @@ def test_gigpo_step_groups_stay_within_a_target():
     episode group): each step is alone at both levels -> its raw score, + 0."""
     same_text = [step("P", 0, "h0", 1.0, 0.5, "cat", True), step("Q", 0, "h0", 0.0, 0.0, "dog", False)]
     close(method_weights("gigpo", same_text), [1.0, 0.0])
+
+
+def test_gigpo_similarity_groups_by_hand():
+    """verl-agent's greedy grouping after the shared prefix "P|": "abcdefghiX" against the first
+    text "abcdefghij" has 9 matching characters of 20, ratio 2 * 9 / 20 = 0.9, so it joins at 0.9
+    and not at 0.95; "zzzzzzzzzz" matches nothing."""
+    from aria.trainers.methods import similarity_groups
+
+    texts = ["P|abcdefghij", "P|abcdefghiX", "P|zzzzzzzzzz"]
+    assert similarity_groups(texts, 0.9).tolist() == [0, 0, 1]
+    assert similarity_groups(texts, 0.95).tolist() == [0, 1, 2]
+    # a long shared prompt does not make different histories similar: it is cut first
+    prompt = "The rules of the game. " * 40
+    assert similarity_groups([prompt + "Q: alive? A: yes", prompt + "Q: metal? A: no"], 0.9).tolist() == [0, 1]
+    with pytest.raises(ValueError, match=r"must be in \(0, 1\)"):
+        similarity_groups(texts, 1.0)
+    # The weights: one target, R = (1, 0, 1) on one step each. Episode level: mean 2/3, unbiased std
+    # √(1/3): wins (1/3)/√(1/3) = 1/√3, the loss −2/√3. Step level at 0.9: the first two share an anchor,
+    # returns (1, 0) -> ±√.5; the third is alone -> 0. Exact anchors (gigpo) leave all three alone.
+    steps = [step(g, 0, t, r, r, "cat", bool(r)) for g, t, r in zip("XYZ", texts, (1.0, 0.0, 1.0))]
+    win, loss = 1 / math.sqrt(3), -2 / math.sqrt(3)
+    close(method_weights("gigpo_similar", steps), [win + SQRT_HALF, loss - SQRT_HALF, win])
+    close(method_weights("gigpo", steps), [win, loss, win])
 
 
 def test_traj_dpo_pairs():

@@ -230,6 +230,11 @@ def test_gradient_variance_tool_by_hand(tmp_path, tiny_model_dir):
     assert both["trace_cov_method_bc"] == pytest.approx(trace_cov(1.0, 1.0), rel=1e-4)
     assert both["trace_cov_method_no_aggregation"] == both["trace_cov_raw_step_return"]
     assert both["ratio_method_bc_over_raw"] == pytest.approx(trace_cov(1.0, 1.0) / trace_cov(1.0, 0.0), rel=1e-4)
+    # further weightings from the same gradients, one value per sample of the file (NaN trains nothing)
+    extra = gradient_variance(cfg, max_samples=2, weightings={"half": [0.25, float("nan")]})
+    assert extra["trace_cov_weighting_half"] == pytest.approx(trace_cov(0.25, 0.0), rel=1e-4)
+    with pytest.raises(ValueError, match="weighting 'short': 1 values for 2 samples"):
+        gradient_variance(cfg, max_samples=2, weightings={"short": [1.0]})
 
 
 def test_each_sample_is_weighted_by_its_own_reward(tmp_path, tiny_model_dir):

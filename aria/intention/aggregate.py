@@ -328,12 +328,22 @@ def key_sharing(table: StepTable, labels: np.ndarray, step_turn: np.ndarray, las
     together under ``"{last_turn}+"``), the mean |R̃ − R_t| over the steps, and Var(R̃)/Var(R)
     over every step (None when every return is equal).
     """
-    agg = aggregate(table, labels, window=window)
-    shared = agg.count >= 2
-    returns = np.asarray(table.step_return, dtype=np.float64)
+    key, _ = step_keys(table, labels, window)
+    return group_sharing(key, table.step_return, step_turn, last_turn)
+
+
+def group_sharing(groups: np.ndarray, returns: np.ndarray, step_turn: np.ndarray, last_turn: int = 5) -> dict:
+    """:func:`key_sharing` for any grouping of the steps (one group id per step): the share of
+    steps in a group of two or more, by turn, the mean group size a step sees, and the group mean
+    of the returns against the returns (mean |difference|, variance ratio)."""
+    groups = np.asarray(groups)
+    returns = np.asarray(returns, dtype=np.float64)
+    mean, count = group_mean(groups, returns)
+    shared = count >= 2
     turn = np.minimum(np.asarray(step_turn, dtype=np.int64), last_turn)
     by_turn = {(f"{t}+" if t == last_turn else str(t)): float(shared[turn == t].mean()) for t in np.unique(turn).tolist()}
     raw_var = float(returns.var())
     return {"shared": float(shared.mean()) if len(shared) else None, "shared_by_turn": by_turn,
-            "mean_abs_change": float(np.abs(agg.q - returns).mean()) if len(returns) else None,
-            "variance_ratio": float(agg.q.var()) / raw_var if raw_var > 0 else None}
+            "mean_group_size": float(count.mean()) if len(count) else None,
+            "mean_abs_change": float(np.abs(mean - returns).mean()) if len(returns) else None,
+            "variance_ratio": float(mean.var()) / raw_var if raw_var > 0 else None}

@@ -35,7 +35,11 @@ from aria.policy import action_logprobs, collate, encode_sample, load_policy
 from aria.trainers.methods import method_weights
 
 
-def gradient_variance(cfg: dict, max_samples: int = 256, seed: int = 0, methods: list[str] | None = None) -> dict:
+def gradient_variance(cfg: dict, max_samples: int = 256, seed: int = 0, methods: list[str] | None = None,
+                      weightings: dict[str, list[float]] | None = None) -> dict:
+    """See the module doc. ``weightings``: further weights to compare from the same gradients, one
+    per sample of the file in its order (e.g. R̃ under other groupings, scripts/grouping_schemes.py),
+    reported as ``<measure>_weighting_<name>``."""
     m, d = cfg["model"], cfg["data"]
     samples = read_training_set(d["train_file"])
     missing = [i for i, s in enumerate(samples) if "step_return" not in s]
@@ -50,6 +54,11 @@ def gradient_variance(cfg: dict, max_samples: int = 256, seed: int = 0, methods:
             raise DataError(d["train_file"], None, None, error.args[0]) from None
         for s, w in zip(samples, weights):
             s[f"weight_{method}"] = float(w)
+    for name, values in (weightings or {}).items():
+        if len(values) != len(samples):
+            raise ValueError(f"weighting {name!r}: {len(values)} values for {len(samples)} samples")
+        for s, w in zip(samples, values):
+            s[f"weighting_{name}"] = float(np.nan_to_num(w, nan=0.0))
     kept = [i for i, s in enumerate(samples) if s["reward"] is not None]
     if not kept:
         raise DataError(d["train_file"], None, None, "no sample has an aggregated reward (none was kept)")
@@ -60,7 +69,8 @@ def gradient_variance(cfg: dict, max_samples: int = 256, seed: int = 0, methods:
     params = [p for p in model.parameters() if p.requires_grad]
     n_params = sum(p.numel() for p in params)
     kinds = {"raw_step_return": "step_return", "aggregated_reward": "reward",
-             **{f"method_{method}": f"weight_{method}" for method in methods}}
+             **{f"method_{method}": f"weight_{method}" for method in methods},
+             **{f"weighting_{name}": f"weighting_{name}" for name in weightings or {}}}
     sums = {k: torch.zeros(n_params, dtype=torch.float64) for k in kinds}
     squares = {k: 0.0 for k in kinds}
     start = time.perf_counter()

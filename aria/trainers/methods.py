@@ -201,12 +201,71 @@ def gigpo(steps: Sequence[dict], omega: float = 1.0) -> np.ndarray:
     rendered history, as the issue asks (HGPO groups the same way). The step return is the
     run's R_t (one terminal reward R, discounted), so GiGPO sees exactly ARIA's rewards.
     """
-    episode_group = _group_ids([(s["target"], s.get("role", "")) for s in steps])
+    return _gigpo(steps, omega, similarity=None)
+
+
+#: verl-agent's similarity threshold in its example scripts (its function's default is 0.95).
+GIGPO_SIMILARITY = 0.9
+
+
+@register_method("gigpo_similar", needs=("final_reward", "step_return", "target", "observation"),
+                 source="GiGPO with similarity-based anchor groups (verl-agent gigpo/core_gigpo.py build_step_group, "
+                        "enable_similarity, similarity_thresh 0.9 as its example scripts)")
+def gigpo_similar(steps: Sequence[dict], omega: float = 1.0, threshold: float = GIGPO_SIMILARITY) -> np.ndarray:
+    """:func:`gigpo` whose anchor groups join states whose texts are similar rather than equal
+    (:func:`similarity_groups`). Departure: the texts compared are the histories after the
+    prompt they all open with (the game's rules), which would otherwise make every history of a
+    game similar; verl-agent compares its environments' observations, which carry no such prompt."""
+    return _gigpo(steps, omega, similarity=threshold)
+
+
+def _gigpo(steps: Sequence[dict], omega: float, similarity: float | None) -> np.ndarray:
+    episode_group, anchor = gigpo_groups(steps, similarity)
     score = np.array([float(s["final_reward"]) for s in steps])
     episode = _normalized(score, episode_group, single="raw")
-    anchor = _group_ids([(int(g), s["observation"]) for g, s in zip(episode_group, steps)])
     step = _normalized(np.array([float(s["step_return"]) for s in steps]), anchor, single="zero")
     return episode + omega * step
+
+
+def gigpo_groups(steps: Sequence[dict], similarity: float | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """GiGPO's two groupings of ``steps``: the episode group of each (its target and role) and its
+    anchor-state group inside it, of equal histories (``similarity=None``) or of similar ones
+    (:func:`similarity_groups` at that threshold)."""
+    episode_group = _group_ids([(s["target"], s.get("role", "")) for s in steps])
+    if similarity is None:
+        return episode_group, _group_ids([(int(g), s["observation"]) for g, s in zip(episode_group, steps)])
+    anchor = np.empty(len(steps), dtype=np.int64)
+    for g in np.unique(episode_group):
+        members = np.flatnonzero(episode_group == g)
+        anchor[members] = similarity_groups([steps[i]["observation"] for i in members], similarity) + len(steps) * int(g)
+    return episode_group, anchor
+
+
+def similarity_groups(texts: Sequence[str], threshold: float) -> np.ndarray:
+    """verl-agent's similarity grouping of one episode group's states: in order, each text joins
+    the first group whose first text it matches with ``difflib.SequenceMatcher`` ratio >=
+    ``threshold``, else starts a group. The texts are compared after the prefix they all share
+    (see :func:`gigpo_similar`). ``quick_ratio`` bounds the ratio from above, so it only skips
+    comparisons that cannot match."""
+    from difflib import SequenceMatcher
+    from os.path import commonprefix
+
+    if not 0.0 < threshold < 1.0:
+        raise ValueError(f"similarity threshold must be in (0, 1) (verl-agent's rule), got {threshold}")
+    cut = len(commonprefix(list(texts))) if len(texts) > 1 else 0
+    firsts: list[str] = []
+    out = np.empty(len(texts), dtype=np.int64)
+    for i, text in enumerate(texts):
+        text = text[cut:]
+        for g, first in enumerate(firsts):
+            matcher = SequenceMatcher(None, text, first)
+            if matcher.quick_ratio() >= threshold and matcher.ratio() >= threshold:
+                out[i] = g
+                break
+        else:
+            out[i] = len(firsts)
+            firsts.append(text)
+    return out
 
 
 @register_method("archer", needs=("advantage",), made_by="scripts/train_critic.py on this training set",

@@ -1,0 +1,116 @@
+"""Grouping schemes side by side on one labelled collection: which steps each scheme lets share a
+reward estimate, and at what cost.
+
+Every scheme groups the same agent steps of a collection whose pipeline steps 1-4 ran:
+
+=========================  =====================================================================
+``aria``                   (history, action) keys over the whole history, step 1's clusters at the
+                           chosen k: the paper's ARIA.
+``aria_window{m}``         the same clusters, keys of the last m turns (``aggregation.window``; ours).
+``aria_behavioural``       whole-history keys over the behavioural intentions (behaviour.json): the
+                           ceiling any clustering can reach.
+``aria_behavioural_window{m}``  both.
+``gigpo``                  GiGPO's anchor states: equal histories among the games of one target
+                           (Feng et al. 2025, verl-agent ``build_step_group``).
+``gigpo_similar``          GiGPO's similarity mode: histories whose ``difflib`` ratio reaches the
+                           threshold (verl-agent ``enable_similarity``, 0.9 in its scripts).
+=========================  =====================================================================
+
+For each: the share of steps in a group of two or more, by turn (a step alone gets its own
+return, so the scheme changes nothing for it), the mean group size, and the group mean of the
+returns against the returns (mean |change|, Var ratio). For the (history, action) schemes also
+how far their R̃ is from R̃ under the behavioural intentions with whole-history keys, as bias² +
+variance within (:func:`aria.intention.aggregate.error_against`). GiGPO's groups are states, not
+(state, action) pairs: their mean is a baseline V(s), not an estimate of R̃, so it gets no such
+figure. The gradient signal-to-noise ratio of each weighting needs the policy's per-sample
+gradients: :func:`compare` leaves it to :func:`aria.trainers.grad_variance.gradient_variance`
+(``weightings``), which ``scripts/grouping_schemes.py --model`` calls.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from aria.intention import pipeline
+from aria.intention.aggregate import error_against, group_mean, group_sharing, step_keys
+
+
+def run_config(run_dir: str | Path) -> dict:
+    """The pipeline config a labelled run was made under, rebuilt from its own outputs (the game,
+    the input files and the aggregation settings step 2 recorded)."""
+    from aria.resources import compose_config
+
+    run_dir = Path(run_dir)
+    summary = pipeline._step_output(run_dir / "utterances.json", 1)
+    selection = pipeline._step_output(run_dir / "selection.json", 2)
+    inputs = summary["inputs"]
+    agg = selection["settings"]["aggregation"]
+    return compose_config("intention", [
+        f"game={summary['game']}", f"input={inputs[0] if len(inputs) == 1 else '[' + ','.join(inputs) + ']'}",
+        f"run_dir={run_dir}", *[f"aggregation.{k}={'null' if v is None else str(v).lower() if isinstance(v, bool) else v}"
+                                for k, v in agg.items() if k != "window"]])
+
+
+def compare(cfg: dict, window: int = 2, threshold: float = 0.9) -> dict:
+    """The grouping schemes of the module doc on the run of ``cfg`` (steps 1-4 done)."""
+    from aria.data import read_training_set
+    from aria.trainers.methods import gigpo_groups
+
+    run_dir, summary, selection, corpus, _ = pipeline._selected(cfg)
+    labels = pipeline._load_npz(run_dir / "labels.npz")
+    pipeline._check_stamp(labels, "labels.npz", summary)
+    ks = [int(k) for k in labels["ks"]]
+    chosen = selection["chosen"]["k"]
+    clusters = pipeline._labels_at(corpus, labels, {p: ks.index(chosen[p]) for p in corpus.pools})
+    behaviour = pipeline.behavioural_labels(cfg, corpus, lambda line: None)
+    exact = corpus.utterance_labels(behaviour) if behaviour is not None else None
+    table, returns = corpus.table, corpus.table.step_return
+
+    schemes: dict[str, tuple[np.ndarray, str]] = {
+        "aria": (step_keys(table, clusters)[0], "history+action"),
+        f"aria_window{window}": (step_keys(table, clusters, window)[0], "history+action")}
+    if exact is not None:
+        schemes["aria_behavioural"] = (step_keys(table, exact)[0], "history+action")
+        schemes[f"aria_behavioural_window{window}"] = (step_keys(table, exact, window)[0], "history+action")
+
+    # GiGPO groups the training set's samples (their rendered histories): line them up with the steps.
+    samples = read_training_set(run_dir / "train.json")
+    position = {(s["game_id"], int(s["turn"])): i for i, s in enumerate(samples)}
+    order = [position[(corpus.game_ids[g], int(t))] for g, t in zip(corpus.step_game.tolist(), corpus.step_turn.tolist())]
+    in_order = [samples[i] for i in order]
+    schemes["gigpo"] = (gigpo_groups(in_order)[1], "state")
+    schemes["gigpo_similar"] = (gigpo_groups(in_order, threshold)[1], "state")
+
+    rows = {}
+    for name, (groups, kind) in schemes.items():
+        row = {"groups": kind, **group_sharing(groups, returns, corpus.step_turn)}
+        if kind == "history+action" and exact is not None:
+            row.update(error_against(table, group_mean(groups, returns)[0], exact))
+        rows[name] = row
+    reward_of = {name: group_mean(groups, returns)[0] for name, (groups, kind) in schemes.items() if kind == "history+action"}
+    sample_rewards = {name: [float("nan")] * len(samples) for name in reward_of}
+    for step, i in enumerate(order):
+        for name, q in reward_of.items():
+            sample_rewards[name][i] = float(q[step])
+    return {"run_dir": str(run_dir), "game": summary["game"], "steps": int(table.num_steps), "games": len(corpus.game_ids),
+            "chosen_k": chosen, "behavioural_intentions": None if behaviour is None else
+            {p: int(len(np.unique(v))) for p, v in behaviour.items()}, "window": window, "similarity_threshold": threshold,
+            "schemes": rows, "sample_rewards": sample_rewards}
+
+
+def markdown(found: dict) -> str:
+    """The comparison as a table (one row per scheme)."""
+    lines = [f"Grouping schemes on {found['games']} games, {found['steps']} steps of {found['game']} "
+             f"(clusters at k = {found['chosen_k']}; behavioural intentions {found['behavioural_intentions']}):", "",
+             "| scheme | groups | steps sharing | by turn | mean group size | Var(group mean)/Var(R) | bias² | variance within | SNR |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    def fmt(v, spec):  # a sum of squares that cancels exactly prints as 0, not as 5e-34
+        return "–" if v is None else "0" if abs(v) < 1e-15 else format(v, spec)
+
+    for name, r in found["schemes"].items():
+        turns = ", ".join(f"{t}: {100 * v:.0f}%" for t, v in r["shared_by_turn"].items())
+        lines.append(f"| {name} | {r['groups']} | {100 * r['shared']:.1f}% | {turns} | {r['mean_group_size']:.2f} | "
+                     f"{fmt(r['variance_ratio'], '.3f')} | {fmt(r.get('bias_squared'), '.4g')} | "
+                     f"{fmt(r.get('variance_within'), '.4g')} | {fmt(r.get('snr'), '.4g')} |")
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,55 @@
+#!/usr/bin/env python3
+"""Grouping schemes side by side on one labelled collection (aria/intention/grouping.py): ARIA's
+whole-history keys, windowed keys, the behavioural intentions, GiGPO's exact and similar anchor
+states; the share of steps that share a group, by turn, the variance ratio, the error against the
+behavioural ceiling, and with --model the gradient signal-to-noise ratio of each weighting.
+
+    python scripts/grouping_schemes.py RUN_DIR [--window 2] [--threshold 0.9] [--model MODEL --samples 256] [--out FILE]
+
+RUN_DIR is a pipeline run folder whose steps 1-4 ran (an experiment's ``.../intention``). Writes
+the JSON to --out (default RUN_DIR/grouping_schemes.json) and prints the table.
+"""
+import argparse
+import sys
+import time
+from pathlib import Path
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("run_dir", help="a pipeline run folder (steps 1-4 done)")
+    parser.add_argument("--window", type=int, default=2, help="turns kept by the windowed keys (default 2)")
+    parser.add_argument("--threshold", type=float, default=0.9, help="GiGPO's similarity threshold (verl-agent's scripts: 0.9)")
+    parser.add_argument("--model", default=None, help="a policy folder: also the gradient SNR of each weighting")
+    parser.add_argument("--samples", type=int, default=256, help="samples for the gradient SNR (default 256)")
+    parser.add_argument("--out", default=None, help="the JSON (default RUN_DIR/grouping_schemes.json)")
+    args = parser.parse_args()
+
+    from aria.cli import command
+    from aria.intention.grouping import compare, markdown, run_config
+    from aria.io import atomic_write_json
+
+    with command():
+        start = time.perf_counter()
+        found = compare(run_config(args.run_dir), args.window, args.threshold)
+        found["seconds_grouping"] = round(time.perf_counter() - start, 2)
+        if args.model:
+            from aria.resources import compose_config
+            from aria.trainers.grad_variance import gradient_variance
+
+            train = Path(args.run_dir) / "train.json"
+            cfg = compose_config("reinforce_llm", [f"data.train_file={train}", f"model.path={args.model}"])
+            gradients = gradient_variance(cfg, args.samples, 0, ["no_aggregation", "gigpo", "gigpo_similar"],
+                                          weightings=found["sample_rewards"])
+            found["gradients"] = gradients
+            for name, row in found["schemes"].items():
+                kind = f"weighting_{name}" if f"snr_weighting_{name}" in gradients else f"method_{name}"
+                row["snr"] = gradients.get(f"snr_{kind}")
+        out = Path(args.out) if args.out else Path(args.run_dir) / "grouping_schemes.json"
+        atomic_write_json(out, {k: v for k, v in found.items() if k != "sample_rewards"})
+        sys.stdout.write(markdown(found))
+        print(f"wrote {out}")
+
+
+if __name__ == "__main__":
+    main()
