@@ -241,29 +241,34 @@ def reference_q(games_labels, games_returns):
     return np.array([sums[k] / counts[k] for k in keys])
 
 
-@settings(max_examples=60, deadline=None)
-@given(st.integers(0, 2**31 - 1), st.integers(1, 30), st.integers(1, 5))
-def test_tree_aggregation_equals_brute_force(seed, n_games, n_labels):
+def random_games(seed: int, n_games: int, n_labels: int):
+    """Random games of up to 8 utterances alternating channels 0/1, about 70% of them steps of role
+    channel: the table, the labels, and per game its (channel, label) sequence and {position: return}."""
     rng = np.random.default_rng(seed)
     ug, up, uc, labels, su, sr, rets = [], [], [], [], [], [], []
     games_labels, games_returns = [], []
     for g in range(n_games):
-        length = int(rng.integers(1, 9))
-        seq = [(p % 2, int(rng.integers(0, n_labels))) for p in range(length)]
+        seq = [(p % 2, int(rng.integers(0, n_labels))) for p in range(int(rng.integers(1, 9)))]
         step_returns = {}
         for p, (channel, label) in enumerate(seq):
             ug.append(g), up.append(p), uc.append(channel), labels.append(label)
             if rng.random() < 0.7:  # some utterances are steps of role p % 2
-                r = float(rng.random())
-                su.append(len(ug) - 1), sr.append(p % 2), rets.append(r)
-                step_returns[p] = r
+                su.append(len(ug) - 1), sr.append(p % 2), rets.append(float(rng.random()))
+                step_returns[p] = rets[-1]
         games_labels.append(seq)
         games_returns.append(step_returns)
     table = StepTable(np.array(ug), np.array(up), np.array(uc), np.array(su, dtype=np.int64),
                       np.array(sr, dtype=np.int64), np.array(rets))
+    return table, np.array(labels), games_labels, games_returns
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(0, 2**31 - 1), st.integers(1, 30), st.integers(1, 5))
+def test_tree_aggregation_equals_brute_force(seed, n_games, n_labels):
+    table, labels, games_labels, games_returns = random_games(seed, n_games, n_labels)
     if table.num_steps == 0:
         return
-    np.testing.assert_allclose(aggregate(table, np.array(labels)).q, reference_q(games_labels, games_returns))
+    np.testing.assert_allclose(aggregate(table, labels).q, reference_q(games_labels, games_returns))
 
 
 def test_key_sharing_by_hand():
@@ -290,10 +295,9 @@ def test_key_sharing_by_hand():
 
 
 def test_windowed_key_by_hand():
-    """GAMES with the history cut to the last turn (window = 1) and to nothing (window = 0).
-    Second steps: g0 (a0,o0,a1) R 1, g1 (a0,o0,a1) R 0, g3 (a2,o0,a1) R 0. The whole history keeps
-    g3 apart (test_q_mode_by_hand); a window of one turn is (a?,o0,a1) for all three here, since the
-    previous turn is the whole history -- so take a third turn to see the cut."""
+    """Keys cut to the action alone (window 0) and to the last turn (window 1). GAMES' games are at
+    most two turns long, where a window of 1 is still the whole history, so window 1 is shown on two
+    three-turn games."""
     table, labels = single_agent_table(GAMES)
     # window >= the longest game: the paper's keys
     np.testing.assert_allclose(aggregate(table, labels, window=5).q, aggregate(table, labels).q)
@@ -330,24 +334,10 @@ def reference_window_q(games_labels, games_returns, window):
 @settings(max_examples=60, deadline=None)
 @given(st.integers(0, 2**31 - 1), st.integers(1, 30), st.integers(1, 4), st.integers(0, 4))
 def test_windowed_aggregation_equals_brute_force(seed, n_games, n_labels, window):
-    rng = np.random.default_rng(seed)
-    ug, up, uc, labels, su, sr, rets = [], [], [], [], [], [], []
-    games_labels, games_returns = [], []
-    for g in range(n_games):
-        seq = [(p % 2, int(rng.integers(0, n_labels))) for p in range(int(rng.integers(1, 9)))]
-        step_returns = {}
-        for p, (channel, label) in enumerate(seq):
-            ug.append(g), up.append(p), uc.append(channel), labels.append(label)
-            if rng.random() < 0.7:  # some utterances are steps of role p % 2
-                su.append(len(ug) - 1), sr.append(p % 2), rets.append(float(rng.random()))
-                step_returns[p] = rets[-1]
-        games_labels.append(seq)
-        games_returns.append(step_returns)
-    table = StepTable(np.array(ug), np.array(up), np.array(uc), np.array(su, dtype=np.int64),
-                      np.array(sr, dtype=np.int64), np.array(rets))
+    table, labels, games_labels, games_returns = random_games(seed, n_games, n_labels)
     if table.num_steps == 0:
         return
-    np.testing.assert_allclose(aggregate(table, np.array(labels), window=window).q,
+    np.testing.assert_allclose(aggregate(table, labels, window=window).q,
                                reference_window_q(games_labels, games_returns, window))
 
 

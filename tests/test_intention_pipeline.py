@@ -719,6 +719,8 @@ def test_grouping_schemes_side_by_side(tmp_path):
         r = rows[name]
         assert r["mse"] == pytest.approx(r["bias_squared"] + r["variance_within"])
     assert "| aria_behavioural_window0 | history+action | 100.0% |" in markdown(found)
-    done = _script("scripts/grouping_schemes.py", str(tmp_path / "run"), "--window", "0", "--out", str(tmp_path / "g.json"))
+    from in_process import run_script
+
+    done = run_script(REPO / "scripts/grouping_schemes.py", str(tmp_path / "run"), "--window", "0", "--out", str(tmp_path / "g.json"))
     assert done.returncode == 0, done.stderr
     assert json.loads((tmp_path / "g.json").read_text())["schemes"]["gigpo"]["shared"] == pytest.approx(2 / 7)
