@@ -578,10 +578,17 @@ def check_override_lists(cfg: dict) -> None:
     if cfg["warm_start"]["enabled"]:
         check_overrides("reinforce_llm", [*model, *cfg["warm_start"]["train_overrides"]], "warm_start.train_overrides")
     game = [f"game={cfg['game']['name']}", "input=games.jsonl"]
-    check_overrides("intention", [*game, *cfg["intention_overrides"]], "intention_overrides")
+    labelling = {"intention_overrides": [*game, *cfg["intention_overrides"]]}
     for name, variant in cfg["variants"].items():
-        check_overrides("intention", [*game, *cfg["intention_overrides"], *variant["intention_overrides"]],
-                        f"variants.{name}.intention_overrides")
+        labelling[f"variants.{name}.intention_overrides"] = [*game, *cfg["intention_overrides"], *variant["intention_overrides"]]
+    from aria.intention import pipeline
+
+    for setting, overrides in labelling.items():
+        composed = check_overrides("intention", overrides, setting)  # a ConfigError naming the setting
+        try:
+            pipeline.check_labels(composed)
+        except ValueError as err:
+            raise ConfigError(f"{setting}: {err}") from None
 
 
 def check_variants(variants: dict, methods: dict) -> None:

@@ -590,9 +590,21 @@ def test_failed_games_stop_the_run_with_one_line_naming_the_file(tmp_path, tiny_
     ("vllm.restarts=-1", "vllm.restarts: expected a whole number >= 0, got -1"),
     ("report.more_pairs=[[aria,bc]]",
      "report.more_pairs[0]: expected two different arms of methods ['aria', 'no_aggregation'], got ['aria', 'bc']"),
+    ("intention_overrides=['aggregation.window=-1']",
+     "intention_overrides: aggregation.window: expected null (the whole history) or an integer >= 0, got -1"),
+    ("+variants={exact:{method:aria,intention_overrides:['labels=exact']}}",
+     "variants.exact.intention_overrides: labels: 'exact' is not one of ('clusters', 'behavioural')"),
 ])
 def test_arm_movement_and_preflight_settings_are_checked_before_any_work(override, message):
     from aria.io import ConfigError
 
     with pytest.raises(ConfigError, match=re.escape(message)):  # the composition checks the types (aria/settings.py)
         experiment.check_settings(compose_config("experiment", [override]))
+
+
+def test_behavioural_labels_on_a_game_without_an_offline_oracle_are_refused_before_any_work():
+    from aria.io import ConfigError
+
+    with pytest.raises(ConfigError, match=re.escape("variants.exact.intention_overrides: game bargaining: no offline oracle")):
+        experiment.check_settings(compose_config("experiment", [
+            "experiment=bargaining", "+variants={exact:{method:aria,intention_overrides:['labels=behavioural']}}"]))

@@ -309,7 +309,8 @@ BEHAVIOUR_VERSION = 1
 
 
 def check_labels(cfg: dict) -> None:
-    """Reject a bad ``labels`` / ``behaviour`` setting in one line, before anything is read."""
+    """Reject a bad ``labels`` / ``behaviour`` / ``aggregation.window`` setting in one line, before
+    anything is read, and behavioural labels on a game that cannot have them."""
     if cfg["behaviour"] not in BEHAVIOUR:
         raise ValueError(f"behaviour: {cfg['behaviour']!r} is not one of {BEHAVIOUR}")
     if cfg["labels"] not in LABELS:
@@ -319,9 +320,13 @@ def check_labels(cfg: dict) -> None:
         raise ValueError(f"aggregation.window: expected null (the whole history) or an integer >= 0, got {window!r}")
     if cfg["labels"] == "behavioural" and cfg["behaviour"] == "never":
         raise ValueError("labels: behavioural needs the behavioural intentions; set behaviour: auto (not never)")
+    if (cfg["labels"] == "behavioural" or cfg["behaviour"] == "required") and not has_offline_oracle(cfg["game"]):
+        raise ValueError(f"game {cfg['game']['name']}: no offline oracle (facts_file) to compute behavioural intentions "
+                         f"from; use labels: clusters and behaviour: auto")
 
 
-def _has_offline_oracle(game_cfg: dict) -> bool:
+def has_offline_oracle(game_cfg: dict) -> bool:
+    """Whether behavioural intentions can be computed for the game: a question game with a facts file."""
     return family_of(game_cfg).kind == "question" and bool(game_cfg.get("facts_file"))
 
 
@@ -334,13 +339,7 @@ def behavioural_labels(cfg: dict, corpus: Corpus, echo: Printer = print) -> dict
     fingerprint of the pools' texts and the game, so the oracle answers each text once."""
     check_labels(cfg)
     game_cfg = dict(cfg["game"])
-    wanted = cfg["behaviour"] == "required" or cfg["labels"] == "behavioural"
-    if cfg["behaviour"] == "never":
-        return None
-    if not _has_offline_oracle(game_cfg):
-        if wanted:
-            raise ValueError(f"game {game_cfg['name']}: no offline oracle (facts_file) to compute behavioural intentions "
-                             f"from; use labels: clusters and behaviour: auto")
+    if cfg["behaviour"] == "never" or not has_offline_oracle(game_cfg):  # check_labels refused what needs them
         return None
     from aria.games.question.game import build_game
     from aria.games.question.oracle import build_oracle
