@@ -215,13 +215,21 @@ def error_against(table: StepTable, q: np.ndarray, reference_labels: np.ndarray,
     returns) and ``variance_within`` = mean (q − m)² (clusters that split an intention scatter its
     steps over smaller, noisier keys). The plain mean of q − R̃_ref is zero for any labels (both
     are conditional means of the same returns), so it says nothing."""
+    return errors_against(table, [q], reference_labels, window)[0]
+
+
+def errors_against(table: StepTable, qs, reference_labels: np.ndarray, window: int | None = None) -> list[dict]:
+    """:func:`error_against` for several R̃ (one per k, say), the reference keys computed once."""
     key, _ = step_keys(table, reference_labels, window)
-    returns = np.asarray(table.step_return, dtype=np.float64)
-    reference, _ = group_mean(key, returns)
-    q = np.asarray(q, dtype=np.float64)
-    m, _ = group_mean(key, q)
-    bias_squared, variance_within = float(np.mean((m - reference) ** 2)), float(np.mean((q - m) ** 2))
-    return {"mse": float(np.mean((q - reference) ** 2)), "bias_squared": bias_squared, "variance_within": variance_within}
+    reference, _ = group_mean(key, np.asarray(table.step_return, dtype=np.float64))
+    found = []
+    for q in qs:
+        q = np.asarray(q, dtype=np.float64)
+        m, _ = group_mean(key, q)
+        bias_squared, variance_within = float(np.mean((m - reference) ** 2)), float(np.mean((q - m) ** 2))
+        found.append({"mse": float(np.mean((q - reference) ** 2)), "bias_squared": bias_squared,
+                      "variance_within": variance_within})
+    return found
 
 
 def group_mean(keys: np.ndarray, values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -33,7 +33,7 @@ from pathlib import Path
 import numpy as np
 
 from aria.intention import pipeline
-from aria.intention.aggregate import error_against, group_mean, group_sharing, step_keys
+from aria.intention.aggregate import errors_against, group_mean, group_sharing, step_keys
 
 
 def run_config(run_dir: str | Path) -> dict:
@@ -82,13 +82,11 @@ def compare(cfg: dict, window: int = 2, threshold: float = 0.9) -> dict:
     schemes["gigpo"] = (gigpo_groups(in_order)[1], "state")
     schemes["gigpo_similar"] = (gigpo_groups(in_order, threshold)[1], "state")
 
-    rows = {}
-    for name, (groups, kind) in schemes.items():
-        row = {"groups": kind, **group_sharing(groups, returns, corpus.step_turn)}
-        if kind == "history+action" and exact is not None:
-            row.update(error_against(table, group_mean(groups, returns)[0], exact))
-        rows[name] = row
+    # R~ of each (history, action) scheme: the mean return of its group (GiGPO's groups are states)
     reward_of = {name: group_mean(groups, returns)[0] for name, (groups, kind) in schemes.items() if kind == "history+action"}
+    errors = dict(zip(reward_of, errors_against(table, reward_of.values(), exact))) if exact is not None else {}
+    rows = {name: {"groups": kind, **group_sharing(groups, returns, corpus.step_turn), **errors.get(name, {})}
+            for name, (groups, kind) in schemes.items()}
     sample_rewards = {name: [float("nan")] * len(samples) for name in reward_of}
     for step, i in enumerate(order):
         for name, q in reward_of.items():

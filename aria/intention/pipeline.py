@@ -580,7 +580,7 @@ def _against_behaviour(corpus: Corpus, labels: dict[str, np.ndarray], ks: list[i
                        q_at_k: np.ndarray, agg_cfg: dict) -> dict:
     """Step 1's labels at every k against the behavioural partition (the pipeline's ``behaviour``
     section of selection.json). A label is (pool, id), as in :func:`_intention_recovery`."""
-    from aria.intention.aggregate import error_against, key_sharing
+    from aria.intention.aggregate import errors_against, key_sharing
     from aria.intention.select import intention_recovery
 
     steps = corpus.table.step_utterance
@@ -590,7 +590,7 @@ def _against_behaviour(corpus: Corpus, labels: dict[str, np.ndarray], ks: list[i
     scores = [intention_recovery(truth, pool_of * (max(ks) + 1) + _labels_at(corpus, labels, {p: i for p in corpus.pools})[steps])
               for i in range(len(ks))]
     q_exact = aggregate(corpus.table, exact, **_agg_args(agg_cfg)).q
-    errors = [error_against(corpus.table, q, exact, agg_cfg["window"]) for q in q_at_k]
+    errors = errors_against(corpus.table, q_at_k, exact, agg_cfg["window"])
     return {"intentions": {p: int(len(np.unique(v))) for p, v in behaviour.items()},
             "step_intentions": int(len(np.unique(truth))),
             "ari": [s["ari"] for s in scores], "nmi": [s["nmi"] for s in scores],
