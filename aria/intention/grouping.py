@@ -42,8 +42,8 @@ def run_config(run_dir: str | Path) -> dict:
     from aria.resources import compose_config
 
     run_dir = Path(run_dir)
-    summary = pipeline._step_output(run_dir / "utterances.json", 1)
-    selection = pipeline._step_output(run_dir / "selection.json", 2)
+    summary = pipeline.step_output(run_dir / "utterances.json", 1)
+    selection = pipeline.step_output(run_dir / "selection.json", 2)
     inputs = summary["inputs"]
     agg = selection["settings"]["aggregation"]
     return compose_config("intention", [
@@ -57,12 +57,9 @@ def compare(cfg: dict, window: int = 2, threshold: float = 0.9) -> dict:
     from aria.data import read_training_set
     from aria.trainers.methods import gigpo_groups
 
-    run_dir, summary, selection, corpus, _ = pipeline._selected(cfg)
-    labels = pipeline._load_npz(run_dir / "labels.npz")
-    pipeline._check_stamp(labels, "labels.npz", summary)
-    ks = [int(k) for k in labels["ks"]]
-    chosen = selection["chosen"]["k"]
-    clusters = pipeline._labels_at(corpus, labels, {p: ks.index(chosen[p]) for p in corpus.pools})
+    run = pipeline.read_labelled_run(cfg)
+    run_dir, corpus, chosen = run.run_dir, run.corpus, run.chosen
+    clusters = run.labels_at(chosen)
     behaviour = pipeline.behavioural_labels(cfg, corpus, lambda line: None)
     exact = corpus.utterance_labels(behaviour) if behaviour is not None else None
     table, returns = corpus.table, corpus.table.step_return
@@ -91,7 +88,7 @@ def compare(cfg: dict, window: int = 2, threshold: float = 0.9) -> dict:
     for step, i in enumerate(order):
         for name, q in reward_of.items():
             sample_rewards[name][i] = float(q[step])
-    return {"run_dir": str(run_dir), "game": summary["game"], "steps": int(table.num_steps), "games": len(corpus.game_ids),
+    return {"run_dir": str(run_dir), "game": run.summary["game"], "steps": int(table.num_steps), "games": len(corpus.game_ids),
             "chosen_k": chosen, "behavioural_intentions": None if behaviour is None else
             {p: int(len(np.unique(v))) for p, v in behaviour.items()}, "window": window, "similarity_threshold": threshold,
             "schemes": rows, "sample_rewards": sample_rewards}

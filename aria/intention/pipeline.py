@@ -29,6 +29,7 @@ import json
 import logging
 import time
 import zipfile
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
@@ -97,7 +98,7 @@ class StaleInput(ValueError):
                          f"steps after it")
 
 
-def _step_output(path: Path, step: int) -> dict:
+def step_output(path: Path, step: int) -> dict:
     """A JSON output of ``step``, or a one-line refusal saying to run that step first."""
     if not path.is_file():
         raise StaleInput(step, f"no {path.name} in {path.parent}")
@@ -394,7 +395,7 @@ def _fixed_k(selection: dict, pools: list[str]) -> dict[str, int] | None:
 
 def step2_select_k(cfg: dict, echo: Printer = print) -> dict:
     run_dir = Path(cfg["run_dir"])
-    summary = _step_output(run_dir / "utterances.json", 1)
+    summary = step_output(run_dir / "utterances.json", 1)
     selection_cfg, agg_cfg = cfg["selection"], cfg["aggregation"]
     corpus, _, files = load_corpus(cfg)
     _check_inputs(summary, corpus, files)
@@ -515,17 +516,40 @@ def step2_select_k(cfg: dict, echo: Printer = print) -> dict:
     return report
 
 
-def _selected(cfg: dict) -> tuple[Path, dict, dict, Corpus, list[dict]]:
-    """A run's step 1 and step 2 outputs, checked to belong together and to the games they came
-    from: the folder, both summaries, the corpus and the games."""
+@dataclass
+class LabelledRun:
+    """A run whose steps 1 and 2 are done, read and checked to belong together and to the games
+    they came from: what the pre-flight, step 3 and the grouping comparison read."""
+
+    run_dir: Path
+    summary: dict                  # step 1's utterances.json
+    selection: dict                # step 2's selection.json
+    corpus: Corpus
+    records: list[dict]            # the games, as read
+    ks: list[int]                  # the k that step 1 clustered
+    labels: dict[str, np.ndarray]  # labels.npz: per pool, one row of labels per k
+
+    @property
+    def chosen(self) -> dict[str, int]:
+        """Step 2's k, per pool."""
+        return self.selection["chosen"]["k"]
+
+    def labels_at(self, k: dict[str, int]) -> np.ndarray:
+        """Every utterance's cluster with each pool cut at its k (a k step 1 clustered)."""
+        return _labels_at(self.corpus, self.labels, {p: self.ks.index(k[p]) for p in self.corpus.pools})
+
+
+def read_labelled_run(cfg: dict) -> LabelledRun:
     run_dir = Path(cfg["run_dir"])
-    summary = _step_output(run_dir / "utterances.json", 1)
-    selection = _step_output(run_dir / "selection.json", 2)
+    summary = step_output(run_dir / "utterances.json", 1)
+    selection = step_output(run_dir / "selection.json", 2)
     if selection.get("step1_fingerprint") != summary["fingerprint"]:
         raise StaleInput(2, "selection.json was made from another run of step 1")
     corpus, records, files = load_corpus(cfg)
     _check_inputs(summary, corpus, files)
-    return run_dir, summary, selection, corpus, records
+    labels = _load_npz(run_dir / "labels.npz")
+    _check_stamp(labels, "labels.npz", summary)
+    return LabelledRun(run_dir, summary, selection, corpus, records, [int(k) for k in labels["ks"]], labels)
 
 
 def preflight(cfg: dict, fixed_ks: list[int]) -> dict:
@@ -535,21 +559,16 @@ def preflight(cfg: dict, fixed_ks: list[int]) -> dict:
     these games, said before any training. Keys as ``aggregation.window`` cuts them."""
     from aria.intention.aggregate import key_sharing
 
-    run_dir, summary, selection, corpus, _ = _selected(cfg)
-    labels = _load_npz(run_dir / "labels.npz")
-    _check_stamp(labels, "labels.npz", summary)
-    ks = [int(k) for k in labels["ks"]]
-    window = cfg["aggregation"]["window"]
+    run = read_labelled_run(cfg)
+    corpus, window = run.corpus, cfg["aggregation"]["window"]
 
     def row(k: dict, utterance_labels: np.ndarray, **marks) -> dict:
         return {"k": k, **marks, **key_sharing(corpus.table, utterance_labels, corpus.step_turn, window=window)}
 
-    chosen = selection["chosen"]["k"]
-    rows = [row(chosen, _labels_at(corpus, labels, {p: ks.index(chosen[p]) for p in corpus.pools}), chosen=True)]
+    rows = [row(run.chosen, run.labels_at(run.chosen), chosen=True)]
     for k in fixed_ks:
-        if k in ks:
-            rows.append(row({p: k for p in corpus.pools}, _labels_at(corpus, labels, {p: ks.index(k) for p in corpus.pools}),
-                            chosen=False))
+        if k in run.ks:
+            rows.append(row({p: k for p in corpus.pools}, run.labels_at({p: k for p in corpus.pools}), chosen=False))
     behaviour = behavioural_labels(cfg, corpus, lambda line: None)
     if behaviour is not None:
         rows.append(row({p: int(len(np.unique(v))) for p, v in behaviour.items()}, corpus.utterance_labels(behaviour),
@@ -632,7 +651,8 @@ def _agg_args(agg_cfg: dict) -> dict:
 
 # ---- step 3: apply the chosen labels -------------------------------------------------------
 def step3_apply_labels(cfg: dict, echo: Printer = print) -> Path:
-    run_dir, summary, selection, corpus, records = _selected(cfg)
+    run = read_labelled_run(cfg)
+    run_dir, selection, corpus, records = run.run_dir, run.selection, run.corpus, run.records
     out_path = run_dir / "labelled.jsonl"
     check_labels(cfg)
     fingerprint = _step3_fingerprint(selection, cfg)
@@ -640,16 +660,13 @@ def step3_apply_labels(cfg: dict, echo: Printer = print) -> Path:
     if _up_to_date(out_path, meta_path, fingerprint, "labelled_digest"):
         echo(f"[step 3] up to date: {out_path}")
         return out_path
-    labels = _load_npz(run_dir / "labels.npz")
-    _check_stamp(labels, "labels.npz", summary)
-    ks = [int(k) for k in labels["ks"]]
-    chosen = selection["chosen"]["k"]
+    chosen = run.chosen
     if cfg["labels"] == "behavioural":  # the exact partition instead of the clusters: the ceiling arm
         behaviour = behavioural_labels(cfg, corpus, echo)
         utt_labels = corpus.utterance_labels(behaviour)
         chosen = {p: int(len(np.unique(v))) for p, v in behaviour.items()}
     else:
-        utt_labels = _labels_at(corpus, labels, {p: ks.index(chosen[p]) for p in corpus.pools})
+        utt_labels = run.labels_at(chosen)
     agg = aggregate(corpus.table, utt_labels, **_agg_args(cfg["aggregation"]))
 
     by_id = {r["game_id"]: r for r in records}
@@ -704,8 +721,8 @@ def _turn_of(record: dict, corpus: Corpus, u: int) -> int:
 def step4_build_training_set(cfg: dict, echo: Printer = print) -> Path:
     run_dir = Path(cfg["run_dir"])
     labelled = run_dir / "labelled.jsonl"
-    made = _step_output(run_dir / "labelled.meta.json", 3)
-    selection = _step_output(run_dir / "selection.json", 2)
+    made = step_output(run_dir / "labelled.meta.json", 3)
+    selection = step_output(run_dir / "selection.json", 2)
     if made.get("fingerprint") != _step3_fingerprint(selection, cfg):
         raise StaleInput(3, "labelled.jsonl was made from another selection.json or under other labels")
     if not labelled.is_file() or file_digest([labelled]) != made.get("labelled_digest"):
