@@ -193,3 +193,39 @@ def naive_action_logprob(model, encoded):
     for position in range(encoded.prompt_len, len(encoded.input_ids)):
         total = total + torch.log_softmax(logits[position - 1], dim=-1)[encoded.input_ids[position]]
     return total
+
+
+# ---- where the suite's CPU goes (benchmarks/suite_cpu.py) -----------------------------------------
+# Wall time per test says little on two cores shared by three workers; CPU seconds do. With
+# ARIA_TEST_CPU_PROFILE=DIR each worker writes, per test, the CPU seconds of its own process and
+# of the child processes it waited for (commands, accelerate launches). A vLLM server is started
+# in a session of its own and never waited for, so its CPU is not in these figures.
+_cpu_rows: list[dict] = []
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    if not os.environ.get("ARIA_TEST_CPU_PROFILE"):
+        yield
+        return
+    import resource
+    import time
+
+    def cpu(who) -> float:
+        usage = resource.getrusage(who)
+        return usage.ru_utime + usage.ru_stime
+
+    own, children, start = cpu(resource.RUSAGE_SELF), cpu(resource.RUSAGE_CHILDREN), time.monotonic()
+    yield
+    _cpu_rows.append({"test": item.nodeid, "own": cpu(resource.RUSAGE_SELF) - own,
+                      "children": cpu(resource.RUSAGE_CHILDREN) - children, "wall": time.monotonic() - start})
+
+
+def pytest_sessionfinish(session):
+    folder = os.environ.get("ARIA_TEST_CPU_PROFILE")
+    if folder and _cpu_rows:
+        import json
+
+        Path(folder).mkdir(parents=True, exist_ok=True)
+        worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
+        (Path(folder) / f"cpu-{worker}.json").write_text(json.dumps(_cpu_rows))
