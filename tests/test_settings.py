@@ -132,3 +132,33 @@ def test_a_game_is_checked_against_its_familys_schema(game, change, message):
     with pytest.raises(ConfigError) as err:
         checked_game({**load_game_config(game), **change})
     assert str(err.value).startswith(message), str(err.value)
+
+
+def test_a_composed_config_is_reused_as_a_copy_until_its_yaml_or_environment_changes(tmp_path, monkeypatch):
+    """compose_config keeps what a process composed (the runner composes the same configs at every
+    resume): a caller's change to its copy reaches no other caller, and an edited YAML file or a
+    changed variable that a YAML file reads (``${oc.env:...}``) composes anew."""
+    import shutil
+    import time
+
+    from aria import resources
+
+    folder = tmp_path / "config"
+    shutil.copytree(resources.config_dir(), folder)
+    monkeypatch.setenv("ARIA_CONFIG_DIR", str(folder))
+    monkeypatch.setenv("OPENAI_API_KEY", "first")
+    first = resources.compose_config("collect", ["policy=endpoint"])
+    assert first["policy"]["api_key"] == "first"
+    first["num_games"] = -1
+    again = resources.compose_config("collect", ["policy=endpoint"])
+    assert again["num_games"] != -1 and again == resources.compose_config("collect", ["policy=endpoint"])
+
+    monkeypatch.setenv("OPENAI_API_KEY", "second")
+    assert resources.compose_config("collect", ["policy=endpoint"])["policy"]["api_key"] == "second"
+
+    collect = folder / "collect.yaml"
+    text = collect.read_text()
+    assert "\nnum_games: " in text
+    time.sleep(0.01)  # a later modification time, whatever the file system's resolution
+    collect.write_text(text.replace("\nnum_games: ", "\nnum_games: 7 #", 1))
+    assert resources.compose_config("collect", ["policy=endpoint"])["num_games"] == 7
