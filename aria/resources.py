@@ -52,8 +52,8 @@ _composed: dict[tuple, dict] = {}
 def _yaml_stamp(folders: list[str]) -> tuple:
     """Every YAML file under ``folders`` with its modification time and size: a composed config is
     reused only while the files it came from are as they were."""
-    files = (path for folder in folders for path in sorted(Path(folder).rglob("*.yaml")))
-    return tuple((str(path), path.stat().st_mtime_ns, path.stat().st_size) for path in files)
+    stats = ((path, path.stat()) for folder in folders for path in sorted(Path(folder).rglob("*.yaml")))
+    return tuple((str(path), stat.st_mtime_ns, stat.st_size) for path, stat in stats)
 
 
 def compose_config(name: str, overrides: list[str]) -> dict:

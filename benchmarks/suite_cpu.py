@@ -16,30 +16,15 @@ import argparse
 import collections
 import json
 import os
-import platform
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
+from aria.llm.hardware import describe
+
 REPO = Path(__file__).resolve().parents[1]
-
-
-def cpu_model() -> str:
-    for line in Path("/proc/cpuinfo").read_text().splitlines():
-        if line.startswith("model name"):
-            return line.split(":", 1)[1].strip()
-    return platform.processor()
-
-
-def cpu_flags() -> list[str]:
-    """The flags that decide this suite's speed (AVX512-BF16 machines run it about 1.85x faster)."""
-    flags = set()
-    for line in Path("/proc/cpuinfo").read_text().splitlines():
-        if line.startswith("flags"):
-            flags |= set(line.split(":", 1)[1].split())
-    return [f for f in ("avx2", "avx512f", "avx512_bf16", "amx_bf16") if f in flags]
 
 
 def summarize(folder: Path) -> dict:
@@ -77,7 +62,7 @@ def main() -> None:
                                "--dist", "loadfile", "--no-loadscope-reorder", "tests"], cwd=REPO,
                               env={**os.environ, "ARIA_TEST_CPU_PROFILE": str(args.source)})
         run = {"returncode": done.returncode, "wall_seconds": round(time.monotonic() - start, 1)}
-    found = {"cpu": cpu_model(), "cpu_flags": cpu_flags(), "cores": os.cpu_count(), "note": args.note, **run, **summarize(args.source)}
+    found = {"machine": describe(), "note": args.note, **run, **summarize(args.source)}
     args.out.write_text(json.dumps(found, indent=1) + "\n")
     print(f"{found['tests']} tests, {found['cpu_seconds']} CPU s ({found['children_seconds']} in waited-for children)")
     for f in found["by_file"][:12]:
