@@ -23,6 +23,16 @@ to one JSON file. It asserts nothing: on a GPU some properties hold only up to r
   the CPU, bf16) on one process: does it train, save and reload a final model, resume from a
   checkpoint to the same weights, and how far are its weights from the same run without DeepSpeed?
   Needs ``deepspeed`` installed (it builds its CPU Adam at first use).
+* ``archer``: ArCHer's critic (``aria/trainers/archer.py``) with ``device=auto`` and
+  ``mixed_precision=auto`` on the tests' planted games (``tests/test_archer.py``): the hand values
+  it should reach with the encoder learning and with the encoder frozen, a run cut at step 3 and
+  resumed against the whole run, and two actor steps of ``method=archer`` on the GPU (the
+  higher-advantage action's log-prob should rise, the other's fall).
+* ``archer_speed`` (with ``--critic-set``): seconds per optimizer step of the critic at the
+  release's settings (micro-batch 8, 32 accumulated, histories up to 512 tokens) on a real
+  collection's steps, the encoder learning and the heads alone, float32 and bf16. The encoder is
+  ``--critic-encoder`` (a folder with an encoder's ``config.json`` and tokenizer; weights are drawn
+  at random when it has none: a step's time does not depend on their values).
 
     python benchmarks/gpu_paths.py --out benchmarks/results/gpu_paths.json
 
@@ -349,16 +359,142 @@ def check_online(model_dir: Path, sentence_dir: Path, work: Path) -> dict:
             "reward_model_refreshed": "rm_refresh" in metrics}
 
 
+def check_archer(model_dir: Path, sentence_dir: Path, work: Path) -> dict:
+    from aria.resources import compose_config
+    from aria.trainers.archer import CriticTrainer
+    from aria.trainers.checkpoint import load_state
+    from aria.trainers.offline import OfflineTrainer
+    from test_archer import OPENING, planted_games
+    from test_offline_trainer import final_logprob
+
+    def critic(folder: Path, steps: list[dict], *overrides: str) -> dict:
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / "train.json").write_text(json.dumps(steps))
+        return compose_config("critic", [f"critic.encoder={sentence_dir}", "critic.hidden=32", "critic.max_tokens=128",
+                                         f"data.train_file={folder / 'train.json'}", f"output_dir={folder / 'out'}",
+                                         "device=auto", "train.mixed_precision=auto", *overrides])
+
+    # the hand values of planted_games (gamma 0.95), as tests/test_archer.py checks them on the CPU
+    by_hand = {(0, True): 0.45125, (0, False): 0.45125, (1, True): 0.475, (1, False): 0.475, (2, True): 1.0, (2, False): 0.0}
+    found = {}
+    for name, extra in {"encoder_learning": ["train.epochs=25", "train.lr=3e-3"],
+                        "encoder_frozen": ["critic.train_encoder=false", "train.epochs=80", "train.lr=1e-2"]}.items():
+        cfg = critic(work / name, planted_games(16), *extra, "train.micro_batch_size=12",
+                     "train.gradient_accumulation_steps=1", "critic.tau=0.5", "data.eval_fraction=0.25", "train.save_freq=1000")
+        start = time.perf_counter()
+        trainer = CriticTrainer(cfg)
+        result = trainer.train()
+        rows = json.loads(Path(result["train_file"]).read_text())
+        found[name] = {"device": str(trainer.accelerator.device), "mixed_precision": trainer.accelerator.mixed_precision,
+                       "seconds": round(time.perf_counter() - start, 2), "steps": result["steps"],
+                       "eval_td_mse": result["eval_td_mse"],
+                       "eval_ranking_accuracy_same_turn": result["eval_ranking_accuracy_same_turn"],
+                       "largest_q_error_from_hand_values": round(max(abs(r["critic_q"] - by_hand[r["turn"], r["success"]])
+                                                                     for r in rows), 4)}
+    common = ["train.epochs=2", "train.micro_batch_size=4", "train.gradient_accumulation_steps=2", "train.save_freq=1",
+              "train.lr=1e-3", "data.eval_fraction=0.25", "train.keep_checkpoints=null"]
+    CriticTrainer(critic(work / "whole", planted_games(8), *common)).train()
+
+    def crash(step):
+        if step == 3:
+            raise KeyboardInterrupt
+
+    cut = critic(work / "cut", planted_games(8), *common)
+    try:
+        CriticTrainer(cut, on_step=crash).train()
+    except KeyboardInterrupt:
+        pass
+    (work / "cut" / "out" / "checkpoints" / "step-3").rename(work / "cut" / "step-3-away")
+    resumed = CriticTrainer(cut).train()
+    whole = load_state(work / "whole" / "out" / "final" / "critic.safetensors")
+    again = load_state(work / "cut" / "out" / "final" / "critic.safetensors")
+    diffs = [float((again[part][k].float() - v.float()).abs().max()) for part in whole for k, v in whole[part].items()]
+    found["resume"] = {"resumed_from": Path(resumed["resumed_from"]).name, "steps": resumed["steps"],
+                       "bit_identical": all(torch.equal(again[part][k], v) for part in whole for k, v in whole[part].items()),
+                       "largest_abs_diff": max(diffs)}
+    good = {"observation": OPENING, "action": "Question: Is it an animal?", "reward": 0.0, "advantage": 0.8,
+            "game_id": "g0", "turn": 0}
+    bad = {"observation": OPENING, "action": "Question: Is it a car?", "reward": 0.0, "advantage": -0.6,
+           "game_id": "g1", "turn": 0}
+    (work / "actor").mkdir(parents=True, exist_ok=True)
+    (work / "actor" / "train.json").write_text(json.dumps([good, bad]))
+    before = [final_logprob(model_dir, model_dir, s) for s in (good, bad)]
+    cfg = compose_config("reinforce_llm", [
+        f"model.path={model_dir}", f"data.train_file={work / 'actor' / 'train.json'}", f"output_dir={work / 'actor' / 'out'}",
+        "device=auto", "train.mixed_precision=auto", "train.warmup_ratio=0", "train.lr_scheduler=constant", "method=archer",
+        "train.epochs=2", "train.micro_batch_size=2", "train.gradient_accumulation_steps=1", "train.lr=0.01",
+        "train.optimizer=adam"])
+    actor = OfflineTrainer(cfg)
+    actor.train()
+    after = [final_logprob(model_dir, work / "actor" / "out" / "final", s) for s in (good, bad)]
+    found["actor"] = {"device": str(actor.accelerator.device), "mixed_precision": actor.accelerator.mixed_precision,
+                      "logprob_before": [round(x, 4) for x in before], "logprob_after": [round(x, 4) for x in after],
+                      "higher_advantage_rose_other_fell": after[0] > before[0] and after[1] < before[1]}
+    return found
+
+
+def check_archer_speed(train_file: Path, encoder: Path, work: Path, steps: int = 3, overrides: tuple = (),
+                       only: tuple | None = None) -> dict:
+    from accelerate.state import AcceleratorState
+    from transformers import AutoConfig, AutoModel, AutoTokenizer
+
+    from aria.resources import compose_config
+    from aria.trainers.archer import CriticTrainer
+
+    if not any(encoder.glob("*.safetensors")):  # the architecture with random weights, saved beside its tokenizer
+        built = work / "encoder"
+        AutoModel.from_config(AutoConfig.from_pretrained(encoder)).save_pretrained(built)
+        AutoTokenizer.from_pretrained(encoder).save_pretrained(built)
+        encoder = built
+
+    class Enough(Exception):
+        pass
+
+    found = {}
+    for name, extra in {"encoder_learning_fp32": ["train.mixed_precision=no"],
+                        "encoder_learning_bf16": ["train.mixed_precision=bf16"],
+                        "heads_only_bf16": ["train.mixed_precision=bf16", "critic.train_encoder=false"]}.items():
+        if only is not None and name not in only:
+            continue
+        times = []
+
+        def timed(step):
+            times.append(time.perf_counter())
+            if len(times) > steps:
+                raise Enough
+
+        cfg = compose_config("critic", [f"critic.encoder={encoder}", f"data.train_file={train_file}",
+                                        f"output_dir={work / name}", "device=auto", "train.save_freq=100000", *extra, *overrides])
+        trainer = CriticTrainer(cfg, on_step=timed)
+        torch.cuda.reset_peak_memory_stats() if torch.cuda.is_available() else None
+        start = time.perf_counter()
+        try:
+            trainer.train()
+        except Enough:
+            pass
+        found[name] = {"device": str(trainer.accelerator.device), "mixed_precision": trainer.accelerator.mixed_precision,
+                       "samples_per_step": cfg["train"]["micro_batch_size"] * cfg["train"]["gradient_accumulation_steps"],
+                       "first_step_seconds": round(times[0] - start, 2),
+                       "seconds_per_step_after_the_first": round((times[-1] - times[0]) / (len(times) - 1), 3),
+                       "peak_gpu_gb": round(torch.cuda.max_memory_allocated() / 1e9, 2) if torch.cuda.is_available() else None}
+        del trainer
+        AcceleratorState._reset_state(reset_partial_state=True)  # the next setting chooses its own precision
+    return found
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--out", default="benchmarks/results/gpu_paths.json")
     parser.add_argument("--only", nargs="*", default=None, help="run only these checks")
     parser.add_argument("--device", default="cuda", help="cpu: a dry run of the script itself")
+    parser.add_argument("--critic-set", type=Path, help="a collection's steps (pipeline step 4's train.json) for archer_speed")
+    parser.add_argument("--critic-encoder", type=Path, help="archer_speed's encoder folder (default: the embedded MiniLM)")
     args = parser.parse_args(argv)
     if args.device.startswith("cuda") and not torch.cuda.is_available():
         sys.exit("gpu_paths.py: no CUDA device here (this script checks the GPU paths)")
     import transformers
 
+    from aria.intention.embed import embedded_sentence_model_dir
     from aria.llm.hardware import describe
     from conftest import build_tiny_chat_model, build_tiny_sentence_model
 
@@ -378,9 +514,14 @@ def main(argv=None) -> int:
         "resume": lambda: check_resume(model_dir, samples, work / "resume"),
         "merge": lambda: check_merge(model_dir, work / "merge", device),
         "online": lambda: check_online(model_dir, build_tiny_sentence_model(work / "tiny-bert"), work / "online"),
+        "archer": lambda: check_archer(model_dir, build_tiny_sentence_model(work / "tiny-bert-archer"), work / "archer"),
+        "archer_speed": lambda: check_archer_speed(args.critic_set, args.critic_encoder or embedded_sentence_model_dir(),
+                                                   work / "archer_speed"),
         "deepspeed": lambda: check_deepspeed(model_dir, samples, work / "deepspeed", cuda),
         "deepspeed_no_offload": lambda: check_deepspeed(model_dir, samples, work / "deepspeed_no_offload", cuda, offload=False),
     }
+    if args.critic_set is None:
+        del checks["archer_speed"]
     for name, run in checks.items():
         if args.only is not None and name not in args.only:
             continue
