@@ -302,14 +302,16 @@ def games_for_two_processes() -> list[dict]:
     return steps
 
 
-@pytest.mark.parametrize("name, processes, units, steps_per_epoch",
-                         [("gigpo", 2, 16, 4), ("traj_dpo", 2, 4, 2), ("traj_dpo", 1, 4, 4)])
-def test_accelerate_launch_and_resume_per_method(name, processes, units, steps_per_epoch, tmp_path, tiny_model_dir):
-    """`accelerate launch` with two CPU processes trains a group-normalised method (GiGPO) and
-    trajectory DPO, and the training command with one process (in this one: a launcher adds
-    nothing to one process) trains trajectory DPO: two processes split the units (samples, pairs)
-    without overlap, and a run resumed from an earlier checkpoint ends with the same weights as
-    the uninterrupted one."""
+@pytest.mark.parametrize("name, processes, units, accumulation, steps_per_epoch",
+                         [("gigpo", 2, 16, 2, 2), ("traj_dpo", 2, 4, 1, 2), ("traj_dpo", 1, 4, 1, 4)])
+def test_accelerate_launch_and_resume_per_method(name, processes, units, accumulation, steps_per_epoch, tmp_path,
+                                                 tiny_model_dir):
+    """`accelerate launch` with two CPU processes trains a group-normalised method (GiGPO, with
+    gradient accumulation: 16 samples / (2 a micro-batch x 2 accumulated x 2 processes) = 2 optimizer
+    steps an epoch) and trajectory DPO, and the training command with one process (in this one: a
+    launcher adds nothing to one process) trains trajectory DPO: two processes split the units
+    (samples, pairs) without overlap, and a run resumed from an earlier checkpoint ends with the
+    same weights as the uninterrupted one."""
     import json
     import os
     import shutil
@@ -328,7 +330,7 @@ def test_accelerate_launch_and_resume_per_method(name, processes, units, steps_p
     def launch() -> str:
         command = [str(repo / "scripts/run_offline.py"), f"model.path={tiny_model_dir}", f"data.train_file={train_file}",
                    f"output_dir={out}", "device=cpu", "train.mixed_precision=no", "train.epochs=2",
-                   f"train.micro_batch_size={2 if name == 'gigpo' else 1}", "train.gradient_accumulation_steps=1",
+                   f"train.micro_batch_size={2 if name == 'gigpo' else 1}", f"train.gradient_accumulation_steps={accumulation}",
                    "train.save_freq=1", "train.keep_checkpoints=null", "train.lr=0.01", "model.lora.dropout=0.2",
                    "logging.write_data_order=true", f"method={name}"]
         if processes == 1:

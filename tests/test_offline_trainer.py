@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -151,28 +150,6 @@ def test_unknown_config_key_is_a_hydra_error(tmp_path):
     done = subprocess.run([sys.executable, str(REPO / "scripts/run_offline.py"), "train.learning_rate=0.1"],
                           capture_output=True, text=True, cwd=tmp_path)
     assert done.returncode != 0 and "train.learning_rate" in done.stderr
-
-
-def test_accelerate_launch_two_cpu_processes_split_the_data(tmp_path, tiny_model_dir):
-    data = samples(16)
-    train_file = tmp_path / "train.json"
-    train_file.write_text(json.dumps(data))
-    out = tmp_path / "out"
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    done = subprocess.run(
-        [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(REPO / "config/accelerate/cpu_2proc.yaml"),
-         str(REPO / "scripts/run_offline.py"), f"model.path={tiny_model_dir}", f"data.train_file={train_file}",
-         f"output_dir={out}", "device=cpu", "train.mixed_precision=no", "train.epochs=1", "train.micro_batch_size=2",
-         "train.gradient_accumulation_steps=2", "train.save_freq=1", "logging.write_data_order=true"],
-        capture_output=True, text=True, cwd=tmp_path, env=env, timeout=600)
-    assert done.returncode == 0, done.stderr[-3000:]
-    rank0 = json.loads((out / "data_order_epoch0_rank0.json").read_text())
-    rank1 = json.loads((out / "data_order_epoch0_rank1.json").read_text())
-    seen0, seen1 = {i for b in rank0 for i in b}, {i for b in rank1 for i in b}
-    assert seen0 and seen1 and not seen0 & seen1 and seen0 | seen1 == set(range(16))
-    state = json.loads((out / "checkpoints" / "step-2" / "trainer_state.json").read_text())
-    assert state["world_size"] == 2 and state["step"] == 2  # 16 samples / (2 x 2 x 2 processes)
-    assert (out / "final" / "adapter_model.safetensors").is_file()
 
 
 def test_merged_model_equals_base_plus_adapter(tmp_path, tiny_model_dir):
