@@ -466,7 +466,8 @@ def check_archer_speed(train_file: Path, encoder: Path, work: Path, steps: int =
         cfg = compose_config("critic", [f"critic.encoder={encoder}", f"data.train_file={train_file}",
                                         f"output_dir={work / name}", "device=auto", "train.save_freq=100000", *extra, *overrides])
         trainer = CriticTrainer(cfg, on_step=timed)
-        torch.cuda.reset_peak_memory_stats() if torch.cuda.is_available() else None
+        if torch.cuda.is_available():
+            torch.cuda.reset_peak_memory_stats()
         start = time.perf_counter()
         try:
             trainer.train()
