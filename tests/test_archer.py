@@ -174,7 +174,7 @@ def test_bad_steps_are_one_line_before_the_encoder_loads(tmp_path, field, value,
     assert not (tmp_path / "out").exists()
 
 
-def test_two_actor_steps_raise_the_log_prob_of_the_higher_advantage_action(tmp_path, tiny_model_dir):
+def test_two_actor_steps_raise_the_log_prob_of_the_higher_advantage_action(tmp_path, tiny_model_dir, capsys):
     """method=archer trains the token policy on the written advantages with the REINFORCE of every
     method: of two utterances at one history, the one with the positive advantage gains log-prob
     and the one with the negative advantage loses it."""
@@ -189,6 +189,7 @@ def test_two_actor_steps_raise_the_log_prob_of_the_higher_advantage_action(tmp_p
     cfg = config(tmp_path, tiny_model_dir, [good, bad], "method=archer", "train.epochs=2", "train.micro_batch_size=2",
                  "train.gradient_accumulation_steps=1", "train.lr=0.01", "train.optimizer=adam")
     assert OfflineTrainer(cfg).train()["steps"] == 2
+    assert "[train] warning: 50% of the samples have a negative weight (method archer)" in capsys.readouterr().out
     after = [final_logprob(tiny_model_dir, tmp_path / "out" / "final", s) for s in (good, bad)]
     assert after[0] > before[0] + 1e-3 and after[1] < before[1] - 1e-3, (before, after)
 

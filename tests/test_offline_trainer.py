@@ -50,8 +50,10 @@ def final_logprob(model_dir: Path, out: Path, sample: dict) -> float:
 
 
 @pytest.mark.parametrize("reward, direction", [(1.0, +1), (-0.5, -1), (-1.0, +1)], ids=["positive", "negative", "sft"])
-def test_a_step_moves_the_log_prob_the_way_the_reward_says(tmp_path, tiny_model_dir, reward, direction):
-    """Positive reward raises the action's log-prob, negative lowers it; −1 is the SFT branch (raises)."""
+def test_a_step_moves_the_log_prob_the_way_the_reward_says(tmp_path, tiny_model_dir, reward, direction, capsys):
+    """Positive reward raises the action's log-prob, negative lowers it; −1 is the SFT branch (raises).
+    A negative weight (and only that: the SFT-marked −1 is not one) is announced, because on fixed
+    actions it is unbounded below."""
     data = samples(1, reward=lambda i: reward)
     before = final_logprob(tiny_model_dir, tiny_model_dir, data[0])
     cfg = config(tmp_path, tiny_model_dir, data, "train.epochs=1", "train.micro_batch_size=1",
@@ -59,6 +61,13 @@ def test_a_step_moves_the_log_prob_the_way_the_reward_says(tmp_path, tiny_model_
     OfflineTrainer(cfg).train()
     after = final_logprob(tiny_model_dir, tmp_path / "out" / "final", data[0])
     assert (after - before) * direction > 1e-3, (before, after)
+    warned = [line for line in capsys.readouterr().out.splitlines() if "have a negative weight" in line]
+    if reward == -0.5:
+        assert warned == ["[train] warning: 100% of the samples have a negative weight (method aria): REINFORCE on "
+                          "fixed actions is unbounded below for them, so their log-probabilities can be driven to "
+                          "-inf over epochs (docs/pipeline.md, ArCHer); watch the loss and the policy's movement"]
+    else:
+        assert warned == []
 
 
 def test_interrupted_and_resumed_run_ends_with_the_same_weights(tmp_path, tiny_model_dir):

@@ -175,12 +175,31 @@ class OfflineTrainer:
             # normalised advantage (StarPO, GiGPO) can be exactly −1 and must stay an advantage.
             self.loss_options["sft_reward"] = None
         self.state = TrainState()
+        if self.accelerator.is_main_process and self.loss_fn is reinforce_loss:
+            self.warn_negative_weights()
         if self.accelerator.is_main_process and self.packing == "prefix_tree":
             stats = self.packing_stats(self._epoch_batches(0))
             print(f"[train] prefix-tree packing: {stats['row_tokens']} tokens in rows -> {stats['tree_tokens']} in trees per "
                   f"epoch on this process ({stats['saving']}x fewer); {stats['truncated_prompts']} left-truncated prompts "
                   f"(a tree of their own each); {stats['micro_batches_in_rows']} micro-batches cheaper in rows, "
                   f"{stats['computed_tokens']} tokens computed")
+
+    def warn_negative_weights(self) -> None:
+        """One line when some samples would be trained with a negative weight (an SFT-marked −1
+        counts as the SFT weight it becomes). On fixed actions −w·log π(a | s) with w < 0 falls
+        without bound as log π(a | s) → −∞: nothing re-samples the action, so a few epochs can
+        push the policy off the data altogether (the powered run's ArCHer arm did;
+        docs/pipeline.md, ArCHer, "actor update")."""
+        weights = self.rewards
+        sft = self.loss_options.get("sft_reward")
+        if sft is not None:
+            weights = torch.where(weights == sft, torch.ones_like(weights), weights)
+        negative = float((weights < 0).float().mean()) if len(weights) else 0.0
+        if negative > 0:
+            print(f"[train] warning: {negative:.0%} of the {self.unit} have a negative weight (method "
+                  f"{self.cfg['method']}): REINFORCE on fixed actions is unbounded below for them, so their "
+                  "log-probabilities can be driven to -inf over epochs (docs/pipeline.md, ArCHer); watch the "
+                  "loss and the policy's movement")
 
     # ---- what is specific to the model being trained ----
     def select_samples(self, samples: list[dict]) -> list[dict]:
