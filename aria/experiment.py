@@ -467,8 +467,10 @@ def plan(cfg: dict, generator: Generator, echo: Printer) -> list[Stage]:
                     train_file = label(cfg, games, own, seed, echo, overrides=intention_overrides_of(cfg, method),
                                        step1_from=shared if own != shared else None)
                     previous_critic = lay.arm(method, seed, it - 1) / "critic" / "final" if it > 1 else None
+                    archer = method_of(cfg, method) == "archer"
                     train(cfg, method_of(cfg, method), train_file, model_of(method, seed, it - 1), lay.arm(method, seed, it),
-                          seed, cfg["train_overrides"], echo, critic_init=previous_critic,
+                          seed, [*cfg["train_overrides"], *(cfg["archer"]["actor_overrides"] if archer else [])], echo,
+                          critic_init=previous_critic,
                           actor=it > cfg["archer"]["actor_warmup_iterations"])
 
                 tag = f"seed {seed} · {method} · iteration {it}"
@@ -575,6 +577,8 @@ def check_override_lists(cfg: dict) -> None:
     if any(method_of(cfg, m) == "archer" for m in cfg["methods"]):
         check_overrides("critic", ["data.train_file=train.json", *cfg["archer"]["critic_overrides"]],
                         "archer.critic_overrides")
+        check_overrides("reinforce_llm", [*model, *cfg["train_overrides"], *cfg["archer"]["actor_overrides"]],
+                        "archer.actor_overrides")
     if cfg["warm_start"]["enabled"]:
         check_overrides("reinforce_llm", [*model, *cfg["warm_start"]["train_overrides"]], "warm_start.train_overrides")
     game = [f"game={cfg['game']['name']}", "input=games.jsonl"]

@@ -345,13 +345,20 @@ def model_mask(model, mask: torch.Tensor) -> torch.Tensor:
 def tree_action_logprobs(model, batch: dict[str, torch.Tensor]) -> torch.Tensor:
     """Σ over each sample's action tokens of log π(token | its own prefix), from one forward pass
     over the trees: shape [B]. Only the nodes in ``logit_nodes`` go through the LM head."""
+    picked, sample = tree_action_token_logprobs(model, batch)
+    out = torch.zeros(int(batch["num_samples"]), dtype=picked.dtype, device=picked.device)
+    return out.index_add(0, sample, picked)
+
+
+def tree_action_token_logprobs(model, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    """log π(token | its own prefix) of every action token, [M], and its sample, [M], in the order of
+    :func:`collate_tree` (each sample's tokens in action order; the samples in tree order)."""
     logits = model(input_ids=batch["input_ids"], position_ids=batch["position_ids"],
                    attention_mask=model_mask(model, batch["attention_mask"]),
                    logits_to_keep=batch["logit_nodes"]).logits
     rows = logits.reshape(-1, logits.shape[-1])[batch["target_rows"]].float()  # the kept nodes, in row-major order
     picked = torch.log_softmax(rows, dim=-1).gather(-1, batch["target_ids"].unsqueeze(-1)).squeeze(-1)
-    out = torch.zeros(int(batch["num_samples"]), dtype=picked.dtype, device=picked.device)
-    return out.index_add(0, batch["target_sample"], picked)
+    return picked, batch["target_sample"]
 
 
 def tree_scores(model, batch: dict[str, torch.Tensor]) -> torch.Tensor:

@@ -143,10 +143,24 @@ def action_logprobs(model, batch: dict[str, torch.Tensor]) -> torch.Tensor:
     A prefix tree (:func:`aria.packing.collate_tree`): one pass over the tree
     (:func:`aria.packing.tree_action_logprobs`), the same values up to float rounding.
     """
-    from aria.packing import is_tree_batch, tree_action_logprobs
+    from aria.packing import is_tree_batch
+
+    picked, sample = action_token_logprobs(model, batch)
+    size = int(batch["num_samples"]) if is_tree_batch(batch) else len(batch["input_ids"])
+    return torch.zeros(size, dtype=picked.dtype, device=picked.device).index_add(0, sample, picked)
+
+
+def action_token_logprobs(model, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    """log π(token | everything before it) of every action token of the batch, [M], and the sample
+    each belongs to, [M], ordered by sample, then by the token's place in its action: the same
+    order whatever the layout (padded rows or prefix trees), so per-token values computed in one
+    layout line up with those of another (the clipped loss's reference, :mod:`aria.trainers.offline`)."""
+    from aria.packing import is_tree_batch, tree_action_token_logprobs
 
     if is_tree_batch(batch):
-        return tree_action_logprobs(model, batch)
+        picked, sample = tree_action_token_logprobs(model, batch)
+        order = torch.sort(sample, stable=True).indices  # trees hold their samples out of order
+        return picked[order], sample[order]
     input_ids, action_mask = batch["input_ids"], batch["action_mask"]
     width = input_ids.shape[1]
     first_action = int(batch["prompt_len"].min())
@@ -156,8 +170,7 @@ def action_logprobs(model, batch: dict[str, torch.Tensor]) -> torch.Tensor:
     targets = input_ids[:, first_action:]
     mask = action_mask[:, first_action:]
     picked = torch.log_softmax(predicted[mask].float(), dim=-1).gather(-1, targets[mask].unsqueeze(-1)).squeeze(-1)
-    rows = torch.nonzero(mask)[:, 0]
-    return torch.zeros(len(input_ids), dtype=picked.dtype, device=picked.device).index_add(0, rows, picked)
+    return picked, torch.nonzero(mask)[:, 0]  # row-major: by sample, then by position
 
 
 def padded_fraction(samples: Sequence[EncodedSample]) -> float:

@@ -65,6 +65,12 @@ class ReinforceLossSettings:
 
 
 @dataclass
+class ClippedReinforceLossSettings(ReinforceLossSettings):
+    epsilon: float = MISSING
+    kl_coef: float = MISSING
+
+
+@dataclass
 class DpoLossSettings:
     beta: float = MISSING
 
@@ -73,6 +79,7 @@ class DpoLossSettings:
 class LossSettings:
     name: str = MISSING
     reinforce: ReinforceLossSettings = field(default_factory=ReinforceLossSettings)
+    clipped_reinforce: ClippedReinforceLossSettings = field(default_factory=ClippedReinforceLossSettings)
     dpo: DpoLossSettings = field(default_factory=DpoLossSettings)
 
 
@@ -334,6 +341,7 @@ class ReportSettings:
 @dataclass
 class ArcherArmSettings:
     critic_overrides: List[str] = MISSING
+    actor_overrides: List[str] = MISSING
     actor_warmup_iterations: int = MISSING
 
 

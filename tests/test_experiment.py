@@ -301,7 +301,7 @@ def test_archer_trains_its_critic_each_iteration_and_its_actor_after_the_warm_up
     shutil.copytree(straight_root / "run", tmp_path / "run", ignore=shutil.ignore_patterns(".lock"))
     cfg = tiny_experiment(tmp_path)
     cfg = {**cfg, "methods": [*cfg["methods"], "archer"],
-           "archer": {"actor_warmup_iterations": 1, "critic_overrides": [
+           "archer": {"actor_warmup_iterations": 1, "actor_overrides": ["loss.name=clipped_reinforce"], "critic_overrides": [
                f"critic.encoder={tiny_sentence_model_dir}", "critic.hidden=16", "critic.max_tokens=64", "device=cpu",
                "train.mixed_precision=no", "train.epochs=1", "train.micro_batch_size=4", "train.gradient_accumulation_steps=1",
                "data.eval_fraction=0.25"]},
@@ -317,6 +317,9 @@ def test_archer_trains_its_critic_each_iteration_and_its_actor_after_the_warm_up
     assert second["steps"] > 0
     marker = json.loads((arm / "it2" / "trained_on.json").read_text())
     assert marker["critic_init"] == str(arm / "it1" / "critic" / "final") and marker["actor"] is True
+    # the actor trains on the critic's signed advantages with the bounded loss (archer.actor_overrides)
+    assert marker["overrides"][-1] == "loss.name=clipped_reinforce"
+    assert (arm / "it2" / "train" / "reference_logprobs.safetensors").is_file()
     trained = json.loads((arm / "it2" / "critic" / "train.json").read_text())
     assert trained and all("advantage" in step for step in trained)
     assert [line for line in lines if line.startswith("[experiment] trained")] == [

@@ -1,12 +1,14 @@
 """The pure losses and advantages of ``aria/trainers/losses.py``, against values computed by hand."""
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 import torch
 
-from aria.trainers.losses import (ADVANTAGES, LOSSES, RM_LOSSES, dpo_loss, mse_loss, mse_weights, reinforce_loss,
-                                  weighted_mse_loss)
+from aria.trainers.losses import (ADVANTAGES, LOSSES, RM_LOSSES, TOKEN_LOSSES, clipped_reinforce_loss, dpo_loss,
+                                  mse_loss, mse_weights, reinforce_loss, weighted_mse_loss)
 
 
 def test_loss_by_hand():
@@ -16,6 +18,80 @@ def test_loss_by_hand():
     assert reinforce_loss(logp, reward).item() == pytest.approx(-(-1 - 1.5 + 0 + 1) / 4)
     assert reinforce_loss(logp, reward, sft_reward=None).item() == pytest.approx(-(-1 + 3 + 0 + 1) / 4)
     assert reinforce_loss(logp, reward, sft_weight=1.0).item() == pytest.approx(-(-1 - 3 + 0 + 1) / 4)
+
+
+def test_clipped_loss_by_hand():
+    """Sample 0 (weight 0.5) has two tokens, sample 1 (weight −1) one; ε = 0.2.
+    Ratios: e^0 = 1, e^0.5 = 1.64872 (above 1 + ε: its positive weight is clipped at 1.2),
+    e^−0.3 = 0.740818 (below 1 − ε: a negative weight is clipped at 0.8).
+    Sample 0: 0.5 + min(0.82436, 0.6) = 1.1; sample 1: min(−0.740818, −0.8) = −0.8; L = −(1.1 − 0.8)/2."""
+    logp = torch.tensor([-1.0, -2.0, -0.5], requires_grad=True)
+    reference, sample = torch.tensor([-1.0, -2.5, -0.2]), torch.tensor([0, 0, 1])
+    reward = torch.tensor([0.5, -1.0])
+    loss = clipped_reinforce_loss(logp, reward, reference, sample, sft_reward=None)
+    assert loss.item() == pytest.approx(-0.15)
+    loss.backward()
+    # d/dlogp of ρ·w is ρ·w where unclipped: only token 0 (ρ = 1) has a gradient, −0.5/2
+    assert logp.grad.tolist() == pytest.approx([-0.25, 0.0, 0.0])
+
+    # −1 is the SFT marker by default: weight 0.5, and ρ = 0.740818 is unclipped for a positive
+    # weight (min(0.370409, 0.4)): its gradient pulls the token back up
+    logp.grad = None
+    loss = clipped_reinforce_loss(logp, reward, reference, sample)
+    assert loss.item() == pytest.approx(-(1.1 + 0.5 * 0.7408182) / 2)
+    loss.backward()
+    assert logp.grad.tolist() == pytest.approx([-0.25, 0.0, -0.5 * 0.7408182 / 2])
+    # The KL penalty, β = 0.5: β·(ρ − 1 − log ρ) is 0, 0.5·0.148721 and 0.5·0.040818 on the three
+    # tokens; its gradient −β·(ρ − 1)/B pulls tokens 1 and 2 back toward the collecting policy
+    logp.grad = None
+    loss = clipped_reinforce_loss(logp, reward, reference, sample, kl_coef=0.5, sft_reward=None)
+    assert loss.item() == pytest.approx(-((1.1 - 0.5 * 0.1487213) + (-0.8 - 0.5 * 0.0408182)) / 2)
+    loss.backward()
+    assert logp.grad.tolist() == pytest.approx([-0.25, 0.5 * 0.6487213 / 2, 0.5 * (0.7408182 - 1) / 2])
+    # ε is an option: with ε = 0.7 nothing here is clipped
+    unclipped = clipped_reinforce_loss(logp, reward, reference, sample, epsilon=0.7, sft_reward=None)
+    assert unclipped.item() == pytest.approx(-(0.5 + 0.5 * 1.6487213 - 0.7408182) / 2)
+
+
+def test_clipped_loss_starts_as_reinforce():
+    """At the collecting policy (ρ = 1) the clipped loss has REINFORCE's gradient, token by token
+    (the KL penalty's gradient is 0 there)."""
+    torch.manual_seed(0)
+    logp = (-torch.rand(7) * 3).requires_grad_()
+    sample = torch.tensor([0, 0, 0, 1, 2, 2, 3])
+    reward = torch.tensor([0.7, -0.4, -1.0, 0.1])
+    clipped_reinforce_loss(logp, reward, logp.detach().clone(), sample, kl_coef=0.04).backward()
+    via_tokens = logp.grad.clone()
+    logp.grad = None
+    summed = torch.zeros(4).index_add(0, sample, logp)
+    reinforce_loss(summed, reward).backward()
+    torch.testing.assert_close(via_tokens, logp.grad)
+
+
+def test_a_negative_weight_stops_at_one_minus_epsilon():
+    """The bound the clipped loss exists for: gradient steps on a fixed action with weight −1 drive
+    REINFORCE's log-prob without limit, and stop the clipped loss's once the ratio is under 1 − ε
+    (plain SGD, so no momentum carries a step past the point where the gradient vanished)."""
+    def train(loss_name: str) -> torch.Tensor:
+        logits = torch.zeros(3, 5, requires_grad=True)  # three independent tokens over a vocabulary of 5
+        action, sample, reward = torch.tensor([1, 3, 0]), torch.zeros(3, dtype=torch.long), torch.tensor([-1.0])
+        reference = torch.log_softmax(logits, -1).detach()[torch.arange(3), action]
+        optimizer = torch.optim.SGD([logits], lr=0.1)
+        for _ in range(300):
+            logp = torch.log_softmax(logits, -1)[torch.arange(3), action]
+            if loss_name == "clipped_reinforce":
+                loss = clipped_reinforce_loss(logp, reward, reference, sample, sft_reward=None)
+            else:
+                loss = reinforce_loss(logp.sum().unsqueeze(0), reward, sft_reward=None)
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+        return (torch.log_softmax(logits, -1)[torch.arange(3), action] - reference).detach()
+
+    assert (train("reinforce") < -5).all()  # and still falling
+    moved = train("clipped_reinforce")
+    # each token stops just past log(0.8) = −0.223: the step of lr 0.1 that crosses the line overshoots by less than 0.1, then nothing pulls
+    assert (moved < math.log(0.8)).all() and (moved > math.log(0.8) - 0.1).all(), moved
 
 
 def test_dpo_loss_by_hand():
@@ -58,7 +134,8 @@ def test_advantages_by_hand():
 
 
 def test_registries_name_their_functions():
-    assert LOSSES == {"reinforce": reinforce_loss}
+    assert LOSSES == {"reinforce": reinforce_loss, "clipped_reinforce": clipped_reinforce_loss}
+    assert TOKEN_LOSSES == {"clipped_reinforce"}
     assert RM_LOSSES == {"weighted_mse": weighted_mse_loss, "mse": mse_loss}
     assert sorted(ADVANTAGES) == ["rm_score", "rm_score_centered"]
 

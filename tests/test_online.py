@@ -354,3 +354,14 @@ def test_a_bad_max_turns_is_one_line_before_any_model_loads(tmp_path):
     cfg = compose_config("onlinereinforce_llm", ["model.path=/no/model", f"output_dir={tmp_path}", "online.max_turns=0"])
     with pytest.raises(ConfigError, match=r"online.max_turns: expected a whole number >= 1 or null, got 0"):
         OnlineTrainer(cfg)
+
+
+def test_a_loss_with_a_fixed_reference_is_refused_online(tmp_path):
+    """clipped_reinforce reads log-probs computed once on a fixed training set: online, where the
+    steps change every iteration, it is one line before any model loads, not a silent misuse."""
+    from aria.io import ConfigError
+
+    cfg = compose_config("onlinereinforce_llm", ["model.path=/no/model", f"output_dir={tmp_path}",
+                                                 "loss.name=clipped_reinforce"])
+    with pytest.raises(ConfigError, match=r"loss.name: 'clipped_reinforce' is a loss of the offline trainer"):
+        OnlineTrainer(cfg)

@@ -5,8 +5,9 @@ of one batch to a loss (or advantages), so each is tested against values compute
 (``tests/test_losses.py``) and is a target of the mutation run (docs/testing.md, "Mutation testing").
 The trainers look their function up by config name in one of the three registries below:
 
-* :data:`LOSSES` — policy losses on summed action log-probs (``loss.name`` of the offline and
-  online actors), and :func:`dpo_loss` on pairs of them (``traj_dpo``);
+* :data:`LOSSES` — policy losses on action log-probs (``loss.name`` of the offline and online
+  actors; those in :data:`TOKEN_LOSSES` read each action token against the collecting policy),
+  and :func:`dpo_loss` on pairs of summed log-probs (``traj_dpo``);
 * :data:`RM_LOSSES` — reward-model losses on scores (``loss.name`` of the reward model);
 * :data:`ADVANTAGES` — online advantages from reward-model scores (``online.advantage``).
 """
@@ -26,15 +27,55 @@ def reinforce_loss(logp: torch.Tensor, reward: torch.Tensor, sft_reward: float |
     ``logp`` [B]: summed action log-probs; ``reward`` [B]. ``sft_reward=None`` turns the SFT
     branch off (every sample is weighted by its reward).
     """
-    reward = reward.to(logp.dtype)
-    weight = reward
-    if sft_reward is not None:
-        weight = torch.where(reward == sft_reward, torch.full_like(reward, sft_weight), reward)
-    return -(weight * logp).mean()
+    return -(_weights(reward.to(logp.dtype), sft_reward, sft_weight) * logp).mean()
+
+
+def _weights(reward: torch.Tensor, sft_reward: float | None, sft_weight: float) -> torch.Tensor:
+    if sft_reward is None:
+        return reward
+    return torch.where(reward == sft_reward, torch.full_like(reward, sft_weight), reward)
+
+
+def clipped_reinforce_loss(logp: torch.Tensor, reward: torch.Tensor, reference: torch.Tensor, sample: torch.Tensor,
+                           epsilon: float = 0.2, kl_coef: float = 0.0, sft_reward: float | None = -1.0,
+                           sft_weight: float = 0.5) -> torch.Tensor:
+    """REINFORCE on fixed actions, bounded: PPO's clipped surrogate (Schulman et al. 2017) with the
+    collecting policy as the old policy, per action token, summed over a sample's tokens:
+
+        L = −(1/B) Σ_i Σ_t [min(ρ_it · w_i, clip(ρ_it, 1 − ε, 1 + ε) · w_i) − β · (ρ_it − 1 − log ρ_it)],
+        ρ_it = exp(logp_it − reference_it)
+
+    ``logp`` and ``reference`` [M]: the log-prob of each action token of the micro-batch under the
+    policy being trained and under the policy that collected the data; ``sample`` [M]: which of the B
+    samples each token belongs to (0 .. B−1); ``reward`` [B]: the weights, with ``sft_reward`` /
+    ``sft_weight`` as in :func:`reinforce_loss`.
+
+    Why: on fixed utterances −w·log π(a | s) with w < 0 falls without bound as log π(a | s) → −∞
+    (nothing re-samples a), which is how the powered run's ArCHer arm collapsed. Here a token whose
+    ratio has left [1 − ε, 1 + ε] in the direction its weight pushes gives no gradient, so each token
+    moves at most log(1 ± ε) from the collecting policy by its own sample's push. That alone does
+    not bound the policy: the other samples' pushes move the same weights (and Adam takes
+    full-size steps on whatever gradient is left), and nothing pulls a clipped token back. The
+    second term, ``kl_coef`` β times the k3 estimate of KL(collecting ‖ policy) on the collected
+    tokens (unbiased because they were sampled from the collecting policy; GRPO's penalty,
+    Shao et al. 2024), does: its gradient (ρ − 1)·∇logp pulls every token toward the collecting
+    policy, the harder the further it went. At ρ = 1 (the first step from the collecting policy)
+    both are exactly :func:`reinforce_loss`'s gradient: Σ_t ∇ρ_it = Σ_t ∇logp_it, and the penalty's is 0.
+    """
+    weight = _weights(reward.to(logp.dtype), sft_reward, sft_weight)[sample]
+    ratio = torch.exp(logp - reference.to(logp.dtype))
+    surrogate = torch.minimum(ratio * weight, ratio.clamp(1 - epsilon, 1 + epsilon) * weight)
+    if kl_coef:
+        surrogate = surrogate - kl_coef * (ratio - 1 - (logp - reference.to(logp.dtype)))
+    per_sample = torch.zeros(len(reward), dtype=logp.dtype, device=logp.device).index_add(0, sample, surrogate)
+    return -per_sample.mean()
 
 
 #: Policy losses by name (config ``loss.name``).
-LOSSES: dict[str, Callable[..., torch.Tensor]] = {"reinforce": reinforce_loss}
+LOSSES: dict[str, Callable[..., torch.Tensor]] = {"reinforce": reinforce_loss, "clipped_reinforce": clipped_reinforce_loss}
+#: Losses that take per-token log-probs (``logp``, ``sample``) and the collecting policy's log-prob of
+#: each token (``reference``, computed once before training by the offline trainer), not summed ones.
+TOKEN_LOSSES = frozenset({"clipped_reinforce"})
 
 
 def dpo_loss(chosen: torch.Tensor, rejected: torch.Tensor, ref_chosen: torch.Tensor, ref_rejected: torch.Tensor,

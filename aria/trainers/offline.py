@@ -19,7 +19,12 @@ The loss (the original's ``reinforce`` objective, paper §3.5):
 
 except that a sample whose reward is exactly ``sft_reward`` (−1 in the original, where it marks
 demonstrations) gets the plain SFT term ``w_i = sft_weight · Σ_t log π`` (0.5 in the original).
-No KL term and no clipping of the ratio: this is plain REINFORCE on fixed data.
+No KL term and no clipping of the ratio: this is plain REINFORCE on fixed data. With
+``loss.name=clipped_reinforce`` each action token's ratio to the model training starts from is
+clipped instead (PPO's surrogate, :func:`aria.trainers.losses.clipped_reinforce_loss`), which keeps
+negative weights (ArCHer's, GiGPO's and StarPO's advantages) from driving the fixed actions'
+log-probs to −∞: those reference log-probs are computed once, before the first step, and kept in
+``output_dir/reference_logprobs.safetensors`` for a resumed run.
 
 Checkpoints (every ``save_freq`` optimizer steps, in ``output_dir/checkpoints/step-<n>/``):
 ``model/`` in Hugging Face format (the LoRA adapter, or the full model), ``trainable.safetensors``
@@ -50,11 +55,11 @@ from aria.settings import TrainerSettings, validated
 from aria.trainers.checkpoint import (begin_checkpoint, finish_checkpoint, latest_checkpoint, load_plain_state,
                                       load_state, read_trainer_state, resume_position, save_plain_state, save_state)
 from aria.packing import attention_break_even, game_ordered_batches, packing_stats, sample_groups
-from aria.policy import EncodedSample, Encoding, action_logprobs, collate_as, load_model
+from aria.policy import EncodedSample, Encoding, action_logprobs, action_token_logprobs, collate_as, load_model
 from aria.trainers.engine import (OPTIMIZERS, TrainState, accumulate_step, build_optimizer,  # noqa: F401
                                   check_lr_scheduler, check_train_settings, make_accelerator, resolve_mixed_precision,
                                   run_epochs, save_final_model)
-from aria.trainers.losses import LOSSES, reinforce_loss  # noqa: F401  (re-exported)
+from aria.trainers.losses import LOSSES, TOKEN_LOSSES, reinforce_loss  # noqa: F401  (re-exported)
 from aria.trainers.methods import METHODS, get_method, method_weights
 
 
@@ -146,9 +151,14 @@ class OfflineTrainer:
         self.rewards = torch.tensor([float(s[self.target_field]) for s in self.samples])
         self.packing = t["packing"]
         self.break_even = attention_break_even(model)  # which micro-batches are cheaper in rows (aria.packing)
-        # What a checkpoint was trained on: resuming on other data (or in another order) would
-        # silently mix two runs.
-        fingerprint = self.fingerprint() + ([["packing", self.packing]] if self.packing != "padded" else [])
+        loss_name = self.loss_name or cfg["loss"]["name"]
+        self.loss_fn = self.losses[loss_name]
+        self.loss_options = dict(cfg["loss"].get(loss_name) or {})  # the section named like the loss
+        self.token_loss = loss_name in TOKEN_LOSSES  # reads each action token against the start model
+        # What a checkpoint was trained on: resuming on other data (or in another order, or
+        # under a loss with a reference) would silently mix two runs.
+        fingerprint = self.fingerprint() + ([["packing", self.packing]] if self.packing != "padded" else []) \
+            + ([["loss", loss_name, self.loss_options]] if self.token_loss else [])
         self.data_digest = json_digest(fingerprint, sort_keys=False)
 
         world, accumulation = self.accelerator.num_processes, t["gradient_accumulation_steps"]
@@ -166,9 +176,6 @@ class OfflineTrainer:
             ds["gradient_clipping"] = t["max_grad_norm"] or 0.0
         self.model, self.optimizer = self.accelerator.prepare(model, optimizer)
         self.scheduler = scheduler
-        loss_name = self.loss_name or cfg["loss"]["name"]
-        self.loss_fn = self.losses[loss_name]
-        self.loss_options = dict(cfg["loss"].get(loss_name) or {})  # the section named like the loss
         if self.target_field == "weight" and not get_method(cfg["method"]).sft_marker \
                 and "sft_reward" in self.loss_options:
             # A reward of exactly −1 marks a demonstration only in the release's ARIA files; a
@@ -262,9 +269,54 @@ class OfflineTrainer:
         return [[e.input_ids, e.prompt_len] for e in self.encoded] + self.rewards.tolist()
 
     def micro_loss(self, batch: dict[str, torch.Tensor], indices: list[int]) -> torch.Tensor:
-        """The loss of one micro-batch: REINFORCE on the summed action log-probs."""
+        """The loss of one micro-batch: REINFORCE on the summed action log-probs (or, for a loss
+        of :data:`~aria.trainers.losses.TOKEN_LOSSES`, on each token's against the reference)."""
+        if self.token_loss:
+            logp, sample = action_token_logprobs(self.model, batch)
+            reference = torch.cat([self.reference[i] for i in indices]).to(logp.device)
+            return self.loss_fn(logp, self.rewards[indices].to(logp.device), reference, sample, **self.loss_options)
         logp = action_logprobs(self.model, batch)
         return self.loss_fn(logp, self.rewards[indices].to(logp.device), **self.loss_options)
+
+    def reference_logprobs(self) -> list[torch.Tensor]:
+        """Each sample's action-token log-probs under the model training starts from (the
+        collecting policy, when the data is that model's own collection), [action tokens] each.
+
+        Computed once, before the first step, in file order (a game's steps share their trees),
+        split across processes, every process running as many forward passes as the others
+        (ZeRO-3 gathers weights in each), and written to ``reference_logprobs.safetensors``: a
+        resumed run reads them back, since the model it resumes from is no longer the start."""
+        from accelerate.utils import gather_object
+
+        acc, path = self.accelerator, self.output_dir / "reference_logprobs.safetensors"
+        lengths = [e.action_len for e in self.encoded]
+        if path.is_file():
+            stored = load_state(path)
+            if stored["data_digest"] == self.data_digest:
+                return list(torch.split(stored["logp"], lengths))
+        if latest_checkpoint(self.output_dir) is not None:
+            raise DataError(str(path), None, None, "checkpoints in this output_dir have no reference log-probs of "
+                            "their start model; remove the output_dir's checkpoints/ to start again")
+        size, world = self.cfg["train"]["micro_batch_size"], acc.num_processes
+        mine = np.array_split(np.arange(len(self.encoded)), world)[acc.process_index].tolist()
+        rounds = -(-((len(self.encoded) + world - 1) // world) // size)  # the most batches any process has
+        found: list[tuple[int, torch.Tensor]] = []
+        self.model.eval()
+        with torch.no_grad():
+            for r in range(rounds):
+                indices = mine[r * size:(r + 1) * size]
+                logp, sample = action_token_logprobs(self.model, self.make_batch(indices or mine[:1] or [0]))
+                found += [(i, logp[sample == j].float().cpu()) for j, i in enumerate(indices)]
+        self.model.train()
+        by_sample = dict(gather_object(found) if world > 1 else found)
+        reference = [by_sample[i] for i in range(len(self.encoded))]
+        if acc.is_main_process:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_name(path.name + ".tmp")
+            save_state(tmp, {"data_digest": self.data_digest, "logp": torch.cat(reference)})
+            tmp.replace(path)
+        acc.wait_for_everyone()
+        return reference
 
     def after_training(self) -> dict:
         """Runs after the last step, before the final save; its result joins :meth:`train`'s."""
@@ -288,6 +340,8 @@ class OfflineTrainer:
         from tqdm.auto import tqdm
 
         acc, t, log_cfg = self.accelerator, self.cfg["train"], self.cfg["logging"]
+        if self.token_loss:  # from the start model, so before a resume replaces it
+            self.reference = self.reference_logprobs()
         resumed = self.resume()
         if acc.is_main_process and log_cfg["report_to"]:
             acc.init_trackers(log_cfg.get("run_name") or "aria_offline", config=_flat(redact(self.cfg)))

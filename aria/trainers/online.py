@@ -67,7 +67,7 @@ from aria.resources import compose_config, config_dir
 from aria.settings import OnlineTrainerSettings, validated
 from aria.trainers.checkpoint import (begin_checkpoint, finish_checkpoint, latest_checkpoint, load_plain_state,
                                       load_rng_state, save_plain_state, set_rng_state, trim_metrics)
-from aria.trainers.losses import ADVANTAGES, LOSSES, rm_score, rm_score_centered  # noqa: F401  (re-exported)
+from aria.trainers.losses import ADVANTAGES, LOSSES, TOKEN_LOSSES, rm_score, rm_score_centered  # noqa: F401  (re-exported)
 from aria.trainers.engine import (accumulate_step, build_optimizer, check_train_settings, make_accelerator,
                                   save_final_model)
 
@@ -165,6 +165,9 @@ class OnlineTrainer:
         from aria.reward_service import build_scorer
 
         cfg = validated(OnlineTrainerSettings, cfg, "online trainer settings")
+        if cfg["loss"]["name"] in TOKEN_LOSSES:  # its reference is computed once on a fixed training set
+            raise ConfigError(f"loss.name: {cfg['loss']['name']!r} is a loss of the offline trainer (its reference "
+                              "log-probs are those of a fixed training set); online, use reinforce")
         check_train_settings(cfg, LOSSES)
         for name, low in (("iterations", 1), ("rollout_size", 1), ("rollout_batch_size", 1), ("actor_updates", 1),
                           ("rm_refresh", 0)):
