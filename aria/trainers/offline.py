@@ -287,6 +287,7 @@ class OfflineTrainer:
         (ZeRO-3 gathers weights in each), and written to ``reference_logprobs.safetensors``: a
         resumed run reads them back, since the model it resumes from is no longer the start."""
         from accelerate.utils import gather_object
+        from tqdm.auto import tqdm
 
         acc, path = self.accelerator, self.output_dir / "reference_logprobs.safetensors"
         lengths = [e.action_len for e in self.encoded]
@@ -303,7 +304,7 @@ class OfflineTrainer:
         found: list[tuple[int, torch.Tensor]] = []
         self.model.eval()
         with torch.no_grad():
-            for r in range(rounds):
+            for r in tqdm(range(rounds), desc="reference log-probs", disable=not acc.is_local_main_process, dynamic_ncols=True):
                 indices = mine[r * size:(r + 1) * size]
                 logp, sample = action_token_logprobs(self.model, self.make_batch(indices or mine[:1] or [0]))
                 found += [(i, logp[sample == j].float().cpu()) for j, i in enumerate(indices)]
