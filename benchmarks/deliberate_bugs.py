@@ -93,6 +93,19 @@ BUGS = [
     ("GiGPO's similarity compares the shared prompt too", "aria/trainers/methods.py",
      "cut = len(commonprefix(list(texts))) if len(texts) > 1 else 0", "cut = 0",
      "tests/test_methods.py::test_gigpo_similarity_groups_by_hand"),
+    ("clipped loss takes the larger surrogate (no bound for negative weights)", "aria/trainers/losses.py",
+     "surrogate = torch.minimum(", "surrogate = torch.maximum(", "tests/test_losses.py::test_clipped_loss_by_hand"),
+    ("KL penalty rewards moving away from the collecting policy", "aria/trainers/losses.py",
+     "surrogate = surrogate - kl_coef", "surrogate = surrogate + kl_coef", "tests/test_losses.py::test_clipped_loss_by_hand"),
+    ("prefix-tree tokens left in tree order, not sample order", "aria/policy.py",
+     "return picked[order], sample[order]", "return picked, sample",
+     "tests/test_offline_trainer.py::test_the_clipped_loss_starts_with_reinforces_gradient_on_any_batch"),
+    ("reference tokens of the batch taken in file order", "aria/trainers/offline.py",
+     "torch.cat([self.reference[i] for i in indices])", "torch.cat([self.reference[i] for i in sorted(indices)])",
+     "tests/test_offline_trainer.py::test_the_clipped_loss_starts_with_reinforces_gradient_on_any_batch"),
+    ("a resumed clipped run recomputes its reference from the resumed model", "aria/trainers/offline.py",
+     "if stored[\"data_digest\"] == self.data_digest:", "if False:",
+     "tests/test_offline_trainer.py::test_the_clipped_loss_keeps_negative_weights_bounded_and_resumes"),
 ]
 
 

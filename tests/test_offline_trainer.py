@@ -264,6 +264,36 @@ def test_gradient_accumulation_averages_like_one_large_batch(tmp_path, tiny_mode
     assert norms[1] == pytest.approx(norms[0], rel=1e-4)
 
 
+@pytest.mark.parametrize("packing", ["prefix_tree", "padded"])
+def test_the_clipped_loss_starts_with_reinforces_gradient_on_any_batch(tmp_path, tiny_model_dir, packing):
+    """Before the first step every token's ratio is 1, so the clipped loss's gradient must be
+    REINFORCE's, on a micro-batch whose samples are out of file order and, packed, out of tree
+    order: a reference token lined up with another sample's token (or another position) gives a
+    ratio other than 1 and fails this."""
+    from aria.trainers.losses import reinforce_loss
+
+    rewards = [0.7, -0.3, 0.2, 1.0, -0.8, 0.5]
+    data = [{"observation": OBS + ("Yes. " * (i % 2)), "action": f"Question: Is it thing {i}? " + "No. " * i, "reward": r,
+             "game_id": f"g{i % 2}", "turn": i // 2} for i, r in enumerate(rewards)]
+    trainer = OfflineTrainer(config(tmp_path, tiny_model_dir, data, "loss.name=clipped_reinforce", f"train.packing={packing}",
+                                    "train.micro_batch_size=3", "train.gradient_accumulation_steps=1"))
+    trainer.reference = trainer.reference_logprobs()
+    model = trainer.accelerator.unwrap_model(trainer.model)
+    params = [p for p in model.parameters() if p.requires_grad]
+    indices = [5, 0, 3]
+
+    def gradient(loss) -> torch.Tensor:
+        model.zero_grad(set_to_none=True)
+        loss().backward()
+        return torch.cat([p.grad.reshape(-1) for p in params])
+
+    batch = trainer.make_batch(indices)
+    clipped = gradient(lambda: trainer.micro_loss(batch, indices))
+    plain = gradient(lambda: reinforce_loss(action_logprobs(model, batch), trainer.rewards[indices], sft_reward=None))
+    assert plain.norm() > 0
+    assert (clipped - plain).norm() <= 1e-4 * plain.norm()
+
+
 def test_the_clipped_loss_keeps_negative_weights_bounded_and_resumes(tmp_path, tiny_model_dir):
     """``loss.name=clipped_reinforce``: the reference log-probs are the start model's, per action
     token (checked against an independent unpadded pass). Epochs of a negative weight on fixed
