@@ -333,6 +333,8 @@ def test_accelerate_launch_and_resume_per_method(name, processes, units, accumul
                    f"train.micro_batch_size={2 if name == 'gigpo' else 1}", f"train.gradient_accumulation_steps={accumulation}",
                    "train.save_freq=1", "train.keep_checkpoints=null", "train.lr=0.01", "model.lora.dropout=0.2",
                    "logging.write_data_order=true", f"method={name}"]
+        if name == "gigpo":  # signed advantages: the bounded loss, its reference split across the processes
+            command.append("loss.name=clipped_reinforce")
         if processes == 1:
             from in_process import run_script
 
@@ -352,6 +354,18 @@ def test_accelerate_launch_and_resume_per_method(name, processes, units, accumul
     assert all(seen) and sum(map(len, seen)) == units and set().union(*seen) == set(range(units))
     last = out / "checkpoints" / f"step-{total}"
     assert json.loads((last / "trainer_state.json").read_text())["world_size"] == processes
+    if name == "gigpo":  # each process computed half the start model's log-probs; gathered, they are every sample's
+        from aria.policy import encode_sample, load_policy
+        from aria.trainers.checkpoint import load_state
+        from conftest import naive_action_logprob
+
+        tokenizer, base = load_policy(str(tiny_model_dir))
+        encoded = [encode_sample(tokenizer, s["observation"], s["action"], 512) for s in games_for_two_processes()]
+        stored = load_state(out / "reference_logprobs.safetensors")["logp"]
+        per_sample = torch.split(stored, [e.action_len for e in encoded])
+        with torch.no_grad():
+            assert [float(t.sum()) for t in per_sample] == pytest.approx(
+                [float(naive_action_logprob(base, e)) for e in encoded], abs=1e-4)
     expected = load_file(str(last / "trainable.safetensors"))
 
     for folder in [out / "final", *(out / "checkpoints" / f"step-{s}" for s in range(3, total + 1))]:
