@@ -316,6 +316,12 @@ def test_the_clipped_loss_keeps_negative_weights_bounded_and_resumes(tmp_path, t
         OfflineTrainer(config(tmp_path / name, tiny_model_dir, data, *common, *loss)).train()
         per_token[name] = [(final_logprob(tiny_model_dir, tmp_path / name / "out" / "final", s)
                             - final_logprob(tiny_model_dir, tiny_model_dir, s)) / e.action_len for s, e in zip(data[:3], encoded)]
+    # each step logs the share of tokens outside the clip band and the KL from the start model:
+    # nothing at the first micro-batch (the start model itself), both growing as the tokens move
+    metrics = [json.loads(line) for line in (tmp_path / "clip_kl" / "out" / "metrics.jsonl").read_text().splitlines()]
+    assert metrics[0]["clip_fraction"] == 0 and metrics[0]["kl_start"] == pytest.approx(0, abs=1e-6)
+    assert metrics[-1]["clip_fraction"] > 0.5 and metrics[-1]["kl_start"] > 0.1, metrics[-1]
+    assert "clip_fraction" not in json.loads((tmp_path / "reinforce" / "out" / "metrics.jsonl").read_text().splitlines()[0])
     reference = load_state(tmp_path / "clip_kl" / "out" / "reference_logprobs.safetensors")["logp"]
     assert len(reference) == sum(e.action_len for e in encoded)
     assert float(reference[:encoded[0].action_len].sum()) == pytest.approx(

@@ -182,6 +182,7 @@ class OfflineTrainer:
             # normalised advantage (StarPO, GiGPO) can be exactly −1 and must stay an advantage.
             self.loss_options["sft_reward"] = None
         self.state = TrainState()
+        self.token_stats: dict[str, float] = {}  # the clipped loss's per-micro-batch diagnostics
         if self.accelerator.is_main_process and self.loss_fn is reinforce_loss:
             self.warn_negative_weights()
         if self.accelerator.is_main_process and self.packing == "prefix_tree":
@@ -274,6 +275,11 @@ class OfflineTrainer:
         if self.token_loss:
             logp, sample = action_token_logprobs(self.model, batch)
             reference = torch.cat([self.reference[i] for i in indices]).to(logp.device)
+            with torch.no_grad():  # how far from the start model, logged per step as PPO's trainers do
+                log_ratio = logp.detach().float() - reference.float()
+                self.token_stats = {"clip_fraction": float((log_ratio.exp() - 1).abs().gt(self.loss_options["epsilon"])
+                                                           .float().mean()),
+                                    "kl_start": float((log_ratio.exp() - 1 - log_ratio).mean())}
             return self.loss_fn(logp, self.rewards[indices].to(logp.device), reference, sample, **self.loss_options)
         logp = action_logprobs(self.model, batch)
         return self.loss_fn(logp, self.rewards[indices].to(logp.device), **self.loss_options)
@@ -366,6 +372,8 @@ class OfflineTrainer:
                 window["grad_norm"] = grad_norm
             window["loss"] += float(loss.detach())
             window["micro"] += 1
+            for key, value in self.token_stats.items():
+                window[key] = window.get(key, 0.0) + value
             _count_tokens(window, batch)
 
         def after_step() -> None:
@@ -398,6 +406,10 @@ class OfflineTrainer:
                   "sharing": round(row_tokens / max(tokens, 1), 3)}
         if "grad_norm" in window:
             record["grad_norm"] = round(window["grad_norm"], 4)
+        for key in ("clip_fraction", "kl_start"):  # the clipped loss: tokens outside the band; k3 KL from the start model
+            if key in window:
+                record[key] = round(acc.reduce(torch.tensor(window[key] / max(window["micro"], 1), device=acc.device),
+                                               reduction="mean").item(), 6)
         if acc.is_main_process:
             metrics_path.parent.mkdir(parents=True, exist_ok=True)
             with open(metrics_path, "a", encoding="utf-8") as handle:
