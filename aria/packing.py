@@ -342,14 +342,6 @@ def model_mask(model, mask: torch.Tensor) -> torch.Tensor:
                      f"{implementation!r}: set train.packing=padded")
 
 
-def tree_action_logprobs(model, batch: dict[str, torch.Tensor]) -> torch.Tensor:
-    """Σ over each sample's action tokens of log π(token | its own prefix), from one forward pass
-    over the trees: shape [B]. Only the nodes in ``logit_nodes`` go through the LM head."""
-    picked, sample = tree_action_token_logprobs(model, batch)
-    out = torch.zeros(int(batch["num_samples"]), dtype=picked.dtype, device=picked.device)
-    return out.index_add(0, sample, picked)
-
-
 def tree_action_token_logprobs(model, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
     """log π(token | its own prefix) of every action token, [M], and its sample, [M], in the order of
     :func:`collate_tree` (each sample's tokens in action order; the samples in tree order)."""

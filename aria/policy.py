@@ -141,7 +141,7 @@ def action_logprobs(model, batch: dict[str, torch.Tensor]) -> torch.Tensor:
     Padded rows (:func:`collate`): only the last positions that predict some action token go
     through the LM head (``logits_to_keep``), and ``log_softmax`` runs only at action positions.
     A prefix tree (:func:`aria.packing.collate_tree`): one pass over the tree
-    (:func:`aria.packing.tree_action_logprobs`), the same values up to float rounding.
+    (:func:`aria.packing.tree_action_token_logprobs`), the same values up to float rounding.
     """
     from aria.packing import is_tree_batch
 

@@ -73,7 +73,7 @@ def test_nan_embeddings_are_refused_at_import_and_at_read(tmp_path):
     ("train.optimizer=sgd", "train.optimizer: unknown 'sgd' (known: adam, adamw)"),
     ("train.micro_batch_size=0", "train.micro_batch_size: expected an integer >= 1, got 0"),
     ("train.epochs=0", "train.epochs: expected an integer >= 1, got 0"),  # wrote an untrained final/ with exit 0
-    ("loss.name=ppo", "loss.name: unknown 'ppo' (known: reinforce)"),
+    ("loss.name=ppo", "loss.name: unknown 'ppo' (known: clipped_reinforce, reinforce)"),
 ])
 def test_impossible_training_settings_stop_before_the_model_loads(tmp_path, override, message):
     # model.path names no model: a check that came after loading would fail on the path instead.
