@@ -23,8 +23,9 @@ from mutation import REPO, copy_repository  # noqa: E402
 
 # (bug, file, original text, buggy text, the test that must fail)
 BUGS = [
-    ("offline rewards shifted against their batch", "aria/trainers/offline.py", "self.rewards[indices]",
-     "self.rewards[:len(indices)]", "tests/test_offline_trainer.py::test_each_sample_is_weighted_by_its_own_reward"),
+    ("offline rewards shifted against their batch", "aria/trainers/offline.py",
+     "self.rewards[indices].to(logp.device), **self.loss_options)",
+     "self.rewards[:len(indices)].to(logp.device), **self.loss_options)", "tests/test_offline_trainer.py::test_each_sample_is_weighted_by_its_own_reward"),
     ("a two-player step gets the other role's reward", "aria/intention/corpus.py",
      'value = record.get("role_rewards", {}).get(role)',
      'value = record.get("role_rewards", {}).get({"alice": "bob", "bob": "alice"}.get(role, role))',
