@@ -277,9 +277,9 @@ class OfflineTrainer:
             reference = torch.cat([self.reference[i] for i in indices]).to(logp.device)
             with torch.no_grad():  # how far from the start model, logged per step as PPO's trainers do
                 log_ratio = logp.detach().float() - reference.float()
-                self.token_stats = {"clip_fraction": float((log_ratio.exp() - 1).abs().gt(self.loss_options["epsilon"])
-                                                           .float().mean()),
-                                    "kl_start": float((log_ratio.exp() - 1 - log_ratio).mean())}
+                ratio = log_ratio.exp()
+                self.token_stats = {"clip_fraction": float((ratio - 1).abs().gt(self.loss_options["epsilon"]).float().mean()),
+                                    "kl_start": float((ratio - 1 - log_ratio).mean())}
             return self.loss_fn(logp, self.rewards[indices].to(logp.device), reference, sample, **self.loss_options)
         logp = action_logprobs(self.model, batch)
         return self.loss_fn(logp, self.rewards[indices].to(logp.device), **self.loss_options)
