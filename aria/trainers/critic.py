@@ -136,8 +136,8 @@ class DoubleCritic(torch.nn.Module):
         self.v1, self.v2 = head(width), head(width)
 
     def freeze_encoder(self, cache: dict | None = None) -> dict:
-        """Train the heads only: the encoder's weights stay, so each text is encoded once and kept
-        in ``cache`` (returned; give the target copy the same one)."""
+        """Train the heads only: the encoder's weights stay, so each text is encoded once, alone, and
+        kept in ``cache`` (returned; give the target copy the same one)."""
         self.encoder.requires_grad_(False)
         self.cache = {} if cache is None else cache
         return self.cache
@@ -151,7 +151,10 @@ class DoubleCritic(torch.nn.Module):
                 training = self.encoder.training
                 self.encoder.eval()
                 with torch.no_grad():
-                    cache.update(zip(missing, self._encode(missing).float()))
+                    # each text alone: padded beside longer texts, bfloat16 rounds it otherwise, and a
+                    # run resumed from a checkpoint (first needing the text in another batch) would
+                    # train on other numbers than the run it continues
+                    cache.update((text, self._encode([text])[0].float()) for text in missing)
                 self.encoder.train(training)
             return torch.stack([cache[t] for t in texts])
         return self._encode(texts)
