@@ -241,7 +241,18 @@ def label(cfg: dict, trajectories: Path, out_dir: Path, seed: int, echo: Printer
 
 def train_critic(cfg: dict, train_file: Path, out_dir: Path, seed: int, init: Path | None, echo: Printer) -> Path:
     """ArCHer's critic on ``train_file`` (from ``init``, the previous iteration's critic, when
-    given), in ``out_dir``; returns the training set with each step's advantage. Resumes itself."""
+    given), in ``out_dir``; returns the training set with each step's advantage. Resumes itself.
+
+    A finished critic (its ``final/`` and the advantages written after it) is kept as it is: the
+    actor's checkpoints and reference log-probs belong to those advantages, and training the critic
+    again from its last checkpoint would rewrite them (the caller's marker has already removed a
+    critic of other settings)."""
+    done = out_dir / "final" / "critic.json"
+    if done.is_file() and (out_dir / "train.json").is_file():
+        found = read_json(done)
+        echo(f"[experiment] critic: done ({found['steps']} steps; held out: TD error {found.get('eval_td_mse')}, won above "
+             f"lost {found.get('eval_ranking_accuracy')} (same turn {found.get('eval_ranking_accuracy_same_turn')}))")
+        return out_dir / "train.json"
     overrides = [f"data.train_file={train_file}", f"output_dir={out_dir}", f"seed={seed}",
                  f"critic.init={init if init else 'null'}", *cfg["archer"]["critic_overrides"]]
     if cfg["launcher"]:

@@ -340,6 +340,18 @@ def test_archer_trains_its_critic_each_iteration_and_its_actor_after_the_warm_up
     # the gradient-variance report weighs the same steps by the critic's advantages too
     assert set(results["gradient_variance"]["0"]["methods"]) == {"aria", "no_aggregation", "archer"}
 
+    # Stopped after the critic, in the actor (its model not merged yet): the run again keeps the
+    # finished critic and its advantages, which the actor's checkpoints and reference belong to
+    # (before: the critic resumed from its last checkpoint and rewrote them, and the actor refused).
+    advantages = arm / "it2" / "critic" / "train.json"
+    written = (advantages.read_bytes(), advantages.stat().st_mtime_ns)
+    shutil.rmtree(arm / "it2" / "model")
+    again: list[str] = []
+    experiment.run(cfg, again.append)
+    assert (advantages.read_bytes(), advantages.stat().st_mtime_ns) == written
+    assert sum(line.startswith("[experiment] critic: done (") for line in again) == 1
+    assert f"[experiment] trained archer from model -> {arm / 'it2' / 'model'}" in again
+
 
 def test_a_launcher_trains_the_module_in_a_process_of_its_own_to_the_same_weights(tmp_path, tiny_experiment, straight_run):
     """With ``launcher`` set the runner starts the trainer as a module (``<launcher> -m
