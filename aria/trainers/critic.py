@@ -151,9 +151,9 @@ class DoubleCritic(torch.nn.Module):
                 training = self.encoder.training
                 self.encoder.eval()
                 with torch.no_grad():
-                    # each text alone: padded beside longer texts, bfloat16 rounds it otherwise, and a
-                    # run resumed from a checkpoint (first needing the text in another batch) would
-                    # train on other numbers than the run it continues
+                    # each text alone: padded beside longer texts it encodes a little differently
+                    # (float32 too), and a run resumed from a checkpoint, first needing the text in
+                    # another batch, would train on other numbers than the run it continues
                     cache.update((text, self._encode([text])[0].float()) for text in missing)
                 self.encoder.train(training)
             return torch.stack([cache[t] for t in texts])
