@@ -239,6 +239,12 @@ def label(cfg: dict, trajectories: Path, out_dir: Path, seed: int, echo: Printer
     return out_dir / "train.json"
 
 
+def critic_summary(found: dict) -> str:
+    """A critic run's steps and held-out diagnostics (its ``final/critic.json`` or its trainer's result)."""
+    return (f"{found['steps']} steps; held out: TD error {found.get('eval_td_mse')}, won above lost "
+            f"{found.get('eval_ranking_accuracy')} (same turn {found.get('eval_ranking_accuracy_same_turn')})")
+
+
 def train_critic(cfg: dict, train_file: Path, out_dir: Path, seed: int, init: Path | None, echo: Printer) -> Path:
     """ArCHer's critic on ``train_file`` (from ``init``, the previous iteration's critic, when
     given), in ``out_dir``; returns the training set with each step's advantage. Resumes itself.
@@ -249,9 +255,7 @@ def train_critic(cfg: dict, train_file: Path, out_dir: Path, seed: int, init: Pa
     critic of other settings)."""
     done = out_dir / "final" / "critic.json"
     if done.is_file() and (out_dir / "train.json").is_file():
-        found = read_json(done)
-        echo(f"[experiment] critic: done ({found['steps']} steps; held out: TD error {found.get('eval_td_mse')}, won above "
-             f"lost {found.get('eval_ranking_accuracy')} (same turn {found.get('eval_ranking_accuracy_same_turn')}))")
+        echo(f"[experiment] critic: done ({critic_summary(read_json(done))})")
         return out_dir / "train.json"
     overrides = [f"data.train_file={train_file}", f"output_dir={out_dir}", f"seed={seed}",
                  f"critic.init={init if init else 'null'}", *cfg["archer"]["critic_overrides"]]
@@ -276,8 +280,7 @@ def train_critic(cfg: dict, train_file: Path, out_dir: Path, seed: int, init: Pa
         finally:
             AcceleratorState._reset_state(reset_partial_state=True)
         out = Path(result["train_file"])
-        echo(f"[experiment] critic: {result['steps']} steps; held out: TD error {result.get('eval_td_mse')}, won above lost "
-             f"{result.get('eval_ranking_accuracy')} (same turn {result.get('eval_ranking_accuracy_same_turn')})")
+        echo(f"[experiment] critic: {critic_summary(result)}")
     return out
 
 
