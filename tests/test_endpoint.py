@@ -398,3 +398,54 @@ def test_a_server_counts_as_ours_only_if_our_process_group_listens_and_it_serves
         other.kill()
         fake.stop()
     assert not ours(os.getpid(), fake.url, folder, MODEL)  # nothing answers any more
+
+
+def test_the_start_script_imports_vllm_once_per_environment_and_names_a_broken_one(tmp_path):
+    """``scripts/serve_vllm.sh`` checked its environment by importing vllm at every start (about 5
+    CPU s before the server's own imports). Now the first check marks the environment, later
+    starts read the mark, and a server that then dies of an import error says how to check again.
+    The environment is a stand-in: its ``python`` logs how it is called (no vllm is installed or
+    started here; the real one is in test_vllm_integration.py), and ``nvidia-smi`` fails."""
+    import os
+    import stat
+    import subprocess
+
+    venv, tools = tmp_path / "venv", tmp_path / "tools"
+    calls = tmp_path / "calls.log"
+    (venv / "bin").mkdir(parents=True)
+    tools.mkdir()
+    fake_python = venv / "bin" / "python"
+    fake_python.write_text(
+        "#!/usr/bin/env bash\n"
+        f'echo "$*" >> {calls}\n'
+        'case "$*" in\n'
+        '  "-c import vllm") exit 0 ;;\n'
+        '  *importlib.metadata*) echo 0.0-test ;;\n'
+        '  -m\\ vllm.entrypoints*) echo "ModuleNotFoundError: No module named \'vllm\'"; exit 1 ;;\n'
+        "esac\n")
+    (tools / "nvidia-smi").write_text("#!/usr/bin/env bash\nexit 1\n")
+    for script in (fake_python, tools / "nvidia-smi"):
+        script.chmod(script.stat().st_mode | stat.S_IXUSR)
+    script = Path(__file__).resolve().parents[1] / "scripts" / "serve_vllm.sh"
+    env = {**os.environ, "ARIA_VLLM_VENV": str(venv), "PATH": f"{tools}:{os.environ['PATH']}"}
+
+    def serve(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run(["bash", str(script), *args], capture_output=True, text=True, env=env, timeout=60)
+
+    assert serve("install").returncode == 0
+    assert calls.read_text().count("-c import vllm") == 1
+    assert (venv / ".aria-vllm-ready").read_text().strip() == "0.0-test"
+    assert serve("install").returncode == 0
+    assert calls.read_text().count("-c import vllm") == 1  # the mark, not a second import
+
+    model = tmp_path / "model"
+    model.mkdir()
+    env["VLLM_LOG"] = str(tmp_path / "server.log")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    started = serve(str(model), str(port))
+    assert started.returncode == 1 and "PID=" not in started.stdout
+    assert calls.read_text().count("-c import vllm") == 1 and "-m vllm.entrypoints.openai.api_server" in calls.read_text()
+    assert "the server exited before it was ready" in started.stderr
+    assert f"its environment {venv} does not import; remove {venv / '.aria-vllm-ready'}" in started.stderr

