@@ -53,10 +53,10 @@ install_cpu_build() {
   mark_ready
 }
 
-mark_ready() {  # the installed version, for whoever looks; written whole or not at all
-  "$VENV/bin/python" -c "import importlib.metadata as m; print(m.version('vllm'))" >"$READY.tmp" 2>/dev/null \
-    || echo unknown >"$READY.tmp"
-  mv -f "$READY.tmp" "$READY"
+mark_ready() {  # the installed version, for whoever looks; written whole or not at all, and an
+  # environment we may not write to (a shared, read-only one) is simply checked again next time
+  { "$VENV/bin/python" -c "import importlib.metadata as m; print(m.version('vllm'))" >"$READY.tmp" 2>/dev/null \
+      || echo unknown >"$READY.tmp"; } 2>/dev/null && mv -f "$READY.tmp" "$READY" 2>/dev/null || true
 }
 
 # A server runs in a session of its own (see below): signalling its process group reaches its engine
