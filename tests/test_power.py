@@ -97,6 +97,6 @@ def test_the_runner_says_first_what_its_pairs_can_detect():
     assert f"over 1 seed(s) 200 pairs detect {100 * detectable_difference(200, 0.355):.1f} points; over 2 seed(s)" in planned_power(fewer)
     # Bargaining: every configuration in both seats
     barg = compose_config("experiment", ["experiment=bargaining", "seeds=[0]"])
-    assert "has 96 pairs a seed and iteration (both seats) over 1 seed(s): 96 pairs detect" in planned_power(barg)  # 48 configurations x 2 seats
+    assert "has 192 pairs a seed and iteration (both seats) over 1 seed(s): 192 pairs detect" in planned_power(barg)  # 48 configurations x 2 games x 2 seats
     with pytest.raises(ConfigError, match=r"report.discordant_share: expected a share in \(0, 1\], got 0"):
         check_settings({**cfg, "report": {**cfg["report"], "discordant_share": 0}})
