@@ -41,7 +41,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from aria.experiment_layout import Layout, games_of, intention_overrides_of, iterations_of, method_of, seeds_of
+from aria.experiment_layout import Layout, games_of, intention_overrides_of, iterations_of, method_of, seeds_of, train_overrides_of
 from aria.games.family import checked_game, family_of
 from aria.io import ConfigError, atomic_folder, atomic_write_json, check_writable, file_digest, hold_folder, json_digest, read_json
 from aria.resources import check_overrides, compose_config
@@ -481,9 +481,8 @@ def plan(cfg: dict, generator: Generator, echo: Printer) -> list[Stage]:
                     train_file = label(cfg, games, own, seed, echo, overrides=intention_overrides_of(cfg, method),
                                        step1_from=shared if own != shared else None)
                     previous_critic = lay.arm(method, seed, it - 1) / "critic" / "final" if it > 1 else None
-                    archer = method_of(cfg, method) == "archer"
                     train(cfg, method_of(cfg, method), train_file, model_of(method, seed, it - 1), lay.arm(method, seed, it),
-                          seed, [*cfg["train_overrides"], *(cfg["archer"]["actor_overrides"] if archer else [])], echo,
+                          seed, train_overrides_of(cfg, method), echo,
                           critic_init=previous_critic,
                           actor=it > cfg["archer"]["actor_warmup_iterations"])
 
@@ -549,6 +548,10 @@ def check_settings(cfg: dict) -> dict:
         raise ConfigError(f"methods: unknown {unknown} (known: {', '.join(sorted(METHODS))}, or a name of variants)")
     if len(set(cfg["methods"])) != len(cfg["methods"]):
         raise ConfigError(f"methods: each arm once, got {cfg['methods']}")
+    unknown = [m for m in cfg["train_overrides_by_method"] if m not in METHODS]
+    if unknown:
+        raise ConfigError(f"train_overrides_by_method: unknown method {unknown} (known: {', '.join(sorted(METHODS))}; "
+                          "a variant trains with its method's)")
     paired = cfg["report"]["paired"]
     if paired is not None and (len(paired) != 2 or len(set(paired)) != 2):
         raise ConfigError(f"report.paired: expected two arms (or null: no paired test), got {paired!r}")
@@ -586,15 +589,25 @@ def check_settings(cfg: dict) -> dict:
 
 def check_override_lists(cfg: dict) -> None:
     """The trainer's and the labelling's override lists, composed as their stages will compose them."""
-    model = [f"model.path={cfg['base_model']}", "data.train_file=train.json"]
-    check_overrides("reinforce_llm", [*model, *cfg["train_overrides"]], "train_overrides")
+    from aria.trainers.engine import check_train_settings
+    from aria.trainers.losses import LOSSES
+
+    def check_trainer(overrides: list[str], setting: str) -> None:  # keys and types, then values (a loss's name)
+        composed = check_overrides("reinforce_llm", [f"model.path={cfg['base_model']}", "data.train_file=train.json",
+                                                     *overrides], setting)
+        try:
+            check_train_settings(composed, LOSSES)
+        except ConfigError as err:
+            raise ConfigError(f"{setting}: {err}") from None
+
+    check_trainer(cfg["train_overrides"], "train_overrides")
+    for method, overrides in cfg["train_overrides_by_method"].items():
+        check_trainer([*cfg["train_overrides"], *overrides], f"train_overrides_by_method.{method}")
     if any(method_of(cfg, m) == "archer" for m in cfg["methods"]):
         check_overrides("critic", ["data.train_file=train.json", *cfg["archer"]["critic_overrides"]],
                         "archer.critic_overrides")
-        check_overrides("reinforce_llm", [*model, *cfg["train_overrides"], *cfg["archer"]["actor_overrides"]],
-                        "archer.actor_overrides")
     if cfg["warm_start"]["enabled"]:
-        check_overrides("reinforce_llm", [*model, *cfg["warm_start"]["train_overrides"]], "warm_start.train_overrides")
+        check_trainer(cfg["warm_start"]["train_overrides"], "warm_start.train_overrides")
     game = [f"game={cfg['game']['name']}", "input=games.jsonl"]
     labelling = {"intention_overrides": [*game, *cfg["intention_overrides"]]}
     for name, variant in cfg["variants"].items():

@@ -66,6 +66,12 @@ def intention_overrides_of(cfg: dict, arm: str) -> list[str]:
     return [*cfg["intention_overrides"], *(variant.get("intention_overrides") or [] if variant else [])]
 
 
+def train_overrides_of(cfg: dict, arm: str) -> list[str]:
+    """The trainer overrides an arm trains with: ``train_overrides``, then its method's own
+    (``train_overrides_by_method``; a variant has its method's)."""
+    return [*cfg["train_overrides"], *cfg["train_overrides_by_method"].get(method_of(cfg, arm), [])]
+
+
 def seeds_of(cfg: dict, method: str) -> list:
     """The seeds ``method`` runs: ``seeds_by_method[method]`` (some of ``seeds``), else ``seeds``; an
     arm outside the paired test may run fewer, its detectable difference stated with its rows."""

@@ -341,7 +341,6 @@ class ReportSettings:
 @dataclass
 class ArcherArmSettings:
     critic_overrides: List[str] = MISSING
-    actor_overrides: List[str] = MISSING
     actor_warmup_iterations: int = MISSING
 
 
@@ -368,6 +367,7 @@ class ExperimentSettings:
     collect: PlaySettings = field(default_factory=PlaySettings)
     intention_overrides: List[str] = MISSING
     train_overrides: List[str] = MISSING
+    train_overrides_by_method: Dict[str, List[str]] = MISSING
     archer: ArcherArmSettings = field(default_factory=ArcherArmSettings)
     eval: EvalPlaySettings = field(default_factory=EvalPlaySettings)
     grad_variance: ExperimentGradVarianceSettings = field(default_factory=ExperimentGradVarianceSettings)

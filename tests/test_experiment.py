@@ -301,7 +301,7 @@ def test_archer_trains_its_critic_each_iteration_and_its_actor_after_the_warm_up
     shutil.copytree(straight_root / "run", tmp_path / "run", ignore=shutil.ignore_patterns(".lock"))
     cfg = tiny_experiment(tmp_path)
     cfg = {**cfg, "methods": [*cfg["methods"], "archer"],
-           "archer": {"actor_warmup_iterations": 1, "actor_overrides": ["loss.name=clipped_reinforce"], "critic_overrides": [
+           "archer": {"actor_warmup_iterations": 1, "critic_overrides": [
                f"critic.encoder={tiny_sentence_model_dir}", "critic.hidden=16", "critic.max_tokens=64", "device=cpu",
                "train.mixed_precision=no", "train.epochs=1", "train.micro_batch_size=4", "train.gradient_accumulation_steps=1",
                "data.eval_fraction=0.25"]},
@@ -317,7 +317,7 @@ def test_archer_trains_its_critic_each_iteration_and_its_actor_after_the_warm_up
     assert second["steps"] > 0
     marker = json.loads((arm / "it2" / "trained_on.json").read_text())
     assert marker["critic_init"] == str(arm / "it1" / "critic" / "final") and marker["actor"] is True
-    # the actor trains on the critic's signed advantages with the bounded loss (archer.actor_overrides)
+    # the actor trains on the critic's signed advantages with the bounded loss (the preset's train_overrides_by_method)
     assert marker["overrides"][-1] == "loss.name=clipped_reinforce"
     assert (arm / "it2" / "train" / "reference_logprobs.safetensors").is_file()
     trained = json.loads((arm / "it2" / "critic" / "train.json").read_text())
@@ -600,6 +600,11 @@ def test_failed_games_stop_the_run_with_one_line_naming_the_file(tmp_path, tiny_
      "variants.fine.intention_overrides: expected a list of key=value overrides, got ['k20']"),
     ("methods=[aria,fine]", "methods: unknown ['fine'] (known: "),
     ("methods=[aria,aria]", "methods: each arm once, got ['aria', 'aria']"),
+    ("+train_overrides_by_method.archr=['loss.name=clipped_reinforce']", "train_overrides_by_method: unknown method ['archr']"),
+    ("train_overrides_by_method.gigpo=['train.epoch=3']", "train_overrides_by_method.gigpo: "),
+    ("train_overrides_by_method.gigpo=['loss.name=clipped']",
+     "train_overrides_by_method.gigpo: loss.name: unknown 'clipped' (known: clipped_reinforce, reinforce)"),
+    ("train_overrides=['train.lr=0']", "train_overrides: train.lr: expected a positive number, got 0"),
     ("+seeds_by_method={aria:[5]}", "seeds_by_method.aria: expected a non-empty list of some of seeds [0], got [5]"),
     ("report.paired=[aria,aria]", "report.paired: expected two arms (or null: no paired test), got ['aria', 'aria']"),
     ("vllm.restarts=-1", "vllm.restarts: expected a whole number >= 0, got -1"),
@@ -615,6 +620,26 @@ def test_arm_movement_and_preflight_settings_are_checked_before_any_work(overrid
 
     with pytest.raises(ConfigError, match=re.escape(message)):  # the composition checks the types (aria/settings.py)
         experiment.check_settings(compose_config("experiment", [override]))
+
+
+def test_arms_with_signed_weights_train_with_the_bounded_loss_and_the_others_with_the_papers():
+    """The paper's single-agent preset lists StarPO and GiGPO beside ARIA: their normalised
+    advantages are signed, and plain REINFORCE on fixed data drives a negative step's
+    log-probability to -inf (docs/method.md §5), so every arm of a signed method, a variant of
+    one included, trains with the clipped loss after the shared settings; ARIA and the ablation
+    train with the paper's loss (no loss override at all)."""
+    from aria.experiment_layout import train_overrides_of
+
+    cfg = experiment.check_settings(compose_config("experiment", [
+        "experiment=paper_single", "base_model=/models/llama", "oracle.base_url=http://127.0.0.1:1/v1", "oracle.model=m",
+        "methods=[aria,no_aggregation,starpo,gigpo,gigpo_similar,archer,gigpo_fine]",
+        "+variants={gigpo_fine:{method:gigpo,intention_overrides:['selection.fixed_k=20']}}"]))
+    shared = cfg["train_overrides"]
+    assert shared and not any(o.startswith("loss.") for o in shared)
+    for arm in ("aria", "no_aggregation"):
+        assert train_overrides_of(cfg, arm) == shared
+    for arm in ("starpo", "gigpo", "gigpo_similar", "archer", "gigpo_fine"):
+        assert train_overrides_of(cfg, arm) == [*shared, "loss.name=clipped_reinforce"], arm
 
 
 def test_behavioural_labels_on_a_game_without_an_offline_oracle_are_refused_before_any_work():
