@@ -108,7 +108,6 @@ one game per line (``../shared/data/aria_sample_llama3-8b_negotiation_embedding_
 from __future__ import annotations
 
 import json
-import math
 import os
 import re
 from dataclasses import dataclass
@@ -119,8 +118,8 @@ from aria.games.base import load_game_config
 from aria.games.family import FAMILIES, QuestionFamily, TwoPlayerFamily, family_of
 from aria.games.question.game import QuestionGame, load_game
 from aria.games.question.text import normalize
-from aria.io import TOO_DEEP, DataError, iter_jsonl, read_json, require
-from aria.trajectories import make_record, make_two_player_record, write_trajectories
+from aria.io import TOO_DEEP, DataError, find_lone_surrogate, is_finite_number, iter_jsonl, read_json, require
+from aria.trajectories import make_record, make_two_player_record, VectorWidth, write_trajectories
 
 
 # Keys that may hold an ARIA game's target, in the order they are tried.
@@ -153,11 +152,6 @@ def _string_list(obj: dict, key: str, path: Path, line: int | None, where: str =
         if not isinstance(value, str):
             raise DataError(path, line, f"{where}{key}[{i}]", f"expected a string, got {type(value).__name__}")
     return values
-
-
-def _is_number(value: Any) -> bool:
-    """A finite int or float (NaN and infinity, which JSON readers accept, are not numbers here)."""
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
 # ---- targets and success ----------------------------------------------------------------
@@ -283,8 +277,8 @@ def build_turns(
 
 # ---- aria_msgs --------------------------------------------------------------------------
 def _check_step_reward(value: Any, path: Path, line: int, field: str) -> None:
-    if not _is_number(value) or value not in (0, -1):
-        raise DataError(path, line, field, f"expected 0 (won) or -1 (not won), got {value!r}")
+    if not is_finite_number(value) or value not in (0, -1):
+        raise DataError(path, line, field, f"expected 0 (won) or -1 (not won), got {value!r:.40}")
 
 
 def _aria_flag(obj: dict, num_actions: int, path: Path, line: int) -> bool:
@@ -320,16 +314,15 @@ def _aria_observations(obj: dict, num_actions: int, won: bool, game: QuestionGam
     )
 
 
-def _aria_embeddings(obj: dict, num_actions: int, path: Path, line: int) -> list[list[float]] | None:
-    """``action_embeddings`` when present: one non-empty list of numbers per action."""
+def _aria_embeddings(obj: dict, num_actions: int, path: Path, line: int, widths: VectorWidth) -> list[list[float]] | None:
+    """``action_embeddings`` when present: one non-empty list of numbers per action, all of one width."""
     if "action_embeddings" not in obj:
         return None
     embeddings = require(obj, "action_embeddings", list, path, line)
     if len(embeddings) != num_actions:
         raise DataError(path, line, "action_embeddings", f"has {len(embeddings)} vectors for {num_actions} actions")
     for i, vector in enumerate(embeddings):
-        if not isinstance(vector, list) or not vector or not all(_is_number(x) for x in vector):
-            raise DataError(path, line, f"action_embeddings[{i}]", "expected a non-empty list of finite numbers")
+        widths.check(vector, path, line, f"action_embeddings[{i}]")
     return embeddings
 
 
@@ -358,7 +351,7 @@ def _target_meta(target: ResolvedTarget, raw: Any) -> dict:
     return {"source_target": raw} if raw is not None and raw not in (target.name, [target.name]) else {}
 
 
-def _aria_record(obj: dict, game: QuestionGame, path: Path, line: int, success_from: str) -> dict:
+def _aria_record(obj: dict, game: QuestionGame, path: Path, line: int, success_from: str, widths: VectorWidth) -> dict:
     actions = _string_list(obj, "actions", path, line)
     flag = _aria_flag(obj, len(actions), path, line)
     observations = _aria_observations(obj, len(actions), flag, game, path, line)
@@ -371,7 +364,7 @@ def _aria_record(obj: dict, game: QuestionGame, path: Path, line: int, success_f
         game_id=_aria_game_id(obj, path, line),
         game=game.name,
         target=target.name,
-        turns=build_turns(game, actions, observations, success, _aria_embeddings(obj, len(actions), path, line)),
+        turns=build_turns(game, actions, observations, success, _aria_embeddings(obj, len(actions), path, line, widths)),
         success=success,
         source="aria_msgs",
         meta=meta,
@@ -382,8 +375,9 @@ def import_aria_msgs(path: Path, game: QuestionGame, success_from: str = "rule")
     """Records from an ARIA ``llama3-8b_{game}_msgs.jsonl`` file (see the module doc)."""
     records: list[dict] = []
     seen: dict[str, int] = {}
+    widths = VectorWidth()
     for line, obj in iter_jsonl(path):
-        record = _aria_record(obj, game, path, line, success_from)
+        record = _aria_record(obj, game, path, line, success_from, widths)
         if record["game_id"] in seen:
             raise DataError(path, line, "game_id", f"{record['game_id']!r} already on line {seen[record['game_id']]}")
         seen[record["game_id"]] = line
@@ -480,16 +474,21 @@ def _maybe_json_list(obj: dict, key: str, path: Path, line: int) -> list:
     if isinstance(value, str):
         try:
             value = json.loads(value)
+            surrogate = find_lone_surrogate(value)
         except json.JSONDecodeError as err:
             raise DataError(path, line, key, f"a string that is not a JSON list ({err.msg})") from None
         except RecursionError:
             raise DataError(path, line, key, TOO_DEEP) from None
+        except ValueError as err:  # an integer of more digits than Python converts
+            raise DataError(path, line, key, f"a string that is not a JSON list ({' '.join(str(err).split())[:200]})") from None
         if not isinstance(value, list):
             raise DataError(path, line, key, "a JSON string that does not hold a list")
+        if surrogate:
+            raise DataError(path, line, f"{key}{surrogate[0]}", f"character {surrogate[1]} is half of a UTF-16 surrogate pair")
     return value
 
 
-def _two_player_turns(obj: dict, path: Path, line: int) -> list[dict]:
+def _two_player_turns(obj: dict, path: Path, line: int, widths: VectorWidth) -> list[dict]:
     by_position: dict[int, dict] = {}
     for role in TWO_PLAYER_ROLES:
         actions = _maybe_json_list(obj, f"{role}_actions", path, line)
@@ -505,8 +504,7 @@ def _two_player_turns(obj: dict, path: Path, line: int) -> list[dict]:
                 if len(embeddings) != len(actions):
                     raise DataError(path, line, key, f"has {len(embeddings)} vectors for {len(actions)} actions")
                 for i, vector in enumerate(embeddings):
-                    if not (isinstance(vector, list) and vector and all(_is_number(x) for x in vector)):
-                        raise DataError(path, line, f"{key}[{i}]", "expected a non-empty list of finite numbers")
+                    widths.check(vector, path, line, f"{key}[{i}]")
                 break
         for i, (position, action) in enumerate(zip(positions, actions)):
             if position in by_position:
@@ -515,19 +513,21 @@ def _two_player_turns(obj: dict, path: Path, line: int) -> list[dict]:
             if embeddings is not None:
                 turn["embedding"] = [float(x) for x in embeddings[i]]
             by_position[position] = turn
+    if not by_position:
+        raise DataError(path, line, "alice_actions", "no action of either player (a game has at least one turn)")
     if sorted(by_position) != list(range(len(by_position))):
         raise DataError(path, line, "alice_ids", f"positions {sorted(by_position)} are not 0..{len(by_position) - 1}")
     return [by_position[p] for p in range(len(by_position))]
 
 
-def _two_player_record(obj: dict, game: str, path: Path, line: int) -> dict:
+def _two_player_record(obj: dict, game: str, path: Path, line: int, widths: VectorWidth) -> dict:
     rewards = {}
     for role in TWO_PLAYER_ROLES:
         value = require(obj, f"{role}_reward", (int, float), path, line)
-        if not (_is_number(value) and math.isfinite(value)):
+        if not is_finite_number(value):
             raise DataError(path, line, f"{role}_reward", "not a finite number")
         rewards[role] = float(value)
-    turns = _two_player_turns(obj, path, line)
+    turns = _two_player_turns(obj, path, line, widths)
     skip = {f"{r}_{k}" for r in TWO_PLAYER_ROLES for k in ("actions", "ids", "reward", "action_embeddings", "actions_embeddings")}
     meta = {"source_line": line, **{k: v for k, v in obj.items() if k not in skip and k != "game_id"}}
     return make_two_player_record(
@@ -540,8 +540,9 @@ def import_aria_two_player(path: Path, game: str) -> list[dict]:
     """Records from an ARIA two-player ``*_embedding_msgs.jsonl`` file (see the module doc)."""
     records: list[dict] = []
     seen: dict[str, int] = {}
+    widths = VectorWidth()
     for line, obj in iter_jsonl(path):
-        record = _two_player_record(obj, game, path, line)
+        record = _two_player_record(obj, game, path, line, widths)
         if record["game_id"] in seen:
             raise DataError(path, line, "game_id", f"{record['game_id']!r} already on line {seen[record['game_id']]}")
         seen[record["game_id"]] = line
@@ -583,6 +584,8 @@ def import_file(
         records = IMPORTERS[fmt](Path(path), load_game(game) if isinstance(game, str) else game, success_from)
     else:
         raise ValueError(f"unknown format {fmt!r} (known: {', '.join(sorted([*IMPORTERS, *TWO_PLAYER_IMPORTERS]))})")
+    if not records:  # an empty file, or one of blank lines: nothing to train on, and likely the wrong file
+        raise DataError(path, None, None, f"no games in the file (expected one JSON object per line, format {fmt})")
     if out_path is not None:
         write_trajectories(out_path, records)
     return records

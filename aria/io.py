@@ -10,10 +10,11 @@ objects lose the values of secret-named keys, and no text keeps an API key from 
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 import math
-import io
 import os
+import re
 import shutil
 import tempfile
 import time
@@ -91,7 +92,14 @@ def hold_folder(folder: str | os.PathLike) -> Iterator[None]:
 def atomic_write_text(path: str | os.PathLike, text: str) -> None:
     """Write ``text`` to ``path`` via a temporary file and ``os.replace`` (atomic on POSIX);
     secret values from the environment are redacted (:func:`aria.secrets.redact_text`)."""
-    atomic_write_bytes(path, redact_text(text).encode("utf-8"))
+    text = redact_text(text)
+    try:
+        data = text.encode("utf-8")
+    except UnicodeEncodeError as err:  # a lone surrogate from some reader: name the line, write nothing
+        line = text.count("\n", 0, err.start) + 1
+        raise DataError(path, line, None, f"not written: character {err.start - text.rfind(chr(10), 0, err.start) - 1} "
+                                          "of this line is half of a UTF-16 surrogate pair, which UTF-8 cannot hold") from None
+    atomic_write_bytes(path, data)
 
 
 def new_file_mode() -> int:
@@ -217,18 +225,56 @@ def _decode(path: Path, data: bytes, line: int | None = None) -> str:
 TOO_DEEP = "JSON nested too deeply to read (thousands of levels): not a file of this project's kinds"
 
 
+#: A JSON escape of half a UTF-16 surrogate pair (\uD800-\uDFFF): the only way a line can hold one.
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
+
+
+def find_lone_surrogate(value: Any, where: str = "") -> tuple[str, int] | None:
+    """``(field, character)`` of the first string in ``value`` that holds half of a UTF-16 pair
+    alone: Python reads the escape, but no UTF-8 file can hold it, so every later write would fail."""
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError as err:
+            return where or "(the value)", err.start
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            field = f"{where}.{key}" if where else str(key)
+            if found := find_lone_surrogate(key, f"{field} (its name)") or find_lone_surrogate(item, field):
+                return found
+    elif isinstance(value, list):
+        for i, item in enumerate(value):
+            if found := find_lone_surrogate(item, f"{where}[{i}]"):
+                return found
+    return None
+
+
+def _loads(text: str, path: Path, line: int | None) -> Any:
+    """``json.loads`` with every way it fails as one :class:`DataError` naming file and line."""
+    try:
+        value = json.loads(text)
+        found = find_lone_surrogate(value) if _SURROGATE_ESCAPE.search(text) else None
+    except json.JSONDecodeError as err:
+        raise DataError(path, line if line is not None else err.lineno, None,
+                        f"invalid JSON ({err.msg}, column {err.colno})") from None
+    except RecursionError:
+        raise DataError(path, line, None, TOO_DEEP) from None
+    except ValueError as err:  # an integer of more digits than Python converts (4,300 by default)
+        if line is None and (digits := re.search(r"\d{4301,}", text)):
+            line = text.count("\n", 0, digits.start()) + 1
+        raise DataError(path, line, None, f"invalid JSON ({' '.join(str(err).split())[:200]})") from None
+    if found:
+        raise DataError(path, line, found[0], f"character {found[1]} is half of a UTF-16 surrogate pair (a lone "
+                                              "\\uD800-\\uDFFF escape): not text; the file was written by a broken encoder")
+    return value
+
+
 def read_json(path: str | os.PathLike) -> Any:
     """Load a JSON file; a syntax error or bytes that are not UTF-8 name the file and line."""
     path = Path(path)
     if (problem := _not_a_file(path)) is not None:
         raise problem
-    text = _decode(path, path.read_bytes())
-    try:
-        return json.loads(text)
-    except json.JSONDecodeError as err:
-        raise DataError(path, err.lineno, None, f"invalid JSON ({err.msg}, column {err.colno})") from None
-    except RecursionError:
-        raise DataError(path, None, None, TOO_DEEP) from None
+    return _loads(_decode(path, path.read_bytes()), path, None)
 
 
 def iter_jsonl(path: str | os.PathLike, allow_partial_last_line: bool = False) -> Iterator[tuple[int, dict]]:
@@ -252,13 +298,11 @@ def iter_jsonl(path: str | os.PathLike, allow_partial_last_line: bool = False) -
         if not line.strip():
             continue
         try:
-            obj = json.loads(line)
-        except json.JSONDecodeError as err:
-            if allow_partial_last_line and is_last:
+            obj = _loads(line, path, number)
+        except DataError:
+            if allow_partial_last_line and is_last:  # a write cut short by a crash
                 return
-            raise DataError(path, number, None, f"invalid JSON ({err.msg}, column {err.colno})") from None
-        except RecursionError:
-            raise DataError(path, number, None, TOO_DEEP) from None
+            raise
         if not isinstance(obj, dict):
             raise DataError(path, number, None, f"expected a JSON object, got {type(obj).__name__}")
         yield number, obj
@@ -278,5 +322,11 @@ def require(obj: dict, field: str, types: type | tuple[type, ...], path, line) -
 
 
 def is_finite_number(value: Any) -> bool:
-    """An int or float (not a bool) that is neither NaN nor infinite."""
-    return not isinstance(value, bool) and isinstance(value, (int, float)) and math.isfinite(value)
+    """An int or float (not a bool) that is neither NaN nor infinite, nor an integer beyond a
+    float's range (JSON allows ``1`` and 400 zeros; it would be infinite as a float)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return False
+    try:
+        return math.isfinite(value)
+    except OverflowError:
+        return False

@@ -133,10 +133,13 @@ def make_two_player_record(
     return record
 
 
-def validate_record(record: Any, path: str | os.PathLike | None = None, line: int | None = None) -> dict:
-    """Check one record against schema v1; raise :class:`DataError` at the first problem."""
+def validate_record(record: Any, path: str | os.PathLike | None = None, line: int | None = None,
+                    widths: VectorWidth | None = None) -> dict:
+    """Check one record against schema v1; raise :class:`DataError` at the first problem.
+    ``widths``: the embedding width of the file so far (a record's own vectors are checked alike)."""
     if not isinstance(record, dict):
         raise DataError(path, line, None, "expected a JSON object")
+    widths = widths or VectorWidth()
     version = require(record, "schema_version", int, path, line)
     if version != SCHEMA_VERSION:
         raise DataError(path, line, "schema_version", f"unsupported version {version} (this code reads {SCHEMA_VERSION})")
@@ -148,28 +151,47 @@ def validate_record(record: Any, path: str | os.PathLike | None = None, line: in
             raise DataError(path, line, key, "expected a string or null")
     if record.get("seed") is not None and (isinstance(record["seed"], bool) or not isinstance(record["seed"], int)):
         raise DataError(path, line, "seed", "expected an integer or null")
+    if "meta" in record and not isinstance(record["meta"], dict):
+        raise DataError(path, line, "meta", f"expected an object, got {type(record['meta']).__name__}")
     turns = require(record, "turns", list, path, line)
+    if require(record, "status", str, path, line) not in STATUSES:
+        raise DataError(path, line, "status", f"expected one of {STATUSES}, got {record['status']!r}")
+    for i, turn in enumerate(turns):
+        if not isinstance(turn, dict):
+            raise DataError(path, line, f"turns[{i}]", "expected an object")
+        if "embedding" in turn:
+            widths.check(turn["embedding"], path, line, f"turns[{i}].embedding")
     if "players" in record:
         _validate_two_player(record, turns, path, line)
     else:
         _validate_single_agent(record, turns, path, line)
-    if require(record, "status", str, path, line) not in STATUSES:
-        raise DataError(path, line, "status", f"expected one of {STATUSES}, got {record['status']!r}")
     errors = require(record, "errors", list, path, line)
     if not all(isinstance(e, str) for e in errors):
         raise DataError(path, line, "errors", "expected a list of strings")
     return record
 
 
-def _check_embedding(turn: dict, path, line, where: str) -> None:
-    if "embedding" not in turn:
-        return
-    vector = turn["embedding"]
-    if not isinstance(vector, list) or not all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in vector):
-        raise DataError(path, line, f"{where}.embedding", "expected a list of numbers")
-    bad = next((i for i, x in enumerate(vector) if not math.isfinite(x)), None)
-    if bad is not None:
-        raise DataError(path, line, f"{where}.embedding[{bad}]", f"not a finite number ({vector[bad]})")
+class VectorWidth:
+    """The one length every embedding read together must have (a file's, or the files clustered
+    together): the first vector's, named in the error."""
+
+    def __init__(self) -> None:
+        self.width: int | None = None
+        self.first, self.path = "", None
+
+    def check(self, vector: Any, path, line, field: str) -> None:
+        if not isinstance(vector, list) or not vector:
+            raise DataError(path, line, field, "expected a non-empty list of numbers")
+        bad = next((i for i, x in enumerate(vector) if not is_finite_number(x)), None)
+        if bad is not None:
+            raise DataError(path, line, f"{field}[{bad}]", f"not a finite number ({vector[bad]!r:.40})")
+        if self.width is None:
+            self.width, self.path = len(vector), path
+            self.first = f"{field} on line {line}" if line is not None else field
+        elif len(vector) != self.width:
+            first = self.first if self.path == path else f"{self.first} of {self.path}"
+            raise DataError(path, line, field, f"has {len(vector)} numbers, {first} has {self.width}: "
+                                               "all vectors read together come from one embedding model")
 
 
 def _validate_two_player(record: dict, turns: list, path, line) -> None:
@@ -182,8 +204,6 @@ def _validate_two_player(record: dict, turns: list, path, line) -> None:
             raise DataError(path, line, f"role_rewards.{player}", "missing or not a finite number")
     for i, turn in enumerate(turns):
         where = f"turns[{i}]"
-        if not isinstance(turn, dict):
-            raise DataError(path, line, where, "expected an object")
         if turn.get("role") not in players:
             raise DataError(path, line, f"{where}.role", f"expected one of {players}, got {turn.get('role')!r}")
         if not isinstance(turn.get("action"), str):
@@ -192,7 +212,6 @@ def _validate_two_player(record: dict, turns: list, path, line) -> None:
             raise DataError(path, line, f"{where}.reward", "not a finite number")
         if "shown" in turn and not isinstance(turn["shown"], str):
             raise DataError(path, line, f"{where}.shown", "expected a string")
-        _check_embedding(turn, path, line, where)
     if require(record, "num_turns", int, path, line) != len(turns):
         raise DataError(path, line, "num_turns", f"is {record['num_turns']} but there are {len(turns)} turns")
 
@@ -200,8 +219,6 @@ def _validate_two_player(record: dict, turns: list, path, line) -> None:
 def _validate_single_agent(record: dict, turns: list, path, line) -> None:
     for i, turn in enumerate(turns):
         where = f"turns[{i}]"
-        if not isinstance(turn, dict):
-            raise DataError(path, line, where, "expected an object")
         for key in ("action", "observation"):
             if not isinstance(turn.get(key), str):
                 raise DataError(path, line, f"{where}.{key}", "missing or not a string")
@@ -211,21 +228,32 @@ def _validate_single_agent(record: dict, turns: list, path, line) -> None:
             raise DataError(path, line, f"{where}.intention", "expected a string or null")
         if not is_finite_number(turn.get("reward")):
             raise DataError(path, line, f"{where}.reward", "missing or not a finite number")
-        _check_embedding(turn, path, line, where)
     if require(record, "num_turns", int, path, line) != len(turns):
         raise DataError(path, line, "num_turns", f"is {record['num_turns']} but there are {len(turns)} turns")
-    require(record, "success", bool, path, line)
+    success = require(record, "success", bool, path, line)
+    if success and not turns:  # (a game without a turn is kept, and skipped by the pipeline)
+        raise DataError(path, line, "success", "true, but the game has no turn: a game is won on a turn")
     for key in ("final_reward", "env_return"):
-        value = require(record, key, (int, float), path, line)
-        if not math.isfinite(value):
+        if not is_finite_number(require(record, key, (int, float), path, line)):
             raise DataError(path, line, key, "not a finite number")
+    # R of docs/method.md §3, which aggregation reads: a file whose R disagrees with its own outcome
+    # would train on it silently
+    if record["final_reward"] != (1.0 if success else 0.0):
+        raise DataError(path, line, "final_reward", f"is {record['final_reward']!r}, but success is "
+                                                    f"{str(success).lower()} (R is 1 for a won game, 0 otherwise)")
+    total = math.fsum(turn["reward"] for turn in turns)
+    if not math.isclose(record["env_return"], total, rel_tol=1e-9, abs_tol=1e-6):
+        raise DataError(path, line, "env_return", f"is {record['env_return']!r}, but the turns' rewards sum to {total!r}")
 
 
-def read_trajectories(path: str | os.PathLike, allow_partial_last_line: bool = False) -> Iterator[dict]:
-    """Yield validated records from a trajectories JSONL file; duplicate ``game_id`` is an error."""
+def read_trajectories(path: str | os.PathLike, allow_partial_last_line: bool = False,
+                      widths: VectorWidth | None = None) -> Iterator[dict]:
+    """Yield validated records from a trajectories JSONL file; duplicate ``game_id`` is an error.
+    ``widths``: shared by the files read together, whose embeddings are clustered together."""
     seen: dict[str, int] = {}
+    widths = widths or VectorWidth()
     for line, record in iter_jsonl(path, allow_partial_last_line=allow_partial_last_line):
-        validate_record(record, path, line)
+        validate_record(record, path, line, widths)
         if record["game_id"] in seen:
             raise DataError(path, line, "game_id", f"{record['game_id']!r} already on line {seen[record['game_id']]}")
         seen[record["game_id"]] = line
@@ -234,8 +262,9 @@ def read_trajectories(path: str | os.PathLike, allow_partial_last_line: bool = F
 
 def write_trajectories(path: str | os.PathLike, records: list[dict]) -> None:
     """Validate and write records atomically (the whole file at once)."""
+    widths = VectorWidth()
     for i, record in enumerate(records):
-        validate_record(record, path, i + 1)
+        validate_record(record, path, i + 1, widths)
     atomic_write_jsonl(path, records)
 
 

@@ -156,7 +156,8 @@ def test_an_interrupted_critic_run_resumes_bit_identical(tmp_path, tiny_sentence
 @pytest.mark.parametrize("field, value, message", [
     ("final_reward", None, "field 'sample 4.final_reward': missing"),
     ("final_reward", "1", "field 'sample 4.final_reward': expected a finite number"),
-    ("turn", 1.5, "field 'sample 4.turn': expected an integer"),
+    ("turn", 1.5, "field 'sample 4.turn': expected a whole number >= 0, got 1.5"),
+    ("turn", -1, "field 'sample 4.turn': expected a whole number >= 0, got -1"),
 ])
 def test_bad_steps_are_one_line_before_the_encoder_loads(tmp_path, field, value, message):
     steps = planted_games(3)

@@ -283,10 +283,16 @@ def assert_names(err: DataError, path: Path, line: int | None, field: str | None
         ([{**GOOD_MSG, "action_embeddings": ["0.1"]}], 1, "action_embeddings[0]"),
         ([{**GOOD_MSG, "game_id": "g"}, {**GOOD_MSG, "game_id": "g"}], 2, "game_id"),
         ([{**GOOD_MSG, "word": 3}], 1, "word"),
+        ([GOOD_MSG, {**GOOD_MSG, "reward": 10 ** 400}], 2, "reward"),  # no float holds it
+        ([GOOD_MSG, '{"actions": ["a?"], "obs": ["Yes."], "reward": 1' + "0" * 5000 + "}"], 2, None),  # 5,001 digits
+        ([{**GOOD_MSG, "actions": ["Is it \ud800?"]}], 1, "actions[0]"),  # half a surrogate pair
+        ([{**GOOD_MSG, "action_embeddings": [[0.1, 0.2]]}, {**GOOD_MSG, "action_embeddings": [[0.3]]}], 2,
+         "action_embeddings[0]"),  # two embedding models in one file
     ],
     ids=["missing-actions", "count-mismatch", "short-obs-lost-game", "malformed-json", "actions-not-list",
          "action-not-string", "reward-type", "reward-value", "early-win", "missing-reward",
-         "embedding-count", "embedding-type", "duplicate-id", "target-type"],
+         "embedding-count", "embedding-type", "duplicate-id", "target-type", "huge-int", "too-many-digits",
+         "lone-surrogate", "embedding-width"],
 )
 def test_aria_msgs_bad_input_names_file_line_field(tmp_path, games, rows, line, field):
     path = write_jsonl(tmp_path / "bad_msgs.jsonl", rows)
@@ -318,6 +324,15 @@ def test_archer_bad_input_names_file_sample_field(tmp_path, games, data, field):
     with pytest.raises(DataError) as info:
         import_file(path, "archer", games["twenty_questions"])
     assert_names(info.value, path, None, field)
+
+
+@pytest.mark.parametrize("text", ["", "\n\n"])
+def test_a_file_without_games_is_an_error_not_an_empty_import(tmp_path, games, text):
+    path = tmp_path / "msgs.jsonl"
+    path.write_text(text)
+    with pytest.raises(DataError, match="no games in the file"):
+        import_file(path, "aria_msgs", games["twenty_questions"], tmp_path / "out.jsonl")
+    assert not (tmp_path / "out.jsonl").exists()
 
 
 def test_archer_bad_file_shape(tmp_path, games):

@@ -4,6 +4,7 @@ sentence-transformers model built in the test. Also resume, determinism and bad 
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -250,9 +251,12 @@ def test_bad_embeddings_name_the_game(tmp_path, negotiation_trajectories):
     cfg = config("game=negotiation", f"input={bad}", f"run_dir={tmp_path / 'run'}")
     with pytest.raises(DataError, match=rf"turns\[4\]\.embedding.*{records[2]['game_id']}.*all-zero"):
         pipeline.step1_embed_and_cluster(cfg, lambda s: None)
-    records[2]["turns"][4]["embedding"] = [1.0] * 10
-    write_trajectories(bad, records)
-    with pytest.raises(DataError, match=rf"{records[2]['game_id']}.*10 dimensions"):
+    records[2]["turns"][4]["embedding"] = [1.0] * 10  # another model's width: refused by the writer ...
+    with pytest.raises(DataError, match=re.escape("line 3, field 'turns[4].embedding': has 10 numbers, "
+                                                  "turns[0].embedding on line 1 has 1536")):
+        write_trajectories(bad, records)
+    bad.write_text("".join(json.dumps(r) + "\n" for r in records))  # ... and by the reader of step 1
+    with pytest.raises(DataError, match=re.escape(f"{bad}, line 3, field 'turns[4].embedding': has 10 numbers")):
         pipeline.step1_embed_and_cluster(cfg, lambda s: None)
 
 

@@ -2,6 +2,8 @@
 checkpoint or a plot is at every moment either the old one or the new one."""
 from __future__ import annotations
 
+import re
+
 import matplotlib
 
 matplotlib.use("Agg")
@@ -78,3 +80,28 @@ def test_a_figure_is_written_whole_with_no_temporary_file_left(tmp_path):
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert [p.name for p in out.parent.iterdir()] == ["curve.png"]
     assert not plt.fignum_exists(fig.number)  # closed
+
+
+def test_a_lone_surrogate_is_named_by_line_and_nothing_is_written(tmp_path):
+    """Half a UTF-16 pair can reach a string only through a reader's escape; UTF-8 cannot hold it,
+    so the write names the line and the file there stays as it was."""
+    from aria.io import DataError, atomic_write_jsonl
+
+    path = tmp_path / "out.jsonl"
+    path.write_text("old\n")
+    with pytest.raises(DataError, match=r"out\.jsonl, line 2: not written: character 11 of this line is half"):
+        atomic_write_jsonl(path, [{"a": "fine"}, {"a": "bad \ud800"}])
+    assert path.read_text() == "old\n" and [p.name for p in tmp_path.iterdir()] == ["out.jsonl"]
+
+
+@pytest.mark.parametrize("text, problem", [
+    ('[{"reward": 1' + "0" * 5000 + "}]", "line 1: invalid JSON (Exceeds the limit (4300 digits)"),
+    ('[{"action": "a"},\n {"action": "b \\udc00"}]', "field '[1].action': character 2 is half of a UTF-16 surrogate pair"),
+], ids=["too-many-digits", "lone-surrogate"])
+def test_json_that_python_reads_but_cannot_use_is_one_line(tmp_path, text, problem):
+    from aria.io import DataError, read_json
+
+    path = tmp_path / "train.json"
+    path.write_text(text)
+    with pytest.raises(DataError, match=re.escape(f"{path}, {problem}")):
+        read_json(path)

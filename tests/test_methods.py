@@ -9,6 +9,7 @@ Games (γ = 0.5, R_t = γ^(T−t)·R):
 from __future__ import annotations
 
 import math
+import re
 
 import numpy as np
 import pytest
@@ -53,6 +54,27 @@ def test_registry_names_and_rejects():
         method_weights("traj_dpo", STEPS)
     with pytest.raises(KeyError, match="'aria' trains on weights, not on pairs"):
         method_pairs("aria", STEPS)
+
+
+@pytest.mark.parametrize("method, field, value, expected", [
+    ("no_aggregation", "step_return", "1.0", "expected a finite number, got '1.0'"),
+    ("no_aggregation", "step_return", float("nan"), "expected a finite number, got nan"),
+    ("no_aggregation", "step_return", True, "expected a finite number, got True"),
+    ("no_aggregation", "step_return", 10 ** 400, "expected a finite number, got 1000"),
+    ("filtered_bc", "success", "false", "expected true or false, got 'false'"),  # truthy: a win before
+    ("starpo", "final_reward", None, "expected a finite number, got None"),
+    ("starpo", "target", 3, "expected a string or null, got 3"),
+    ("aria_adv", "kept", 1, "expected true or false, got 1"),
+    ("traj_dpo", "game_id", 7, "expected a string, got 7"),
+])
+def test_a_field_a_method_reads_is_checked_before_it_is_misread(method, field, value, expected):
+    """Files made elsewhere: a string "1.0", a NaN return (dropped the step silently), a "false"
+    success (counted as a win by filtered_bc), a bool counted as 1."""
+    steps = [dict(s) for s in STEPS]
+    steps[3][field] = value
+    run = method_pairs if METHODS[method].kind == "pairs" else method_weights
+    with pytest.raises(KeyError, match=re.escape(f"step 3: '{field}' {expected}")):
+        run(method, steps)
 
 
 def test_archer_weighs_each_step_by_its_critics_advantage():

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
@@ -37,6 +38,13 @@ def test_round_trip_and_derived_fields(tmp_path):
         (lambda r: r.update(schema_version=2), "schema_version"),
         (lambda r: r.update(status="half-done"), "status"),
         (lambda r: r.update(success="yes"), "success"),
+        (lambda r: r["turns"][1].update(reward=10 ** 400), "turns[1].reward"),  # an int no float holds
+        (lambda r: r.update(final_reward=7.5), "final_reward"),  # R is 1 for a won game
+        (lambda r: r.update(success=False), "final_reward"),  # ... and 0 for a lost one
+        (lambda r: r.update(env_return=123.0), "env_return"),  # the turns' rewards sum to -1
+        (lambda r: r.update(meta=["x"]), "meta"),
+        (lambda r: r.update(turns=[], num_turns=0, env_return=0.0), "success"),  # a game is won on a turn
+        (lambda r: r["turns"][0].update(action="Is it \ud800?"), "turns[0].action"),  # no UTF-8 file holds it
     ],
 )
 def test_bad_record_names_file_line_and_field(tmp_path, mutate, field):
@@ -76,6 +84,38 @@ def test_validate_record_accepts_imported_embeddings():
     r["turns"][0]["embedding"] = ["x"]
     with pytest.raises(DataError, match="embedding"):
         validate_record(r)
+
+
+def test_embeddings_are_one_width_in_a_record_and_in_a_file(tmp_path):
+    """Vectors of two embedding models (or a cut one) cannot be clustered together: named where
+    they first differ, not in step 1 without a file."""
+    r = record(0)
+    r["turns"][0]["embedding"], r["turns"][1]["embedding"] = [0.1, 0.2], [0.3]
+    with pytest.raises(DataError, match=re.escape("field 'turns[1].embedding': has 1 numbers, turns[0].embedding has 2")):
+        validate_record(r)
+    r["turns"][1]["embedding"] = []
+    with pytest.raises(DataError, match=re.escape("field 'turns[1].embedding': expected a non-empty list of numbers")):
+        validate_record(r)
+    first, second = record(0), record(1)
+    for t in first["turns"]:
+        t["embedding"] = [0.1, 0.2]
+    for t in second["turns"]:
+        t["embedding"] = [0.1, 0.2, 0.3]
+    path = tmp_path / "mixed.jsonl"
+    path.write_text(json.dumps(first) + "\n" + json.dumps(second) + "\n")
+    with pytest.raises(DataError, match=re.escape("line 2, field 'turns[0].embedding': has 3 numbers, "
+                                                  "turns[0].embedding on line 1 has 2")):
+        list(read_trajectories(path))
+
+
+def test_a_game_without_a_turn_is_kept_if_it_was_not_won():
+    """A failed request before the first turn, or an imported game cut to nothing: the pipeline
+    skips it and says so (tests/test_intention_pipeline.py)."""
+    r = record(0, success=False, status="failed")
+    r.update(turns=[], num_turns=0, env_return=0.0, errors=["the server did not answer"])
+    assert validate_record(r) is r
+    r.update(status="finished", errors=[])
+    assert validate_record(r) is r
 
 
 def test_writer_refuses_to_continue_a_file_of_another_producer(tmp_path):

@@ -43,7 +43,7 @@ from aria.intention.embed import EmbeddingCache, build_embedder, embedder_name, 
 from aria.intention.select import ClusterQuality, choose_k, split_scores
 from aria.io import (DataError, atomic_write_bytes, atomic_write_json, atomic_write_json_rows, atomic_write_jsonl, file_digest,
                      iter_jsonl, json_digest, read_json)
-from aria.trajectories import read_trajectories
+from aria.trajectories import VectorWidth, read_trajectories
 
 log = logging.getLogger(__name__)
 Printer = Callable[[str], None]
@@ -76,8 +76,9 @@ def input_files(pattern: str | list[str]) -> list[Path]:
 def read_inputs(files: list[Path]) -> list[dict]:
     records: list[dict] = []
     seen: dict[str, Path] = {}
+    widths = VectorWidth()  # one embedding model for all files
     for path in files:
-        for record in read_trajectories(path):
+        for record in read_trajectories(path, widths=widths):
             if record["game_id"] in seen:
                 raise DataError(path, None, "game_id", f"{record['game_id']!r} is also in {seen[record['game_id']]}")
             seen[record["game_id"]] = path

@@ -44,6 +44,7 @@ from aria.trainers.critic import (V_TARGETS, DoubleCritic, advantages, critic_lo
 from aria.trainers.engine import (TrainState, accumulate_step, build_optimizer, check_train_settings, make_accelerator,
                                   run_epochs)
 from aria.trainers.offline import _plain_batches, batches_for_process
+from aria.trainers.methods import FIELD_TYPES
 from aria.trainers.reward_model import held_out_split
 
 #: The fields of a step the critic reads (pipeline step 4 writes them all).
@@ -65,11 +66,9 @@ def check_steps(steps: Sequence[dict], path: str) -> None:
         for field in STEP_FIELDS:
             if field not in step:
                 raise DataError(path, None, f"sample {i}.{field}", "missing (re-run pipeline step 4, which writes it)")
-        if isinstance(step["turn"], bool) or not isinstance(step["turn"], int):
-            raise DataError(path, None, f"sample {i}.turn", f"expected an integer, got {step['turn']!r}")
-        if isinstance(step["final_reward"], bool) or not isinstance(step["final_reward"], (int, float)) \
-                or not np.isfinite(step["final_reward"]):
-            raise DataError(path, None, f"sample {i}.final_reward", f"expected a finite number, got {step['final_reward']!r}")
+            test, expected = FIELD_TYPES[field]
+            if not test(step[field]):
+                raise DataError(path, None, f"sample {i}.{field}", f"expected {expected}, got {step[field]!r:.80}")
 
 
 def ranking_accuracy(scores: Sequence[float], won: Sequence[bool], strata: Sequence | None = None) -> float | None:

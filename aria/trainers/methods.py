@@ -37,6 +37,7 @@ from typing import Callable, Sequence, Union
 import numpy as np
 
 from aria.intention.aggregate import AGGREGATION_MODES
+from aria.io import is_finite_number
 from aria.registry import load_object
 
 #: GRPO / GiGPO's ε in (x − mean)/(std + ε).
@@ -87,6 +88,19 @@ def get_method(name: str) -> Method:
     return METHODS[name]
 
 
+#: What each step field a method reads must hold (the module doc's list), as (test, what it expects).
+#: A file made elsewhere can carry a string "1", a NaN or a "false" the methods would silently
+#: misread (a truthy "false" is a won game to filtered_bc; a NaN return drops the step).
+FIELD_TYPES: dict[str, tuple[Callable[[object], bool], str]] = {
+    "reward": (lambda v: v is None or is_finite_number(v), "a finite number or null (a step not kept)"),
+    **{field: (is_finite_number, "a finite number") for field in ("step_return", "final_reward", "q", "v", "advantage")},
+    **{field: (lambda v: isinstance(v, bool), "true or false") for field in ("kept", "success")},
+    "turn": (lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 0, "a whole number >= 0"),
+    "target": (lambda v: v is None or isinstance(v, str), "a string or null"),
+    **{field: (lambda v: isinstance(v, str), "a string") for field in ("game_id", "observation", "action", "role")},
+}
+
+
 def _checked(name: str, kind: str, steps: Sequence[dict]) -> Method:
     method = get_method(name)
     if method.kind != kind:
@@ -95,6 +109,9 @@ def _checked(name: str, kind: str, steps: Sequence[dict]) -> Method:
         for field in method.needs:
             if field not in step:
                 raise KeyError(f"step {i}: no {field!r}, which method {name!r} needs (re-run {method.made_by})")
+            test, expected = FIELD_TYPES.get(field, (None, ""))
+            if test is not None and not test(step[field]):
+                raise KeyError(f"step {i}: {field!r} expected {expected}, got {step[field]!r:.80}")
     return method
 
 
