@@ -644,23 +644,48 @@ def check_movement(m: dict) -> None:
 
 
 def run(cfg: dict, echo: Printer = print) -> Path:
-    """Run (or resume) every stage, then write the results (module doc)."""
+    """Run (or resume) every stage, then write the results (module doc); with ``report_only``,
+    only the results of what is finished (:func:`report`)."""
     cfg = check_settings(cfg)
     root = Path(cfg["run_dir"])
     check_writable(cfg["results_dir"])
+    if cfg["report_only"]:
+        return report(cfg, root, echo)
     with hold_folder(root):  # a second run into this run_dir is refused, naming this one
         return _run(cfg, root, echo)
+
+
+def _check_run_dir(cfg: dict, root: Path) -> None:
+    settings = root / "experiment.json"
+    if settings.is_file() and read_json(settings).get("name") != cfg["name"]:
+        raise ConfigError(f"run_dir: {root} holds the experiment {read_json(settings).get('name')!r}, "
+                          f"not {cfg['name']!r}: give each experiment its own run_dir")
+
+
+def report(cfg: dict, root: Path, echo: Printer) -> Path:
+    """The table of a run so far, no stage run: a run of several sessions, or one going on in
+    another process (its folder is only read), shows the arms whose evaluation is complete and
+    names the others; the run's own end writes the whole table over it."""
+    from aria.experiment_report import evaluation_ids, outcomes, write_results
+
+    if not (root / "experiment.json").is_file():
+        raise ConfigError(f"run_dir: {root} holds no run (no experiment.json): report_only reports a run started before")
+    _check_run_dir(cfg, root)
+    lay, expected = Layout(cfg), evaluation_ids(cfg)
+    missing = [f"{m} seed {s} iteration {i}" for m in cfg["methods"] for s in seeds_of(cfg, m)
+               for i in range(1, iterations_of(cfg, m) + 1)
+               if outcomes(lay.evaluation(m, s, i), lay.family, expected) is None]  # not every game played yet
+    out = write_results(cfg)
+    echo(f"[experiment] report only: {out / 'table.md'}; not evaluated yet: {', '.join(missing) or 'none'}")
+    return out
 
 
 def _run(cfg: dict, root: Path, echo: Printer) -> Path:
     from aria.experiment_report import planned_power, write_results
 
     echo(f"[experiment] {planned_power(cfg)}")
-    settings = root / "experiment.json"
-    if settings.is_file() and read_json(settings).get("name") != cfg["name"]:
-        raise ConfigError(f"run_dir: {root} holds the experiment {read_json(settings).get('name')!r}, "
-                          f"not {cfg['name']!r}: give each experiment its own run_dir")
-    atomic_write_json(settings, cfg)
+    _check_run_dir(cfg, root)
+    atomic_write_json(root / "experiment.json", cfg)
     times_path = root / "stage_times.json"
     times: dict[str, dict] = read_json(times_path) if times_path.is_file() else {}
     generator = Generator(cfg, echo)

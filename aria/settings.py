@@ -350,6 +350,7 @@ class ExperimentSettings:
     name: str = MISSING
     run_dir: str = MISSING
     results_dir: str = MISSING
+    report_only: bool = MISSING
     game: Any = MISSING  # a config group (config/game/)
     oracle: Any = MISSING  # a config group (config/oracle/)
     base_model: str = MISSING

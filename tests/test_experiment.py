@@ -289,6 +289,31 @@ def test_a_variant_labels_the_shared_games_its_own_way_and_trains_its_method(tmp
     assert "| aria_k2 | 1 |" in (out / "table.md").read_text()
 
 
+def test_report_only_tables_the_evaluated_arms_and_runs_nothing(tmp_path, tiny_experiment, straight_run):
+    """A run of several sessions (or one going on in another process): its table so far, the
+    arms not yet evaluated named, nothing in its folder touched."""
+    import shutil
+
+    from aria.io import ConfigError
+
+    straight_root, _, _ = straight_run
+    shutil.copytree(straight_root / "run", tmp_path / "run", ignore=shutil.ignore_patterns(".lock"))
+    unfinished = tmp_path / "run" / "s0" / "no_aggregation" / "it2" / "eval.jsonl"
+    kept = unfinished.read_text().splitlines(keepends=True)
+    unfinished.write_text("".join(kept[:-1]))  # one game short: an evaluation going on
+    before = {p: p.stat().st_mtime_ns for p in (tmp_path / "run").rglob("*")}
+    lines: list[str] = []
+    out = experiment.run({**tiny_experiment(tmp_path), "report_only": True}, lines.append)
+    assert lines == [f"[experiment] report only: {out / 'table.md'}; not evaluated yet: no_aggregation seed 0 iteration 2"]
+    assert {p: p.stat().st_mtime_ns for p in (tmp_path / "run").rglob("*")} == before
+    results = json.loads((out / "results.json").read_text())
+    assert [(r["method"], r["iteration"]) for r in results["pooled"]] == \
+        [("warm start", 0), ("aria", 1), ("aria", 2), ("no_aggregation", 1)]
+    assert [t["iteration"] for t in results["paired_tests"]] == [1]
+    with pytest.raises(ConfigError, match="holds no run"):
+        experiment.run({**tiny_experiment(tmp_path / "none"), "report_only": True}, lines.append)
+
+
 def test_archer_trains_its_critic_each_iteration_and_its_actor_after_the_warm_up(tmp_path, tiny_experiment, straight_run,
                                                                                    tiny_sentence_model_dir):
     """``archer`` added to a finished run, with one warm-up iteration: iteration 1 trains the critic
