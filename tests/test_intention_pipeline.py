@@ -681,6 +681,8 @@ def test_behavioural_intentions_in_steps_2_and_3_by_hand(tmp_path):
     rows = pipeline.preflight(cfg, [])["rows"]
     assert rows[-1]["labels"] == "behavioural" and rows[-1]["k"] == {"questions": 3}
     assert rows[-1]["shared"] == pytest.approx(2 / 7)
+    again = pipeline.preflight(cfg, [rows[0]["k"]["questions"]])["rows"]  # the chosen k named as a fixed one too
+    assert [r["k"] for r in again if r.get("labels") is None] == [rows[0]["k"]]  # one row, not two alike
     # aggregation.window = 0: a step's key is its action's intention alone. Animal: 0.95, 0.9025, 0
     # (g3's second step); the dog: 1, 1; no question: 0.95 (g2), 0 (g3).
     action_only = dict(exact, aggregation={**exact["aggregation"], "window": 0})

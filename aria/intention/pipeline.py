@@ -568,8 +568,9 @@ def preflight(cfg: dict, fixed_ks: list[int]) -> dict:
 
     rows = [row(run.chosen, run.labels_at(run.chosen), chosen=True)]
     for k in fixed_ks:
-        if k in run.ks:
-            rows.append(row({p: k for p in corpus.pools}, run.labels_at({p: k for p in corpus.pools}), chosen=False))
+        fixed = {p: k for p in corpus.pools}
+        if k in run.ks and fixed != run.chosen:  # the chosen k has its row already
+            rows.append(row(fixed, run.labels_at(fixed), chosen=False))
     behaviour = behavioural_labels(cfg, corpus, lambda line: None)
     if behaviour is not None:
         rows.append(row({p: int(len(np.unique(v))) for p, v in behaviour.items()}, corpus.utterance_labels(behaviour),
