@@ -698,8 +698,7 @@ def _run(cfg: dict, root: Path, echo: Printer) -> Path:
             if seconds > 1.0 or stage.name not in times:  # a skipped stage keeps the time of the run that did it
                 times[stage.name] = {"kind": stage.kind, "seconds": seconds}
                 atomic_write_json(times_path, times)
-            echo(f"[experiment] ({n}/{len(stages)}) {stage.name}: {_duration(seconds)}; "
-                 f"ETA {_duration(eta(stages[n:], times))}")
+            echo(f"[experiment] ({n}/{len(stages)}) {stage.name}: {_duration(seconds)}; {eta_text(stages[n:], times)}")
     finally:
         generator.stop()
     out = write_results(cfg)
@@ -707,12 +706,28 @@ def _run(cfg: dict, root: Path, echo: Printer) -> Path:
     return out
 
 
-def eta(remaining: list[Stage], times: dict[str, dict]) -> float:
-    """Seconds the ``remaining`` stages should take: each its own recorded time, else the mean of
-    the recorded stages of its kind, else the mean of all recorded stages."""
+def eta(remaining: list[Stage], times: dict[str, dict]) -> tuple[float, dict[str, int]]:
+    """Seconds the ``remaining`` stages should take (each its own recorded time, else the mean of
+    the recorded stages of its kind), and how many stages of each kind no stage has timed yet:
+    those count 0, so early in a run the figure is a lower bound and says so, rather than timing
+    a training stage by the mean of a few seconds' labelling."""
     by_kind: dict[str, list[float]] = {}
     for t in times.values():
         by_kind.setdefault(t["kind"], []).append(t["seconds"])
-    every = [s for v in by_kind.values() for s in v]
-    mean = lambda xs: sum(xs) / len(xs) if xs else 0.0  # noqa: E731
-    return sum(times[s.name]["seconds"] if s.name in times else mean(by_kind.get(s.kind) or every) for s in remaining)
+    seconds, untimed = 0.0, {}
+    for stage in remaining:
+        if stage.name in times:
+            seconds += times[stage.name]["seconds"]
+        elif by_kind.get(stage.kind):
+            seconds += sum(by_kind[stage.kind]) / len(by_kind[stage.kind])
+        else:
+            untimed[stage.kind] = untimed.get(stage.kind, 0) + 1
+    return seconds, untimed
+
+
+def eta_text(remaining: list[Stage], times: dict[str, dict]) -> str:
+    seconds, untimed = eta(remaining, times)
+    if not untimed:
+        return f"ETA {_duration(seconds)}"
+    kinds = ", ".join(f"{n} {kind}" for kind, n in untimed.items())
+    return f"ETA at least {_duration(seconds)} (not timed yet: {kinds} stage{'s' if sum(untimed.values()) > 1 else ''})"

@@ -415,9 +415,13 @@ def test_eta_uses_the_times_of_finished_stages_of_the_same_kind():
               experiment.Stage("c", "eval", None), experiment.Stage("d", "other", None)]
     times = {"a": {"kind": "train", "seconds": 100.0}, "x": {"kind": "train", "seconds": 50.0},
              "y": {"kind": "eval", "seconds": 20.0}}
-    # a: its own 100; b: mean of train (75); c: mean of eval (20); d: mean of all (170/3)
-    assert experiment.eta(stages, times) == pytest.approx(100 + 75 + 20 + 170 / 3)
-    assert math.isfinite(experiment.eta(stages, {}))
+    # a: its own 100; b: mean of train (75); c: mean of eval (20); d: no stage of its kind timed yet
+    assert experiment.eta(stages, times) == (pytest.approx(100 + 75 + 20), {"other": 1})
+    assert experiment.eta_text(stages, times) == "ETA at least 3m15s (not timed yet: 1 other stage)"
+    assert experiment.eta_text(stages[:3], times) == "ETA 3m15s"
+    # before any training: a lower bound that says what it leaves out, not hours timed by seconds of labelling
+    assert experiment.eta_text(stages, {"y": {"kind": "eval", "seconds": 20.0}}) == \
+        "ETA at least 0m20s (not timed yet: 2 train, 1 other stages)"
 
 
 def test_methods_may_run_fewer_iterations_than_the_others(tmp_path):
