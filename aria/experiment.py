@@ -694,6 +694,7 @@ def _run(cfg: dict, root: Path, echo: Printer) -> Path:
         for n, stage in enumerate(stages, 1):
             start = time.perf_counter()
             stage.run()
+            release_freed_memory()
             seconds = time.perf_counter() - start
             if seconds > 1.0 or stage.name not in times:  # a skipped stage keeps the time of the run that did it
                 times[stage.name] = {"kind": stage.kind, "seconds": seconds}
@@ -704,6 +705,21 @@ def _run(cfg: dict, root: Path, echo: Printer) -> Path:
     out = write_results(cfg)
     echo(f"[experiment] results: {out / 'table.md'}")
     return out
+
+
+def release_freed_memory() -> None:
+    """Give what a stage freed back to the system. glibc keeps freed heap pages in the process:
+    after an in-process training stage of the powered preset the runner stayed at 8.1-8.7 GB
+    resident, of which 0.5 GB was live (malloc_trim returned the rest), while the next stage's
+    vLLM server needed memory of its own. Elsewhere (another C library) nothing is done."""
+    import ctypes
+    import gc
+
+    gc.collect()
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):  # not glibc
+        pass
 
 
 def eta(remaining: list[Stage], times: dict[str, dict]) -> tuple[float, dict[str, int]]:
