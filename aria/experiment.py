@@ -692,20 +692,39 @@ def _run(cfg: dict, root: Path, echo: Printer) -> Path:
     stages = plan(cfg, generator, echo)
     try:
         for n, stage in enumerate(stages, 1):
-            start = time.perf_counter()
-            stage.run()
-            seconds = time.perf_counter() - start
+            seconds = timed_stage(stage, times, times_path)
             if seconds > 10:  # a stage that did work (a skipped one freed nothing, and the collection costs 0.2-1 s)
                 release_freed_memory()
-            if seconds > 1.0 or stage.name not in times:  # a skipped stage keeps the time of the run that did it
-                times[stage.name] = {"kind": stage.kind, "seconds": seconds}
-                atomic_write_json(times_path, times)
-            echo(f"[experiment] ({n}/{len(stages)}) {stage.name}: {_duration(seconds)}; {eta_text(stages[n:], times)}")
+            whole = times[stage.name]["seconds"]
+            resumed = f" ({_duration(whole)} over its runs)" if seconds > 1.0 and whole > seconds + 1.0 else ""
+            echo(f"[experiment] ({n}/{len(stages)}) {stage.name}: {_duration(seconds)}{resumed}; {eta_text(stages[n:], times)}")
     finally:
         generator.stop()
     out = write_results(cfg)
     echo(f"[experiment] results: {out / 'table.md'}")
     return out
+
+
+def timed_stage(stage: Stage, times: dict[str, dict], times_path: Path) -> float:
+    """Run ``stage``; record its time in ``times`` (saved to ``times_path``) and return this run's
+    seconds. A stage that stops part-way (an interrupt, an error) keeps what it ran as
+    ``unfinished``, and its time when it finishes is the sum of its runs: a training resumed
+    across sessions is timed whole, not by its last part. A finished stage that is skipped keeps
+    the time of the run that did it."""
+    start = time.perf_counter()
+    entry = times.get(stage.name, {})
+    try:
+        stage.run()
+    except BaseException:
+        times[stage.name] = {**entry, "kind": stage.kind,
+                             "unfinished": entry.get("unfinished", 0.0) + time.perf_counter() - start}
+        atomic_write_json(times_path, times)
+        raise
+    seconds = time.perf_counter() - start
+    if seconds > 1.0 or "seconds" not in entry:
+        times[stage.name] = {"kind": stage.kind, "seconds": seconds + entry.get("unfinished", 0.0)}
+        atomic_write_json(times_path, times)
+    return seconds
 
 
 def release_freed_memory() -> None:
@@ -730,10 +749,11 @@ def eta(remaining: list[Stage], times: dict[str, dict]) -> tuple[float, dict[str
     a training stage by the mean of a few seconds' labelling."""
     by_kind: dict[str, list[float]] = {}
     for t in times.values():
-        by_kind.setdefault(t["kind"], []).append(t["seconds"])
+        if "seconds" in t:  # finished (an unfinished stage's part says little of the whole)
+            by_kind.setdefault(t["kind"], []).append(t["seconds"])
     seconds, untimed = 0.0, {}
     for stage in remaining:
-        if stage.name in times:
+        if "seconds" in times.get(stage.name, {}):
             seconds += times[stage.name]["seconds"]
         elif by_kind.get(stage.kind):
             seconds += sum(by_kind[stage.kind]) / len(by_kind[stage.kind])

@@ -430,6 +430,28 @@ def test_memory_a_stage_freed_goes_back_to_the_system():
     assert keep is not None
 
 
+def test_a_stage_resumed_after_an_interrupt_is_timed_over_all_its_runs(tmp_path, monkeypatch):
+    clock = iter([0.0, 100.0, 1000.0, 1030.0, 2000.0, 2000.5])  # start and end of each run
+
+    monkeypatch.setattr(experiment.time, "perf_counter", lambda: next(clock))
+    runs = []
+
+    def train():
+        runs.append(1)
+        if len(runs) == 1:
+            raise KeyboardInterrupt  # stopped after 100 s of work
+
+    stage, times, path = experiment.Stage("s0 train", "train", train), {}, tmp_path / "stage_times.json"
+    with pytest.raises(KeyboardInterrupt):
+        experiment.timed_stage(stage, times, path)
+    assert json.loads(path.read_text()) == {"s0 train": {"kind": "train", "unfinished": 100.0}}
+    assert experiment.eta([stage], times) == (0.0, {"train": 1})  # a part is no estimate of the whole
+    assert experiment.timed_stage(stage, times, path) == 30.0  # resumed: 30 s more
+    assert json.loads(path.read_text()) == {"s0 train": {"kind": "train", "seconds": 130.0}}
+    assert experiment.timed_stage(stage, times, path) == 0.5  # finished: skipped, its time kept
+    assert times == {"s0 train": {"kind": "train", "seconds": 130.0}}
+
+
 def test_eta_uses_the_times_of_finished_stages_of_the_same_kind():
     stages = [experiment.Stage("a", "train", None), experiment.Stage("b", "train", None),
               experiment.Stage("c", "eval", None), experiment.Stage("d", "other", None)]
