@@ -107,7 +107,6 @@ one game per line (``../shared/data/aria_sample_llama3-8b_negotiation_embedding_
 """
 from __future__ import annotations
 
-import json
 import os
 import re
 from dataclasses import dataclass
@@ -118,7 +117,7 @@ from aria.games.base import load_game_config
 from aria.games.family import FAMILIES, QuestionFamily, TwoPlayerFamily, family_of
 from aria.games.question.game import QuestionGame, load_game
 from aria.games.question.text import normalize
-from aria.io import TOO_DEEP, DataError, find_lone_surrogate, is_finite_number, iter_jsonl, read_json, require
+from aria.io import DataError, is_finite_number, iter_jsonl, parse_json, read_json, require
 from aria.trajectories import make_record, make_two_player_record, VectorWidth, write_trajectories
 
 
@@ -473,18 +472,12 @@ def _maybe_json_list(obj: dict, key: str, path: Path, line: int) -> list:
     value = require(obj, key, (list, str), path, line)
     if isinstance(value, str):
         try:
-            value = json.loads(value)
-            surrogate = find_lone_surrogate(value)
-        except json.JSONDecodeError as err:
-            raise DataError(path, line, key, f"a string that is not a JSON list ({err.msg})") from None
-        except RecursionError:
-            raise DataError(path, line, key, TOO_DEEP) from None
-        except ValueError as err:  # an integer of more digits than Python converts
-            raise DataError(path, line, key, f"a string that is not a JSON list ({' '.join(str(err).split())[:200]})") from None
+            value = parse_json(value, path, line)
+        except DataError as err:  # the same reader as a file's lines, its problem placed in this field
+            field = f"{key}{err.field}" if err.field else key
+            raise DataError(path, line, field, err.problem if err.field else f"a string that is not a JSON list: {err.problem}") from None
         if not isinstance(value, list):
             raise DataError(path, line, key, "a JSON string that does not hold a list")
-        if surrogate:
-            raise DataError(path, line, f"{key}{surrogate[0]}", f"character {surrogate[1]} is half of a UTF-16 surrogate pair")
     return value
 
 

@@ -249,8 +249,9 @@ def find_lone_surrogate(value: Any, where: str = "") -> tuple[str, int] | None:
     return None
 
 
-def _loads(text: str, path: Path, line: int | None) -> Any:
-    """``json.loads`` with every way it fails as one :class:`DataError` naming file and line."""
+def parse_json(text: str, path: str | os.PathLike | None, line: int | None) -> Any:
+    """``json.loads`` with every way it fails as one :class:`DataError` naming file and line (and
+    the field, for half a surrogate pair)."""
     try:
         value = json.loads(text)
         found = find_lone_surrogate(value) if _SURROGATE_ESCAPE.search(text) else None
@@ -274,7 +275,7 @@ def read_json(path: str | os.PathLike) -> Any:
     path = Path(path)
     if (problem := _not_a_file(path)) is not None:
         raise problem
-    return _loads(_decode(path, path.read_bytes()), path, None)
+    return parse_json(_decode(path, path.read_bytes()), path, None)
 
 
 def iter_jsonl(path: str | os.PathLike, allow_partial_last_line: bool = False) -> Iterator[tuple[int, dict]]:
@@ -298,7 +299,7 @@ def iter_jsonl(path: str | os.PathLike, allow_partial_last_line: bool = False) -
         if not line.strip():
             continue
         try:
-            obj = _loads(line, path, number)
+            obj = parse_json(line, path, number)
         except DataError:
             if allow_partial_last_line and is_last:  # a write cut short by a crash
                 return
