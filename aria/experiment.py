@@ -666,16 +666,16 @@ def report(cfg: dict, root: Path, echo: Printer) -> Path:
     """The table of a run so far, no stage run: a run of several sessions, or one going on in
     another process (its folder is only read), shows the arms whose evaluation is complete and
     names the others; the run's own end writes the whole table over it."""
-    from aria.experiment_report import evaluation_ids, outcomes, write_results
+    from aria.experiment_report import write_results
 
     if not (root / "experiment.json").is_file():
         raise ConfigError(f"run_dir: {root} holds no run (no experiment.json): report_only reports a run started before")
     _check_run_dir(cfg, root)
-    lay, expected = Layout(cfg), evaluation_ids(cfg)
-    missing = [f"{m} seed {s} iteration {i}" for m in cfg["methods"] for s in seeds_of(cfg, m)
-               for i in range(1, iterations_of(cfg, m) + 1)
-               if outcomes(lay.evaluation(m, s, i), lay.family, expected) is None]  # not every game played yet
     out = write_results(cfg)
+    # the table's rows are the arms whose every evaluation game is played
+    tabled = {(r["method"], r["seed"], r["iteration"]) for r in read_json(out / "results.json")["arms"]}
+    missing = [f"{m} seed {s} iteration {i}" for m in cfg["methods"] for s in seeds_of(cfg, m)
+               for i in range(1, iterations_of(cfg, m) + 1) if (m, s, i) not in tabled]
     echo(f"[experiment] report only: {out / 'table.md'}; not evaluated yet: {', '.join(missing) or 'none'}")
     return out
 
@@ -693,7 +693,7 @@ def _run(cfg: dict, root: Path, echo: Printer) -> Path:
     try:
         for n, stage in enumerate(stages, 1):
             seconds = timed_stage(stage, times, times_path)
-            if seconds > 10:  # a stage that did work (a skipped one freed nothing, and the collection costs 0.2-1 s)
+            if seconds > 10:  # a stage that did work (a skipped one freed nothing, and a gc pass costs 0.2 s and more)
                 release_freed_memory()
             whole = times[stage.name]["seconds"]
             resumed = f" ({_duration(whole)} over its runs)" if seconds > 1.0 and whole > seconds + 1.0 else ""
