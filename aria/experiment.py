@@ -446,7 +446,9 @@ def plan(cfg: dict, generator: Generator, echo: Printer) -> list[Stage]:
         stages += [Stage("warm start: expert games", "expert", warm_collect),
                    Stage("warm start: intention recovery on the expert games", "label",
                          lambda: label(cfg, expert_games, lay.warm / "intention", w["seed"], echo, steps=2)),
-                   Stage("warm start: behaviour cloning", "train", warm_train)]
+                   # a kind of its own: the expert's ~45 optimizer steps timed the powered preset's
+                   # arms (~840 steps each) at 10 minutes apiece, an ETA 20 times too short
+                   Stage("warm start: behaviour cloning", "warm start training", warm_train)]
     else:
         warm_model = base
 

@@ -466,6 +466,19 @@ def test_eta_uses_the_times_of_finished_stages_of_the_same_kind():
         "ETA at least 0m20s (not timed yet: 2 train, 1 other stages)"
 
 
+def test_the_warm_start_training_does_not_time_the_arms_training(tmp_path):
+    """The warm start's behaviour cloning is a stage of its own kind: an arm's training, many
+    times longer, is not estimated by it (the powered preset's ETA read 38 minutes for 26 hours)."""
+    cfg = compose_config("experiment", ["experiment=powered", f"run_dir={tmp_path}"])
+    stages = experiment.plan(cfg, generator=None, echo=print)
+    kinds = {stage.name: stage.kind for stage in stages}
+    assert kinds["warm start: behaviour cloning"] == "warm start training"
+    arms = [stage for stage in stages if stage.name.endswith("label and train")]
+    assert len(arms) == 9 and {stage.kind for stage in arms} == {"train"}
+    times = {"warm start: behaviour cloning": {"kind": "warm start training", "seconds": 574.0}}
+    assert experiment.eta(arms, times) == (0.0, {"train": 9})
+
+
 def test_methods_may_run_fewer_iterations_than_the_others(tmp_path):
     cfg = compose_config("experiment", ["experiment=cpu", f"run_dir={tmp_path}"])
     assert [experiment.iterations_of(cfg, m) for m in cfg["methods"]] == [2, 2, 1, 1]
