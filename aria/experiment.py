@@ -769,4 +769,5 @@ def eta_text(remaining: list[Stage], times: dict[str, dict]) -> str:
     if not untimed:
         return f"ETA {_duration(seconds)}"
     kinds = ", ".join(f"{n} {kind}" for kind, n in untimed.items())
-    return f"ETA at least {_duration(seconds)} (not timed yet: {kinds} stage{'s' if sum(untimed.values()) > 1 else ''})"
+    left = f"not timed yet: {kinds} stage{'s' if sum(untimed.values()) > 1 else ''}"
+    return f"ETA at least {_duration(seconds)} ({left})" if seconds > 0 else f"ETA unknown ({left})"

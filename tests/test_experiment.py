@@ -464,6 +464,7 @@ def test_eta_uses_the_times_of_finished_stages_of_the_same_kind():
     # before any training: a lower bound that says what it leaves out, not hours timed by seconds of labelling
     assert experiment.eta_text(stages, {"y": {"kind": "eval", "seconds": 20.0}}) == \
         "ETA at least 0m20s (not timed yet: 2 train, 1 other stages)"
+    assert experiment.eta_text(stages[:2], {}) == "ETA unknown (not timed yet: 2 train stages)"  # not "at least 0m00s"
 
 
 def test_the_warm_start_training_does_not_time_the_arms_training(tmp_path):
