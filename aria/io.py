@@ -249,17 +249,64 @@ def find_lone_surrogate(value: Any, where: str = "") -> tuple[str, int] | None:
     return None
 
 
+class _DuplicateKey(ValueError):
+    def __init__(self, key: str, position: int | None = None):
+        super().__init__(key)
+        self.key, self.position = key, position
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict:
+    """An object's pairs as a dict, refusing a key given twice: every JSON reader silently keeps
+    the last value, so ``{"success": true, ..., "success": false}`` would be read as a loss."""
+    value = dict(pairs)
+    if len(value) != len(pairs):
+        seen: set[str] = set()
+        raise _DuplicateKey(next(k for k, _ in pairs if k in seen or seen.add(k)))
+    return value
+
+
+def _duplicate_key_offset(text: str) -> int | None:
+    """Where in ``text`` the first object with a repeated key starts: the JSON parsed again with
+    the standard library's pure-Python scanner, whose object parser knows its offset (slow; only
+    after a repeated key was found, to name its line in a file that is one JSON document)."""
+    import json.decoder
+    import json.scanner
+
+    def parse_object(s_and_end, strict, scan_once, object_hook, object_pairs_hook, memo=None):
+        pairs, end = json.decoder.JSONObject(s_and_end, strict, scan_once, None, list, memo)
+        try:
+            return _unique_keys(pairs), end
+        except _DuplicateKey as err:
+            raise _DuplicateKey(err.key, s_and_end[1]) from None
+
+    decoder = json.JSONDecoder()
+    decoder.parse_object = parse_object
+    decoder.scan_once = json.scanner.py_make_scanner(decoder)
+    try:
+        decoder.decode(text)
+    except _DuplicateKey as err:
+        return err.position
+    except (ValueError, RecursionError):
+        return None
+    return None
+
+
 def parse_json(text: str, path: str | os.PathLike | None, line: int | None) -> Any:
     """``json.loads`` with every way it fails as one :class:`DataError` naming file and line (and
-    the field, for half a surrogate pair)."""
+    the field, for half a surrogate pair or a key given twice in one object)."""
     try:
-        value = json.loads(text)
+        value = json.loads(text, object_pairs_hook=_unique_keys)
         found = find_lone_surrogate(value) if _SURROGATE_ESCAPE.search(text) else None
     except json.JSONDecodeError as err:
         raise DataError(path, line if line is not None else err.lineno, None,
                         f"invalid JSON ({err.msg}, column {err.colno})") from None
     except RecursionError:
         raise DataError(path, line, None, TOO_DEEP) from None
+    except _DuplicateKey as err:
+        if line is None and (offset := _duplicate_key_offset(text)) is not None:
+            line = text.count("\n", 0, offset) + 1  # the line where that object starts
+        raise DataError(path, line, err.key, "given twice in one object: which value is meant is not "
+                                             "known (a JSON reader would silently keep the last)") from None
     except ValueError as err:  # an integer of more digits than Python converts (4,300 by default)
         if line is None and (digits := re.search(r"\d{4301,}", text)):
             line = text.count("\n", 0, digits.start()) + 1

@@ -97,7 +97,11 @@ def test_a_lone_surrogate_is_named_by_line_and_nothing_is_written(tmp_path):
 @pytest.mark.parametrize("text, problem", [
     ('[{"reward": 1' + "0" * 5000 + "}]", "line 1: invalid JSON (Exceeds the limit (4300 digits)"),
     ('[{"action": "a"},\n {"action": "b \\udc00"}]', "field '[1].action': character 2 is half of a UTF-16 surrogate pair"),
-], ids=["too-many-digits", "lone-surrogate"])
+    # a key given twice: the line where its object starts, found again after the fast parse
+    ('[{"action": "a", "weight": 1.0},\n {"action": "b",\n  "weight": 0.5, "weight": -0.5}]',
+     "line 2, field 'weight': given twice in one object"),
+    ('{"samples": [{"meta": {"seed": 1, "seed": 2}}]}', "line 1, field 'seed': given twice in one object"),
+], ids=["too-many-digits", "lone-surrogate", "repeated-key", "repeated-nested-key"])
 def test_json_that_python_reads_but_cannot_use_is_one_line(tmp_path, text, problem):
     from aria.io import DataError, read_json
 
@@ -105,3 +109,14 @@ def test_json_that_python_reads_but_cannot_use_is_one_line(tmp_path, text, probl
     path.write_text(text)
     with pytest.raises(DataError, match=re.escape(f"{path}, {problem}")):
         read_json(path)
+
+
+def test_a_key_given_twice_in_a_jsonl_line_names_the_line_and_the_field(tmp_path):
+    """``success`` written twice in one game: every JSON reader keeps the last value silently, so
+    a won game would be read as lost (or the reverse); the reader refuses it instead."""
+    from aria.io import DataError, iter_jsonl
+
+    path = tmp_path / "games.jsonl"
+    path.write_text('{"game_id": "a", "success": true}\n{"game_id": "b", "success": true, "success": false}\n')
+    with pytest.raises(DataError, match=re.escape(f"{path}, line 2, field 'success': given twice in one object")):
+        list(iter_jsonl(path))
