@@ -5,7 +5,9 @@ folder, whatever stage the experiment has reached (a row appears once its evalua
 complete):
 
 * ``results.json``: every arm (method, seed, iteration) with its games, wins, success rate,
-  Wilson 95% interval and mean turns; the pooled rows per method and iteration; the paired tests;
+  Wilson 95% interval, mean turns and every game's outcome (``won``, a 0/1 string in the order of
+  ``outcome_keys``, so the paired tests can be redone from this file alone); the pooled rows per
+  method and iteration; the paired tests;
   the reward and gradient variances; the intention recovery (ARI, NMI) on the expert's games.
 * ``table.md``: the paper's Table 2 layout (rows: methods and iterations; success % on the
   game) with intervals and mean turns, then the paired test and the variances, in words.
@@ -119,7 +121,11 @@ def collect_results(cfg: dict) -> dict[str, Any]:
                 games = outcomes(lay.evaluation(method, seed, it), lay.family, expected)
                 if games is not None:
                     evaluations[(method, seed, it)] = games
-    arms = [{"method": m, "seed": s, "iteration": i, **_row(list(g.values()))} for (m, s, i), g in sorted(evaluations.items())]
+    # Every game's outcome, in one order for all arms, so that the file alone can be tested again
+    # (paired by key) once the run folder is gone: two powered runs' folders were lost with their machines.
+    keys = sorted(next(iter(evaluations.values()))) if evaluations else []
+    arms = [{"method": m, "seed": s, "iteration": i, **_row(list(g.values())),
+             "won": "".join("1" if g[k]["success"] else "0" for k in keys)} for (m, s, i), g in sorted(evaluations.items())]
     for arm in arms:
         if arm["iteration"] > 0:
             arm.update(moved_from_parent(cfg, lay, evaluations, arm["method"], arm["seed"], arm["iteration"]))
@@ -181,7 +187,7 @@ def collect_results(cfg: dict) -> dict[str, Any]:
     rule = {k: cfg["report"]["movement"][k] for k in ("min_token_kl", "min_weight_share")}
     return {"name": cfg["name"], "game": cfg["game"]["name"], "two_player": two_player, "opponent": opponent,
             "eval_games": n_eval, "eval_seed": cfg["eval"]["seed"], "movement_rule": rule, "preflight": preflight,
-            "arms": arms, "pooled": pooled, "paired_tests": tests, "gradient_variance": variance,
+            "outcome_keys": keys, "arms": arms, "pooled": pooled, "paired_tests": tests, "gradient_variance": variance,
             "intention_recovery": recovery, "behaviour": behaviour}
 
 

@@ -171,6 +171,13 @@ def test_the_runner_resumes_at_every_stage_to_the_same_table(tmp_path, tiny_expe
         [("warm start", 0), ("aria", 1), ("aria", 2), ("no_aggregation", 1), ("no_aggregation", 2)]
     assert [t["iteration"] for t in results["paired_tests"]] == [1, 2]
     assert all(r["games"] == 4 for r in results["pooled"])
+    # every game's outcome is in the file, in one order, so the paired tests can be redone from it alone
+    assert len(results["outcome_keys"]) == 4 and all(len(r["won"]) == 4 and r["won"].count("1") == r["wins"]
+                                                     for r in results["arms"])
+    arm = {(r["method"], r["seed"], r["iteration"]): [c == "1" for c in r["won"]] for r in results["arms"]}
+    for t in results["paired_tests"]:
+        redone = mcnemar(arm[(t["first"], 0, t["iteration"])], arm[(t["second"], 0, t["iteration"])])
+        assert all(t[k] == v for k, v in redone.items()), (t, redone)
     assert results["intention_recovery"]["steps"] > 0 and len(results["intention_recovery"]["ari"]) >= 1
     assert set(results["gradient_variance"]["0"]["methods"]) == {"aria", "no_aggregation"}
     assert (out / "success_vs_iteration.png").stat().st_size > 0
