@@ -474,7 +474,8 @@ def _maybe_json_list(obj: dict, key: str, path: Path, line: int) -> list:
         try:
             value = parse_json(value, path, line)
         except DataError as err:  # the same reader as a file's lines, its problem placed in this field
-            field = f"{key}{err.field}" if err.field else key
+            # the reader's field is a path into the value ("[0]") or, for a repeated key, that key
+            field = key if not err.field else f"{key}{err.field}" if err.field.startswith("[") else f"{key}.{err.field}"
             raise DataError(path, line, field, err.problem if err.field else f"a string that is not a JSON list: {err.problem}") from None
         if not isinstance(value, list):
             raise DataError(path, line, key, "a JSON string that does not hold a list")

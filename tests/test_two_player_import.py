@@ -68,6 +68,7 @@ def test_json_encoded_lists_are_read(tmp_path):
     ({"alice_action_embeddings": [[0.1], [0.2, 0.3]]}, "alice_action_embeddings[1]"),  # one width
     ({"alice_actions": [], "bob_actions": [], "alice_ids": [], "bob_ids": []}, "alice_actions"),  # no turn
     ({"alice_actions": '["I offer \\ud800.", "55/45 then."]'}, "alice_actions[0]"),  # an escape inside the string
+    ({"alice_actions": '[{"offer": 60, "offer": 40}]'}, "alice_actions.offer"),  # a key given twice inside the string
     ({"alice_reward": 10 ** 400}, "alice_reward"),
 ])
 def test_bad_lines_name_file_line_and_field(tmp_path, change, field):
