@@ -42,6 +42,18 @@ class ConfigError(ValueError):
     """A setting that cannot work; the message names the setting (``train.optimizer: ...``)."""
 
 
+@contextmanager
+def located(path: str | os.PathLike | None, line: int | None) -> Iterator[None]:
+    """Name ``path`` and ``line`` in a :class:`DataError` raised inside the block by code that sees
+    one record but not the file it came from (the corpus, a prompt renderer)."""
+    try:
+        yield
+    except DataError as error:
+        if error.path is None and path is not None:
+            raise DataError(path, line, error.field, error.problem) from None
+        raise
+
+
 def check_writable(folder: str | os.PathLike) -> Path:
     """Make ``folder`` if needed and write a file in it, so that a folder that cannot take the
     results (read-only, forbidden, a file in its place) fails at the start of a run with its

@@ -241,23 +241,38 @@ def _validate_single_agent(record: dict, turns: list, path, line) -> None:
     if record["final_reward"] != (1.0 if success else 0.0):
         raise DataError(path, line, "final_reward", f"is {record['final_reward']!r}, but success is "
                                                     f"{str(success).lower()} (R is 1 for a won game, 0 otherwise)")
-    total = math.fsum(turn["reward"] for turn in turns)
+    try:
+        total = math.fsum(turn["reward"] for turn in turns)
+    except OverflowError:  # each finite, their sum beyond a float's range
+        raise DataError(path, line, "turns", "the turns' rewards sum beyond a float's range") from None
     if not math.isclose(record["env_return"], total, rel_tol=1e-9, abs_tol=1e-6):
         raise DataError(path, line, "env_return", f"is {record['env_return']!r}, but the turns' rewards sum to {total!r}")
 
 
 def read_trajectories(path: str | os.PathLike, allow_partial_last_line: bool = False,
-                      widths: VectorWidth | None = None) -> Iterator[dict]:
-    """Yield validated records from a trajectories JSONL file; duplicate ``game_id`` is an error.
-    ``widths``: shared by the files read together, whose embeddings are clustered together."""
+                      widths: VectorWidth | None = None, game: str | None = None) -> Iterator[dict]:
+    """Yield validated records from a trajectories JSONL file; see :func:`iter_trajectories`."""
+    for _, record in iter_trajectories(path, allow_partial_last_line, widths, game):
+        yield record
+
+
+def iter_trajectories(path: str | os.PathLike, allow_partial_last_line: bool = False,
+                      widths: VectorWidth | None = None, game: str | None = None) -> Iterator[tuple[int, dict]]:
+    """Yield (line, record) of validated records; a duplicate ``game_id`` is an error.
+    ``widths``: shared by the files read together, whose embeddings are clustered together.
+    ``game``: the game every record must be (a file of another game would be rendered and
+    labelled with this game's prompts and oracle without a word)."""
     seen: dict[str, int] = {}
     widths = widths or VectorWidth()
     for line, record in iter_jsonl(path, allow_partial_last_line=allow_partial_last_line):
         validate_record(record, path, line, widths)
+        if game is not None and record["game"] != game:
+            raise DataError(path, line, "game", f"{record['game']!r}, but this run's game is {game!r} "
+                                                f"(give game={record['game']}, or a file of {game} games)")
         if record["game_id"] in seen:
             raise DataError(path, line, "game_id", f"{record['game_id']!r} already on line {seen[record['game_id']]}")
         seen[record["game_id"]] = line
-        yield record
+        yield line, record
 
 
 def write_trajectories(path: str | os.PathLike, records: list[dict]) -> None:

@@ -30,7 +30,7 @@ def main() -> None:
     with command():
         cfg = load_game_config(args.game)
         game, oracle = build_game(cfg), build_oracle({"name": "knowledge_base"}, cfg)
-        records = list(read_trajectories(args.games))
+        records = list(read_trajectories(args.games, game=cfg["name"]))
         actions = [turn["action"] for record in records for turn in record["turns"]]
         start = time.perf_counter()
         found = signatures(game, oracle, actions)

@@ -249,7 +249,9 @@ def test_bad_embeddings_name_the_game(tmp_path, negotiation_trajectories):
     bad = tmp_path / "bad.jsonl"
     write_trajectories(bad, records)
     cfg = config("game=negotiation", f"input={bad}", f"run_dir={tmp_path / 'run'}")
-    with pytest.raises(DataError, match=rf"turns\[4\]\.embedding.*{records[2]['game_id']}.*all-zero"):
+    # found while building the corpus, which sees records, not files: still named at its file and line
+    with pytest.raises(DataError, match=re.escape(f"{bad}, line 3, field 'turns[4].embedding': game "
+                                                  f"{records[2]['game_id']!r}: an all-zero vector")):
         pipeline.step1_embed_and_cluster(cfg, lambda s: None)
     records[2]["turns"][4]["embedding"] = [1.0] * 10  # another model's width: refused by the writer ...
     with pytest.raises(DataError, match=re.escape("line 3, field 'turns[4].embedding': has 10 numbers, "
@@ -268,6 +270,37 @@ def test_two_player_game_without_reward_is_rejected(tmp_path, negotiation_trajec
     cfg = config("game=negotiation", f"input={bad}", f"run_dir={tmp_path / 'run'}")
     with pytest.raises(DataError, match=r"bad.jsonl.*line 2.*role_rewards.bob"):
         pipeline.step1_embed_and_cluster(cfg, lambda s: None)
+
+
+def test_games_of_another_game_are_refused_at_their_line(tmp_path, negotiation_trajectories):
+    """A file of Guess My City games labelled as Twenty Questions would be rendered with the wrong
+    game's prompts and trained on without a word: refused at the first such record."""
+    games = tmp_path / "games.jsonl"
+    write_trajectories(games, [_tq_record("g0", [_turn("Is it red?")]),
+                               {**_tq_record("g1", [_turn("Is it red?")]), "game": "guess_my_city"}])
+    cfg = config("game=twenty_questions", f"input={games}", f"run_dir={tmp_path / 'run'}")
+    with pytest.raises(DataError, match=re.escape(f"{games}, line 2, field 'game': 'guess_my_city', but this run's "
+                                                  "game is 'twenty_questions' (give game=guess_my_city")):
+        pipeline.step1_embed_and_cluster(cfg, lambda s: None)
+    # the same for a two-player file given to a question game's run
+    cfg = config("game=twenty_questions", f"input={negotiation_trajectories}", f"run_dir={tmp_path / 'run2'}")
+    with pytest.raises(DataError, match=re.escape(f"{negotiation_trajectories}, line 1, field 'game': 'negotiation'")):
+        pipeline.step1_embed_and_cluster(cfg, lambda s: None)
+
+
+def test_a_game_without_its_system_prompt_is_named_in_step_1(tmp_path, negotiation_trajectories):
+    """Step 4 renders every trained step's prompt; a record that lacks what it needs is named at its
+    file and line before step 1 does any work, not after three steps."""
+    records = [json.loads(line) for line in negotiation_trajectories.read_text().splitlines()]
+    for key in [k for k in records[3]["meta"] if k.endswith("system_prompt")]:
+        del records[3]["meta"][key]
+    bad = tmp_path / "bad.jsonl"
+    write_trajectories(bad, records)
+    cfg = config("game=negotiation", f"input={bad}", f"run_dir={tmp_path / 'run'}")
+    with pytest.raises(DataError, match=re.escape(f"{bad}, line 4, field 'meta.") + r"\w+system_prompt'"
+                       + re.escape(f": game {records[3]['game_id']!r}: no system prompt for role")):
+        pipeline.step1_embed_and_cluster(cfg, lambda s: None)
+    assert not (tmp_path / "run" / "utterances.json").exists()
 
 
 def test_script_reports_bad_input_in_one_line(tmp_path):
@@ -382,7 +415,8 @@ def test_zero_vector_from_the_embedder_names_the_game(tmp_path, monkeypatch):
     write_trajectories(games, [_tq_record("g0", [_turn("Is it red?")]), _tq_record("g1", [_turn("Is it red?"), _turn("Is it alive?")])])
     cfg = config("game=twenty_questions", f"input={games}", f"run_dir={tmp_path / 'run'}", "embedder=sentence_transformers")
     cfg["embedder"] = {"name": "zero_for_alive"}
-    with pytest.raises(DataError, match=r"game 'g1', utterance 2: the embedding of 'Question: Is it alive\?' is zero"):
+    with pytest.raises(DataError, match=re.escape(f"{games}, line 2, field 'embedding': game 'g1', utterance 2: "
+                                                  "the embedding of 'Question: Is it alive?' is zero")):
         pipeline.step1_embed_and_cluster(cfg, lambda s: None)
 
 

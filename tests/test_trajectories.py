@@ -45,6 +45,8 @@ def test_round_trip_and_derived_fields(tmp_path):
         (lambda r: r.update(meta=["x"]), "meta"),
         (lambda r: r.update(turns=[], num_turns=0, env_return=0.0), "success"),  # a game is won on a turn
         (lambda r: r["turns"][0].update(action="Is it \ud800?"), "turns[0].action"),  # no UTF-8 file holds it
+        # each reward finite, their sum beyond a float's range
+        (lambda r: [t.update(reward=1e308) for t in r["turns"]] and r.update(env_return=1e308), "turns"),
     ],
 )
 def test_bad_record_names_file_line_and_field(tmp_path, mutate, field):

@@ -28,7 +28,7 @@ import numpy as np
 
 from aria.games.question.oracle import normalize_yes_no
 from aria.intention.aggregate import StepTable, step_returns
-from aria.io import DataError
+from aria.io import DataError, located
 
 
 def yes_no_other(text: str) -> int:
@@ -106,6 +106,7 @@ class Corpus:
         roles: role names; ``table.step_role`` indexes it.
         precomputed: per pool, embeddings found in the data ([n_texts, dim]) or None.
         skipped: games left out, each ``{"game_id", "reason"}``.
+        sources: each game's file and line, where the records came from files.
     """
 
     table: StepTable
@@ -119,6 +120,7 @@ class Corpus:
     precomputed: dict[str, np.ndarray | None] = field(default_factory=dict)
     skipped: list[dict] = field(default_factory=list)
     step_intention: list[str | None] = field(default_factory=list)
+    sources: dict[str, tuple[Any, int]] = field(default_factory=dict)
 
     def text_counts(self, pool: str) -> np.ndarray:
         """How often each distinct text of ``pool`` occurs (int [n_texts]): the clustering weights."""
@@ -156,13 +158,14 @@ def _check_vector(vector: list, game_id: str, turn: int, dim: int | None) -> np.
 
 
 def build_corpus(records: Iterable[dict], spec: IntentionSpec, gamma: float = 0.95, use_precomputed: bool = True,
-                 discount: str = "paper") -> Corpus:
+                 discount: str = "paper", sources: Mapping[str, tuple[Any, int]] | None = None) -> Corpus:
     """Flatten games into a :class:`Corpus` (docs/method.md §3: step returns R_t = γ^(T−t)·R per role).
 
     ``discount`` names the convention of :func:`~aria.intention.aggregate.step_returns`. Under
     ``original`` a two-player game also keeps the release's shape: it counts m = min(#Alice, #Bob)
     rounds, and a first mover's turn after the m-th (Alice's last offer that Bob never answered)
     is not a step (``reward_utils.get_multi_values`` loops over ``range(min_length - 1)``).
+    ``sources``: each game's file and line, named by a problem found in its record.
     """
     pools = {p: {} for p in spec.pools}  # pool -> {text: index}
     vectors: dict[str, dict[int, np.ndarray]] = {p: {} for p in spec.pools}
@@ -179,60 +182,61 @@ def build_corpus(records: Iterable[dict], spec: IntentionSpec, gamma: float = 0.
     pool_names = list(pools)
     for record in records:
         gid = record["game_id"]
-        if record.get("status") == "failed":
-            skipped.append({"game_id": gid, "reason": "failed game"})
-            continue
-        if not record["turns"]:
-            skipped.append({"game_id": gid, "reason": "no turns"})
-            continue
-        two_player = "players" in record
-        utterances = list(_utterances(record, two_player))
-        for channel, _, i, _ in utterances:
-            if channel not in rules:
-                raise DataError(None, None, f"turns[{i}].role", f"game {gid!r}: channel {channel!r} not in the game's intention config")
-        g = len(game_ids)
-        game_ids.append(gid)
-        counts = {role: sum(1 for c, *_ in utterances if c == role) for role in spec.trained}
-        seats = {role: (record["players"].index(role) if role in record["players"] else -1) if two_player else -1
-                 for role in spec.trained}
-        rounds = min(sum(1 for c, *_ in utterances if c == p) for p in record["players"]) if two_player \
-            else len(record["turns"])
-        if two_player and discount == "original":
-            counts = {role: min(n, rounds) for role, n in counts.items()}
-        seen = {role: 0 for role in spec.trained}
-        for position, (channel, text, turn, vector) in enumerate(utterances):
-            rule = rules[channel]
-            u_game.append(g)
-            u_pos.append(position)
-            u_channel.append(channel_index[channel])
-            if rule.pool is None:
-                u_pool.append(-1)
-                u_value.append(LABEL_MAPS[rule.label_map](text))
-            else:
-                texts = pools[rule.pool]
-                if text not in texts:
-                    texts[text] = len(texts)
-                u_pool.append(pool_names.index(rule.pool))
-                u_value.append(texts[text])
-                if use_precomputed and rule.pool not in missing:
-                    if vector is None:
-                        missing[rule.pool] = gid
-                    elif texts[text] not in vectors[rule.pool]:  # the first vector of a repeated text wins
-                        v = _check_vector(vector, gid, turn, dims.get(rule.pool))
-                        dims[rule.pool] = v.size
-                        vectors[rule.pool][texts[text]] = v
-            if channel in role_index and seen[channel] < counts[channel]:
-                seen[channel] += 1
-                s_utt.append(len(u_game) - 1)
-                s_role.append(role_index[channel])
-                s_game.append(g)
-                s_turn.append(turn)
-                s_intention.append(record["turns"][turn].get("intention"))
-                s_index.append(seen[channel])
-                s_count.append(counts[channel])
-                s_seat.append(seats[channel])
-                s_rounds.append(rounds)
-                s_final.append(_final_reward(record, channel, two_player))
+        with located(*(sources or {}).get(gid, (None, None))):
+            if record.get("status") == "failed":
+                skipped.append({"game_id": gid, "reason": "failed game"})
+                continue
+            if not record["turns"]:
+                skipped.append({"game_id": gid, "reason": "no turns"})
+                continue
+            two_player = "players" in record
+            utterances = list(_utterances(record, two_player))
+            for channel, _, i, _ in utterances:
+                if channel not in rules:
+                    raise DataError(None, None, f"turns[{i}].role", f"game {gid!r}: channel {channel!r} not in the game's intention config")
+            g = len(game_ids)
+            game_ids.append(gid)
+            counts = {role: sum(1 for c, *_ in utterances if c == role) for role in spec.trained}
+            seats = {role: (record["players"].index(role) if role in record["players"] else -1) if two_player else -1
+                     for role in spec.trained}
+            rounds = min(sum(1 for c, *_ in utterances if c == p) for p in record["players"]) if two_player \
+                else len(record["turns"])
+            if two_player and discount == "original":
+                counts = {role: min(n, rounds) for role, n in counts.items()}
+            seen = {role: 0 for role in spec.trained}
+            for position, (channel, text, turn, vector) in enumerate(utterances):
+                rule = rules[channel]
+                u_game.append(g)
+                u_pos.append(position)
+                u_channel.append(channel_index[channel])
+                if rule.pool is None:
+                    u_pool.append(-1)
+                    u_value.append(LABEL_MAPS[rule.label_map](text))
+                else:
+                    texts = pools[rule.pool]
+                    if text not in texts:
+                        texts[text] = len(texts)
+                    u_pool.append(pool_names.index(rule.pool))
+                    u_value.append(texts[text])
+                    if use_precomputed and rule.pool not in missing:
+                        if vector is None:
+                            missing[rule.pool] = gid
+                        elif texts[text] not in vectors[rule.pool]:  # the first vector of a repeated text wins
+                            v = _check_vector(vector, gid, turn, dims.get(rule.pool))
+                            dims[rule.pool] = v.size
+                            vectors[rule.pool][texts[text]] = v
+                if channel in role_index and seen[channel] < counts[channel]:
+                    seen[channel] += 1
+                    s_utt.append(len(u_game) - 1)
+                    s_role.append(role_index[channel])
+                    s_game.append(g)
+                    s_turn.append(turn)
+                    s_intention.append(record["turns"][turn].get("intention"))
+                    s_index.append(seen[channel])
+                    s_count.append(counts[channel])
+                    s_seat.append(seats[channel])
+                    s_rounds.append(rounds)
+                    s_final.append(_final_reward(record, channel, two_player))
     table = StepTable(
         utterance_game=np.array(u_game, dtype=np.int64),
         utterance_position=np.array(u_pos, dtype=np.int64),
@@ -252,6 +256,7 @@ def build_corpus(records: Iterable[dict], spec: IntentionSpec, gamma: float = 0.
         utterance_pool=np.array(u_pool, dtype=np.int64), utterance_value=np.array(u_value, dtype=np.int64),
         step_game=np.array(s_game, dtype=np.int64), step_turn=np.array(s_turn, dtype=np.int64),
         roles=list(spec.trained), precomputed=precomputed, skipped=skipped, step_intention=s_intention,
+        sources=dict(sources or {}),
     )
 
 

@@ -42,8 +42,8 @@ from aria.intention.corpus import Corpus, IntentionSpec, build_corpus
 from aria.intention.embed import EmbeddingCache, build_embedder, embedder_name, text_digest
 from aria.intention.select import ClusterQuality, choose_k, split_scores
 from aria.io import (DataError, atomic_write_bytes, atomic_write_json, atomic_write_json_rows, atomic_write_jsonl, file_digest,
-                     iter_jsonl, json_digest, read_json)
-from aria.trajectories import VectorWidth, read_trajectories
+                     iter_jsonl, json_digest, located, read_json)
+from aria.trajectories import VectorWidth, iter_trajectories
 
 log = logging.getLogger(__name__)
 Printer = Callable[[str], None]
@@ -73,17 +73,19 @@ def input_files(pattern: str | list[str]) -> list[Path]:
     return files
 
 
-def read_inputs(files: list[Path]) -> list[dict]:
+def read_inputs(files: list[Path], game: str | None = None) -> tuple[list[dict], dict[str, tuple[Path, int]]]:
+    """The records of ``files`` (all of ``game`` where given), and each game's file and line, so
+    that a problem found later in a record (the corpus, a prompt) names where it is."""
     records: list[dict] = []
-    seen: dict[str, Path] = {}
+    sources: dict[str, tuple[Path, int]] = {}
     widths = VectorWidth()  # one embedding model for all files
     for path in files:
-        for record in read_trajectories(path, widths=widths):
-            if record["game_id"] in seen:
-                raise DataError(path, None, "game_id", f"{record['game_id']!r} is also in {seen[record['game_id']]}")
-            seen[record["game_id"]] = path
+        for line, record in iter_trajectories(path, widths=widths, game=game):
+            if record["game_id"] in sources:
+                raise DataError(path, line, "game_id", f"{record['game_id']!r} is also in {sources[record['game_id']][0]}")
+            sources[record["game_id"]] = (path, line)
             records.append(record)
-    return records
+    return records, sources
 
 
 #: The numbered scripts, to name in a refusal.
@@ -135,16 +137,32 @@ def game_spec(cfg: dict) -> IntentionSpec:
 
 def load_corpus(cfg: dict) -> tuple[Corpus, list[dict], list[Path]]:
     files = input_files(cfg["input"])
-    records = read_inputs(files)
+    records, sources = read_inputs(files, cfg["game"]["name"])
+    _check_prompts(cfg, records, sources)
     agg = cfg["aggregation"]
     # The release's adv mode averages undiscounted rewards (reward_utils.py appends the raw reward
     # unless value_type == 'q'), so its discount convention for adv is gamma = 1.
     gamma = 1.0 if agg["discount"] == "original" and agg["mode"] == "adv" else agg["gamma"]
     corpus = build_corpus(records, game_spec(cfg), gamma=gamma, use_precomputed=cfg["embedding"]["use_precomputed"],
-                          discount=agg["discount"])
+                          discount=agg["discount"], sources=sources)
     if corpus.table.num_steps == 0:
         raise DataError(files[0], None, None, "no agent steps to aggregate (every game empty or failed)")
     return corpus, records, files
+
+
+def _check_prompts(cfg: dict, records: list[dict], sources: dict[str, tuple[Path, int]]) -> None:
+    """Every trained step's prompt can be rendered (step 4 renders them): a record lacking what its
+    prompt needs (a two-player game's system prompt in ``meta``) is named now, before three steps
+    of work, at its file and line."""
+    render = family_of(cfg["game"]).observation_renderer(cfg["game"])
+    trained = set(game_spec(cfg).trained)
+    for record in records:
+        if record.get("status") == "failed":
+            continue
+        with located(*sources[record["game_id"]]):
+            for i, turn in enumerate(record["turns"]):
+                if "players" not in record or turn["role"] in trained:
+                    render(record, i)
 
 
 def _save_npz(path: Path, arrays: dict[str, np.ndarray]) -> None:
@@ -295,7 +313,8 @@ def _check_matrix(corpus: Corpus, pool: str, x: np.ndarray) -> None:
         text = int(np.argmax(bad))
         u = int(np.flatnonzero((corpus.utterance_pool == list(corpus.pools).index(pool)) & (corpus.utterance_value == text))[0])
         game = corpus.game_ids[int(corpus.table.utterance_game[u])]
-        raise DataError(None, None, "embedding", f"game {game!r}, utterance {int(corpus.table.utterance_position[u])}: "
+        path, line = corpus.sources.get(game, (None, None))
+        raise DataError(path, line, "embedding", f"game {game!r}, utterance {int(corpus.table.utterance_position[u])}: "
                         f"the embedding of {corpus.pools[pool][text][:60]!r} is zero or not finite")
 
 
@@ -743,8 +762,10 @@ def step4_build_training_set(cfg: dict, echo: Printer = print) -> Path:
             info = turn.get("intention", {})
             if "step_return" not in info:  # not a step of a trained role
                 continue
+            with located(labelled, line):
+                observation = render(record, i)
             samples.append({
-                "observation": render(record, i), "action": turn["action"], "reward": info["reward"],
+                "observation": observation, "action": turn["action"], "reward": info["reward"],
                 "step_return": info["step_return"], "q": info["q"], "v": info["v"], "kept": info["kept"],
                 "final_reward": _final_reward_of(record, info["role"]), "success": _won(record, info["role"]),
                 "target": _target_of(record),
