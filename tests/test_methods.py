@@ -66,6 +66,9 @@ def test_registry_names_and_rejects():
     ("starpo", "target", 3, "expected a string or null, got 3"),
     ("aria_adv", "kept", 1, "expected true or false, got 1"),
     ("traj_dpo", "game_id", 7, "expected a string, got 7"),
+    ("starpo", "game_id", ["A"], "expected a string, got ['A']"),  # read to group a game's steps
+    ("gigpo", "role", ["x"], "expected a string, got ['x']"),  # optional, but read where present
+    ("traj_dpo", "role", 1, "expected a string, got 1"),
 ])
 def test_a_field_a_method_reads_is_checked_before_it_is_misread(method, field, value, expected):
     """Files made elsewhere: a string "1.0", a NaN return (dropped the step silently), a "false"
@@ -91,6 +94,19 @@ def test_aria_no_aggregation_bc_filtered_bc():
 def test_aria_adv():
     # A = Q − V on the kept steps: [0, .375, .5, (B0 not kept), −.125, 0, .5, 0]; min-max over kept -> (A + .125)/.625
     close(method_weights("aria_adv", STEPS), [0.2, 0.8, 1.0, np.nan, 0.0, 0.2, 1.0, 0.2])
+
+
+def test_starpo_refuses_a_game_whose_steps_disagree_on_its_return_or_group():
+    """StarPO gives a trajectory one advantage from its R and its target's group: steps of one game
+    that disagree (a file made elsewhere) would have one of them chosen silently."""
+    steps = [dict(s) for s in STEPS]
+    steps[4]["final_reward"] = 1.0
+    with pytest.raises(KeyError, match=re.escape("step 4: 'final_reward' is 1.0, but an earlier step of game 'B' has 0.0")):
+        method_weights("starpo", steps)
+    steps = [dict(s) for s in STEPS]
+    steps[2]["target"] = "dog"
+    with pytest.raises(KeyError, match=re.escape("step 2: 'target' is 'dog', but an earlier step of game 'A' has 'cat'")):
+        method_weights("starpo", steps)
 
 
 def test_starpo_groups_games_by_target():

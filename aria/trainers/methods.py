@@ -112,6 +112,9 @@ def _checked(name: str, kind: str, steps: Sequence[dict]) -> Method:
             test, expected = FIELD_TYPES.get(field, (None, ""))
             if test is not None and not test(step[field]):
                 raise KeyError(f"step {i}: {field!r} expected {expected}, got {step[field]!r:.80}")
+        # optional everywhere (a single-agent file has none), read by every method that groups
+        if "role" in step and not isinstance(step["role"], str):
+            raise KeyError(f"step {i}: 'role' expected a string, got {step['role']!r:.80}")
     return method
 
 
@@ -183,7 +186,7 @@ def filtered_bc(steps: Sequence[dict]) -> np.ndarray:
     return np.array([1.0 if s["success"] else np.nan for s in steps])
 
 
-@register_method("starpo", needs=("final_reward", "target"),
+@register_method("starpo", needs=("game_id", "final_reward", "target"),
                  source="StarPO with the GRPO estimator (RAGEN, ctx_manager._normalize_score_tensor, method=mean_std): "
                         "each game's R normalised within the games of the same target, on all its steps")
 def starpo(steps: Sequence[dict]) -> np.ndarray:
@@ -193,6 +196,11 @@ def starpo(steps: Sequence[dict]) -> np.ndarray:
     # A trajectory is one role's play of one game (two-player games hold two, with their own R).
     key = [(s["game_id"], s.get("role", "")) for s in steps]
     first = {k: s for k, s in reversed(list(zip(key, steps)))}
+    for i, (k, s) in enumerate(zip(key, steps)):  # one R and one group per trajectory, or which one counts?
+        for field in ("final_reward", "target"):
+            if s[field] != first[k][field]:
+                raise KeyError(f"step {i}: {field!r} is {s[field]!r:.80}, but an earlier step of game {k[0]!r} "
+                               f"has {first[k][field]!r:.80}")
     trajectories = list(dict.fromkeys(key))
     groups = _group_ids([(first[t]["target"], t[1]) for t in trajectories])
     returns = np.array([float(first[t]["final_reward"]) for t in trajectories])
