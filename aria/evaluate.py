@@ -13,7 +13,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
-from aria.io import ConfigError, atomic_write_json, atomic_write_text, read_json
+from aria.io import ConfigError, DataError, atomic_write_json, atomic_write_text, read_json
 from aria.statistics import percent
 
 
@@ -46,24 +46,45 @@ def compare_table(folders: Iterable[str | Path]) -> str:
     folders side by side (the paper's Table 2 / Table 1 layout)."""
     from aria.games.family import family_of_summary
 
-    summaries = [read_json(Path(f) / "summary.json") for f in folders]
+    paths = [Path(f) / "summary.json" for f in folders]
+    summaries = [_summary(path) for path in paths]
     envs: list[str] = []
     for s in summaries:
         envs += [e for e in s["environments"] if e not in envs]
     families = {e: next(family_of_summary(s["environments"][e]) for s in summaries if e in s["environments"]) for e in envs}
     lines = ["| model | " + " | ".join(f"{e} {families[e].outcome} % (95% CI)" for e in envs) + " |",
              "|---|" + "---|" * len(envs)]
-    for s in summaries:
+    for path, s in zip(paths, summaries):
         cells = []
         for e in envs:
             env = s["environments"].get(e)
             if env is None:
                 cells.append("-")
                 continue
-            rate, (low, high), finished, failed = families[e].headline(env)
-            cells.append(f"{percent(rate)} ({percent(low)}-{percent(high)}), n={finished}" + (f", {failed} failed" if failed else ""))
+            try:
+                rate, (low, high), finished, failed = families[e].headline(env)
+                cell = f"{percent(rate)} ({percent(low)}-{percent(high)}), n={finished}" + (f", {failed} failed" if failed else "")
+            except (KeyError, TypeError, ValueError) as error:  # a file edited or written by something else
+                raise DataError(path, None, f"environments.{e}", f"not an evaluation summary's ({error!r})") from None
+            cells.append(cell)
         lines.append(f"| {s['model']} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
+
+
+def _summary(path: Path) -> dict:
+    """An evaluation's ``summary.json``, its shape checked where it is read."""
+    summary = read_json(path)
+    if not isinstance(summary, dict) or not isinstance(summary.get("model"), str):
+        raise DataError(path, None, "model", "not an evaluation summary (an object with the model's name)")
+    if not isinstance(summary.get("environments"), dict) or not all(isinstance(v, dict) for v in summary["environments"].values()):
+        raise DataError(path, None, "environments", "not an evaluation summary (an object of environments)")
+    from aria.games.family import FAMILIES
+
+    for env, found in summary["environments"].items():
+        if found.get("kind") is not None and found["kind"] not in FAMILIES:
+            raise DataError(path, None, f"environments.{env}.kind", f"{found['kind']!r} is no game family "
+                                                                   f"(known: {', '.join(sorted(FAMILIES))})")
+    return summary
 
 
 def evaluate_model(cfg: Mapping[str, Any]) -> tuple[Path, dict]:

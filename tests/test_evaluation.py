@@ -106,6 +106,24 @@ def test_summary_tables_by_hand(tmp_path):
         "| trained | - | - | n/a (0.0-100.0), n=0 |", ""])
 
 
+@pytest.mark.parametrize("content, field", [
+    ("{}", "model"),
+    ("[]", "model"),
+    ('{"model": "m", "environments": []}', "environments"),
+    ('{"model": "m", "environments": {"twenty_questions": {"x": 1}}}', "environments.twenty_questions"),
+    ('{"model": "m", "environments": {"bargaining": {"kind": "two_player", "overall": 3}}}', "environments.bargaining"),
+    ('{"model": "m", "environments": {"poker": {"kind": "cards"}}}', "environments.poker.kind"),
+])
+def test_compare_names_the_summary_that_is_not_one(tmp_path, content, field):
+    """A summary.json edited or written by another tool: one line naming the file and field, not a traceback."""
+    from aria.io import DataError
+
+    (tmp_path / "a").mkdir()
+    (tmp_path / "a" / "summary.json").write_text(content)
+    with pytest.raises(DataError, match=f"{tmp_path / 'a' / 'summary.json'}, field '{field}'"):
+        compare_table([tmp_path / "a"])
+
+
 class ChatServer:
     """An OpenAI-compatible /v1/models + /v1/chat/completions server on 127.0.0.1 that asks one
     fixed question (or ``reply(prompt)``), after ``delay_s``."""

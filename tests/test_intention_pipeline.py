@@ -590,6 +590,29 @@ def test_each_step_checks_the_step_before(tmp_path, twenty_questions_games, tiny
         pipeline.step2_select_k({**cfg, "run_dir": str(tmp_path / "empty")}, lambda s: None)
 
 
+def test_a_run_folder_file_that_is_not_its_steps_output_is_named(tmp_path, twenty_questions_games, tiny_sentence_model_dir):
+    """Run folders are copied and edited: a step's output replaced by something else is a refusal
+    naming the file and the step to re-run, not a traceback; a step's own stale output of another
+    shape is made again."""
+    cfg = tq_config(tmp_path, twenty_questions_games, tiny_sentence_model_dir, "clustering.k_max=6")
+    run_all(cfg)
+    cases = [("selection.json", "[]", pipeline.step3_apply_labels, r"selection.json is not an output of step 2.*re-run step 2"),
+             ("utterances.json", '{"x": 1}', pipeline.step2_select_k, r"utterances.json is not an output of step 1.*re-run step 1"),
+             ("labels.npz", "", pipeline.step3_apply_labels, r"labels.npz cannot be read as step 1's arrays \(EOFError.*re-run step 1"),
+             ("labels.npz", "garbage", pipeline.step3_apply_labels, r"labels.npz cannot be read as step 1's arrays.*re-run step 1"),
+             ("labelled.meta.json", "[]", pipeline.step4_build_training_set, r"labelled.meta.json is not an output of step 3")]
+    for name, content, step, message in cases:
+        kept = (tmp_path / name).read_bytes()
+        (tmp_path / name).write_text(content)
+        (tmp_path / "train.meta.json").unlink(missing_ok=True)
+        with pytest.raises(pipeline.StaleInput, match=message):
+            step(cfg, lambda s: None)
+        (tmp_path / name).write_bytes(kept)
+    # step 2's own output in another shape: made again
+    (tmp_path / "selection.json").write_text("[]")
+    assert pipeline.step2_select_k(cfg, lambda s: None)["chosen"]
+
+
 # ---- known intentions: does the intention space find them? ---------------------------------------
 def test_intention_recovery_by_hand():
     from aria.intention.select import intention_recovery

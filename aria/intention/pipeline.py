@@ -105,7 +105,17 @@ def step_output(path: Path, step: int) -> dict:
     """A JSON output of ``step``, or a one-line refusal saying to run that step first."""
     if not path.is_file():
         raise StaleInput(step, f"no {path.name} in {path.parent}")
-    return read_json(path)
+    found = read_json(path)
+    if not isinstance(found, dict) or not isinstance(found.get("fingerprint"), str):
+        raise StaleInput(step, f"{path} is not an output of step {step} (no fingerprint)")
+    return found
+
+
+def _up_to_date_json(path: Path, fingerprint: str) -> dict | None:
+    """A step's own JSON output if it was made under ``fingerprint`` (anything else at ``path``,
+    whatever its shape, is made again)."""
+    found = read_json(path) if path.is_file() else None
+    return found if isinstance(found, dict) and found.get("fingerprint") == fingerprint else None
 
 
 def _check_inputs(summary: dict, corpus: Corpus, files: list[Path]) -> None:
@@ -127,8 +137,8 @@ def _up_to_date(out_path: Path, meta_path: Path, fingerprint: str, digest_key: s
     """The output exists, was made from these inputs and settings, and is as it was written."""
     if not (out_path.is_file() and meta_path.is_file()):
         return False
-    meta = read_json(meta_path)
-    return meta.get("fingerprint") == fingerprint and meta.get(digest_key) == file_digest([out_path])
+    meta = _up_to_date_json(meta_path, fingerprint)
+    return meta is not None and meta.get(digest_key) == file_digest([out_path])
 
 
 def game_spec(cfg: dict) -> IntentionSpec:
@@ -176,9 +186,16 @@ def _save_npz(path: Path, arrays: dict[str, np.ndarray]) -> None:
     atomic_write_bytes(path, buffer.getvalue())
 
 
-def _load_npz(path: Path) -> dict[str, np.ndarray]:
-    with np.load(path, allow_pickle=False) as data:
-        return {k: data[k] for k in data.files}
+def _load_npz(path: Path, step: int) -> dict[str, np.ndarray]:
+    """The arrays step ``step`` wrote to ``path``; a file that is not such an archive (empty,
+    truncated, replaced) is a refusal naming it and the step to re-run."""
+    try:
+        with np.load(path, allow_pickle=False) as data:
+            return {k: data[k] for k in data.files}
+    except FileNotFoundError:
+        raise StaleInput(step, f"no {path.name} in {path.parent}") from None
+    except (OSError, ValueError, EOFError, zipfile.BadZipFile) as error:
+        raise StaleInput(step, f"{path} cannot be read as step {step}'s arrays ({type(error).__name__}: {error})") from None
 
 
 # ---- step 1: preprocess -> embed -> cluster every k -------------------------------------
@@ -210,10 +227,10 @@ def step1_embed_and_cluster(cfg: dict, echo: Printer = print) -> dict:
                 "clustering": clustering, "seed": cfg["seed"]}
     fingerprint = json_digest(settings)
     summary_path, labels_path = run_dir / "utterances.json", run_dir / "labels.npz"
-    if summary_path.is_file() and labels_path.is_file() and read_json(summary_path).get("fingerprint") == fingerprint:
+    if labels_path.is_file() and (summary := _up_to_date_json(summary_path, fingerprint)) is not None:
         echo(f"[step 1] up to date: {labels_path}")
         behavioural_labels(cfg, corpus, echo)
-        return read_json(summary_path)
+        return summary
 
     # Embed every distinct text once per pool; the model is loaded only if a text is not cached.
     embeddings: dict[str, np.ndarray] = {}
@@ -249,7 +266,11 @@ def step1_embed_and_cluster(cfg: dict, echo: Printer = print) -> dict:
     distinct = {pool: distinct_points(x) for pool, x in embeddings.items()}
     ks = k_range(clustering["k_min"], clustering["k_max"], max(distinct.values()))
     partial_path = run_dir / "labels.partial.npz"
-    partial = _load_npz(partial_path) if partial_path.is_file() else {}
+    try:
+        partial = _load_npz(partial_path, 1) if partial_path.is_file() else {}
+    except StaleInput:  # progress only: start the sweep again
+        echo(f"[step 1] {partial_path} cannot be read: clustering every k again")
+        partial = {}
     if partial.get("fingerprint", np.array("")).item() != fingerprint:
         partial = {}
     labels: dict[str, np.ndarray] = {}
@@ -370,7 +391,7 @@ def behavioural_labels(cfg: dict, corpus: Corpus, echo: Printer = print) -> dict
     path = Path(cfg["run_dir"]) / "behaviour.json"
     fingerprint = json_digest({"version": BEHAVIOUR_VERSION, "pools": {p: text_digest(t) for p, t in corpus.pools.items()},
                                "game": game_cfg, "facts": file_digest([dataset_file(game_cfg["facts_file"])])})
-    if path.is_file() and (cached := read_json(path)).get("fingerprint") == fingerprint:
+    if (cached := _up_to_date_json(path, fingerprint)) is not None:
         return {p: np.asarray(v["labels"], dtype=np.int64) for p, v in cached["pools"].items()}
     spec = game_spec(cfg)
     trained_pools = {spec.rule(c).pool for c in spec.trained}
@@ -422,11 +443,11 @@ def step2_select_k(cfg: dict, echo: Printer = print) -> dict:
     fingerprint = json_digest({"step1": summary["fingerprint"], "selection": selection_cfg, "aggregation": agg_cfg,
                                "behaviour": cfg["behaviour"], "labels": cfg["labels"], "report": SELECTION_VERSION})
     out_path = run_dir / "selection.json"
-    if out_path.is_file() and read_json(out_path).get("fingerprint") == fingerprint:
+    if (selection := _up_to_date_json(out_path, fingerprint)) is not None:
         echo(f"[step 2] up to date: {out_path}")
-        return read_json(out_path)
-    labels = _load_npz(run_dir / "labels.npz")
-    embeddings = _load_npz(run_dir / "embeddings.npz")
+        return selection
+    labels = _load_npz(run_dir / "labels.npz", 1)
+    embeddings = _load_npz(run_dir / "embeddings.npz", 1)
     _check_stamp(labels, "labels.npz", summary)
     _check_stamp(embeddings, "embeddings.npz", summary)
     ks = [int(k) for k in labels["ks"]]
@@ -567,7 +588,7 @@ def read_labelled_run(cfg: dict) -> LabelledRun:
         raise StaleInput(2, "selection.json was made from another run of step 1")
     corpus, records, files = load_corpus(cfg)
     _check_inputs(summary, corpus, files)
-    labels = _load_npz(run_dir / "labels.npz")
+    labels = _load_npz(run_dir / "labels.npz", 1)
     _check_stamp(labels, "labels.npz", summary)
     return LabelledRun(run_dir, summary, selection, corpus, records, [int(k) for k in labels["ks"]], labels)
 
