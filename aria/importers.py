@@ -117,7 +117,7 @@ from aria.games.base import load_game_config
 from aria.games.family import FAMILIES, QuestionFamily, TwoPlayerFamily, family_of
 from aria.games.question.game import QuestionGame, load_game
 from aria.games.question.text import normalize
-from aria.io import DataError, is_finite_number, iter_jsonl, parse_json, read_json, require
+from aria.io import ConfigError, DataError, find_non_finite, is_finite_number, iter_jsonl, parse_json, read_json, require
 from aria.trajectories import make_record, make_two_player_record, VectorWidth, write_trajectories
 
 
@@ -200,7 +200,7 @@ def decide_success(game: QuestionGame, target: ResolvedTarget, last_output: str,
     ``flag`` is the file's own success flag (None when the file has none) read from ``flag_field``.
     """
     if success_from not in SUCCESS_SOURCES:
-        raise ValueError(f"unknown success source {success_from!r} (known: {', '.join(SUCCESS_SOURCES)})")
+        raise ConfigError(f"unknown success source {success_from!r} (known: {', '.join(SUCCESS_SOURCES)})")
     meta: dict[str, Any] = {}
     rule = None
     if target.name is not None:
@@ -484,6 +484,7 @@ def _maybe_json_list(obj: dict, key: str, path: Path, line: int) -> list:
 
 def _two_player_turns(obj: dict, path: Path, line: int, widths: VectorWidth) -> list[dict]:
     by_position: dict[int, dict] = {}
+    origin: dict[int, str] = {}  # position -> the field that gave it
     for role in TWO_PLAYER_ROLES:
         actions = _maybe_json_list(obj, f"{role}_actions", path, line)
         positions = _maybe_json_list(obj, f"{role}_ids", path, line)
@@ -503,14 +504,19 @@ def _two_player_turns(obj: dict, path: Path, line: int, widths: VectorWidth) -> 
         for i, (position, action) in enumerate(zip(positions, actions)):
             if position in by_position:
                 raise DataError(path, line, f"{role}_ids[{i}]", f"position {position} is used twice")
+            origin[position] = f"{role}_ids[{i}]"
             turn = {"role": role, "action": action}
             if embeddings is not None:
                 turn["embedding"] = [float(x) for x in embeddings[i]]
             by_position[position] = turn
     if not by_position:
         raise DataError(path, line, "alice_actions", "no action of either player (a game has at least one turn)")
-    if sorted(by_position) != list(range(len(by_position))):
-        raise DataError(path, line, "alice_ids", f"positions {sorted(by_position)} are not 0..{len(by_position) - 1}")
+    # n distinct positions are 0..n-1 exactly when none lies outside it: name the first that does
+    for position in sorted(by_position, key=lambda p: (0 <= p < len(by_position), p)):
+        if not 0 <= position < len(by_position):
+            shown = str(position) if len(str(position)) <= 40 else f"{str(position)[:20]}... ({len(str(position))} digits)"
+            raise DataError(path, line, origin[position], f"position {shown}, but the game's {len(by_position)} messages "
+                                                          f"are at positions 0..{len(by_position) - 1}")
     return [by_position[p] for p in range(len(by_position))]
 
 
@@ -524,6 +530,8 @@ def _two_player_record(obj: dict, game: str, path: Path, line: int, widths: Vect
     turns = _two_player_turns(obj, path, line, widths)
     skip = {f"{r}_{k}" for r in TWO_PLAYER_ROLES for k in ("actions", "ids", "reward", "action_embeddings", "actions_embeddings")}
     meta = {"source_line": line, **{k: v for k, v in obj.items() if k not in skip and k != "game_id"}}
+    if field := find_non_finite(meta):
+        raise DataError(path, line, field, "not a finite number (NaN and infinities are not JSON)")
     return make_two_player_record(
         game_id=_aria_game_id(obj, path, line), game=game, players=list(TWO_PLAYER_ROLES), turns=turns,
         role_rewards=rewards, source="aria_two_player", meta=meta,
@@ -564,20 +572,20 @@ def import_file(
     The output is validated and written atomically by :func:`aria.trajectories.write_trajectories`.
     """
     if success_from not in SUCCESS_SOURCES:
-        raise ValueError(f"unknown success source {success_from!r} (known: {', '.join(SUCCESS_SOURCES)})")
+        raise ConfigError(f"unknown success source {success_from!r} (known: {', '.join(SUCCESS_SOURCES)})")
     name = game if isinstance(game, str) else game.name
     family = family_of(load_game_config(name))
     holds = FAMILIES[FORMAT_FAMILIES[fmt]] if fmt in FORMAT_FAMILIES else family
     if holds is not family:
-        raise ValueError(f"format {fmt} holds {holds.title} games; {name} is a {family.title} game")
+        raise ConfigError(f"format {fmt} holds {holds.title} games; {name} is a {family.title} game")
     if out_path is not None and Path(out_path).is_dir():
-        raise ValueError(f"{out_path} is a folder; give the trajectories file to write")
+        raise ConfigError(f"{out_path} is a folder; give the trajectories file to write")
     if fmt in TWO_PLAYER_IMPORTERS:
         records = TWO_PLAYER_IMPORTERS[fmt](Path(path), game if isinstance(game, str) else game.name)
     elif fmt in IMPORTERS:
         records = IMPORTERS[fmt](Path(path), load_game(game) if isinstance(game, str) else game, success_from)
     else:
-        raise ValueError(f"unknown format {fmt!r} (known: {', '.join(sorted([*IMPORTERS, *TWO_PLAYER_IMPORTERS]))})")
+        raise ConfigError(f"unknown format {fmt!r} (known: {', '.join(sorted([*IMPORTERS, *TWO_PLAYER_IMPORTERS]))})")
     if not records:  # an empty file, or one of blank lines: nothing to train on, and likely the wrong file
         raise DataError(path, None, None, f"no games in the file (expected one JSON object per line, format {fmt})")
     if out_path is not None:

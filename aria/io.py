@@ -261,6 +261,22 @@ def find_lone_surrogate(value: Any, where: str = "") -> tuple[str, int] | None:
     return None
 
 
+def find_non_finite(value: Any, where: str = "") -> str | None:
+    """The field of the first NaN or infinite number in ``value``: Python writes them as ``NaN`` and
+    ``Infinity``, which are not JSON, so no other tool (jq, datasets) reads the file after."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return where or "(the value)"
+    if isinstance(value, dict):
+        for key, item in value.items():
+            if found := find_non_finite(item, f"{where}.{key}" if where else str(key)):
+                return found
+    elif isinstance(value, list):
+        for i, item in enumerate(value):
+            if found := find_non_finite(item, f"{where}[{i}]"):
+                return found
+    return None
+
+
 class _DuplicateKey(ValueError):
     def __init__(self, key: str, position: int | None = None):
         super().__init__(key)

@@ -52,7 +52,7 @@ import os
 from pathlib import Path
 from typing import Any, Iterator
 
-from aria.io import DataError, atomic_write_json, atomic_write_jsonl, is_finite_number, iter_jsonl, read_json, require
+from aria.io import DataError, atomic_write_json, atomic_write_jsonl, find_non_finite, is_finite_number, iter_jsonl, read_json, require
 from aria.secrets import redact, redact_text
 
 SCHEMA_VERSION = 1
@@ -153,6 +153,8 @@ def validate_record(record: Any, path: str | os.PathLike | None = None, line: in
         raise DataError(path, line, "seed", "expected an integer or null")
     if "meta" in record and not isinstance(record["meta"], dict):
         raise DataError(path, line, "meta", f"expected an object, got {type(record['meta']).__name__}")
+    if "meta" in record and (field := find_non_finite(record["meta"], "meta")):
+        raise DataError(path, line, field, "not a finite number (NaN and infinities are not JSON)")
     turns = require(record, "turns", list, path, line)
     if require(record, "status", str, path, line) not in STATUSES:
         raise DataError(path, line, "status", f"expected one of {STATUSES}, got {record['status']!r}")

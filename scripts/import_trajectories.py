@@ -17,7 +17,7 @@ from pathlib import Path
 
 from aria.games.base import known_games
 from aria.importers import IMPORTERS, SUCCESS_SOURCES, TWO_PLAYER_IMPORTERS, import_file, import_summary
-from aria.io import DataError
+from aria.cli import command
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -34,11 +34,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    try:
+    # bad input (DataError names file, line and field) and an unwritable output are one line, exit 2
+    with command():
         records = import_file(args.input, args.format, args.game, out_path=args.output, success_from=args.success_from)
-    except (DataError, ValueError) as err:  # DataError names file, line and field
-        print(f"error: {err}", file=sys.stderr)
-        return 2
     if records and "players" in records[0]:
         print(f"imported {len(records)} two-player games ({args.format}, {args.game}) into {args.output}")
         return 0

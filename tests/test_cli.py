@@ -101,6 +101,10 @@ def test_importer_refuses_mismatched_games_and_folders(tmp_path):
     line = one_line_error(run("scripts/import_trajectories.py", "--format", "aria_msgs", "--game", "twenty_questions",
                               str(path), str(tmp_path / "folder")))
     assert "folder is a folder" in line
+    (tmp_path / "a_file").write_text("x")  # the output's folder is a file: was a FileExistsError traceback
+    line = one_line_error(run("scripts/import_trajectories.py", "--format", "aria_msgs", "--game", "twenty_questions",
+                              str(path), str(tmp_path / "a_file" / "o.jsonl")))
+    assert "a file stands where a folder is needed" in line
 
 
 def test_negative_game_count_and_compare_help(tmp_path):

@@ -43,6 +43,7 @@ def test_round_trip_and_derived_fields(tmp_path):
         (lambda r: r.update(success=False), "final_reward"),  # ... and 0 for a lost one
         (lambda r: r.update(env_return=123.0), "env_return"),  # the turns' rewards sum to -1
         (lambda r: r.update(meta=["x"]), "meta"),
+        (lambda r: r.update(meta={"prices": [1.0, float("inf")]}), "meta.prices[1]"),  # not JSON for other tools
         (lambda r: r.update(turns=[], num_turns=0, env_return=0.0), "success"),  # a game is won on a turn
         (lambda r: r["turns"][0].update(action="Is it \ud800?"), "turns[0].action"),  # no UTF-8 file holds it
         # each reward finite, their sum beyond a float's range

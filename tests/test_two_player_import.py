@@ -57,7 +57,9 @@ def test_json_encoded_lists_are_read(tmp_path):
 
 
 @pytest.mark.parametrize("change, field", [
-    ({"alice_ids": [0, 3]}, "alice_ids"),                 # positions not 0..n-1
+    ({"alice_ids": [0, 3]}, "alice_ids[1]"),              # positions not 0..n-1: the one outside
+    ({"bob_ids": [10 ** 100]}, "bob_ids[0]"),             # ... in the role that gave it
+    ({"seller_value": float("nan")}, "seller_value"),    # kept in meta: no other tool reads a NaN in JSON
     ({"bob_ids": [0]}, "bob_ids[0]"),                     # a position used twice
     ({"bob_ids": [1, 2]}, "bob_ids"),                     # one position per action
     ({"alice_actions": "[not json"}, "alice_actions"),
