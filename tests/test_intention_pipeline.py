@@ -772,7 +772,12 @@ def test_grouping_schemes_side_by_side(tmp_path):
     run_all(cfg)
     found = compare(run_config(tmp_path / "run"), window=0, threshold=0.9)
     rows = found["schemes"]
-    assert list(rows) == ["aria", "aria_window0", "aria_behavioural", "aria_behavioural_window0", "gigpo", "gigpo_similar"]
+    assert list(rows) == ["aria", "aria_window0", "aria_behavioural", "aria_behavioural_window0", "gigpo", "gigpo_similar",
+                          "no_aggregation"]
+    alone = rows["no_aggregation"]  # R itself: no step shares, and its whole error is variance within
+    assert alone["shared"] == 0 and alone["variance_ratio"] == pytest.approx(1.0)
+    assert alone["bias_squared"] == pytest.approx(0.0, abs=1e-15) and alone["mse"] == pytest.approx(alone["variance_within"])
+    assert alone["mse"] > rows["aria_behavioural"]["mse"]
     assert rows["aria_behavioural"]["shared"] == pytest.approx(2 / 7)
     assert rows["aria_behavioural"]["bias_squared"] == pytest.approx(0.0, abs=1e-15)  # the reference itself
     assert rows["aria_behavioural_window0"]["shared"] == pytest.approx(1.0)

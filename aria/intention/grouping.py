@@ -14,12 +14,13 @@ Every scheme groups the same agent steps of a collection whose pipeline steps 1-
                            (Feng et al. 2025, verl-agent ``build_step_group``).
 ``gigpo_similar``          GiGPO's similarity mode: histories whose ``difflib`` ratio reaches the
                            threshold (verl-agent ``enable_similarity``, 0.9 in its scripts).
+``no_aggregation``         no group: every step alone with its own return R_t (the ablation).
 =========================  =====================================================================
 
 For each: the share of steps in a group of two or more, by turn (a step alone gets its own
 return, so the scheme changes nothing for it), the mean group size, and the group mean of the
 returns against the returns (mean |change|, Var ratio). For the (history, action) schemes also
-how far their R̃ is from R̃ under the behavioural intentions with whole-history keys, as bias² +
+how far their R̃ (the ablation's: R_t) is from R̃ under the behavioural intentions with whole-history keys, as bias² +
 variance within (:func:`aria.intention.aggregate.error_against`). GiGPO's groups are states, not
 (state, action) pairs: their mean is a baseline V(s), not an estimate of R̃, so it gets no such
 figure. The gradient signal-to-noise ratio of each weighting needs the policy's per-sample
@@ -79,9 +80,14 @@ def compare(cfg: dict, window: int = 2, threshold: float = 0.9) -> dict:
     schemes["gigpo"] = (gigpo_groups(in_order)[1], "state")
     schemes["gigpo_similar"] = (gigpo_groups(in_order, threshold)[1], "state")
 
+    # the ablation: every step alone, its reward R_t itself (all of its distance from the ceiling is
+    # variance within the ceiling's keys)
+    schemes["no_aggregation"] = (np.arange(table.num_steps), "none")
+
     # R~ of each (history, action) scheme: the mean return of its group (GiGPO's groups are states)
     reward_of = {name: group_mean(groups, returns)[0] for name, (groups, kind) in schemes.items() if kind == "history+action"}
-    errors = dict(zip(reward_of, errors_against(table, reward_of.values(), exact))) if exact is not None else {}
+    compared = {**reward_of, "no_aggregation": np.asarray(returns, dtype=np.float64)}
+    errors = dict(zip(compared, errors_against(table, compared.values(), exact))) if exact is not None else {}
     rows = {name: {"groups": kind, **group_sharing(groups, returns, corpus.step_turn), **errors.get(name, {})}
             for name, (groups, kind) in schemes.items()}
     sample_rewards = {name: [float("nan")] * len(samples) for name in reward_of}
