@@ -217,6 +217,33 @@ def test_interrupted_k_sweep_resumes_to_the_same_labels(tmp_path, twenty_questio
     assert not (tmp_path / "cut" / "labels.partial.npz").exists()
 
 
+def test_a_step_1_stopped_under_other_settings_is_not_taken_for_the_finished_one(tmp_path, twenty_questions_games,
+                                                                                  tiny_sentence_model_dir, monkeypatch):
+    """Step 1 done, then started again under other settings and stopped while clustering (its new
+    embeddings.npz written, labels.npz not): the first settings again must not say "up to date"
+    over arrays of the second (before: step 2 then refused, and step 1 kept saying up to date)."""
+    from aria.intention import cluster
+
+    cfg = tq_config(tmp_path, twenty_questions_games, tiny_sentence_model_dir)
+    run_all(cfg)
+    expected = (tmp_path / "labels.npz").read_bytes()
+    real = cluster.CLUSTERINGS["kmeans"]
+
+    def stopped(x, ks, **kw):
+        raise KeyboardInterrupt
+        yield
+
+    monkeypatch.setitem(cluster.CLUSTERINGS, "kmeans", stopped)
+    with pytest.raises(KeyboardInterrupt):
+        pipeline.step1_embed_and_cluster({**cfg, "seed": 5}, lambda s: None)
+    assert not (tmp_path / "utterances.json").exists()  # nothing says the half-made step is finished
+    monkeypatch.setitem(cluster.CLUSTERINGS, "kmeans", real)
+    echoed = []
+    run_all(cfg, echoed.append)
+    assert not any("[step 1] up to date" in line for line in echoed)
+    assert (tmp_path / "labels.npz").read_bytes() == expected
+
+
 # ---- bad input -----------------------------------------------------------------------------------
 def _tq_record(gid: str, turns: list[dict], success: bool = False, status: str = "finished") -> dict:
     return make_record(game_id=gid, game="twenty_questions", target="Cat", turns=turns, success=success, status=status)

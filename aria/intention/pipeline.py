@@ -128,6 +128,15 @@ def _check_inputs(summary: dict, corpus: Corpus, files: list[Path]) -> None:
                             f"({sorted(summary.get('pool_digests') or {})}), or their texts changed")
 
 
+def _stamp(path: Path) -> str | None:
+    """The fingerprint inside a step's arrays (read alone), or None where there is none to read."""
+    try:
+        with np.load(path, allow_pickle=False) as data:
+            return str(data["fingerprint"].item())
+    except (OSError, ValueError, EOFError, KeyError, zipfile.BadZipFile):
+        return None
+
+
 def _check_stamp(arrays: dict[str, np.ndarray], name: str, summary: dict) -> None:
     if arrays.get("fingerprint", np.array("")).item() != summary["fingerprint"]:
         raise StaleInput(1, f"{name} was not written by the step 1 that wrote utterances.json")
@@ -227,10 +236,14 @@ def step1_embed_and_cluster(cfg: dict, echo: Printer = print) -> dict:
                 "clustering": clustering, "seed": cfg["seed"]}
     fingerprint = json_digest(settings)
     summary_path, labels_path = run_dir / "utterances.json", run_dir / "labels.npz"
-    if labels_path.is_file() and (summary := _up_to_date_json(summary_path, fingerprint)) is not None:
+    if (summary := _up_to_date_json(summary_path, fingerprint)) is not None \
+            and _stamp(labels_path) == _stamp(run_dir / "embeddings.npz") == fingerprint:
         echo(f"[step 1] up to date: {labels_path}")
         behavioural_labels(cfg, corpus, echo)
         return summary
+    # utterances.json is written last and says the arrays beside it are complete: gone until they
+    # are, so a run stopped half-way under other settings is never taken for a finished one
+    summary_path.unlink(missing_ok=True)
 
     # Embed every distinct text once per pool; the model is loaded only if a text is not cached.
     embeddings: dict[str, np.ndarray] = {}
