@@ -620,6 +620,7 @@ def check_override_lists(cfg: dict) -> None:
         composed = check_overrides("intention", overrides, setting)  # a ConfigError naming the setting
         try:
             pipeline.check_labels(composed)
+            pipeline.check_selection(composed)
         except ValueError as err:
             raise ConfigError(f"{setting}: {err}") from None
 

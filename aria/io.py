@@ -261,6 +261,14 @@ def find_lone_surrogate(value: Any, where: str = "") -> tuple[str, int] | None:
     return None
 
 
+def differences(old: Any, new: Any, prefix: str = "") -> list[str]:
+    """``"a.b was 1, now 2"`` for each setting that differs between two nested dicts of settings."""
+    if isinstance(old, dict) and isinstance(new, dict):
+        return [d for key in sorted(set(old) | set(new), key=str)
+                for d in differences(old.get(key), new.get(key), f"{prefix}{key}.")]
+    return [] if old == new else [f"{prefix.rstrip('.')} was {old!r}, now {new!r}"]
+
+
 def find_non_finite(value: Any, where: str = "") -> str | None:
     """The field of the first NaN or infinite number in ``value``: Python writes them as ``NaN`` and
     ``Infinity``, which are not JSON, so no other tool (jq, datasets) reads the file after."""

@@ -430,7 +430,7 @@ class SelectionSettings:
     criterion: str = MISSING
     epsilon: float = MISSING
     tau: int = MISSING
-    fixed_k: Optional[int] = MISSING
+    fixed_k: Any = MISSING  # null, an int, or {pool: int}: checked by aria.intention.pipeline (no union type here)
     silhouette_sample: int = MISSING
 
 

@@ -52,7 +52,7 @@ import os
 from pathlib import Path
 from typing import Any, Iterator
 
-from aria.io import DataError, atomic_write_json, atomic_write_jsonl, find_non_finite, is_finite_number, iter_jsonl, read_json, require
+from aria.io import DataError, atomic_write_json, atomic_write_jsonl, differences, find_non_finite, is_finite_number, iter_jsonl, read_json, require
 from aria.secrets import redact, redact_text
 
 SCHEMA_VERSION = 1
@@ -294,13 +294,6 @@ def describe(obj: Any) -> dict:
     return dict(getattr(obj, "settings", None) or {"name": getattr(obj, "name", type(obj).__name__)})
 
 
-def _differences(old: Any, new: Any, prefix: str = "") -> list[str]:
-    if isinstance(old, dict) and isinstance(new, dict):
-        return [d for key in sorted(set(old) | set(new), key=str)
-                for d in _differences(old.get(key), new.get(key), f"{prefix}{key}.")]
-    return [] if old == new else [f"{prefix.rstrip('.')} was {old!r}, now {new!r}"]
-
-
 class TrajectoryWriter:
     """Appends finished games to a JSONL file, one complete line per game, flushed to disk.
 
@@ -350,7 +343,7 @@ class TrajectoryWriter:
             self.moved_to = aside
             return
         why = ("it has no record of what produced its games (written before this check)" if recorded is None
-               else "; ".join(_differences(recorded, self.producer)[:4]))
+               else "; ".join(differences(recorded, self.producer)[:4]))
         raise ResumeMismatch(f"{self.path} holds games made under other settings ({why}); continuing it would mix "
                              f"them: start over with force_new=true (the old file is moved aside, nothing is lost) "
                              f"or write to another file")

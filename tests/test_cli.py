@@ -216,7 +216,9 @@ BAD_EXPERIMENT_SETTINGS = [
     (["train_overrides=['train.epochs=3','train.lr=fast']"],
      "train_overrides: train.lr: Value 'fast' of type 'str' could not be converted to Float"),
     (["intention_overrides=['selection.fixed_k=twenty']"],
-     "intention_overrides: selection.fixed_k: Value 'twenty' of type 'str' could not be converted to Integer"),
+     "intention_overrides: selection.fixed_k: expected null, a whole number >= 1 or {pool: k}, got 'twenty'"),
+    (["intention_overrides=['selection.fixed_k={questions: 5, answers: 3}']"],  # a game of one pool
+     "intention_overrides: selection.fixed_k: pool(s) ['answers'] not in the game's ['questions']"),
     (["train_overrides=['train.epocs=3']"], "train_overrides: Could not override 'train.epocs'"),
     # a two-player game given to a question-game preset (before: KeyError: 'prompt')
     (["game=bargaining"], "warm_start.enabled: the scripted expert plays question games, not bargaining"),

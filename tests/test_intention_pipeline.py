@@ -19,7 +19,7 @@ from aria.games.question.oracle import build_oracle
 from aria.games.question.play import game_id, play_games
 from aria.importers import import_file
 from aria.intention import pipeline
-from aria.io import DataError
+from aria.io import ConfigError, DataError
 from aria.resources import compose_config
 from aria.trajectories import make_record, write_trajectories
 from conftest import ORIGINAL_SAMPLES, ScriptedPolicy
@@ -486,6 +486,14 @@ def test_a_pool_with_few_distinct_texts_keeps_its_finest_labelling(tmp_path, tin
     labels = np.load(tmp_path / "run" / "labels.npz")
     assert (labels["answers"][2:] == labels["answers"][1]).all()  # k = 4..6 keep k = 3 (three answers)
     assert len(np.unique(labels["answers"][1])) == 3 and len(np.unique(labels["questions"][4])) == 6
+    # one k per pool, as config/intention.yaml documents it (before: refused by the settings' int type)
+    fixed = config("game=guess_my_city", f"input={games}", f"run_dir={tmp_path / 'run'}", f"embedder.model={tiny_sentence_model_dir}",
+                   "clustering.k_max=6", "selection.fixed_k={questions: 5, answers: 3}")
+    assert pipeline.step2_select_k(fixed, lambda s: None)["chosen"]["k"] == {"questions": 5, "answers": 3}
+    for bad, message in (({"questions": 5}, r"no k for pool\(s\) \['answers'\]"), (True, "got True"),
+                         ({"questions": 5, "answers": 0}, "expected null, a whole number >= 1")):
+        with pytest.raises(ConfigError, match=message):
+            pipeline.step2_select_k({**fixed, "selection": {**fixed["selection"], "fixed_k": bad}}, lambda s: None)
 
 
 # ---- issue: variance on one step set, occurrence weights, no model load when cached ---------------
@@ -560,6 +568,35 @@ def test_cached_texts_load_no_model_and_cheap_checks_come_first(tmp_path, twenty
     assert not (tmp_path / "other").exists()  # refused before reading or embedding anything
 
 
+def test_the_embedding_cache_tells_two_models_of_one_name_apart(tmp_path, twenty_questions_games, tiny_sentence_model_dir):
+    """Checkpoints are often all saved as ``.../final``: two models of one folder name must not share
+    cached vectors (before: the second run embedded nothing and clustered the first model's vectors)."""
+    import shutil
+
+    for name in ("a", "b"):
+        shutil.copytree(tiny_sentence_model_dir, tmp_path / name / "final")
+    cfg = tq_config(tmp_path / "run", twenty_questions_games, tmp_path / "a" / "final", "clustering.k_max=4")
+    pipeline.step1_embed_and_cluster(cfg, lambda s: None)
+    echoed = []
+    pipeline.step1_embed_and_cluster({**cfg, "embedder": {**cfg["embedder"], "model": str(tmp_path / "b" / "final")}},
+                                     echoed.append)
+    assert not any(" 0 newly embedded" in line for line in echoed), echoed
+    assert len(list((tmp_path / "run" / "embedding_cache").glob("final-*.npz"))) == 2
+
+
+def test_the_embedding_cache_keeps_texts_exactly(tmp_path):
+    """A text ending in NUL (a numpy string array drops it) is found again, so a cached run loads no model."""
+    from aria.intention.embed import EmbeddingCache
+
+    class Fixed:
+        def embed(self, texts):
+            return np.ones((len(texts), 3), dtype=np.float32)
+
+    texts = ["Is it a dog?\x00", "Is it a dog?", "é 🐕"]
+    EmbeddingCache(tmp_path, "m").embed(texts, Fixed())
+    assert EmbeddingCache(tmp_path, "m").missing(texts) == []
+
+
 # ---- each step reads what the step before it used ----------------------------------------------
 def _script(name: str, *args: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, str(REPO / name), *args], capture_output=True, text=True, cwd=REPO)
@@ -612,6 +649,19 @@ def test_each_step_checks_the_step_before(tmp_path, twenty_questions_games, tiny
     (tmp_path / "selection.json").unlink()
     with pytest.raises(pipeline.StaleInput, match="labels.npz was not written by the step 1"):
         pipeline.step2_select_k(cfg, lambda s: None)
+    # A later step given other settings than the step before it used: refused, not "up to date"
+    # over outputs of the first settings or labels of a k chosen under them (before: both).
+    run_all(cfg)
+    gamma = {**cfg, "aggregation": {**cfg["aggregation"], "gamma": 0.5}}
+    with pytest.raises(pipeline.StaleInput, match=r"selection.json was made under other settings \(aggregation.gamma "
+                                                  r"was 0.95, now 0.5\).*re-run step 2"):
+        pipeline.step3_apply_labels(gamma, lambda s: None)
+    with pytest.raises(pipeline.StaleInput, match=r"aggregation.gamma was 0.95, now 0.5"):
+        pipeline.preflight(gamma, [2])
+    with pytest.raises(pipeline.StaleInput, match=r"utterances.json was made under other settings of step 1.*re-run step 1"):
+        pipeline.step2_select_k({**cfg, "clustering": {**cfg["clustering"], "k_max": 5}}, lambda s: None)
+    with pytest.raises(pipeline.StaleInput, match=r"other settings of step 1"):
+        pipeline.step2_select_k({**cfg, "seed": 7}, lambda s: None)
     # A step whose input is missing says which step to run.
     with pytest.raises(pipeline.StaleInput, match=r"no utterances.json in .*re-run step 1"):
         pipeline.step2_select_k({**cfg, "run_dir": str(tmp_path / "empty")}, lambda s: None)

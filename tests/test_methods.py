@@ -241,8 +241,8 @@ def method_config(tmp_path, model_dir, *overrides: str) -> dict:
 @pytest.mark.parametrize("name", WEIGHT_METHODS)
 def test_two_steps_of_every_method_on_a_tiny_model(name, tmp_path, tiny_model_dir):
     """Every method trains through the offline trainer: the weights it trains on are the method's
-    (NaN steps dropped), the release's −1 demonstration marker is ARIA's only, and two optimizer
-    steps change the adapter."""
+    (NaN steps dropped), the release's −1 demonstration marker is off (these are pipeline step 4's
+    steps: a reward of −1 is a reward), and two optimizer steps change the adapter."""
     import torch
 
     from aria.trainers.offline import OfflineTrainer
@@ -254,12 +254,28 @@ def test_two_steps_of_every_method_on_a_tiny_model(name, tmp_path, tiny_model_di
     got = [(s["game_id"], s["turn"], float(r)) for s, r in zip(trainer.samples, trainer.rewards)]
     assert [g[:2] for g in got] == [e[:2] for e in expected]
     close([g[2] for g in got], [e[2] for e in expected])
-    assert trainer.loss_options["sft_reward"] == (-1.0 if name == "aria" else None)
+    assert trainer.loss_options["sft_reward"] is None
     before = {k: v.clone() for k, v in trainer.model.named_parameters() if v.requires_grad}
     result = trainer.train()
     assert result["steps"] == 2
     after = dict(trainer.model.named_parameters())
     assert any(not torch.equal(before[k], after[k]) for k in before)
+
+
+def test_the_demonstration_marker_is_the_release_files_and_aria_s_only(tmp_path, tiny_model_dir):
+    """The release's ARIA files mark demonstrations with a reward of exactly −1 (their SFT term);
+    a file of pipeline step 4 (its steps carry step_return) has none: there R̃ = −1 is a two-player
+    role's reward and must keep its sign (before: trained as imitation)."""
+    import json
+
+    from aria.trainers.offline import OfflineTrainer
+
+    release = [{"observation": s["observation"], "action": s["action"], "reward": -1.0 if i == 0 else 0.5}
+               for i, s in enumerate(STEPS)]
+    for name, steps, expected in (("aria", release, -1.0), ("aria", STEPS, None), ("bc", release, None)):
+        cfg = method_config(tmp_path, tiny_model_dir, "train.epochs=1", "train.micro_batch_size=4", f"method={name}")
+        (tmp_path / "train.json").write_text(json.dumps(steps))
+        assert OfflineTrainer(cfg).loss_options["sft_reward"] == expected, (name, expected)
 
 
 def test_two_steps_of_trajectory_dpo_on_a_tiny_model(tmp_path, tiny_model_dir):

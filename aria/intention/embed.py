@@ -15,6 +15,7 @@ after a crash) embeds only texts it has not seen.
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
 import random
 import re
@@ -54,6 +55,15 @@ class SentenceTransformerEmbedder:
         """The name the cache is keyed by, known without loading the model."""
         return "all-MiniLM-L6-v2" if model in (None, "", "embedded") else Path(model).name
 
+    @staticmethod
+    def identity(model: str = "embedded", normalize: bool = False, **_: object) -> dict:
+        """What decides the vectors: the folder (its files' sizes and times, so a model trained
+        again in place is not taken for the old one) and the normalisation."""
+        path = (embedded_sentence_model_dir() if model in (None, "", "embedded") else Path(model)).resolve()
+        files = sorted((str(f.relative_to(path)), f.stat().st_size, f.stat().st_mtime_ns)
+                       for f in path.rglob("*") if f.is_file()) if path.is_dir() else []
+        return {"path": str(path), "files": files, "normalize": normalize}
+
     def __init__(self, model: str = "embedded", batch_size: int = 64, device: str = "cpu", normalize: bool = False):
         from sentence_transformers import SentenceTransformer
 
@@ -85,6 +95,11 @@ class OpenAIEmbedder:
     @staticmethod
     def model_name(model: str = "", **_: object) -> str:
         return model
+
+    @staticmethod
+    def identity(base_url: str = "", model: str = "", dimensions: int | None = None, **_: object) -> dict:
+        """What decides the vectors (never the key): the server, the model, the width asked for."""
+        return {"base_url": base_url, "model": model, "dimensions": dimensions}
 
     def __init__(self, base_url: str, model: str, api_key: str | None = None, batch_size: int = 256,
                  dimensions: int | None = None, timeout_s: float = 60.0, max_retries: int = 5,
@@ -151,6 +166,17 @@ def embedder_name(cfg: dict) -> str:
     return namer(**{k: v for k, v in cfg.items() if k != "name"}) if namer else build_embedder(cfg).name
 
 
+def embedder_key(cfg: dict) -> str:
+    """The embedding cache's key: the model's name and a digest of what decides its vectors (two
+    checkpoints both saved as ``.../final``, or one endpoint asked for another width, are not one
+    model). A backend without an ``identity`` is keyed by all of its settings."""
+    cls = _embedder_class(cfg)
+    options = {k: v for k, v in cfg.items() if k != "name"}
+    identity = cls.identity(**options) if hasattr(cls, "identity") else options
+    digest = hashlib.sha256(json.dumps([cfg["name"], identity], sort_keys=True, default=str).encode()).hexdigest()
+    return f"{embedder_name(cfg)}-{digest[:12]}"
+
+
 def _slug(name: str) -> str:
     return re.sub(r"[^A-Za-z0-9._-]+", "_", name).strip("_") or "model"
 
@@ -164,7 +190,8 @@ class EmbeddingCache:
         self.vectors: dict[str, np.ndarray] = {}
         if self.path.is_file():
             with np.load(self.path, allow_pickle=False) as data:
-                for text, vector in zip(data["texts"].tolist(), data["vectors"]):
+                texts = json.loads(data["texts_json"].tobytes().decode("utf-8"))
+                for text, vector in zip(texts, data["vectors"]):
                     self.vectors[text] = vector
 
     def save(self) -> None:
@@ -173,7 +200,10 @@ class EmbeddingCache:
         texts = list(self.vectors)
         matrix = np.stack([self.vectors[t] for t in texts]) if texts else np.zeros((0, 0), np.float32)
         buffer = io.BytesIO()
-        np.savez(buffer, texts=np.array(texts, dtype=str), vectors=matrix.astype(np.float32))
+        # the texts as JSON bytes: a numpy string array drops a text's trailing NULs, and the text
+        # would then never be found in the cache again
+        np.savez(buffer, texts_json=np.frombuffer(json.dumps(texts).encode("utf-8"), dtype=np.uint8),
+                 vectors=matrix.astype(np.float32))
         self.path.parent.mkdir(parents=True, exist_ok=True)
         atomic_write_bytes(self.path, buffer.getvalue())
 

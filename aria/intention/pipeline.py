@@ -31,7 +31,7 @@ import time
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 import numpy as np
 
@@ -39,10 +39,10 @@ from aria.games.family import family_of
 from aria.intention.aggregate import aggregate
 from aria.intention.cluster import CLUSTERINGS, cluster_all_k, distinct_points, k_range
 from aria.intention.corpus import Corpus, IntentionSpec, build_corpus
-from aria.intention.embed import EmbeddingCache, build_embedder, embedder_name, text_digest
+from aria.intention.embed import EmbeddingCache, build_embedder, embedder_key, embedder_name, text_digest
 from aria.intention.select import ClusterQuality, choose_k, split_scores
-from aria.io import (DataError, atomic_write_bytes, atomic_write_json, atomic_write_json_rows, atomic_write_jsonl, file_digest,
-                     iter_jsonl, json_digest, located, read_json)
+from aria.io import (ConfigError, DataError, atomic_write_bytes, atomic_write_json, atomic_write_json_rows, atomic_write_jsonl, file_digest,
+                     differences, iter_jsonl, json_digest, located, read_json)
 from aria.trajectories import VectorWidth, iter_trajectories
 
 log = logging.getLogger(__name__)
@@ -225,15 +225,20 @@ def check_clustering(clustering: dict) -> None:
         raise ValueError(f"clustering.pca_dim: expected null or an integer >= 1, got {clustering['pca_dim']!r}")
 
 
+def _step1_settings(cfg: dict, corpus: Corpus, files: list[Path]) -> dict:
+    """What step 1's outputs are made from (their fingerprint is its digest)."""
+    return {"version": PIPELINE_VERSION, "input": file_digest(files), "pools": {p: text_digest(t) for p, t in corpus.pools.items()},
+            "embedder": cfg["embedder"], "use_precomputed": cfg["embedding"]["use_precomputed"],
+            "clustering": cfg["clustering"], "seed": cfg["seed"]}
+
+
 def step1_embed_and_cluster(cfg: dict, echo: Printer = print) -> dict:
     run_dir = Path(cfg["run_dir"])
     clustering = cfg["clustering"]
     check_clustering(clustering)
     check_labels(cfg)
     corpus, _, files = load_corpus(cfg)
-    settings = {"version": PIPELINE_VERSION, "input": file_digest(files), "pools": {p: text_digest(t) for p, t in corpus.pools.items()},
-                "embedder": cfg["embedder"], "use_precomputed": cfg["embedding"]["use_precomputed"],
-                "clustering": clustering, "seed": cfg["seed"]}
+    settings = _step1_settings(cfg, corpus, files)
     fingerprint = json_digest(settings)
     summary_path, labels_path = run_dir / "utterances.json", run_dir / "labels.npz"
     if (summary := _up_to_date_json(summary_path, fingerprint)) is not None \
@@ -262,7 +267,7 @@ def step1_embed_and_cluster(cfg: dict, echo: Printer = print) -> dict:
             sources[pool] = "precomputed (from the trajectories)"
             continue
         name = embedder_name(cfg["embedder"])
-        cache = EmbeddingCache(run_dir / "embedding_cache", name)
+        cache = EmbeddingCache(run_dir / "embedding_cache", embedder_key(cfg["embedder"]))
         start = time.perf_counter()
         embeddings[pool], new = cache.embed(texts, get_embedder, batch_size=cfg["embedding"]["save_every"],
                                             progress=lambda d, n: echo(f"[step 1] {pool}: embedded {d}/{n} new texts"))
@@ -435,15 +440,27 @@ def _labels_at(corpus: Corpus, labels: dict[str, np.ndarray], index: dict[str, i
     return corpus.utterance_labels({p: labels[p][index[p]] for p in corpus.pools})
 
 
+def check_selection(cfg: dict) -> None:
+    """``selection.fixed_k`` (null, an int, or one k per pool of the game), in one line before any work."""
+    _fixed_k(cfg["selection"], list(game_spec(cfg).pools))
+
+
 def _fixed_k(selection: dict, pools: list[str]) -> dict[str, int] | None:
     fixed = selection.get("fixed_k")
+
+    def whole(k) -> bool:
+        return isinstance(k, int) and not isinstance(k, bool) and k >= 1
+
     if fixed is None:
         return None
-    if isinstance(fixed, int):
+    if whole(fixed):
         return {p: fixed for p in pools}
-    missing = [p for p in pools if p not in fixed]
-    if missing:
-        raise ValueError(f"selection.fixed_k gives no k for pool(s) {missing}")
+    if not isinstance(fixed, Mapping) or not all(whole(k) for k in fixed.values()):
+        raise ConfigError(f"selection.fixed_k: expected null, a whole number >= 1 or {{pool: k}}, got {fixed!r}")
+    missing, unknown = [p for p in pools if p not in fixed], [p for p in fixed if p not in pools]
+    if missing or unknown:
+        raise ConfigError(f"selection.fixed_k: " + (f"no k for pool(s) {missing}" if missing else "")
+                          + ("; " if missing and unknown else "") + (f"pool(s) {unknown} not in the game's {pools}" if unknown else ""))
     return {p: int(fixed[p]) for p in pools}
 
 
@@ -451,8 +468,12 @@ def step2_select_k(cfg: dict, echo: Printer = print) -> dict:
     run_dir = Path(cfg["run_dir"])
     summary = step_output(run_dir / "utterances.json", 1)
     selection_cfg, agg_cfg = cfg["selection"], cfg["aggregation"]
+    check_selection(cfg)
     corpus, _, files = load_corpus(cfg)
     _check_inputs(summary, corpus, files)
+    if json_digest(_step1_settings(cfg, corpus, files)) != summary["fingerprint"]:
+        raise StaleInput(1, "utterances.json was made under other settings of step 1 than these (embedder, embedding, "
+                            f"clustering or seed; it clustered with {summary.get('clustering')})")
     fingerprint = json_digest({"step1": summary["fingerprint"], "selection": selection_cfg, "aggregation": agg_cfg,
                                "behaviour": cfg["behaviour"], "labels": cfg["labels"], "report": SELECTION_VERSION})
     out_path = run_dir / "selection.json"
@@ -614,6 +635,7 @@ def preflight(cfg: dict, fixed_ks: list[int]) -> dict:
     from aria.intention.aggregate import key_sharing
 
     run = read_labelled_run(cfg)
+    check_step2_settings(run.selection, cfg)
     corpus, window = run.corpus, cfg["aggregation"]["window"]
 
     def row(k: dict, utterance_labels: np.ndarray, **marks) -> dict:
@@ -710,6 +732,7 @@ def step3_apply_labels(cfg: dict, echo: Printer = print) -> Path:
     run_dir, selection, corpus, records = run.run_dir, run.selection, run.corpus, run.records
     out_path = run_dir / "labelled.jsonl"
     check_labels(cfg)
+    check_step2_settings(selection, cfg)
     fingerprint = _step3_fingerprint(selection, cfg)
     meta_path = run_dir / "labelled.meta.json"
     if _up_to_date(out_path, meta_path, fingerprint, "labelled_digest"):
@@ -760,6 +783,14 @@ def step3_apply_labels(cfg: dict, echo: Printer = print) -> Path:
     echo(f"[step 3] wrote {out_path} ({len(out_records)} games labelled at {at}, "
          f"{int(agg.kept.sum())}/{len(agg.kept)} steps kept)")
     return out_path
+
+
+def check_step2_settings(selection: dict, cfg: dict) -> None:
+    """The aggregation and selection settings are those step 2 chose k under: labels made under
+    others would mix two runs (a k chosen for one γ, rewards aggregated with another)."""
+    changed = differences(selection.get("settings"), {"aggregation": cfg["aggregation"], "selection": cfg["selection"]})
+    if changed:
+        raise StaleInput(2, f"selection.json was made under other settings ({'; '.join(changed[:3])})")
 
 
 def _step3_fingerprint(selection: dict, cfg: dict) -> str:

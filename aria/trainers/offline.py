@@ -181,6 +181,11 @@ class OfflineTrainer:
             # A reward of exactly −1 marks a demonstration only in the release's ARIA files; a
             # normalised advantage (StarPO, GiGPO) can be exactly −1 and must stay an advantage.
             self.loss_options["sft_reward"] = None
+        if self.loss_options.get("sft_reward") is not None and any("step_return" in s for s in self.samples):
+            # Nor in a file of pipeline step 4 (its samples carry step_return): there a step whose
+            # R~ is exactly -1 (a two-player role that lost all) is a reward, and must not become
+            # an imitation weight with the opposite sign.
+            self.loss_options["sft_reward"] = None
         self.state = TrainState()
         self.token_stats: dict[str, float] = {}  # the clipped loss's per-micro-batch diagnostics
         if self.accelerator.is_main_process and self.loss_fn is reinforce_loss:
