@@ -289,6 +289,22 @@ def test_bad_embeddings_name_the_game(tmp_path, negotiation_trajectories):
         pipeline.step1_embed_and_cluster(cfg, lambda s: None)
 
 
+def test_a_two_player_game_without_a_round_is_skipped_and_said(negotiation_trajectories):
+    """Under discount=original the release counts m = min(#Alice, #Bob) rounds: a game where Bob
+    never spoke has none, and is listed as skipped (before: it added no step and no line, and a file
+    of such games said "every game empty or failed")."""
+    from aria.games.base import load_game_config
+    from aria.intention.corpus import IntentionSpec, build_corpus
+
+    records = [json.loads(line) for line in negotiation_trajectories.read_text().splitlines()][:3]
+    records[1]["turns"] = [t for t in records[1]["turns"] if t["role"] == "alice"]
+    spec = IntentionSpec.from_config(load_game_config("negotiation")["intention"], "negotiation")
+    corpus = build_corpus(records, spec, use_precomputed=False, discount="original")
+    assert corpus.game_ids == [records[0]["game_id"], records[2]["game_id"]]
+    assert corpus.skipped == [{"game_id": records[1]["game_id"], "reason": "a player never spoke: no round under discount=original"}]
+    assert records[1]["game_id"] in build_corpus(records, spec, use_precomputed=False).game_ids  # the paper's discount keeps it
+
+
 def test_two_player_game_without_reward_is_rejected(tmp_path, negotiation_trajectories):
     records = [json.loads(line) for line in negotiation_trajectories.read_text().splitlines()]
     del records[1]["role_rewards"]["bob"]

@@ -194,13 +194,16 @@ def build_corpus(records: Iterable[dict], spec: IntentionSpec, gamma: float = 0.
             for channel, _, i, _ in utterances:
                 if channel not in rules:
                     raise DataError(None, None, f"turns[{i}].role", f"game {gid!r}: channel {channel!r} not in the game's intention config")
+            rounds = min(sum(1 for c, *_ in utterances if c == p) for p in record["players"]) if two_player \
+                else len(record["turns"])
+            if two_player and discount == "original" and rounds == 0:  # the release counts m = min(#Alice, #Bob)
+                skipped.append({"game_id": gid, "reason": "a player never spoke: no round under discount=original"})
+                continue
             g = len(game_ids)
             game_ids.append(gid)
             counts = {role: sum(1 for c, *_ in utterances if c == role) for role in spec.trained}
             seats = {role: (record["players"].index(role) if role in record["players"] else -1) if two_player else -1
                      for role in spec.trained}
-            rounds = min(sum(1 for c, *_ in utterances if c == p) for p in record["players"]) if two_player \
-                else len(record["turns"])
             if two_player and discount == "original":
                 counts = {role: min(n, rounds) for role, n in counts.items()}
             seen = {role: 0 for role in spec.trained}
