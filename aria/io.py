@@ -42,6 +42,31 @@ class ConfigError(ValueError):
     """A setting that cannot work; the message names the setting (``train.optimizer: ...``)."""
 
 
+class ResumeMismatch(ValueError):
+    """Work to be resumed (a games file, a checkpoint) was made under other settings than this run's."""
+
+
+def model_digest(folder: str | os.PathLike) -> str:
+    """Which weights a model folder holds, without reading them whole: each weight file's name and
+    size and a digest of its first and last MiB (a safetensors file's header and the bytes of its
+    first and last tensors). Two trainings of one architecture differ there; a copy does not."""
+    folder = Path(folder)
+    h = hashlib.sha256()
+    files = sorted(f for f in folder.rglob("*") if f.is_file() and f.suffix in (".safetensors", ".bin", ".pt", ".gguf"))
+    for f in files:
+        size = f.stat().st_size
+        h.update(f"{f.relative_to(folder)}\0{size}\0".encode())
+        with f.open("rb") as handle:
+            h.update(handle.read(1 << 20))
+            if size > 2 << 20:
+                handle.seek(-(1 << 20), os.SEEK_END)
+                h.update(handle.read(1 << 20))
+    config = folder / "config.json"
+    if config.is_file():
+        h.update(config.read_bytes())
+    return h.hexdigest()[:16]
+
+
 @contextmanager
 def located(path: str | os.PathLike | None, line: int | None) -> Iterator[None]:
     """Name ``path`` and ``line`` in a :class:`DataError` raised inside the block by code that sees

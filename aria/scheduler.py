@@ -30,7 +30,7 @@ from __future__ import annotations
 import threading
 import time
 from collections import Counter
-from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from concurrent.futures import FIRST_COMPLETED, Future, wait
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Protocol, Sequence
@@ -181,7 +181,8 @@ def _in_step(kind: GameKind, todo: list, batch_size: int, summary: PlaySummary, 
 def _each_on_its_own(kind: GameKind, todo: list, batch_size: int, summary: PlaySummary, finish: Callable, bar) -> None:
     """Up to ``batch_size`` games at once, each in its own thread from start to end (module doc);
     finished games are written from this thread. On an interruption no new turn starts, the
-    turns in flight end, and the unfinished games are not written (a re-run plays them)."""
+    turns in flight get :data:`INTERRUPT_GRACE_S` to end, and the unfinished games are not written
+    (a re-run plays them)."""
     stop = threading.Event()
 
     def play_one(gid: str, job: Any) -> tuple[LiveGame | None, int, int]:
@@ -194,11 +195,11 @@ def _each_on_its_own(kind: GameKind, todo: list, batch_size: int, summary: PlayS
         return game, turns, extra
 
     queue = iter(todo)
-    pool = ThreadPoolExecutor(max_workers=batch_size, thread_name_prefix="game")
     running: set[Future] = set()
+    ended = False
     try:
         for gid, job in queue:
-            running.add(pool.submit(play_one, gid, job))
+            running.add(_in_a_thread(play_one, gid, job))
             if len(running) >= batch_size:
                 break
         while running:
@@ -210,8 +211,32 @@ def _each_on_its_own(kind: GameKind, todo: list, batch_size: int, summary: PlayS
                 finish(game)
                 following = next(queue, None) if not summary.stopped else None
                 if following is not None:
-                    running.add(pool.submit(play_one, *following))
+                    running.add(_in_a_thread(play_one, *following))
             bar.set_postfix_str(kind.describe(summary.counts, summary.finished), refresh=False)
+        ended = True
     finally:
         stop.set()
-        pool.shutdown(wait=True, cancel_futures=True)
+        if not ended:  # the turns in flight get a moment to end; a reply stuck for the policy's whole
+            # timeout (minutes, against a hung server) is left to a thread that cannot hold the exit
+            wait(running, timeout=INTERRUPT_GRACE_S)
+
+
+#: On an interruption, how long the turns in flight may take to end before their games are left
+#: unwritten (a re-run plays them) and the command stops.
+INTERRUPT_GRACE_S = 5.0
+
+
+def _in_a_thread(fn: Callable, *args) -> Future:
+    """``fn(*args)`` in a daemon thread of its own: a game blocked in a request never keeps the
+    process from ending (a pool's threads are joined at exit, whatever the interruption)."""
+    future: Future = Future()
+
+    def run() -> None:
+        if future.set_running_or_notify_cancel():
+            try:
+                future.set_result(fn(*args))
+            except BaseException as error:  # noqa: BLE001 - handed to the waiting thread
+                future.set_exception(error)
+
+    threading.Thread(target=run, name=f"game-{args[0]}", daemon=True).start()
+    return future

@@ -52,7 +52,7 @@ import os
 from pathlib import Path
 from typing import Any, Iterator
 
-from aria.io import DataError, atomic_write_json, atomic_write_jsonl, differences, find_non_finite, is_finite_number, iter_jsonl, read_json, require
+from aria.io import DataError, ResumeMismatch, atomic_write_json, atomic_write_jsonl, differences, find_non_finite, is_finite_number, iter_jsonl, read_json, require
 from aria.secrets import redact, redact_text
 
 SCHEMA_VERSION = 1
@@ -285,8 +285,6 @@ def write_trajectories(path: str | os.PathLike, records: list[dict]) -> None:
     atomic_write_jsonl(path, records)
 
 
-class ResumeMismatch(ValueError):
-    """A resumable file holds games made under other settings than this run's."""
 
 
 def describe(obj: Any) -> dict:

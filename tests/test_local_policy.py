@@ -81,3 +81,22 @@ def test_rows_that_finish_early_leave_the_batch_without_changing_any_reply(tiny_
 
     replies = policy.generate(conversations, keys=[str(i) for i in range(len(conversations))])
     assert [r.text for r in replies] == [policy.tokenizer.decode(r, skip_special_tokens=True).strip() for r in expected]
+
+
+def test_a_games_producer_names_the_weights_not_only_the_folder(tmp_path, tiny_model_dir):
+    """Trained models are all ".../model" or ".../final": a games file resumed with another model
+    of the same folder name must not be continued as if it were the same (the producer differs),
+    and the same weights copied elsewhere are the same producer."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    from aria.trajectories import describe
+
+    for name in ("a", "b", "copy"):
+        shutil.copytree(tiny_model_dir, tmp_path / name / "model")
+    tensors = load_file(str(tmp_path / "b" / "model" / "model.safetensors"))
+    save_file({k: v + 0.01 for k, v in tensors.items()}, str(tmp_path / "b" / "model" / "model.safetensors"))
+    a, b, copy = (describe(LocalChatModel(str(tmp_path / n / "model"), max_new_tokens=2)) for n in ("a", "b", "copy"))
+    assert a["model"] == b["model"] == "model" and a != b and a["weights"] != b["weights"]
+    assert a == copy

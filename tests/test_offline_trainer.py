@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -108,6 +109,47 @@ def test_interrupted_and_resumed_run_ends_with_the_same_weights(tmp_path, tiny_m
     other = config(tmp_path / "cut", tiny_model_dir, samples(12, reward=lambda i: 1.0), *common)
     with pytest.raises(ValueError, match="trained on other data"):
         OfflineTrainer(other).train()
+
+
+def test_a_checkpoint_resumes_only_under_the_settings_it_was_trained_with(tmp_path, tiny_model_dir):
+    """A resume under another lr, seed, batching, LoRA rank or base model is refused in one line
+    naming the setting (before: the checkpoint's optimizer silently kept the old lr while the
+    final model's record said the new one, a new seed reordered the rest of the data, another
+    batching skipped micro-batches and saved a short run as complete, another base model carried
+    the adapter over, a new rank failed copying tensors). The same weights at another path resume."""
+    import shutil
+
+    from safetensors.torch import save_file
+
+    from aria.io import ResumeMismatch
+
+    data = samples(12)
+    common = ["train.epochs=2", "train.micro_batch_size=2", "train.gradient_accumulation_steps=2", "train.save_freq=2",
+              "train.lr=0.005", "train.keep_checkpoints=null"]
+    cfg = config(tmp_path, tiny_model_dir, data, *common)
+
+    def crash(step):
+        if step == 3:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        OfflineTrainer(cfg, on_step=crash).train()
+    other_weights = tmp_path / "other_model"
+    shutil.copytree(tiny_model_dir, other_weights)
+    tensors = load_file(str(other_weights / "model.safetensors"))
+    save_file({k: v + 0.01 for k, v in tensors.items()}, str(other_weights / "model.safetensors"))
+    for change, message in ((["train.lr=0.01"], "train.lr was 0.005, now 0.01"),
+                            (["seed=1"], "seed was 0, now 1"),
+                            (["train.micro_batch_size=4", "train.gradient_accumulation_steps=1"], "micro_per_epoch was 6, now 3"),
+                            (["model.lora.r=4"], "model.lora.r was 8, now 4"),
+                            ([f"model.path={other_weights}"], "model.weights was")):
+        changed = config(tmp_path, tiny_model_dir, data, *common, *change)
+        with pytest.raises(ResumeMismatch, match=re.escape(message)):
+            OfflineTrainer(changed).train()
+    copy = tmp_path / "copied_model"
+    shutil.copytree(tiny_model_dir, copy)
+    resumed = OfflineTrainer(config(tmp_path, copy, data, *common)).train()
+    assert resumed["resumed_from"].endswith("step-2") and resumed["steps"] == 6
 
 
 def test_full_fine_tuning_writes_a_full_model(tmp_path, tiny_model_dir):

@@ -229,3 +229,25 @@ def test_an_interrupted_run_of_independent_games_writes_only_whole_games_and_res
     rest = run_games(kind, jobs, out, {}, batch_size=2, progress=False)
     assert (rest.already_done, rest.played) == (2, 2)
     assert sorted(r["game_id"] for r in read_trajectories(out)) == sorted(g for g, _ in jobs)
+
+
+def test_an_interruption_does_not_wait_out_a_reply_stuck_in_flight(tmp_path):
+    """A server that stopped answering holds a request for the policy's whole timeout (minutes): a
+    Ctrl-C then must end the run within the grace period, not after it (before: it waited for the
+    stuck reply), with only whole games written and the rest left to a re-run."""
+    import time
+
+    from aria import scheduler
+
+    kind, jobs, policy = server_kind(True)  # the slow game's first reply is held (here: 2 s, as if for minutes)
+    out = tmp_path / "games.jsonl"
+    grace, scheduler.INTERRUPT_GRACE_S = scheduler.INTERRUPT_GRACE_S, 0.2
+    try:
+        start = time.monotonic()
+        with pytest.raises(Stop):
+            run_games(kind, jobs, out, {}, batch_size=4, progress=False, on_game_end=stop_after(1))
+        assert time.monotonic() - start < 1.5 and policy.held_until_released is None  # the held reply is still out
+    finally:
+        scheduler.INTERRUPT_GRACE_S = grace
+    assert [r["game_id"] for r in read_trajectories(out)] != [] and policy.slow not in {r["game_id"] for r in read_trajectories(out)}
+    policy.release_slow.set()

@@ -34,6 +34,7 @@ from transformers import (
     TopPLogitsWarper,
 )
 
+from aria.io import model_digest
 from aria.llm.base import Completion, Message, OutputFormat
 from aria.llm.embedded import resolve_model_path
 
@@ -130,6 +131,8 @@ class LocalChatModel:
         model = AutoModelForCausalLM.from_pretrained(path, dtype=resolve_dtype(dtype, device)).to(device).eval()
         self._setup(model, tokenizer, name or path.name, max_new_tokens, temperature, top_p, max_prompt_tokens,
                     reuse_cache, seed, device)
+        # the name is a folder's: trained models are all ".../model" or ".../final"
+        self.settings["weights"] = model_digest(path)
 
     @classmethod
     def from_model(cls, model, tokenizer, name: str = "policy", max_new_tokens: int = 48, temperature: float = 1.0,

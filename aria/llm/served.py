@@ -172,14 +172,16 @@ class ServedChatModel:
     def __init__(self, model_path: str = "embedded", temperature: float = 1.0, top_p: float | None = 1.0,
                  max_tokens: int = 48, concurrency: int = 16, timeout_s: float = 120.0, max_retries: int = 3,
                  seed: int | None = None, log: str | None = None):
+        from aria.io import model_digest
         from aria.llm.embedded import resolve_model_path
 
         self.model_dir = resolve_model_path(model_path)
         self.name = f"vllm:{self.model_dir.name}"
         self._options = {"temperature": temperature, "top_p": top_p, "max_tokens": max_tokens, "seed": seed,
                          "concurrency": concurrency, "timeout_s": timeout_s, "max_retries": max_retries}
-        # What produced a game: the model and sampling, not the port of one run.
-        self.settings = {"engine": "vllm", "model_path": str(self.model_dir),
+        # What produced a game: the model (its weights too: trained models are all ".../model" or
+        # ".../final") and sampling, not the port of one run.
+        self.settings = {"engine": "vllm", "model_path": str(self.model_dir), "weights": model_digest(self.model_dir),
                          **{k: self._options[k] for k in ("temperature", "top_p", "max_tokens", "seed")}}
         self._log = Path(log) if log else None
         self._endpoint = None

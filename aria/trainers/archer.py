@@ -38,7 +38,7 @@ from aria.data import read_training_set
 from aria.io import DataError, atomic_folder, atomic_write_json, atomic_write_json_rows, json_digest
 from aria.settings import CriticTrainerSettings, validated
 from aria.trainers.checkpoint import (begin_checkpoint, finish_checkpoint, latest_checkpoint, load_state,
-                                      read_trainer_state, resume_position, save_state)
+                                      read_trainer_state, resume_position, resume_settings, save_state)
 from aria.trainers.critic import (V_TARGETS, DoubleCritic, advantages, critic_loss, polyak_update, q_targets,
                                   transitions, v_targets)
 from aria.trainers.engine import (TrainState, accumulate_step, build_optimizer, check_train_settings, make_accelerator,
@@ -288,14 +288,16 @@ class CriticTrainer:
             save_state(tmp / "optimizer.safetensors", self.optimizer.state_dict())
             save_state(tmp / "scheduler.safetensors", self.scheduler.state_dict())
         return finish_checkpoint(acc, tmp, final, {**self.state.__dict__, "world_size": acc.num_processes,
-                                                   "total_steps": self.total_steps, "data_digest": self.data_digest},
+                                                   "total_steps": self.total_steps, "data_digest": self.data_digest,
+                                                   "settings": resume_settings(self.cfg, self.micro_per_epoch)},
                                  self.cfg["train"]["keep_checkpoints"])
 
     def resume(self) -> Path | None:
         checkpoint = latest_checkpoint(self.output_dir)
         if checkpoint is None:
             return None
-        state = read_trainer_state(checkpoint, self.accelerator, self.data_digest, self.total_steps)
+        state = read_trainer_state(checkpoint, self.accelerator, self.data_digest, self.total_steps,
+                                   resume_settings(self.cfg, self.micro_per_epoch))
         saved = load_state(checkpoint / "critic.safetensors")
         self.accelerator.unwrap_model(self.model).load_state_dict(saved["online"])
         self.target.load_state_dict(saved["target"])

@@ -26,7 +26,7 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
-from aria.io import atomic_write_json, atomic_write_text, replace_folder
+from aria.io import ResumeMismatch, atomic_write_json, atomic_write_text, differences, model_digest, replace_folder
 
 _META_KEY = "aria_state"
 
@@ -188,17 +188,62 @@ def trim_metrics(path: Path, keep: Callable[[dict], bool]) -> None:
 
 
 # ---- resuming ------------------------------------------------------------------------------------
-def read_trainer_state(checkpoint: Path, accelerator, data_digest: str, total_steps: int) -> dict:
-    """``trainer_state.json`` of ``checkpoint``, refused when another number of processes wrote it
-    or it was trained on other data or settings (a resume must never mix two runs)."""
+#: Settings that do not change what training computes: where it writes, how often it saves or logs,
+#: and where the data and the model are read from (their contents are checked instead, so a copied
+#: run folder resumes).
+NOT_RESUME_SETTINGS = ("output_dir", "scale_name", "logging", "grad_variance", "device", "train.save_freq",
+                       "train.keep_checkpoints", "data.train_file", "model.path")
+
+
+def resume_settings(cfg: dict, micro_per_epoch: int | None = None) -> dict:
+    """What a checkpoint's run and the run resuming it must share, besides the data: every setting
+    but :data:`NOT_RESUME_SETTINGS`, the weights the training started from (``model.weights``,
+    :func:`aria.io.model_digest`) and the micro-batches of an epoch (a position in the epoch means
+    nothing under another batching). Before, a checkpoint's optimizer and scheduler silently
+    replaced a changed lr, a changed seed reordered the rest of the data, and another base model
+    carried the adapter over."""
+    from aria.llm.embedded import resolve_model_path
+
+    settings = json.loads(json.dumps(cfg, default=str))  # a plain copy
+    for key in NOT_RESUME_SETTINGS:
+        *parents, last = key.split(".")
+        section = settings
+        for name in parents:
+            section = section.get(name) if isinstance(section, dict) else None
+        if isinstance(section, dict):
+            section.pop(last, None)
+    if isinstance(settings.get("model"), dict) and "path" in cfg.get("model", {}):
+        settings["model"]["weights"] = model_digest(resolve_model_path(cfg["model"]["path"]))
+    if micro_per_epoch is not None:
+        settings["micro_per_epoch"] = micro_per_epoch
+    return settings
+
+
+def read_trainer_state(checkpoint: Path, accelerator, data_digest: str, total_steps: int,
+                       settings: dict | None = None) -> dict:
+    """``trainer_state.json`` of ``checkpoint``, refused (:class:`~aria.io.ResumeMismatch`, one
+    line) when another number of processes wrote it or it was trained on other data or under other
+    ``settings`` (:func:`resume_settings`; a checkpoint written before they were recorded is
+    checked on its data alone): a resume must never mix two runs."""
     state = json.loads((checkpoint / "trainer_state.json").read_text())
     if state["world_size"] != accelerator.num_processes:
-        raise ValueError(f"{checkpoint} was written by {state['world_size']} process(es); resume it with the same number")
+        raise ResumeMismatch(f"{checkpoint} was written by {state['world_size']} process(es); resume it with the same number")
     if state.get("data_digest") != data_digest or state["total_steps"] != total_steps:
-        raise ValueError(f"{checkpoint} was trained on other data or settings (data digest {state.get('data_digest')}, "
-                         f"{state['total_steps']} steps; now {data_digest}, {total_steps} steps): "
-                         f"use a new output_dir, or delete {checkpoint.parent} to start over")
+        raise ResumeMismatch(f"{checkpoint} was trained on other data or settings (data digest {state.get('data_digest')}, "
+                             f"{state['total_steps']} steps; now {data_digest}, {total_steps} steps): "
+                             f"use a new output_dir, or delete {checkpoint.parent} to start over")
+    check_resume_settings(checkpoint, state, settings)
     return state
+
+
+def check_resume_settings(checkpoint: Path, state: dict, settings: dict | None) -> None:
+    """Refuse (one line) a checkpoint whose recorded settings differ from ``settings``."""
+    if settings is not None and "settings" in state:
+        changed = differences(state["settings"], settings)
+        if changed:
+            raise ResumeMismatch(f"{checkpoint} was trained under other settings ({'; '.join(changed[:3])}"
+                                 f"{'; ...' if len(changed) > 3 else ''}): re-run with those, use a new output_dir, "
+                                 f"or delete {checkpoint.parent} to start over")
 
 
 def resume_position(checkpoint: Path, accelerator, state: dict, output_dir: Path, micro_per_epoch: int, who: str):

@@ -60,12 +60,13 @@ from typing import Callable
 import numpy as np
 import torch
 
-from aria.io import ConfigError, atomic_write_json, read_json
+from aria.io import ConfigError, ResumeMismatch, atomic_write_json, read_json
 from aria.packing import attention_break_even, sample_groups
 from aria.policy import Encoding, action_logprobs, collate_as, load_policy
 from aria.resources import compose_config, config_dir
 from aria.settings import OnlineTrainerSettings, validated
-from aria.trainers.checkpoint import (begin_checkpoint, finish_checkpoint, latest_checkpoint, load_plain_state,
+from aria.trainers.checkpoint import (begin_checkpoint, check_resume_settings, finish_checkpoint, latest_checkpoint,
+                                      load_plain_state, resume_settings,
                                       load_rng_state, save_plain_state, set_rng_state, trim_metrics)
 from aria.trainers.losses import ADVANTAGES, LOSSES, TOKEN_LOSSES, rm_score, rm_score_centered  # noqa: F401  (re-exported)
 from aria.trainers.engine import (accumulate_step, build_optimizer, check_train_settings, make_accelerator,
@@ -477,7 +478,7 @@ class OnlineTrainer:
         if acc.is_main_process:
             save_plain_state(tmp, acc.unwrap_model(self.model), self.tokenizer, self.optimizer, self.scheduler)
         return finish_checkpoint(acc, tmp, final, {**asdict(self.state), "world_size": acc.num_processes,
-                                                   "total_steps": self.total_steps},
+                                                   "total_steps": self.total_steps, "settings": resume_settings(self.cfg)},
                                  self.cfg["train"].get("keep_checkpoints"))
 
     def resume(self) -> Path | None:
@@ -486,9 +487,10 @@ class OnlineTrainer:
             return None
         saved = read_json(checkpoint / "trainer_state.json")
         if saved["world_size"] != self.accelerator.num_processes or saved["total_steps"] != self.total_steps:
-            raise ValueError(f"{checkpoint} was written by {saved['world_size']} process(es) for {saved['total_steps']} "
-                             f"actor steps; this run has {self.accelerator.num_processes} and {self.total_steps}: "
-                             f"use a new output_dir, or delete {checkpoint.parent} to start over")
+            raise ResumeMismatch(f"{checkpoint} was written by {saved['world_size']} process(es) for {saved['total_steps']} "
+                                 f"actor steps; this run has {self.accelerator.num_processes} and {self.total_steps}: "
+                                 f"use a new output_dir, or delete {checkpoint.parent} to start over")
+        check_resume_settings(checkpoint, saved, resume_settings(self.cfg))
         load_plain_state(checkpoint, self.accelerator.unwrap_model(self.model), self.optimizer, self.scheduler)
         # Restored in train(), after the reward model is loaded, so that loading it draws nothing
         # from the generators the rollouts sample with.
