@@ -31,6 +31,7 @@ class Script:
     delay_s: float = 0.0
     models: tuple[str, ...] = (MODEL,)
     root: str | None = None  # the model folder vLLM reports as each model's ``root``
+    page: str | None = None  # answer every chat request with this HTML page (status 200), as a proxy's login page
 
 
 @dataclass
@@ -95,6 +96,13 @@ def _handler(state: FakeServer) -> type[BaseHTTPRequestHandler]:
         def _respond(self, n: int, body: dict) -> None:
             if body["model"] not in state.script.models:
                 return self._error(404, f"model {body['model']} does not exist")
+            if state.script.page is not None:
+                data = state.script.page.encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "text/html")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                return self.wfile.write(data)
             status = state.script.status(n, body)
             if status != 200:
                 return self._error(status, f"scripted failure {status}")

@@ -97,6 +97,14 @@ def test_persistent_server_error_becomes_error_completion(server):
     assert "\n" not in completion.error
 
 
+def test_a_page_that_is_not_a_completion_is_an_error_completion_that_says_so(server):
+    """A proxy's HTML page with status 200 (before: recorded as "'str' object has no attribute 'choices'")."""
+    server.script.page = "<html><body>Please log in</body></html>"
+    [completion] = _model(server.url).generate([_conversation(0)])
+    assert not completion.ok and completion.error.startswith(f"not a chat completion from {server.url}")
+    assert "Please log in" in completion.error and "\n" not in completion.error
+
+
 @pytest.mark.parametrize("status", [400, 404, 422])
 def test_client_errors_are_not_retried(server, status):
     server.script.status = lambda n, body: status

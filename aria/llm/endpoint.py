@@ -179,6 +179,9 @@ class EndpointChatModel:
     def _request(self, messages: list[Message], fmt: OutputFormat | None = None) -> Completion:
         """One HTTP request; an empty reply is reported as an error, not retried."""
         response = self._client.chat.completions.create(messages=messages, **self._options, **structured_request(fmt))
+        if not hasattr(response, "choices"):  # the client hands back a body it could not parse (an HTML page)
+            return Completion(text=None, error=f"not a chat completion from {self.base_url} (model {self.name!r}): "
+                                               f"{str(response)[:120]!r}")
         content = response.choices[0].message.content if response.choices else None
         if response.usage is not None:
             with self._usage_lock:
