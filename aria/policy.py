@@ -202,6 +202,10 @@ def load_model(model_path: str, head: str = "causal_lm", dtype: str = "float32",
     if head not in HEADS:
         raise ValueError(f"unknown model head {head!r} (known: {', '.join(HEADS)})")
     path = resolve_model_path(model_path)
+    if not path.is_dir():  # else a traceback from transformers' hub code, after seconds of imports
+        from aria.io import ConfigError
+
+        raise ConfigError(f"model.path: {model_path!r} is no model folder (give a Hugging Face model folder, or embedded)")
     tokenizer = AutoTokenizer.from_pretrained(path)
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token

@@ -15,9 +15,10 @@ import argparse
 import sys
 from pathlib import Path
 
+from aria.cli import command
 from aria.games.base import known_games
 from aria.importers import IMPORTERS, SUCCESS_SOURCES, TWO_PLAYER_IMPORTERS, import_file, import_summary
-from aria.cli import command
+from aria.io import ConfigError
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -36,6 +37,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     # bad input (DataError names file, line and field) and an unwritable output are one line, exit 2
     with command():
+        if args.output.resolve() == args.input.resolve():
+            raise ConfigError(f"output: {args.output} is the input file; give another path (it is replaced whole)")
         records = import_file(args.input, args.format, args.game, out_path=args.output, success_from=args.success_from)
     if records and "players" in records[0]:
         print(f"imported {len(records)} two-player games ({args.format}, {args.game}) into {args.output}")

@@ -74,6 +74,15 @@ def test_nan_embeddings_are_refused_at_import_and_at_read(tmp_path):
     ("train.micro_batch_size=0", "train.micro_batch_size: expected an integer >= 1, got 0"),
     ("train.epochs=0", "train.epochs: expected an integer >= 1, got 0"),  # wrote an untrained final/ with exit 0
     ("loss.name=ppo", "loss.name: unknown 'ppo' (known: clipped_reinforce, reinforce)"),
+    # each of these trained anyway (exit 0) or failed after the model loaded
+    ("train.lr=inf", "train.lr: expected a positive finite number, got inf"),
+    ("train.save_freq=0", "train.save_freq: expected an integer >= 1, got 0"),
+    ("train.keep_checkpoints=0", "train.keep_checkpoints: expected an integer >= 1, got 0"),
+    ("train.warmup_ratio=2", "train.warmup_ratio: expected a number in [0, 1], got 2.0"),
+    ("train.max_grad_norm=-1", "train.max_grad_norm: expected a finite number >= 0 (0: no clipping), got -1.0"),
+    ("logging.log_every=0", "logging.log_every: expected an integer >= 1, got 0"),
+    ("data.max_samples=0", "data.max_samples: expected null (all) or an integer >= 1, got 0"),
+    ("data.max_prompt_tokens=0", "data.max_prompt_tokens: expected an integer >= 1, got 0"),
 ])
 def test_impossible_training_settings_stop_before_the_model_loads(tmp_path, override, message):
     # model.path names no model: a check that came after loading would fail on the path instead.
@@ -83,6 +92,15 @@ def test_impossible_training_settings_stop_before_the_model_loads(tmp_path, over
                                      f"output_dir={tmp_path / 'out'}"))
     assert line == f"error: {message}"
     assert not (tmp_path / "out" / "final").exists()
+
+
+def test_a_model_path_that_is_no_folder_is_one_line(tmp_path):
+    """Before: transformers' hub traceback, exit 1."""
+    train = tmp_path / "train.json"
+    train.write_text(json.dumps([{"observation": "Is it?", "action": "Question: Is it a cat?", "reward": 1.0}]))
+    line = one_line_error(run_script(REPO / "scripts/run_offline.py", "--config-name", "reinforce_llm", "model.path=/no/model",
+                                     f"data.train_file={train}", f"output_dir={tmp_path / 'out'}"))
+    assert line == "error: model.path: '/no/model' is no model folder (give a Hugging Face model folder, or embedded)"
 
 
 def test_importer_refuses_mismatched_games_and_folders(tmp_path):
@@ -105,6 +123,9 @@ def test_importer_refuses_mismatched_games_and_folders(tmp_path):
     line = one_line_error(run("scripts/import_trajectories.py", "--format", "aria_msgs", "--game", "twenty_questions",
                               str(path), str(tmp_path / "a_file" / "o.jsonl")))
     assert "a file stands where a folder is needed" in line
+    line = one_line_error(run("scripts/import_trajectories.py", "--format", "aria_msgs", "--game", "twenty_questions",
+                              str(path), str(path)))  # was: the input overwritten, exit 0
+    assert "is the input file" in line and json.loads(path.read_text()) == MSG
 
 
 def test_negative_game_count_and_compare_help(tmp_path):

@@ -696,7 +696,7 @@ def test_failed_games_stop_the_run_with_one_line_naming_the_file(tmp_path, tiny_
     ("train_overrides_by_method.gigpo=['train.epoch=3']", "train_overrides_by_method.gigpo: "),
     ("train_overrides_by_method.gigpo=['loss.name=clipped']",
      "train_overrides_by_method.gigpo: loss.name: unknown 'clipped' (known: clipped_reinforce, reinforce)"),
-    ("train_overrides=['train.lr=0']", "train_overrides: train.lr: expected a positive number, got 0"),
+    ("train_overrides=['train.lr=0']", "train_overrides: train.lr: expected a positive finite number, got 0"),
     ("+seeds_by_method={aria:[5]}", "seeds_by_method.aria: expected a non-empty list of some of seeds [0], got [5]"),
     ("report.paired=[aria,aria]", "report.paired: expected two arms (or null: no paired test), got ['aria', 'aria']"),
     ("vllm.restarts=-1", "vllm.restarts: expected a whole number >= 0, got -1"),

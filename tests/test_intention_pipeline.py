@@ -325,6 +325,15 @@ def test_games_of_another_game_are_refused_at_their_line(tmp_path, negotiation_t
     with pytest.raises(DataError, match=re.escape(f"{games}, line 2, field 'game': 'guess_my_city', but this run's "
                                                   "game is 'twenty_questions' (give game=guess_my_city")):
         pipeline.step1_embed_and_cluster(cfg, lambda s: None)
+    # step 4 given another game than the steps before (before: a train.json of Twenty Questions games
+    # with Guess My City's prompts, exit 0)
+    games.write_text("".join(line for line in games.read_text().splitlines(keepends=True) if "guess_my_city" not in line))
+    run_all(cfg)
+    other = config("game=guess_my_city", f"input={games}", f"run_dir={tmp_path / 'run'}")
+    (tmp_path / "run" / "train.meta.json").unlink()
+    with pytest.raises(DataError, match=re.escape(f"labelled.jsonl, line 1, field 'game': 'twenty_questions', but this "
+                                                  "run's game is 'guess_my_city'")):
+        pipeline.step4_build_training_set(other, lambda s: None)
     # the same for a two-player file given to a question game's run
     cfg = config("game=twenty_questions", f"input={negotiation_trajectories}", f"run_dir={tmp_path / 'run2'}")
     with pytest.raises(DataError, match=re.escape(f"{negotiation_trajectories}, line 1, field 'game': 'negotiation'")):

@@ -823,6 +823,9 @@ def step4_build_training_set(cfg: dict, echo: Printer = print) -> Path:
     render = family_of(cfg["game"]).observation_renderer(cfg["game"])
     samples = []
     for line, record in iter_jsonl(labelled):
+        if record.get("game") != cfg["game"]["name"]:  # rendered with another game's prompts otherwise
+            raise DataError(labelled, line, "game", f"{record.get('game')!r}, but this run's game is {cfg['game']['name']!r} "
+                                                    f"(give game={record.get('game')})")
         for i, turn in enumerate(record["turns"]):
             info = turn.get("intention", {})
             if "step_return" not in info:  # not a step of a trained role

@@ -127,6 +127,10 @@ class LocalChatModel:
         device: str = "cpu",
     ):
         path = resolve_model_path(model_path)
+        if not path.is_dir():
+            from aria.io import ConfigError
+
+            raise ConfigError(f"policy.model_path: {model_path!r} is no model folder (give a Hugging Face model folder, or embedded)")
         tokenizer = AutoTokenizer.from_pretrained(path)
         model = AutoModelForCausalLM.from_pretrained(path, dtype=resolve_dtype(dtype, device)).to(device).eval()
         self._setup(model, tokenizer, name or path.name, max_new_tokens, temperature, top_p, max_prompt_tokens,

@@ -44,8 +44,28 @@ def check_train_settings(cfg: dict, losses: Mapping[str, Callable], loss_name: s
         raise ConfigError(f"train.packing: unknown {t.get('packing')!r} (known: {', '.join(PACKINGS)})")
     if t["optimizer"] not in OPTIMIZERS:
         raise ConfigError(f"train.optimizer: unknown {t['optimizer']!r} (known: {', '.join(sorted(OPTIMIZERS))})")
-    if not (isinstance(t["lr"], (int, float)) and t["lr"] > 0):
-        raise ConfigError(f"train.lr: expected a positive number, got {t['lr']!r}")
+    if not (isinstance(t["lr"], (int, float)) and math.isfinite(t["lr"]) and t["lr"] > 0):
+        raise ConfigError(f"train.lr: expected a positive finite number, got {t['lr']!r}")
+    # the ones that, wrong, trained anyway (warm-up past the run, clipping off) or failed after the model loaded
+    if "save_freq" in t:
+        at_least("save_freq", 1)
+    if t.get("keep_checkpoints") is not None:
+        at_least("keep_checkpoints", 1)
+    if t.get("warmup_steps") is not None:
+        at_least("warmup_steps", 0)
+    ratio, norm = t.get("warmup_ratio", 0.0), t.get("max_grad_norm", 0.0)
+    if not (isinstance(ratio, (int, float)) and 0 <= ratio <= 1):
+        raise ConfigError(f"train.warmup_ratio: expected a number in [0, 1], got {ratio!r}")
+    if not (isinstance(norm, (int, float)) and math.isfinite(norm) and norm >= 0):
+        raise ConfigError(f"train.max_grad_norm: expected a finite number >= 0 (0: no clipping), got {norm!r}")
+    every = (cfg.get("logging") or {}).get("log_every", 1)
+    if isinstance(every, bool) or not isinstance(every, int) or every < 1:
+        raise ConfigError(f"logging.log_every: expected an integer >= 1, got {every!r}")
+    data = cfg.get("data") or {}
+    if data.get("max_samples") is not None and (isinstance(data["max_samples"], bool) or data["max_samples"] < 1):
+        raise ConfigError(f"data.max_samples: expected null (all) or an integer >= 1, got {data['max_samples']!r}")
+    if "max_prompt_tokens" in data and (isinstance(data["max_prompt_tokens"], bool) or data["max_prompt_tokens"] < 1):
+        raise ConfigError(f"data.max_prompt_tokens: expected an integer >= 1, got {data['max_prompt_tokens']!r}")
     if loss_name is None and cfg["loss"]["name"] not in losses:
         raise ConfigError(f"loss.name: unknown {cfg['loss']['name']!r} (known: {', '.join(sorted(losses))})")
     if check_scheduler:
