@@ -9,6 +9,7 @@ objects lose the values of secret-named keys, and no text keeps an API key from 
 """
 from __future__ import annotations
 
+import errno
 import hashlib
 import io
 import json
@@ -212,6 +213,8 @@ def atomic_folder(out: str | os.PathLike, keep_old_as: str | os.PathLike | None 
     yielded ``<out>.tmp``; when the block ends it replaces ``out`` (:func:`replace_folder`), and
     when the block raises it is removed and ``out`` is left as it was."""
     out = Path(out)
+    if out.exists() and not out.is_dir():  # a file is no old folder to move aside: never replace it
+        raise FileExistsError(errno.EEXIST, "a file, not a folder", str(out))
     tmp = out.with_name(out.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)

@@ -130,8 +130,8 @@ def movement(parent: Path, child: Path, samples: Sequence[dict], served_dtype: s
     if max_steps is not None and len(steps) > max_steps:
         steps = random.Random(seed).sample(steps, max_steps)
     encoding = Encoding.saved_in(Path(child), Encoding())
-    tokenizer, parent_model = load_policy(str(parent))
-    _, child_model = load_policy(str(child))
+    tokenizer, parent_model = load_policy(str(parent), setting="the parent model")
+    _, child_model = load_policy(str(child), setting="the trained model")
     encoded = [encoding.encode(tokenizer, s["observation"], s["action"]) for s in steps]
     return {**compare_policies(parent_model.eval(), child_model.eval(), encoded, [s["success"] for s in steps],
                                tokenizer.pad_token_id, batch_size),

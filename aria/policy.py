@@ -184,7 +184,7 @@ HEADS = ("causal_lm", "score")
 
 
 def load_model(model_path: str, head: str = "causal_lm", dtype: str = "float32", lora: dict[str, Any] | None = None,
-               gradient_checkpointing: bool = False, require_head: bool = False):
+               gradient_checkpointing: bool = False, require_head: bool = False, setting: str = "model.path"):
     """Tokenizer and model from a local folder (``"embedded"`` = SmolLM2-135M-Instruct).
 
     ``head="causal_lm"``: the policy. ``head="score"``: a one-output sequence-classification
@@ -193,7 +193,7 @@ def load_model(model_path: str, head: str = "causal_lm", dtype: str = "float32",
     target_modules), a peft adapter on those modules; a score head is then trained in full.
     ``require_head`` (score only): the folder must hold every weight, the score head included
     (a trained reward model, for scoring); a causal-LM folder is refused instead of scored by a
-    random head.
+    random head. ``setting``: where ``model_path`` came from, named when it is no model folder.
     """
     from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification, AutoTokenizer
 
@@ -205,7 +205,7 @@ def load_model(model_path: str, head: str = "causal_lm", dtype: str = "float32",
     if not path.is_dir():  # else a traceback from transformers' hub code, after seconds of imports
         from aria.io import ConfigError
 
-        raise ConfigError(f"model.path: {model_path!r} is no model folder (give a Hugging Face model folder, or embedded)")
+        raise ConfigError(f"{setting}: {model_path!r} is no model folder (give a Hugging Face model folder, or embedded)")
     tokenizer = AutoTokenizer.from_pretrained(path)
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
@@ -230,9 +230,10 @@ def load_model(model_path: str, head: str = "causal_lm", dtype: str = "float32",
     return tokenizer, model
 
 
-def load_policy(model_path: str, dtype: str = "float32", lora: dict[str, Any] | None = None, gradient_checkpointing: bool = False):
+def load_policy(model_path: str, dtype: str = "float32", lora: dict[str, Any] | None = None, gradient_checkpointing: bool = False,
+                setting: str = "model.path"):
     """:func:`load_model` with the language-model head."""
-    return load_model(model_path, "causal_lm", dtype, lora, gradient_checkpointing)
+    return load_model(model_path, "causal_lm", dtype, lora, gradient_checkpointing, setting=setting)
 
 
 def merge_lora(adapter_dir: Path, out_dir: Path, base: str | None = None, dtype: str = "float32") -> Path:
@@ -250,7 +251,13 @@ def merge_lora(adapter_dir: Path, out_dir: Path, base: str | None = None, dtype:
     config_path = adapter_dir / "adapter_config.json"
     if not config_path.is_file():
         raise FileNotFoundError(f"{adapter_dir} has no adapter_config.json (is it a LoRA output?)")
-    base_path = resolve_model_path(base or json.loads(config_path.read_text())["base_model_name_or_path"])
+    named = base or json.loads(config_path.read_text())["base_model_name_or_path"]
+    base_path = resolve_model_path(named)
+    if not base_path.is_dir():
+        from aria.io import ConfigError
+
+        where = "--base" if base else f"{config_path}: base_model_name_or_path"
+        raise ConfigError(f"{where}: {named!r} is no model folder (give the adapter's base model folder with --base)")
     model = AutoModelForCausalLM.from_pretrained(base_path, dtype=getattr(torch, dtype))
     merged = PeftModel.from_pretrained(model, adapter_dir).merge_and_unload()
     tokenizer = AutoTokenizer.from_pretrained(adapter_dir if (adapter_dir / "tokenizer_config.json").is_file() else base_path)

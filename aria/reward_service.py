@@ -96,7 +96,7 @@ def load_scoring_model(model_dir: str | Path, dtype: str = "float32", device: st
         if not _adapter_has_head(model_dir):
             raise ValueError("the adapter holds no trained score head (saved without modules_to_save?)")
         base = json.loads(config_path.read_text())["base_model_name_or_path"]
-        tokenizer, model = load_reward_model(base, dtype)
+        tokenizer, model = load_reward_model(base, dtype, setting=f"{config_path}: base_model_name_or_path")
         model = PeftModel.from_pretrained(model, model_dir).merge_and_unload()
         from transformers import AutoTokenizer
 
@@ -105,7 +105,7 @@ def load_scoring_model(model_dir: str | Path, dtype: str = "float32", device: st
             if tokenizer.pad_token_id is None:
                 tokenizer.pad_token = tokenizer.eos_token
     else:
-        tokenizer, model = load_reward_model(str(model_dir), dtype, require_head=True)
+        tokenizer, model = load_reward_model(str(model_dir), dtype, require_head=True, setting="the reward model")
     model.config.pad_token_id = tokenizer.pad_token_id
     return tokenizer, model.to(device).eval().requires_grad_(False)
 

@@ -15,6 +15,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from aria.cli import command
 from aria.policy import merge_lora
 
 
@@ -25,11 +26,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--base", default=None, help="base model folder (default: the adapter's base_model_name_or_path)")
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     args = parser.parse_args(argv)
-    try:
+    with command():  # a missing adapter, a base that is no model, an unusable out_dir: one line, exit 2
         out = merge_lora(args.adapter_dir, args.out_dir, args.base, args.dtype)
-    except FileNotFoundError as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
     print(f"[merge] wrote a full model to {out}")
     return 0
 

@@ -86,6 +86,15 @@ def test_merge_lora_writes_a_plain_model_with_the_adapters_log_probs(tiny_model_
     with pytest.raises(FileNotFoundError, match="no adapter_config.json"):
         merge_lora(tmp_path / "merged", tmp_path / "again")
 
+    from aria.io import ConfigError
+
+    with pytest.raises(ConfigError, match=r"^--base: '/no/model' is no model folder"):
+        merge_lora(tmp_path / "adapter", tmp_path / "again", base="/no/model")
+    (tmp_path / "a_file").write_text("keep me")  # a file where the folder goes is refused, not moved aside
+    with pytest.raises(FileExistsError, match="a file, not a folder"):
+        merge_lora(tmp_path / "adapter", tmp_path / "a_file", base=str(tiny_model_dir))
+    assert (tmp_path / "a_file").read_text() == "keep me" and not (tmp_path / "a_file.tmp").exists()
+
 
 def test_a_saved_encoding_is_read_back_and_a_bad_one_is_named(tmp_path):
     import json

@@ -157,7 +157,6 @@ def game_spec(cfg: dict) -> IntentionSpec:
 def load_corpus(cfg: dict) -> tuple[Corpus, list[dict], list[Path]]:
     files = input_files(cfg["input"])
     records, sources = read_inputs(files, cfg["game"]["name"])
-    _check_prompts(cfg, records, sources)
     agg = cfg["aggregation"]
     # The release's adv mode averages undiscounted rewards (reward_utils.py appends the raw reward
     # unless value_type == 'q'), so its discount convention for adv is gamma = 1.
@@ -169,7 +168,7 @@ def load_corpus(cfg: dict) -> tuple[Corpus, list[dict], list[Path]]:
     return corpus, records, files
 
 
-def _check_prompts(cfg: dict, records: list[dict], sources: dict[str, tuple[Path, int]]) -> None:
+def _check_prompts(cfg: dict, records: list[dict], sources: Mapping[str, tuple[Any, int]]) -> None:
     """Every trained step's prompt can be rendered (step 4 renders them): a record lacking what its
     prompt needs (a two-player game's system prompt in ``meta``) is named now, before three steps
     of work, at its file and line."""
@@ -237,7 +236,9 @@ def step1_embed_and_cluster(cfg: dict, echo: Printer = print) -> dict:
     clustering = cfg["clustering"]
     check_clustering(clustering)
     check_labels(cfg)
-    corpus, _, files = load_corpus(cfg)
+    corpus, records, files = load_corpus(cfg)
+    # here only: the later steps refuse trajectories other than those step 1 read
+    _check_prompts(cfg, records, corpus.sources)
     settings = _step1_settings(cfg, corpus, files)
     fingerprint = json_digest(settings)
     summary_path, labels_path = run_dir / "utterances.json", run_dir / "labels.npz"

@@ -34,7 +34,7 @@ from transformers import (
     TopPLogitsWarper,
 )
 
-from aria.io import model_digest
+from aria.io import ConfigError, model_digest
 from aria.llm.base import Completion, Message, OutputFormat
 from aria.llm.embedded import resolve_model_path
 
@@ -128,8 +128,6 @@ class LocalChatModel:
     ):
         path = resolve_model_path(model_path)
         if not path.is_dir():
-            from aria.io import ConfigError
-
             raise ConfigError(f"policy.model_path: {model_path!r} is no model folder (give a Hugging Face model folder, or embedded)")
         tokenizer = AutoTokenizer.from_pretrained(path)
         model = AutoModelForCausalLM.from_pretrained(path, dtype=resolve_dtype(dtype, device)).to(device).eval()

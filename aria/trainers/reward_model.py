@@ -58,9 +58,9 @@ def held_out_split(samples: Sequence[dict], fraction: float, seed: int) -> tuple
 
 # ---- the model ------------------------------------------------------------------------------------
 def load_reward_model(model_path: str, dtype: str = "float32", lora: dict[str, Any] | None = None,
-                      gradient_checkpointing: bool = False, require_head: bool = False):
+                      gradient_checkpointing: bool = False, require_head: bool = False, setting: str = "model.path"):
     """:func:`aria.policy.load_model` with the one-output score head."""
-    return load_model(model_path, "score", dtype, lora, gradient_checkpointing, require_head)
+    return load_model(model_path, "score", dtype, lora, gradient_checkpointing, require_head, setting)
 
 
 def reward_scores(model, batch: dict[str, torch.Tensor]) -> torch.Tensor:
