@@ -20,13 +20,67 @@ them check them (``aria.llm.registry.build_policy``, ``aria.games.question.oracl
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any, Dict, List, Mapping, Optional
+import math
+from dataclasses import dataclass, field, fields, is_dataclass
+from typing import Any, Dict, List, Mapping, Optional, get_args, get_origin, get_type_hints
 
 from omegaconf import MISSING, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from aria.io import ConfigError
+
+def bounded(*, ge: float | None = None, gt: float | None = None, le: float | None = None, lt: float | None = None,
+            one_of: tuple | None = None, nonempty: bool = False, each: Mapping[str, float] | None = None,
+            why: str | None = None, default: Any = MISSING) -> Any:
+    """A field whose value must also lie in a range (``ge`` <= v, ``gt`` < v, v <= ``le``,
+    v < ``lt``, finite), be ``one_of`` some names, be a ``nonempty`` list, or a list whose ``each``
+    element obeys the rules given there (``{"ge": 0}``): what a type cannot say, checked by :func:`validated` with the types,
+    so a value that would train anyway, play the wrong seat or fail after the model loaded is one
+    line before any work. ``null`` passes where the field is ``Optional``; ``why`` is said with the
+    refusal (what a boundary value means: "0: no clipping")."""
+    rules = {name: value for name, value in (("ge", ge), ("gt", gt), ("le", le), ("lt", lt), ("one_of", one_of),
+                                             ("nonempty", nonempty or None), ("each", each), ("why", why)) if value is not None}
+    return field(default=default, metadata={"bounds": rules})
+
+
+def _out_of_bounds(value: Any, rules: Mapping[str, Any]) -> str | None:
+    """What ``value`` should have been under ``rules``, or None where it is fine."""
+    if "one_of" in rules:
+        return None if value in rules["one_of"] else f"one of {', '.join(map(str, rules['one_of']))}"
+    if "nonempty" in rules and not value:
+        return "a non-empty list"
+    if "each" in rules:
+        wanted = [_out_of_bounds(v, rules["each"]) for v in value]
+        return next((f"a list whose every element is {w}" for w in wanted if w), None)
+    limits = [f">= {rules['ge']:g}" if "ge" in rules else None, f"> {rules['gt']:g}" if "gt" in rules else None,
+              f"<= {rules['le']:g}" if "le" in rules else None, f"< {rules['lt']:g}" if "lt" in rules else None]
+    text = " and ".join(limit for limit in limits if limit)
+    if not text:
+        return None
+    fine = (math.isfinite(value) and ("ge" not in rules or value >= rules["ge"]) and ("gt" not in rules or value > rules["gt"])
+            and ("le" not in rules or value <= rules["le"]) and ("lt" not in rules or value < rules["lt"]))
+    return None if fine else f"{'an integer' if isinstance(value, int) else 'a finite number'} {text}"
+
+
+def _check_bounds(schema: type, values: Mapping[str, Any], prefix: str = "") -> str | None:
+    """The first field of ``values`` (typed by ``schema``) out of its bounds, as "key: expected ..., got ..."."""
+    hints = get_type_hints(schema)
+    for f in fields(schema):
+        value, key = values.get(f.name), prefix + f.name
+        rules = f.metadata.get("bounds")
+        if rules and value is not None and (wanted := _out_of_bounds(value, rules)):
+            meaning = f" ({rules['why']})" if "why" in rules else ""
+            return f"{key}: expected {wanted}{meaning}, got {value!r}"
+        hint = hints[f.name]
+        if is_dataclass(hint) and isinstance(value, Mapping):
+            if problem := _check_bounds(hint, value, key + "."):
+                return problem
+        elif get_origin(hint) is dict and is_dataclass(get_args(hint)[1]) and isinstance(value, Mapping):
+            for name, item in value.items():
+                if problem := _check_bounds(get_args(hint)[1], item, f"{key}.{name}."):
+                    return problem
+    return None
+
 
 # --- The trainers: offline REINFORCE (config/reinforce_llm.yaml), the reward model
 # (config/reward_model.yaml) and the online actor (config/onlinereinforce_llm.yaml), all three on
@@ -35,16 +89,16 @@ from aria.io import ConfigError
 @dataclass
 class LoraSettings:
     enabled: bool = MISSING
-    r: int = MISSING
-    alpha: int = MISSING
-    dropout: float = MISSING
+    r: int = bounded(ge=1)
+    alpha: int = bounded(gt=0)
+    dropout: float = bounded(ge=0, lt=1)
     target_modules: List[str] = MISSING
 
 
 @dataclass
 class ModelSettings:
     path: str = MISSING
-    dtype: str = MISSING
+    dtype: str = bounded(one_of=("float32", "bfloat16", "float16"))
     gradient_checkpointing: bool = MISSING
     lora: LoraSettings = field(default_factory=LoraSettings)
 
@@ -52,10 +106,10 @@ class ModelSettings:
 @dataclass
 class DataSettings:
     train_file: str = MISSING
-    max_prompt_tokens: int = MISSING
+    max_prompt_tokens: int = bounded(ge=1)
     append_eos: bool = MISSING
     system_prompt: Optional[str] = MISSING
-    max_samples: Optional[int] = MISSING
+    max_samples: Optional[int] = bounded(ge=1, why="null: all")
 
 
 @dataclass
@@ -66,13 +120,13 @@ class ReinforceLossSettings:
 
 @dataclass
 class ClippedReinforceLossSettings(ReinforceLossSettings):
-    epsilon: float = MISSING
-    kl_coef: float = MISSING
+    epsilon: float = bounded(gt=0)
+    kl_coef: float = bounded(ge=0)
 
 
 @dataclass
 class DpoLossSettings:
-    beta: float = MISSING
+    beta: float = bounded(gt=0)
 
 
 @dataclass
@@ -86,21 +140,21 @@ class LossSettings:
 @dataclass
 class EngineTrainSettings:
     """The ``train`` section every trainer's step reads (aria.trainers.engine)."""
-    epochs: int = MISSING
-    micro_batch_size: int = MISSING
-    gradient_accumulation_steps: int = MISSING
-    lr: float = MISSING
+    epochs: int = bounded(ge=1)
+    micro_batch_size: int = bounded(ge=1)
+    gradient_accumulation_steps: int = bounded(ge=1)
+    lr: float = bounded(gt=0)
     optimizer: str = MISSING
-    betas: List[float] = MISSING
-    eps: float = MISSING
-    weight_decay: float = MISSING
+    betas: List[float] = bounded(each={"ge": 0, "lt": 1})
+    eps: float = bounded(gt=0)
+    weight_decay: float = bounded(ge=0)
     lr_scheduler: str = MISSING
-    warmup_ratio: float = MISSING
-    warmup_steps: Optional[int] = MISSING
-    max_grad_norm: float = MISSING
-    mixed_precision: str = MISSING
-    save_freq: int = MISSING
-    keep_checkpoints: Optional[int] = MISSING
+    warmup_ratio: float = bounded(ge=0, le=1)
+    warmup_steps: Optional[int] = bounded(ge=0)
+    max_grad_norm: float = bounded(ge=0, why="0: no clipping")
+    mixed_precision: str = bounded(one_of=("auto", "no", "bf16", "fp16"))
+    save_freq: int = bounded(ge=1)
+    keep_checkpoints: Optional[int] = bounded(ge=1)
 
 
 @dataclass
@@ -108,12 +162,12 @@ class TrainSettings(EngineTrainSettings):
     """... and how the policy trainers lay out their micro-batches."""
     packing: str = MISSING
     length_bucketing: bool = MISSING
-    bucket_batches: int = MISSING
+    bucket_batches: int = bounded(ge=1)
 
 
 @dataclass
 class LoggingSettings:
-    log_every: int = MISSING
+    log_every: int = bounded(ge=1)
     report_to: Optional[str] = MISSING
     run_name: Optional[str] = MISSING
     write_data_order: bool = MISSING
@@ -121,8 +175,8 @@ class LoggingSettings:
 
 @dataclass
 class GradVarianceSettings:
-    methods: List[str] = MISSING
-    max_samples: int = MISSING
+    methods: List[str] = bounded(nonempty=True)
+    max_samples: int = bounded(ge=1)
     seed: int = MISSING
     out: str = MISSING
 
@@ -145,7 +199,7 @@ class TrainerSettings:
 
 @dataclass
 class RewardModelDataSettings(DataSettings):
-    eval_fraction: float = MISSING
+    eval_fraction: float = bounded(ge=0, lt=1)
 
 
 @dataclass
@@ -172,25 +226,25 @@ class RewardModelTrainerSettings(TrainerSettings):
 
 @dataclass
 class OnlineSettings:
-    games: List[str] = MISSING
-    max_turns: Optional[int] = MISSING
-    iterations: int = MISSING
-    rollout_size: int = MISSING
-    rollout_batch_size: int = MISSING
-    actor_updates: int = MISSING
+    games: List[str] = bounded(nonempty=True)
+    max_turns: Optional[int] = bounded(ge=1)
+    iterations: int = bounded(ge=1)
+    rollout_size: int = bounded(ge=1)
+    rollout_batch_size: int = bounded(ge=1)
+    actor_updates: int = bounded(ge=1)
     advantage: str = MISSING
-    rm_refresh: int = MISSING
-    refresh_window: Optional[int] = MISSING
-    save_freq: int = MISSING
+    rm_refresh: int = bounded(ge=0, why="0: never")
+    refresh_window: Optional[int] = bounded(ge=1, why="null: every iteration since the last refresh")
+    save_freq: int = bounded(ge=1)
     intention_overrides: List[str] = MISSING
 
 
 @dataclass
 class RolloutSettings:
-    max_new_tokens: int = MISSING
-    temperature: float = MISSING
-    top_p: float = MISSING
-    max_prompt_tokens: int = MISSING
+    max_new_tokens: int = bounded(ge=1)
+    temperature: float = bounded(ge=0)
+    top_p: float = bounded(gt=0, le=1)
+    max_prompt_tokens: int = bounded(ge=1)
     reuse_cache: bool = MISSING
     dtype: Optional[str] = MISSING
     system_prompt: Optional[str] = MISSING
@@ -201,8 +255,8 @@ class RewardServiceSettings:
     name: str = MISSING
     url: Optional[str] = MISSING
     token_env: Optional[str] = MISSING
-    timeout: float = MISSING
-    retries: int = MISSING
+    timeout: float = bounded(gt=0)
+    retries: int = bounded(ge=0)
 
 
 @dataclass
@@ -213,10 +267,10 @@ class OnlineRewardModelSettings:
     refresh_from: str = MISSING
     train_command: Optional[List[str]] = MISSING
     train_overrides: List[str] = MISSING
-    max_prompt_tokens: int = MISSING
-    score_batch_size: int = MISSING
+    max_prompt_tokens: int = bounded(ge=1)
+    score_batch_size: int = bounded(ge=1)
     score_packing: str = MISSING
-    score_pack_tokens: int = MISSING
+    score_pack_tokens: int = bounded(ge=1)
     dtype: str = MISSING
     serve: RewardServiceSettings = field(default_factory=RewardServiceSettings)
 
@@ -241,16 +295,16 @@ class OnlineTrainerSettings(TrainerSettings):
 @dataclass
 class CriticDataSettings:
     train_file: str = MISSING
-    eval_fraction: float = MISSING
+    eval_fraction: float = bounded(ge=0, lt=1)
 
 
 @dataclass
 class CriticModelSettings:
     encoder: Optional[str] = MISSING
-    hidden: Optional[int] = MISSING
-    max_tokens: int = MISSING
-    gamma: float = MISSING
-    tau: float = MISSING
+    hidden: Optional[int] = bounded(ge=1)
+    max_tokens: int = bounded(ge=1)
+    gamma: float = bounded(ge=0, le=1)
+    tau: float = bounded(ge=0, le=1)
     v_target: str = MISSING
     train_encoder: bool = MISSING
     init: Optional[str] = MISSING
@@ -258,7 +312,7 @@ class CriticModelSettings:
 
 @dataclass
 class CriticLoggingSettings:
-    log_every: int = MISSING
+    log_every: int = bounded(ge=1)
 
 
 @dataclass
@@ -279,8 +333,8 @@ class CriticTrainerSettings:
 @dataclass
 class WarmStartSettings:
     enabled: bool = MISSING
-    games: int = MISSING
-    epsilon: float = MISSING
+    games: int = bounded(ge=1)
+    epsilon: float = bounded(ge=0, le=1)
     seed: int = MISSING
     train_overrides: List[str] = MISSING
 
@@ -289,12 +343,12 @@ class WarmStartSettings:
 class PlaySettings:
     """A collection or an evaluation: ``games`` for a question game; ``config_set`` and
     ``games_per_config`` for a two-player one (docs/games.md)."""
-    games: Optional[int] = None
+    games: Optional[int] = bounded(ge=1, default=None)
     config_set: Optional[str] = None
-    games_per_config: Optional[int] = None
-    temperature: float = MISSING
-    max_tokens: int = MISSING
-    batch_size: Optional[int] = MISSING
+    games_per_config: Optional[int] = bounded(ge=1, default=None)
+    temperature: float = bounded(ge=0)
+    max_tokens: int = bounded(ge=1)
+    batch_size: Optional[int] = bounded(ge=1)
 
 
 @dataclass
@@ -312,7 +366,7 @@ class VariantSettings:
 @dataclass
 class VllmSettings:
     eager: bool = MISSING
-    restarts: int = MISSING
+    restarts: int = bounded(ge=0)
 
 
 @dataclass
@@ -324,24 +378,24 @@ class ExperimentGradVarianceSettings:
 @dataclass
 class MovementSettings:
     enabled: bool = MISSING
-    steps: int = MISSING
-    min_token_kl: float = MISSING
-    min_weight_share: float = MISSING
+    steps: int = bounded(ge=1)
+    min_token_kl: float = bounded(ge=0, why="nats")
+    min_weight_share: float = bounded(ge=0, le=1)
 
 
 @dataclass
 class ReportSettings:
     paired: Optional[List[str]] = MISSING
     more_pairs: List[List[str]] = MISSING
-    discordant_share: float = MISSING
-    preflight_ks: List[int] = MISSING
+    discordant_share: float = bounded(gt=0, le=1)
+    preflight_ks: List[int] = bounded(each={"ge": 2})
     movement: MovementSettings = field(default_factory=MovementSettings)
 
 
 @dataclass
 class ArcherArmSettings:
     critic_overrides: List[str] = MISSING
-    actor_warmup_iterations: int = MISSING
+    actor_warmup_iterations: int = bounded(ge=0)
 
 
 @dataclass
@@ -356,13 +410,13 @@ class ExperimentSettings:
     base_model: str = MISSING
     methods: List[str] = MISSING
     variants: Dict[str, VariantSettings] = MISSING
-    seeds: List[int] = MISSING
+    seeds: List[int] = bounded(nonempty=True, each={"ge": 0})
     seeds_by_method: Dict[str, List[int]] = MISSING
     iterations: int = MISSING
     iterations_by_method: Dict[str, int] = MISSING
-    engine: str = MISSING
+    engine: str = bounded(one_of=("vllm", "local"))
     vllm: VllmSettings = field(default_factory=VllmSettings)
-    policy_dtype: Optional[str] = MISSING
+    policy_dtype: Optional[str] = bounded(one_of=("float32", "bfloat16", "float16"))
     launcher: Optional[str] = MISSING
     warm_start: WarmStartSettings = field(default_factory=WarmStartSettings)
     collect: PlaySettings = field(default_factory=PlaySettings)
@@ -384,54 +438,54 @@ class CollectSettings:
     policy: Any = MISSING
     oracle: Any = MISSING
     opponent: Any = MISSING
-    num_games: int = MISSING
-    seed: int = MISSING
-    batch_size: int = MISSING
+    num_games: int = bounded(ge=0)  # question games (0: none); a two-player game plays games_per_config
+    seed: int = bounded(ge=0)
+    batch_size: int = bounded(ge=1)
     system_prompt: Optional[str] = MISSING
     progress: bool = MISSING
     force_new: bool = MISSING
     config_set: str = MISSING
-    games_per_config: int = MISSING
-    policy_role: str = MISSING
+    games_per_config: int = bounded(ge=1)
+    policy_role: str = bounded(one_of=("alice", "bob"))
     out: str = MISSING
 
 
 @dataclass
 class EmbeddingSettings:
     use_precomputed: bool = MISSING
-    save_every: int = MISSING
+    save_every: int = bounded(ge=1)
 
 
 @dataclass
 class ClusteringSettings:
     method: str = MISSING
     weight: str = MISSING
-    k_min: int = MISSING
-    k_max: int = MISSING
-    pca_dim: Optional[int] = MISSING
-    max_iter: int = MISSING
-    seeding: str = MISSING
-    tol: float = MISSING
-    max_hierarchical_points: int = MISSING
+    k_min: int = bounded(ge=1)
+    k_max: int = bounded(ge=1)
+    pca_dim: Optional[int] = bounded(ge=1)
+    max_iter: int = bounded(ge=1)
+    seeding: str = bounded(one_of=("shared", "per_k"))
+    tol: float = bounded(ge=0)
+    max_hierarchical_points: int = bounded(ge=2)
 
 
 @dataclass
 class AggregationSettings:
-    gamma: float = MISSING
+    gamma: float = bounded(ge=0, le=1)
     discount: str = MISSING
     mode: str = MISSING
-    n_rollout: int = MISSING
+    n_rollout: int = bounded(ge=1)
     include_first_action: bool = MISSING
-    window: Optional[int] = MISSING  # null: the whole history (the paper); m: the last m turns (ours)
+    window: Optional[int] = bounded(ge=0, why="null: the whole history")  # null: the whole history (the paper); m: the last m turns (ours)
 
 
 @dataclass
 class SelectionSettings:
     criterion: str = MISSING
-    epsilon: float = MISSING
-    tau: int = MISSING
+    epsilon: float = bounded(ge=0)
+    tau: int = bounded(ge=0)
     fixed_k: Any = MISSING  # null, an int, or {pool: int}: checked by aria.intention.pipeline (no union type here)
-    silhouette_sample: int = MISSING
+    silhouette_sample: int = bounded(ge=2)
 
 
 @dataclass
@@ -442,7 +496,7 @@ class IntentionSettings:
     input: Any = MISSING  # a glob, a file, or a list of them
     run_dir: str = MISSING
     train_out: Optional[str] = MISSING
-    seed: int = MISSING
+    seed: int = bounded(ge=0)
     labels: str = MISSING  # clusters | behavioural (aria/intention/pipeline.py LABELS)
     behaviour: str = MISSING  # auto | required | never (aria/intention/pipeline.py BEHAVIOUR)
     embedding: EmbeddingSettings = field(default_factory=EmbeddingSettings)
@@ -454,8 +508,8 @@ class IntentionSettings:
 @dataclass
 class TwoPlayerEvalSettings:
     config_set: str = MISSING
-    games_per_config: int = MISSING
-    max_tokens: int = MISSING
+    games_per_config: int = bounded(ge=1)
+    max_tokens: int = bounded(ge=1)
     structured_output: Optional[str] = MISSING
 
 
@@ -465,14 +519,14 @@ class EvalSettings:
     policy: Any = MISSING
     oracle: Any = MISSING
     opponent: Any = MISSING
-    envs: List[str] = MISSING
-    num_games: int = MISSING
-    seed: int = MISSING
+    envs: List[str] = bounded(nonempty=True)
+    num_games: int = bounded(ge=1)
+    seed: int = bounded(ge=0)
     out: str = MISSING
     progress: bool = MISSING
-    batch_size: Optional[int] = MISSING
+    batch_size: Optional[int] = bounded(ge=1)
     force_new: bool = MISSING
-    max_turns: Optional[int] = MISSING
+    max_turns: Optional[int] = bounded(ge=1)
     structured_output: Optional[str] = MISSING
     two_player: TwoPlayerEvalSettings = field(default_factory=TwoPlayerEvalSettings)
 
@@ -561,9 +615,12 @@ def validated(schema: type, cfg: Mapping | Any, where: str = "") -> dict:
     naming the setting (and ``where`` the settings came from, when given)."""
     try:
         merged = OmegaConf.merge(OmegaConf.structured(schema), cfg)
-        return OmegaConf.to_container(merged, resolve=True, throw_on_missing=True)
+        values = OmegaConf.to_container(merged, resolve=True, throw_on_missing=True)
     except OmegaConfBaseException as err:
         raise ConfigError(_one_line(err, where)) from None
+    if problem := _check_bounds(schema, values):
+        raise ConfigError(f"{where + ': ' if where else ''}{problem}")
+    return values
 
 
 def _one_line(err: OmegaConfBaseException, where: str) -> str:

@@ -71,18 +71,18 @@ def test_nan_embeddings_are_refused_at_import_and_at_read(tmp_path):
 
 @pytest.mark.parametrize(("override", "message"), [
     ("train.optimizer=sgd", "train.optimizer: unknown 'sgd' (known: adam, adamw)"),
-    ("train.micro_batch_size=0", "train.micro_batch_size: expected an integer >= 1, got 0"),
-    ("train.epochs=0", "train.epochs: expected an integer >= 1, got 0"),  # wrote an untrained final/ with exit 0
+    ("train.micro_batch_size=0", "trainer settings: train.micro_batch_size: expected an integer >= 1, got 0"),
+    ("train.epochs=0", "trainer settings: train.epochs: expected an integer >= 1, got 0"),  # wrote an untrained final/ with exit 0
     ("loss.name=ppo", "loss.name: unknown 'ppo' (known: clipped_reinforce, reinforce)"),
     # each of these trained anyway (exit 0) or failed after the model loaded
-    ("train.lr=inf", "train.lr: expected a positive finite number, got inf"),
-    ("train.save_freq=0", "train.save_freq: expected an integer >= 1, got 0"),
-    ("train.keep_checkpoints=0", "train.keep_checkpoints: expected an integer >= 1, got 0"),
-    ("train.warmup_ratio=2", "train.warmup_ratio: expected a number in [0, 1], got 2.0"),
-    ("train.max_grad_norm=-1", "train.max_grad_norm: expected a finite number >= 0 (0: no clipping), got -1.0"),
-    ("logging.log_every=0", "logging.log_every: expected an integer >= 1, got 0"),
-    ("data.max_samples=0", "data.max_samples: expected null (all) or an integer >= 1, got 0"),
-    ("data.max_prompt_tokens=0", "data.max_prompt_tokens: expected an integer >= 1, got 0"),
+    ("train.lr=inf", "trainer settings: train.lr: expected a finite number > 0, got inf"),
+    ("train.save_freq=0", "trainer settings: train.save_freq: expected an integer >= 1, got 0"),
+    ("train.keep_checkpoints=0", "trainer settings: train.keep_checkpoints: expected an integer >= 1, got 0"),
+    ("train.warmup_ratio=2", "trainer settings: train.warmup_ratio: expected a finite number >= 0 and <= 1, got 2.0"),
+    ("train.max_grad_norm=-1", "trainer settings: train.max_grad_norm: expected a finite number >= 0 (0: no clipping), got -1.0"),
+    ("logging.log_every=0", "trainer settings: logging.log_every: expected an integer >= 1, got 0"),
+    ("data.max_samples=0", "trainer settings: data.max_samples: expected an integer >= 1 (null: all), got 0"),
+    ("data.max_prompt_tokens=0", "trainer settings: data.max_prompt_tokens: expected an integer >= 1, got 0"),
 ])
 def test_impossible_training_settings_stop_before_the_model_loads(tmp_path, override, message):
     # model.path names no model: a check that came after loading would fail on the path instead.
@@ -131,7 +131,7 @@ def test_importer_refuses_mismatched_games_and_folders(tmp_path):
 def test_negative_game_count_and_compare_help(tmp_path):
     line = one_line_error(run("scripts/collect_games.py", "num_games=-3", f"out={tmp_path / 'c.jsonl'}",
                               "policy.model_path=/no/model"))  # reported '-3/-3 games done', exit 0
-    assert line == "error: num_games: expected an integer >= 0, got -3"
+    assert line == "error: collect: num_games: expected an integer >= 0, got -3"
     done = subprocess.run(["bash", str(REPO / "evaluation/eval.sh"), "compare", "--help"], capture_output=True, text=True)
     assert done.returncode == 0 and "usage: compare.py" in done.stdout and "results" in done.stdout
 
@@ -225,12 +225,12 @@ def test_ctrl_c_during_training_keeps_checkpoints(tmp_path, tiny_model_dir):
 
 # ---- the experiment runner: every bad setting and unusable path is one line, before any work ----------
 BAD_EXPERIMENT_SETTINGS = [
-    (["engine=bogus"], "engine: expected vllm or local, got 'bogus'"),
+    (["engine=bogus"], "experiment: engine: expected one of vllm, local, got 'bogus'"),
     (["iterations=0"], "iterations: expected a whole number >= 1, got 0"),
     (["iterations=-1"], "iterations: expected a whole number >= 1, got -1"),
     (["+iterations_by_method.aria=0"], "iterations_by_method.aria: expected a whole number >= 1, got 0"),
     (["methods=[aria,bogus]"], "methods: unknown ['bogus']"),
-    (["eval.games=0"], "eval.games: expected a whole number >= 1, got 0"),
+    (["eval.games=0"], "experiment: eval.games: expected an integer >= 1, got 0"),
     # a key or a type the schema does not have (aria/settings.py), here and inside the override lists
     (["eval.games=many"], "experiment: eval.games: Value 'many' of type 'str' could not be converted to Integer"),
     (["+eval.gmes=5"], "experiment: eval.gmes: not a setting of this command"),

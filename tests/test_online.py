@@ -351,8 +351,11 @@ def test_an_online_step_raises_the_favoured_action(tmp_path, tiny_model_dir, tin
 def test_a_bad_max_turns_is_one_line_before_any_model_loads(tmp_path):
     from aria.io import ConfigError
 
-    cfg = compose_config("onlinereinforce_llm", ["model.path=/no/model", f"output_dir={tmp_path}", "online.max_turns=0"])
-    with pytest.raises(ConfigError, match=r"online.max_turns: expected a whole number >= 1 or null, got 0"):
+    with pytest.raises(ConfigError, match=r"online.max_turns: expected an integer >= 1, got 0"):  # where the config enters
+        compose_config("onlinereinforce_llm", ["model.path=/no/model", f"output_dir={tmp_path}", "online.max_turns=0"])
+    cfg = compose_config("onlinereinforce_llm", ["model.path=/no/model", f"output_dir={tmp_path}"])
+    cfg["online"]["max_turns"] = 0  # and a dict a caller built
+    with pytest.raises(ConfigError, match=r"online.max_turns: expected an integer >= 1, got 0"):
         OnlineTrainer(cfg)
 
 

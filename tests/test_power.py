@@ -98,5 +98,5 @@ def test_the_runner_says_first_what_its_pairs_can_detect():
     # Bargaining: every configuration in both seats
     barg = compose_config("experiment", ["experiment=bargaining", "seeds=[0]"])
     assert "has 192 pairs a seed and iteration (both seats) over 1 seed(s): 192 pairs detect" in planned_power(barg)  # 48 configurations x 2 games x 2 seats
-    with pytest.raises(ConfigError, match=r"report.discordant_share: expected a share in \(0, 1\], got 0"):
+    with pytest.raises(ConfigError, match=r"report.discordant_share: expected a finite number > 0 and <= 1, got 0"):
         check_settings({**cfg, "report": {**cfg["report"], "discordant_share": 0}})

@@ -6,13 +6,15 @@ import copy
 import json
 import subprocess
 import sys
+from dataclasses import dataclass
 from pathlib import Path
+from typing import List, Optional
 
 import pytest
 
 from aria.io import ConfigError
 from aria.resources import check_overrides, compose_config, config_dir
-from aria.settings import SCHEMAS, TrainerSettings, validated
+from aria.settings import SCHEMAS, TrainerSettings, bounded, validated
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -115,6 +117,81 @@ def test_a_bad_setting_on_the_command_line_is_one_line_and_exit_2(tmp_path):
     assert done.stderr.strip().splitlines()[-1] == \
         "error: collect: num_games: Value 'many' of type 'str' could not be converted to Integer"
     assert "Traceback" not in done.stderr and not (tmp_path / "g.jsonl").exists()
+
+
+@dataclass
+class Toy:
+    share: float = bounded(ge=0, le=1)
+    lr: float = bounded(gt=0)
+    dropout: float = bounded(ge=0, lt=1)
+    every: Optional[int] = bounded(ge=1, why="null: never")
+    seeds: List[int] = bounded(nonempty=True, each={"ge": 0})
+    engine: str = bounded(one_of=("vllm", "local"))
+
+
+def test_bounds_by_hand():
+    """What a type cannot say (aria.settings.bounded): each limit at its edge, NaN and inf, null
+    where the field is Optional, every element of a list, a closed set of names."""
+    fine = {"share": 0, "lr": 1e-9, "dropout": 0.0, "every": None, "seeds": [0, 3], "engine": "local"}
+    assert validated(Toy, fine) == fine
+    assert validated(Toy, {**fine, "share": 1, "every": 1})["share"] == 1.0  # both ends of [0, 1] are in
+    for change, message in [
+        ({"share": 1.0000001}, "share: expected a finite number >= 0 and <= 1, got 1.0000001"),
+        ({"share": float("nan")}, "share: expected a finite number >= 0 and <= 1, got nan"),
+        ({"lr": 0}, "lr: expected a finite number > 0, got 0.0"),
+        ({"lr": float("inf")}, "lr: expected a finite number > 0, got inf"),
+        ({"dropout": 1}, "dropout: expected a finite number >= 0 and < 1, got 1.0"),
+        ({"every": 0}, "every: expected an integer >= 1 (null: never), got 0"),
+        ({"seeds": []}, "seeds: expected a non-empty list, got []"),
+        ({"seeds": [0, -1]}, "seeds: expected a list whose every element is an integer >= 0, got [0, -1]"),
+        ({"engine": "vLLM"}, "engine: expected one of vllm, local, got 'vLLM'"),
+    ]:
+        with pytest.raises(ConfigError) as refused:
+            validated(Toy, {**fine, **change}, "toy")
+        assert str(refused.value) == f"toy: {message}"
+
+
+# Each of these played, trained or labelled anyway (a wrong seat, greedy decoding, a game of no
+# turns, an untrained run), or failed minutes later inside a library: now one line where the
+# config enters, naming the setting.
+OUT_OF_BOUNDS = [
+    ("collect", ["policy_role=nope"], "collect: policy_role: expected one of alice, bob, got 'nope'"),
+    ("eval", ["max_turns=-1"], "eval: max_turns: expected an integer >= 1, got -1"),
+    ("eval", ["envs=[]"], "eval: envs: expected a non-empty list, got []"),
+    ("eval", ["num_games=-2"], "eval: num_games: expected an integer >= 1, got -2"),
+    ("eval", ["two_player.games_per_config=0"], "eval: two_player.games_per_config: expected an integer >= 1, got 0"),
+    ("experiment", ["warm_start.epsilon=2"], "experiment: warm_start.epsilon: expected a finite number >= 0 and <= 1, got 2.0"),
+    ("experiment", ["eval.temperature=-0.5"], "experiment: eval.temperature: expected a finite number >= 0, got -0.5"),
+    ("experiment", ["collect.max_tokens=0"], "experiment: collect.max_tokens: expected an integer >= 1, got 0"),
+    ("experiment", ["seeds=[-1]"], "experiment: seeds: expected a list whose every element is an integer >= 0, got [-1]"),
+    ("intention", ["clustering.tol=-1"], "intention: clustering.tol: expected a finite number >= 0, got -1.0"),
+    ("intention", ["clustering.seeding=random"], "intention: clustering.seeding: expected one of shared, per_k, got 'random'"),
+    ("intention", ["embedding.save_every=0"], "intention: embedding.save_every: expected an integer >= 1, got 0"),
+    ("intention", ["selection.epsilon=nan"], "intention: selection.epsilon: expected a finite number >= 0, got nan"),
+    ("intention", ["selection.tau=-1"], "intention: selection.tau: expected an integer >= 0, got -1"),
+    ("intention", ["selection.silhouette_sample=0"], "intention: selection.silhouette_sample: expected an integer >= 2, got 0"),
+    ("intention", ["aggregation.gamma=1.5"], "intention: aggregation.gamma: expected a finite number >= 0 and <= 1, got 1.5"),
+    ("intention", ["aggregation.n_rollout=0"], "intention: aggregation.n_rollout: expected an integer >= 1, got 0"),
+    ("reinforce_llm", ["model.lora.r=0"], "reinforce_llm: model.lora.r: expected an integer >= 1, got 0"),
+    ("reinforce_llm", ["model.lora.dropout=2"], "reinforce_llm: model.lora.dropout: expected a finite number >= 0 and < 1, got 2.0"),
+    ("reinforce_llm", ["model.dtype=int8"], "reinforce_llm: model.dtype: expected one of float32, bfloat16, float16, got 'int8'"),
+    ("reinforce_llm", ["train.betas=[0.9,1.5]"],
+     "reinforce_llm: train.betas: expected a list whose every element is a finite number >= 0 and < 1, got [0.9, 1.5]"),
+    ("reinforce_llm", ["train.mixed_precision=fp8"], "reinforce_llm: train.mixed_precision: expected one of auto, no, bf16, fp16, got 'fp8'"),
+    ("reward_model", ["data.eval_fraction=1"], "reward_model: data.eval_fraction: expected a finite number >= 0 and < 1, got 1.0"),
+    ("critic", ["critic.gamma=2"], "critic: critic.gamma: expected a finite number >= 0 and <= 1, got 2.0"),
+    ("onlinereinforce_llm", ["online.games=[]"], "onlinereinforce_llm: online.games: expected a non-empty list, got []"),
+    ("onlinereinforce_llm", ["rollout.top_p=0"], "onlinereinforce_llm: rollout.top_p: expected a finite number > 0 and <= 1, got 0.0"),
+    ("onlinereinforce_llm", ["online.refresh_window=0"],
+     "onlinereinforce_llm: online.refresh_window: expected an integer >= 1 (null: every iteration since the last refresh), got 0"),
+]
+
+
+@pytest.mark.parametrize(("name", "overrides", "message"), OUT_OF_BOUNDS, ids=[f"{n}:{o[0]}" for n, o, _ in OUT_OF_BOUNDS])
+def test_a_value_out_of_its_range_is_refused_where_the_config_enters(name, overrides, message):
+    with pytest.raises(ConfigError) as refused:
+        compose_config(name, overrides)
+    assert str(refused.value) == message
 
 
 @pytest.mark.parametrize(("game", "change", "message"), [

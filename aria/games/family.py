@@ -31,7 +31,6 @@ class GameFamily(Protocol):
     outcome: str                          # what an evaluation counts: "success" or "win"
     seats: int                            # seats the policy plays in an evaluation (each its own games)
     online: bool                          # whether online ARIA (aria.trainers.online) is defined for it
-    collection_counts: dict[str, int]     # the collection command's counts and the least each may be
 
     def observation_renderer(self, game_cfg: Mapping[str, Any]) -> Callable[[dict, int], str]:
         """``render(record, turn_index) -> observation``: what the policy saw before that turn."""
@@ -91,7 +90,6 @@ class QuestionFamily:
     outcome = "success"
     seats = 1
     online = True
-    collection_counts = {"num_games": 0, "batch_size": 1}  # the collection command's counts and their minimum
 
     def observation_renderer(self, game_cfg):
         from aria.games.question.game import build_game
@@ -201,7 +199,6 @@ class TwoPlayerFamily:
     outcome = "win"
     seats = 2
     online = False  # online ARIA is defined for single-agent games (the paper's online experiments)
-    collection_counts = {"games_per_config": 1, "batch_size": 1}
 
     def observation_renderer(self, game_cfg):
         from aria.data import Transcript
@@ -370,15 +367,11 @@ def checked_game(game_cfg: Mapping[str, Any]) -> dict:
 
 
 def collect_from_config(cfg: Mapping[str, Any]):
-    """A collection from ``config/collect.yaml`` (``scripts/collect_games.py``): the counts are
+    """A collection from ``config/collect.yaml`` (``scripts/collect_games.py``): the settings are
     checked before any model loads, then the game's family plays (question games against the
     oracle; two-player games with ``opponent`` in the other seat) -> PlaySummary."""
     from aria.settings import load
 
     cfg = load("collect", cfg)
     cfg["game"] = checked_game(cfg["game"])
-    family = family_of(cfg["game"])
-    for name, low in family.collection_counts.items():
-        if cfg[name] < low:
-            raise ConfigError(f"{name}: expected an integer >= {low}, got {cfg[name]!r}")
-    return family.collect(cfg)
+    return family_of(cfg["game"]).collect(cfg)

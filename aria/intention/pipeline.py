@@ -212,16 +212,15 @@ WEIGHTS = ("occurrences", "distinct")
 
 
 def check_clustering(clustering: dict) -> None:
-    """Reject a bad clustering section in one line, before anything is read or embedded."""
+    """Reject a bad clustering section in one line, before anything is read or embedded (its
+    ranges were checked with its types, :mod:`aria.settings`)."""
     if clustering["method"] not in CLUSTERINGS:
         raise ValueError(f"clustering.method: unknown {clustering['method']!r} (known: {sorted(CLUSTERINGS)})")
-    k_range(clustering["k_min"], clustering["k_max"], clustering["k_max"])  # raises on a bad range
+    if clustering["k_max"] < clustering["k_min"]:
+        raise ValueError(f"clustering.k_max: expected an integer >= clustering.k_min ({clustering['k_min']}), "
+                         f"got {clustering['k_max']}")
     if clustering["weight"] not in WEIGHTS:
         raise ValueError(f"clustering.weight: {clustering['weight']!r} is not one of {WEIGHTS}")
-    if clustering["max_iter"] < 1:
-        raise ValueError(f"clustering.max_iter: expected an integer >= 1, got {clustering['max_iter']!r}")
-    if clustering["pca_dim"] is not None and clustering["pca_dim"] < 1:
-        raise ValueError(f"clustering.pca_dim: expected null or an integer >= 1, got {clustering['pca_dim']!r}")
 
 
 def _step1_settings(cfg: dict, corpus: Corpus, files: list[Path]) -> dict:
@@ -370,15 +369,12 @@ BEHAVIOUR_VERSION = 1
 
 
 def check_labels(cfg: dict) -> None:
-    """Reject a bad ``labels`` / ``behaviour`` / ``aggregation.window`` setting in one line, before
-    anything is read, and behavioural labels on a game that cannot have them."""
+    """Reject a bad ``labels`` / ``behaviour`` setting in one line, before anything is read, and
+    behavioural labels on a game that cannot have them."""
     if cfg["behaviour"] not in BEHAVIOUR:
         raise ValueError(f"behaviour: {cfg['behaviour']!r} is not one of {BEHAVIOUR}")
     if cfg["labels"] not in LABELS:
         raise ValueError(f"labels: {cfg['labels']!r} is not one of {LABELS}")
-    window = cfg["aggregation"]["window"]
-    if window is not None and (isinstance(window, bool) or not isinstance(window, int) or window < 0):
-        raise ValueError(f"aggregation.window: expected null (the whole history) or an integer >= 0, got {window!r}")
     if cfg["labels"] == "behavioural" and cfg["behaviour"] == "never":
         raise ValueError("labels: behavioural needs the behavioural intentions; set behaviour: auto (not never)")
     if (cfg["labels"] == "behavioural" or cfg["behaviour"] == "required") and not has_offline_oracle(cfg["game"]):
@@ -460,7 +456,7 @@ def _fixed_k(selection: dict, pools: list[str]) -> dict[str, int] | None:
         raise ConfigError(f"selection.fixed_k: expected null, a whole number >= 1 or {{pool: k}}, got {fixed!r}")
     missing, unknown = [p for p in pools if p not in fixed], [p for p in fixed if p not in pools]
     if missing or unknown:
-        raise ConfigError(f"selection.fixed_k: " + (f"no k for pool(s) {missing}" if missing else "")
+        raise ConfigError("selection.fixed_k: " + (f"no k for pool(s) {missing}" if missing else "")
                           + ("; " if missing and unknown else "") + (f"pool(s) {unknown} not in the game's {pools}" if unknown else ""))
     return {p: int(fixed[p]) for p in pools}
 

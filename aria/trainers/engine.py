@@ -23,49 +23,21 @@ OPTIMIZERS: dict[str, type[torch.optim.Optimizer]] = {"adamw": torch.optim.AdamW
 
 def check_train_settings(cfg: dict, losses: Mapping[str, Callable], loss_name: str | None = None,
                          check_scheduler: bool = True) -> None:
-    """Reject settings that cannot work, in one line naming the setting, before anything loads.
+    """Reject a name no registry knows (packing, optimizer, loss, scheduler), in one line naming
+    the setting, before anything loads. The ranges (lr > 0, save_freq >= 1, ...) were checked with
+    the types when the config entered (:func:`aria.settings.validated`).
 
     ``loss_name``: the trainer's own loss, when the config's ``loss.name`` does not choose it;
     ``check_scheduler=False`` leaves :func:`check_lr_scheduler` to the caller."""
     from aria.io import ConfigError
+    from aria.packing import PACKINGS
 
     t = cfg["train"]
-
-    def at_least(name: str, low: int) -> None:
-        value = t.get(name)
-        if isinstance(value, bool) or not isinstance(value, int) or value < low:
-            raise ConfigError(f"train.{name}: expected an integer >= {low}, got {value!r}")
-
-    for name in ("micro_batch_size", "gradient_accumulation_steps", "epochs"):
-        at_least(name, 1)
-    from aria.packing import PACKINGS
 
     if "packing" in t and t["packing"] not in PACKINGS:  # the critic's batches are not packed
         raise ConfigError(f"train.packing: unknown {t.get('packing')!r} (known: {', '.join(PACKINGS)})")
     if t["optimizer"] not in OPTIMIZERS:
         raise ConfigError(f"train.optimizer: unknown {t['optimizer']!r} (known: {', '.join(sorted(OPTIMIZERS))})")
-    if not (isinstance(t["lr"], (int, float)) and math.isfinite(t["lr"]) and t["lr"] > 0):
-        raise ConfigError(f"train.lr: expected a positive finite number, got {t['lr']!r}")
-    # the ones that, wrong, trained anyway (warm-up past the run, clipping off) or failed after the model loaded
-    if "save_freq" in t:
-        at_least("save_freq", 1)
-    if t.get("keep_checkpoints") is not None:
-        at_least("keep_checkpoints", 1)
-    if t.get("warmup_steps") is not None:
-        at_least("warmup_steps", 0)
-    ratio, norm = t.get("warmup_ratio", 0.0), t.get("max_grad_norm", 0.0)
-    if not (isinstance(ratio, (int, float)) and 0 <= ratio <= 1):
-        raise ConfigError(f"train.warmup_ratio: expected a number in [0, 1], got {ratio!r}")
-    if not (isinstance(norm, (int, float)) and math.isfinite(norm) and norm >= 0):
-        raise ConfigError(f"train.max_grad_norm: expected a finite number >= 0 (0: no clipping), got {norm!r}")
-    every = (cfg.get("logging") or {}).get("log_every", 1)
-    if isinstance(every, bool) or not isinstance(every, int) or every < 1:
-        raise ConfigError(f"logging.log_every: expected an integer >= 1, got {every!r}")
-    data = cfg.get("data") or {}
-    if data.get("max_samples") is not None and (isinstance(data["max_samples"], bool) or data["max_samples"] < 1):
-        raise ConfigError(f"data.max_samples: expected null (all) or an integer >= 1, got {data['max_samples']!r}")
-    if "max_prompt_tokens" in data and (isinstance(data["max_prompt_tokens"], bool) or data["max_prompt_tokens"] < 1):
-        raise ConfigError(f"data.max_prompt_tokens: expected an integer >= 1, got {data['max_prompt_tokens']!r}")
     if loss_name is None and cfg["loss"]["name"] not in losses:
         raise ConfigError(f"loss.name: unknown {cfg['loss']['name']!r} (known: {', '.join(sorted(losses))})")
     if check_scheduler:

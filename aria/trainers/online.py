@@ -170,11 +170,6 @@ class OnlineTrainer:
             raise ConfigError(f"loss.name: {cfg['loss']['name']!r} is a loss of the offline trainer (its reference "
                               "log-probs are those of a fixed training set); online, use reinforce")
         check_train_settings(cfg, LOSSES)
-        for name, low in (("iterations", 1), ("rollout_size", 1), ("rollout_batch_size", 1), ("actor_updates", 1),
-                          ("rm_refresh", 0)):
-            value = cfg["online"][name]
-            if isinstance(value, bool) or not isinstance(value, int) or value < low:
-                raise ConfigError(f"online.{name}: expected an integer >= {low}, got {value!r}")
         if cfg["online"]["advantage"] not in ADVANTAGES:
             raise ConfigError(f"online.advantage: unknown {cfg['online']['advantage']!r} (known: {sorted(ADVANTAGES)})")
         self.cfg, self.on_iteration = cfg, on_iteration
@@ -188,8 +183,6 @@ class OnlineTrainer:
 
         # The games and their oracle (single-agent games only: online ARIA is not defined for two players).
         self.games = {}
-        if o["max_turns"] is not None and o["max_turns"] < 1:
-            raise ConfigError(f"online.max_turns: expected a whole number >= 1 or null, got {o['max_turns']!r}")
         for name in o["games"]:
             game_cfg = load_game_config(name)
             if o["max_turns"] is not None:  # as the evaluation's max_turns: the game's rules, shortened
