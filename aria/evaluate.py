@@ -118,6 +118,16 @@ def evaluate_model(cfg: Mapping[str, Any]) -> tuple[Path, dict]:
             check_server(o["base_url"], o.get("api_key"), o["model"])
     except RuntimeError as err:
         raise ConfigError(str(err)) from None
+    # what would otherwise fail after the policy's model loaded
+    if len(two_player) < len(games):
+        from aria.games.question.oracle import check_oracle_name
+
+        check_oracle_name(cfg["oracle"]["name"])
+    if two_player:
+        from aria.games.two_player.glee import config_set
+
+        for env in two_player:
+            config_set(games[env], cfg["two_player"]["config_set"], "two_player.config_set")
     out = Path(cfg["out"])
     policy = build_policy(p)
     summary = {"model": p["model"] if served else p["model_path"], "base_url": p.get("base_url"),

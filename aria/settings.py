@@ -43,14 +43,14 @@ def bounded(*, ge: float | None = None, gt: float | None = None, le: float | Non
     return field(default=default, metadata={"bounds": rules})
 
 
-def _out_of_bounds(value: Any, rules: Mapping[str, Any]) -> str | None:
+def out_of_bounds(value: Any, rules: Mapping[str, Any]) -> str | None:
     """What ``value`` should have been under ``rules``, or None where it is fine."""
     if "one_of" in rules:
         return None if value in rules["one_of"] else f"one of {', '.join(map(str, rules['one_of']))}"
     if "nonempty" in rules and not value:
         return "a non-empty list"
     if "each" in rules:
-        wanted = [_out_of_bounds(v, rules["each"]) for v in value]
+        wanted = [out_of_bounds(v, rules["each"]) for v in value]
         return next((f"a list whose every element is {w}" for w in wanted if w), None)
     limits = [f">= {rules['ge']:g}" if "ge" in rules else None, f"> {rules['gt']:g}" if "gt" in rules else None,
               f"<= {rules['le']:g}" if "le" in rules else None, f"< {rules['lt']:g}" if "lt" in rules else None]
@@ -68,7 +68,7 @@ def _check_bounds(schema: type, values: Mapping[str, Any], prefix: str = "") -> 
     for f in fields(schema):
         value, key = values.get(f.name), prefix + f.name
         rules = f.metadata.get("bounds")
-        if rules and value is not None and (wanted := _out_of_bounds(value, rules)):
+        if rules and value is not None and (wanted := out_of_bounds(value, rules)):
             meaning = f" ({rules['why']})" if "why" in rules else ""
             return f"{key}: expected {wanted}{meaning}, got {value!r}"
         hint = hints[f.name]

@@ -56,6 +56,39 @@ def test_the_collection_command_checks_its_counts_per_family_before_any_model_lo
                                                        "policy.model_path=/no/such/model"]))
 
 
+@pytest.mark.parametrize(("overrides", "message"), [
+    (["game=twenty_questions", "+policy.bogus=1"], "policy.bogus: not an option of the vllm policy (known: model_path, "),
+    (["game=twenty_questions", "policy.temperature=-1"], "policy.temperature: expected a finite number >= 0, got -1"),
+    (["game=twenty_questions", "policy.name=nope"], "policy.name: unknown policy 'nope' (known: endpoint, local, scripted, vllm)"),
+    (["game=twenty_questions", "oracle.name=nope"], "oracle.name: unknown oracle 'nope' (known: "),
+    (["game=bargaining", "config_set=nope"], "config_set: config/game/bargaining.yaml has no config set 'nope'"),
+    (["game=bargaining", "opponent=endpoint", "opponent.temperature=-1"], "opponent.temperature: expected a finite number >= 0"),
+])
+def test_a_collection_refuses_bad_player_settings_before_a_model_loads(tmp_path, overrides, message):
+    """Before: played greedily, a TypeError, a KeyError after the policy loaded; the policy's path
+    names no model, so a check that came after loading would fail on the path instead."""
+    from aria.games.family import collect_from_config
+
+    cfg = compose_config("collect", [*overrides, "policy.model_path=/no/such/model", f"out={tmp_path / 'games.jsonl'}"])
+    with pytest.raises(ConfigError) as refused:
+        collect_from_config(cfg)
+    assert str(refused.value).startswith(message)
+    assert not (tmp_path / "games.jsonl").exists()
+
+
+@pytest.mark.parametrize(("overrides", "message"), [
+    (["envs=[twenty_questions]", "oracle.name=nope"], "oracle.name: unknown oracle 'nope'"),
+    (["envs=[bargaining]", "two_player.config_set=nope"], "two_player.config_set: config/game/bargaining.yaml has no config set 'nope'"),
+])
+def test_an_evaluation_refuses_an_unknown_oracle_or_config_set_before_the_model_loads(tmp_path, overrides, message):
+    from aria.evaluate import evaluate_model
+
+    with pytest.raises(ConfigError) as refused:
+        evaluate_model(compose_config("eval", [*overrides, "policy=local", "policy.model_path=/no/such/model",
+                                               f"out={tmp_path / 'eval'}"]))
+    assert str(refused.value).startswith(message)
+
+
 def test_no_module_outside_the_families_tests_a_game_config_for_its_kind():
     """The family is decided by family_of alone: a new family is one class, not a hunt for branches."""
     # a game config's kind: game_cfg.get("kind"), cfg["game"]["kind"], load_game_config(name).get("kind"), ...

@@ -252,8 +252,10 @@ def test_config_sets():
     assert len(config_set(bargaining, "grid")) == 3 * 4 * 4 * 2 * 2 * 2
     assert len(config_set(negotiation, "grid")) == 3 * 4 * 4 * 3 * 2 * 2
     assert len({c.id for c in config_set(negotiation, "grid")}) == 576
-    with pytest.raises(KeyError, match="no config set"):
-        config_set(bargaining, "nope")
+    from aria.io import ConfigError
+
+    with pytest.raises(ConfigError, match=r"^eval.config_set: config/game/bargaining.yaml has no config set 'nope'"):
+        config_set(bargaining, "nope", "eval.config_set")
 
 
 def test_configuration_ids_and_round_trip():

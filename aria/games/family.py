@@ -283,10 +283,7 @@ class TwoPlayerFamily:
             for key in ("config_set", "games_per_config"):
                 if section.get(key) is None:
                     raise ConfigError(f"{name}.{key}: a two-player game needs it (see config/experiment/bargaining.yaml)")
-            try:
-                config_set(cfg["game"], section["config_set"])
-            except KeyError as err:
-                raise ConfigError(f"{name}.config_set: {err.args[0]}") from None
+            config_set(cfg["game"], section["config_set"], f"{name}.config_set")
         if not cfg["eval"].get("opponent"):
             raise ConfigError("eval.opponent: a two-player evaluation needs an opponent (see config/experiment/bargaining.yaml)")
 
@@ -326,8 +323,9 @@ class TwoPlayerFamily:
         if tp["structured_output"] is not None:
             game_cfg["structured_output"] = tp["structured_output"]
         # a policy of its own: the reply length of a two-player turn is its own setting
+        configs = config_set(game_cfg, tp["config_set"], "two_player.config_set")
         player = PolicyPlayer(build_policy({**cfg["policy"], reply_tokens_key(cfg["policy"]): tp["max_tokens"]}))
-        summary = evaluate_two_player(game_cfg, config_set(game_cfg, tp["config_set"]), player,
+        summary = evaluate_two_player(game_cfg, configs, player,
                                       build_player(cfg["opponent"], game_cfg["name"], player), out,
                                       games_per_config=tp["games_per_config"], seed=cfg["seed"], batch_size=batch_size,
                                       progress=cfg["progress"], force_new=cfg["force_new"])

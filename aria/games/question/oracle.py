@@ -54,6 +54,14 @@ def register_oracle(name: str):
     return wrap
 
 
+def check_oracle_name(name: str) -> None:
+    """``oracle.name`` is registered (a ``ConfigError`` naming the setting, before anything loads)."""
+    if name not in ORACLES:
+        from aria.io import ConfigError
+
+        raise ConfigError(f"oracle.name: unknown oracle {name!r} (known: {', '.join(sorted(ORACLES))})")
+
+
 def build_oracle(cfg: Mapping[str, Any], game_cfg: Mapping[str, Any]) -> Oracle:
     """Instantiate the oracle named by ``cfg["name"]`` with the rest of ``cfg`` as options.
 
@@ -62,8 +70,7 @@ def build_oracle(cfg: Mapping[str, Any], game_cfg: Mapping[str, Any]) -> Oracle:
     """
     options = dict(cfg)
     name = options.pop("name")
-    if name not in ORACLES:
-        raise KeyError(f"unknown oracle {name!r}; registered: {sorted(ORACLES)}")
+    check_oracle_name(name)
     factory = ORACLES[name]
     if isinstance(factory, str):
         factory = load_object(factory)

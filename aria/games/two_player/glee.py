@@ -180,11 +180,14 @@ def expand_grid(game: str, grid: Mapping[str, Sequence[Any]]) -> list[GameConfig
     return [config_from_dict(game, dict(zip(keys, values))) for values in itertools.product(*(grid[k] for k in keys))]
 
 
-def config_set(game_cfg: Mapping[str, Any], name: str) -> list[GameConfig]:
-    """A named set of configurations from ``config/game/<game>.yaml`` (``config_sets:``)."""
+def config_set(game_cfg: Mapping[str, Any], name: str, setting: str = "config_set") -> list[GameConfig]:
+    """A named set of configurations from ``config/game/<game>.yaml`` (``config_sets:``); a name
+    it does not have is a ``ConfigError`` naming ``setting``, where the name was given."""
+    from aria.io import ConfigError
+
     sets = game_cfg.get("config_sets") or {}
     if name not in sets:
-        raise KeyError(f"config/game/{game_cfg['name']}.yaml has no config set {name!r} (known: {sorted(sets)})")
+        raise ConfigError(f"{setting}: config/game/{game_cfg['name']}.yaml has no config set {name!r} (known: {sorted(sets)})")
     configs = expand_grid(game_cfg["name"], sets[name])
     ids = [c.id for c in configs]
     if len(set(ids)) != len(ids):

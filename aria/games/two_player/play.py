@@ -353,19 +353,24 @@ def build_player(cfg: Mapping[str, Any], game: str, policy: PolicyPlayer | None 
         return ScriptedPlayer(game, float(options.get("strength", 1.0)))
     from aria.llm.registry import build_policy
 
-    return PolicyPlayer(build_policy({"name": kind, **options}))
+    return PolicyPlayer(build_policy({"name": kind, **options}, setting="opponent"))
 
 
 def collect_two_player_from_config(cfg: Mapping[str, Any]) -> PlaySummary:
     """Self-play (or policy vs opponent) collection from a Hydra config (``config/collect.yaml``)."""
     from aria.llm.registry import build_policy
 
+    from aria.llm.registry import check_policy
+
     game_cfg = cfg["game"]
+    configs = config_set(game_cfg, cfg["config_set"])  # what can be checked, before a model loads
+    if cfg["opponent"]["name"] not in ("self", "scripted"):
+        check_policy(cfg["opponent"], "opponent")
     policy = PolicyPlayer(build_policy(cfg["policy"]))
-    opponent = build_player(cfg["opponent"], game_cfg["name"], policy)
-    seats = {"alice": policy, "bob": opponent} if cfg["policy_role"] == "alice" else {"alice": opponent, "bob": policy}
-    configs = config_set(game_cfg, cfg["config_set"])
+    seats = {"alice": policy, "bob": policy}
     try:
+        opponent = build_player(cfg["opponent"], game_cfg["name"], policy)
+        seats = {"alice": policy, "bob": opponent} if cfg["policy_role"] == "alice" else {"alice": opponent, "bob": policy}
         return play_two_player(game_cfg, configs, seats, cfg["out"], games_per_config=cfg["games_per_config"],
                                seed=cfg["seed"], batch_size=cfg["batch_size"], progress=cfg["progress"],
                                force_new=cfg["force_new"])
