@@ -34,6 +34,39 @@ EXIT_INTERRUPTED = 130  # 128 + SIGINT
 EXIT_TERMINATED = 143  # 128 + SIGTERM
 
 
+def number(kind: type = int, **rules: float) -> Callable[[str], Any]:
+    """An argparse ``type``: a ``kind`` (int or float) within ``rules`` (those of
+    :func:`aria.settings.bounded`: ``ge``, ``gt``, ``le``, ``lt``). Out of range, argparse's own
+    one line with the usage and exit status 2, before anything loads."""
+    import argparse
+
+    from aria.settings import out_of_bounds
+
+    def parse(text: str):
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected {'a whole number' if kind is int else 'a number'}, got {text!r}") from None
+        if problem := out_of_bounds(value, rules):
+            raise argparse.ArgumentTypeError(f"expected {problem}, got {text}")
+        return value
+
+    return parse
+
+
+def torch_device(text: str) -> str:
+    """An argparse ``type``: a device torch knows (``cpu``, ``cuda``, ``cuda:1``)."""
+    import argparse
+
+    import torch
+
+    try:
+        torch.device(text)
+    except RuntimeError:
+        raise argparse.ArgumentTypeError(f"expected a torch device (cpu, cuda, cuda:1), got {text!r}") from None
+    return text
+
+
 def _expected_errors() -> tuple[type[BaseException], ...]:
     from aria.intention.pipeline import StaleInput
     from aria.io import DataError, InUse

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import shutil
 import time
 from dataclasses import dataclass
@@ -44,6 +45,7 @@ from typing import Any, Callable
 from aria.experiment_layout import Layout, games_of, intention_overrides_of, iterations_of, method_of, seeds_of, train_overrides_of
 from aria.games.family import checked_game, family_of
 from aria.io import ConfigError, atomic_folder, atomic_write_json, check_writable, file_digest, hold_folder, json_digest, read_json
+from aria.llm.embedded import resolve_model_path
 from aria.resources import check_overrides, compose_config
 from aria.secrets import redact
 from aria.settings import ExperimentSettings, validated
@@ -260,7 +262,6 @@ def train_critic(cfg: dict, train_file: Path, out_dir: Path, seed: int, init: Pa
     overrides = [f"data.train_file={train_file}", f"output_dir={out_dir}", f"seed={seed}",
                  f"critic.init={init if init else 'null'}", *cfg["archer"]["critic_overrides"]]
     if cfg["launcher"]:
-        import shlex
         import subprocess
 
         from aria.resources import config_dir
@@ -322,7 +323,6 @@ def train(cfg: dict, method: str, train_file: Path, start_model: Path, out_dir: 
     overrides = [f"data.train_file={train_file}", f"output_dir={out_dir / 'train'}", f"seed={seed}",
                  f"model.path={start_model}", f"method={method}", "logging.report_to=null", *overrides]
     if cfg["launcher"]:  # several GPUs: the trainer runs under accelerate in processes of its own
-        import shlex
         import subprocess
 
         from aria.resources import config_dir
@@ -420,7 +420,6 @@ def movement_stage(cfg: dict, lay: Layout, parent: Path, child: Path, out: Path,
 # ---- the plan -------------------------------------------------------------------------------------------
 def plan(cfg: dict, generator: Generator, echo: Printer) -> list[Stage]:
     """Every stage of the experiment, in the order they run (module doc)."""
-    from aria.llm.embedded import resolve_model_path
 
     lay = Layout(cfg)
     w, c, e = cfg["warm_start"], cfg["collect"], cfg["eval"]
@@ -541,6 +540,12 @@ def check_settings(cfg: dict) -> dict:
 
     cfg = validated(ExperimentSettings, cfg, "experiment")
     cfg["game"] = checked_game(cfg["game"])
+    # what failed only when first used: the model after the expert's games, the launcher at the first training
+    if not resolve_model_path(cfg["base_model"]).is_dir():
+        raise ConfigError(f"base_model: {cfg['base_model']!r} is no model folder (give a Hugging Face model folder, or embedded)")
+    if cfg["launcher"] and shutil.which((shlex.split(cfg["launcher"]) or [""])[0]) is None:
+        raise ConfigError(f"launcher: {cfg['launcher']!r} does not start with a command on PATH "
+                          "(e.g. accelerate launch --config_file config/accelerate/gpu_8.yaml; null: train in this process)")
     check_variants(cfg["variants"], METHODS)
     unknown = [m for m in cfg["methods"] if m not in METHODS and m not in cfg["variants"]]
     if unknown:
@@ -599,8 +604,7 @@ def check_override_lists(cfg: dict) -> None:
     for setting, overrides in labelling.items():
         composed = check_overrides("intention", overrides, setting)  # a ConfigError naming the setting
         try:
-            pipeline.check_labels(composed)
-            pipeline.check_selection(composed)
+            pipeline.check_settings(composed)
         except ValueError as err:
             raise ConfigError(f"{setting}: {err}") from None
 

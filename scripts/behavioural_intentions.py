@@ -25,10 +25,14 @@ def main() -> None:
     from aria.games.question.game import build_game
     from aria.games.question.oracle import build_oracle
     from aria.intention.behaviour import partition, signatures
+    from aria.intention.pipeline import has_offline_oracle
+    from aria.io import ConfigError
     from aria.trajectories import read_trajectories
 
     with command():
         cfg = load_game_config(args.game)
+        if not has_offline_oracle(cfg):  # a two-player game, or a question game without a fact table
+            raise ConfigError(f"--game: {args.game} has no offline oracle (facts_file) to compute behavioural intentions from")
         game, oracle = build_game(cfg), build_oracle({"name": "knowledge_base"}, cfg)
         records = list(read_trajectories(args.games, game=cfg["name"]))
         actions = [turn["action"] for record in records for turn in record["turns"]]

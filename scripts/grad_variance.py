@@ -8,25 +8,22 @@ Settings: grad_variance.methods (default aria, no_aggregation, gigpo), grad_vari
 grad_variance.seed, grad_variance.out (JSON written there).
 """
 import json
-import sys
 
 import hydra
 
-from aria.io import ConfigError, DataError, atomic_write_json
+from aria.cli import command
+from aria.io import atomic_write_json
 from aria.settings import load
 from aria.trainers.grad_variance import gradient_variance
 
 
 @hydra.main(config_path="../config", config_name="reinforce_llm", version_base="1.3")
 def main(cfg) -> None:
-    try:
+    with command():  # bad settings or data, an unwritable out: one line, exit 2
         c = load("reinforce_llm", cfg)
         gv = c["grad_variance"]
         result = gradient_variance(c, gv["max_samples"], gv["seed"], gv["methods"])
-    except (DataError, ConfigError) as err:
-        print(f"error: {err}", file=sys.stderr)
-        sys.exit(2)
-    atomic_write_json(gv["out"], result)
+        atomic_write_json(gv["out"], result)
     print(json.dumps(result, indent=1))
     print(f"[grad-variance] wrote {gv['out']}")
 

@@ -14,14 +14,16 @@ import sys
 import time
 from pathlib import Path
 
+from aria.cli import number
+
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("run_dir", help="a pipeline run folder (steps 1-4 done)")
-    parser.add_argument("--window", type=int, default=2, help="turns kept by the windowed keys (default 2)")
-    parser.add_argument("--threshold", type=float, default=0.9, help="GiGPO's similarity threshold (verl-agent's scripts: 0.9)")
+    parser.add_argument("--window", type=number(int, ge=0), default=2, help="turns kept by the windowed keys (default 2)")
+    parser.add_argument("--threshold", type=number(float, ge=0, le=1), default=0.9, help="GiGPO's similarity threshold (verl-agent's scripts: 0.9)")
     parser.add_argument("--model", default=None, help="a policy folder: also the gradient SNR of each weighting")
-    parser.add_argument("--samples", type=int, default=256, help="samples for the gradient SNR (default 256)")
+    parser.add_argument("--samples", type=number(int, ge=2), default=256, help="samples for the gradient SNR (default 256)")
     parser.add_argument("--out", default=None, help="the JSON (default RUN_DIR/grouping_schemes.json)")
     args = parser.parse_args()
 

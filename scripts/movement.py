@@ -12,9 +12,9 @@ at float32 and at the served precision.
 """
 import argparse
 import json
-import sys
 from pathlib import Path
 
+from aria.cli import command, number
 from aria.io import DataError, atomic_write_json, read_json
 from aria.movement import DTYPES, movement
 
@@ -26,22 +26,19 @@ def main(argv=None) -> int:
     parser.add_argument("steps", help="pipeline step-4 samples (JSON list)")
     parser.add_argument("--served-dtype", default="float32", choices=sorted(DTYPES),
                         help="the precision the trained model is served in")
-    parser.add_argument("--max-steps", type=int, default=256, help="a seeded sample of at most this many steps")
+    parser.add_argument("--max-steps", type=number(int, ge=1), default=256, help="a seeded sample of at most this many steps")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", default=None, help="also write the result here (JSON)")
     args = parser.parse_args(argv)
-    try:
+    with command():  # a bad file, a path that is no model, an unwritable --out: one line, exit 2
         samples = read_json(args.steps)
         if not isinstance(samples, list):
             raise DataError(Path(args.steps), None, None, "expected a JSON list of samples")
         result = movement(Path(args.parent), Path(args.child), samples, args.served_dtype, args.max_steps, args.seed,
                           source=args.steps)
-    except (DataError, ValueError, FileNotFoundError, OSError) as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
-    result = {"parent": args.parent, "child": args.child, "steps_file": args.steps, **result}
-    if args.out:
-        atomic_write_json(args.out, result)
+        result = {"parent": args.parent, "child": args.child, "steps_file": args.steps, **result}
+        if args.out:
+            atomic_write_json(args.out, result)
     print(json.dumps(result, indent=1))
     return 0
 

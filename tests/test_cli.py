@@ -136,6 +136,25 @@ def test_negative_game_count_and_compare_help(tmp_path):
     assert done.returncode == 0 and "usage: compare.py" in done.stdout and "results" in done.stdout
 
 
+@pytest.mark.parametrize(("args", "message"), [
+    ([str(REPO / "scripts/movement.py"), "a", "b", "c", "--max-steps", "0"], "argument --max-steps: expected an integer >= 1, got 0"),
+    ([str(REPO / "scripts/grouping_schemes.py"), "run", "--threshold", "nan"],
+     "argument --threshold: expected a finite number >= 0 and <= 1, got nan"),
+    ([str(REPO / "scripts/grouping_schemes.py"), "run", "--window", "-1"], "argument --window: expected an integer >= 0, got -1"),
+    ([str(REPO / "scripts/serve_reward_model.py"), "m", "--batch-size", "0"], "argument --batch-size: expected an integer >= 1, got 0"),
+    ([str(REPO / "scripts/serve_reward_model.py"), "m", "--port", "70000"], "argument --port: expected an integer >= 0 and <= 65535, got 70000"),
+    ([str(REPO / "scripts/serve_reward_model.py"), "m", "--device", "gpu"], "argument --device: expected a torch device (cpu, cuda, cuda:1), got 'gpu'"),
+    ([str(REPO / "scripts/behavioural_intentions.py"), "games.jsonl", "--game", "bargaining"],
+     "error: --game: bargaining has no offline oracle (facts_file) to compute behavioural intentions from"),
+    ([str(REPO / "scripts/merge_lora.py"), "adapter", "out"], "error: adapter has no adapter_config.json (is it a LoRA output?)"),
+])
+def test_the_analysis_scripts_refuse_bad_arguments_in_one_line(tmp_path, args, message):
+    """Before: tracebacks (a threshold of 2, a window of -1, a two-player game) or a server
+    serving with batches of 0."""
+    line = one_line_error(run(*args, cwd=tmp_path))
+    assert line.endswith(message), line
+
+
 def test_collection_with_an_endpoint_logs_no_line_per_request(tmp_path):
     server = start_server(Script(reply=lambda body: "Question: Is it alive?"))
     try:
@@ -226,6 +245,9 @@ def test_ctrl_c_during_training_keeps_checkpoints(tmp_path, tiny_model_dir):
 # ---- the experiment runner: every bad setting and unusable path is one line, before any work ----------
 BAD_EXPERIMENT_SETTINGS = [
     (["engine=bogus"], "experiment: engine: expected one of vllm, local, got 'bogus'"),
+    # these failed only when first used: after the expert's games, at the first training
+    (["base_model=/no/model"], "base_model: '/no/model' is no model folder"),
+    (["launcher=bogus launch"], "launcher: 'bogus launch' does not start with a command on PATH"),
     (["iterations=0"], "iterations: expected a whole number >= 1, got 0"),
     (["iterations=-1"], "iterations: expected a whole number >= 1, got -1"),
     (["+iterations_by_method.aria=0"], "iterations_by_method.aria: expected a whole number >= 1, got 0"),

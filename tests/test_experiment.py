@@ -723,7 +723,7 @@ def test_arms_with_signed_weights_train_with_the_bounded_loss_and_the_others_wit
     from aria.experiment_layout import train_overrides_of
 
     cfg = experiment.check_settings(compose_config("experiment", [
-        "experiment=paper_single", "base_model=/models/llama", "oracle.base_url=http://127.0.0.1:1/v1", "oracle.model=m",
+        "experiment=paper_single", "base_model=embedded", "oracle.base_url=http://127.0.0.1:1/v1", "oracle.model=m",
         "methods=[aria,no_aggregation,starpo,gigpo,gigpo_similar,archer,gigpo_fine]",
         "+variants={gigpo_fine:{method:gigpo,intention_overrides:['selection.fixed_k=20']}}"]))
     shared = cfg["train_overrides"]

@@ -363,6 +363,26 @@ def test_script_reports_bad_input_in_one_line(tmp_path):
     assert done.stderr.strip().splitlines()[-1].startswith("error: no trajectories file")
 
 
+@pytest.mark.parametrize(("override", "message"), [
+    ("aggregation.discount=nope", "aggregation.discount: unknown 'nope' (known: paper, original)"),
+    ("aggregation.mode=nope", "aggregation.mode: unknown 'nope' (known: q, adv)"),  # step 1 embedded and clustered anyway
+    ("embedder.batch_size=0", "embedder.batch_size: expected an integer >= 1, got 0"),
+    ("embedder.device=gpu", "embedder.device: expected a torch device (cpu, cuda, cuda:1), got 'gpu'"),  # after the embedding
+    ("+embedder.bogus=1", "embedder.bogus: not an option of the sentence_transformers embedder (known: "),
+    ("clustering.k_max=1", "clustering.k_max: expected an integer >= clustering.k_min (2), got 1"),
+])
+def test_every_step_refuses_a_name_no_registry_knows_before_reading_anything(tmp_path, override, message):
+    """Before: a message without its setting, a traceback, or a whole step 1 done first. The
+    trajectories file does not exist: a check after reading would fail on it instead."""
+    cfg = config(f"input={tmp_path / 'missing.jsonl'}", f"run_dir={tmp_path / 'run'}", override)
+    for step in (pipeline.step1_embed_and_cluster, pipeline.step2_select_k,
+                 pipeline.step3_apply_labels, pipeline.step4_build_training_set):
+        with pytest.raises(ValueError) as refused:
+            step(cfg, lambda line: None)
+        assert str(refused.value).startswith(message), step.__name__
+    assert not (tmp_path / "run").exists()
+
+
 # ---- an OpenAI-compatible embeddings endpoint over real HTTP ------------------------------------
 class EmbeddingServer:
     """A small /v1/embeddings server on 127.0.0.1 (stands in for OpenAI or vLLM, which cannot run

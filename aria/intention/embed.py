@@ -147,21 +147,26 @@ EMBEDDERS: dict[str, Callable[..., Embedder]] = {
 }
 
 
-def _embedder_class(cfg: dict):
+def check_embedder(cfg: dict):
+    """The backend ``cfg`` names, its options checked (before a model loads or a text is sent)."""
+    from aria.io import ConfigError
+    from aria.registry import check_options
+
     name = cfg.get("name")
     if name not in EMBEDDERS:
-        raise ValueError(f"unknown embedder {name!r} (known: {sorted(EMBEDDERS)})")
+        raise ConfigError(f"embedder.name: unknown embedder {name!r} (known: {', '.join(sorted(EMBEDDERS))})")
+    check_options(EMBEDDERS[name], {k: v for k, v in cfg.items() if k != "name"}, "embedder", f"the {name} embedder")
     return EMBEDDERS[name]
 
 
 def build_embedder(cfg: dict) -> Embedder:
     options = {k: v for k, v in cfg.items() if k != "name"}
-    return _embedder_class(cfg)(**options)
+    return check_embedder(cfg)(**options)
 
 
 def embedder_name(cfg: dict) -> str:
     """The model name of the embedder ``cfg`` describes (the cache key), without building it."""
-    cls = _embedder_class(cfg)
+    cls = check_embedder(cfg)
     namer = getattr(cls, "model_name", None)
     return namer(**{k: v for k, v in cfg.items() if k != "name"}) if namer else build_embedder(cfg).name
 
@@ -170,7 +175,7 @@ def embedder_key(cfg: dict) -> str:
     """The embedding cache's key: the model's name and a digest of what decides its vectors (two
     checkpoints both saved as ``.../final``, or one endpoint asked for another width, are not one
     model). A backend without an ``identity`` is keyed by all of its settings."""
-    cls = _embedder_class(cfg)
+    cls = check_embedder(cfg)
     options = {k: v for k, v in cfg.items() if k != "name"}
     identity = cls.identity(**options) if hasattr(cls, "identity") else options
     digest = hashlib.sha256(json.dumps([cfg["name"], identity], sort_keys=True, default=str).encode()).hexdigest()

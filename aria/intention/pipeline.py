@@ -36,10 +36,10 @@ from typing import Any, Callable, Mapping
 import numpy as np
 
 from aria.games.family import family_of
-from aria.intention.aggregate import aggregate
+from aria.intention.aggregate import AGGREGATION_MODES, DISCOUNTS, aggregate
 from aria.intention.cluster import CLUSTERINGS, cluster_all_k, distinct_points, k_range
 from aria.intention.corpus import Corpus, IntentionSpec, build_corpus
-from aria.intention.embed import EmbeddingCache, build_embedder, embedder_key, embedder_name, text_digest
+from aria.intention.embed import EmbeddingCache, build_embedder, check_embedder, embedder_key, embedder_name, text_digest
 from aria.intention.select import ClusterQuality, choose_k, split_scores
 from aria.io import (ConfigError, DataError, atomic_write_bytes, atomic_write_json, atomic_write_json_rows, atomic_write_jsonl, file_digest,
                      differences, iter_jsonl, json_digest, located, read_json)
@@ -211,6 +211,21 @@ def _load_npz(path: Path, step: int) -> dict[str, np.ndarray]:
 WEIGHTS = ("occurrences", "distinct")
 
 
+def check_settings(cfg: dict) -> None:
+    """What the labelling's settings name from a registry or from each other (the ranges were
+    checked with the types, :mod:`aria.settings`), in one line naming the setting before any step
+    reads or embeds anything. Every step starts here."""
+    check_clustering(cfg["clustering"])
+    check_labels(cfg)
+    check_selection(cfg)
+    agg = cfg["aggregation"]
+    if agg["discount"] not in DISCOUNTS:
+        raise ConfigError(f"aggregation.discount: unknown {agg['discount']!r} (known: {', '.join(DISCOUNTS)})")
+    if agg["mode"] not in AGGREGATION_MODES:
+        raise ConfigError(f"aggregation.mode: unknown {agg['mode']!r} (known: {', '.join(AGGREGATION_MODES)})")
+    check_embedder(cfg["embedder"])
+
+
 def check_clustering(clustering: dict) -> None:
     """Reject a bad clustering section in one line, before anything is read or embedded (its
     ranges were checked with its types, :mod:`aria.settings`)."""
@@ -231,10 +246,9 @@ def _step1_settings(cfg: dict, corpus: Corpus, files: list[Path]) -> dict:
 
 
 def step1_embed_and_cluster(cfg: dict, echo: Printer = print) -> dict:
+    check_settings(cfg)
     run_dir = Path(cfg["run_dir"])
     clustering = cfg["clustering"]
-    check_clustering(clustering)
-    check_labels(cfg)
     corpus, records, files = load_corpus(cfg)
     # here only: the later steps refuse trajectories other than those step 1 read
     _check_prompts(cfg, records, corpus.sources)
@@ -462,10 +476,10 @@ def _fixed_k(selection: dict, pools: list[str]) -> dict[str, int] | None:
 
 
 def step2_select_k(cfg: dict, echo: Printer = print) -> dict:
+    check_settings(cfg)
     run_dir = Path(cfg["run_dir"])
     summary = step_output(run_dir / "utterances.json", 1)
     selection_cfg, agg_cfg = cfg["selection"], cfg["aggregation"]
-    check_selection(cfg)
     corpus, _, files = load_corpus(cfg)
     _check_inputs(summary, corpus, files)
     if json_digest(_step1_settings(cfg, corpus, files)) != summary["fingerprint"]:
@@ -725,10 +739,10 @@ def _agg_args(agg_cfg: dict) -> dict:
 
 # ---- step 3: apply the chosen labels -------------------------------------------------------
 def step3_apply_labels(cfg: dict, echo: Printer = print) -> Path:
+    check_settings(cfg)
     run = read_labelled_run(cfg)
     run_dir, selection, corpus, records = run.run_dir, run.selection, run.corpus, run.records
     out_path = run_dir / "labelled.jsonl"
-    check_labels(cfg)
     check_step2_settings(selection, cfg)
     fingerprint = _step3_fingerprint(selection, cfg)
     meta_path = run_dir / "labelled.meta.json"
@@ -802,6 +816,7 @@ def _turn_of(record: dict, corpus: Corpus, u: int) -> int:
 
 # ---- step 4: the training set ----------------------------------------------------------------
 def step4_build_training_set(cfg: dict, echo: Printer = print) -> Path:
+    check_settings(cfg)
     run_dir = Path(cfg["run_dir"])
     labelled = run_dir / "labelled.jsonl"
     made = step_output(run_dir / "labelled.meta.json", 3)

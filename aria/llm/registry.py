@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any, Mapping
 
 from aria.llm.base import ChatModel
-from aria.registry import load_object
+from aria.registry import check_options, load_object
 
 #: name -> "module:Class"; the class takes the config's other keys as keyword arguments.
 POLICIES: dict[str, str] = {
@@ -19,29 +19,6 @@ POLICIES: dict[str, str] = {
     "vllm": "aria.llm.served:ServedChatModel",  # a vLLM server started for the run
     "scripted": "aria.games.question.expert:ScriptedExpertPolicy",  # the scripted expert questioner
 }
-
-
-#: The ranges of the options the policies share, by name: the policies' sections are config
-#: groups of different shapes (no one schema in aria.settings), so these are checked by name.
-OPTION_BOUNDS: dict[str, dict[str, Any]] = {
-    "temperature": {"ge": 0}, "top_p": {"gt": 0, "le": 1}, "timeout_s": {"gt": 0}, "retry_base_delay_s": {"ge": 0},
-    "epsilon": {"ge": 0, "le": 1},
-    # whole numbers
-    "max_tokens": {"ge": 1}, "max_new_tokens": {"ge": 1}, "max_prompt_tokens": {"ge": 1}, "concurrency": {"ge": 1},
-    "max_retries": {"ge": 0},
-}
-WHOLE_OPTIONS = ("max_tokens", "max_new_tokens", "max_prompt_tokens", "concurrency", "max_retries")
-
-
-def _option_problem(key: str, value: Any) -> str | None:
-    from aria.settings import out_of_bounds
-
-    if key not in OPTION_BOUNDS or value is None:
-        return None
-    whole = key in WHOLE_OPTIONS
-    if isinstance(value, bool) or not isinstance(value, int if whole else (int, float)):
-        return "a whole number" if whole else "a number"
-    return out_of_bounds(value if whole else float(value), OPTION_BOUNDS[key])
 
 
 def build_policy(cfg: Mapping[str, Any], setting: str = "policy") -> ChatModel:
@@ -53,10 +30,8 @@ def build_policy(cfg: Mapping[str, Any], setting: str = "policy") -> ChatModel:
 
 def check_policy(cfg: Mapping[str, Any], setting: str = "policy") -> tuple[type, dict[str, Any]]:
     """The class and options of the policy ``cfg`` names, checked before anything loads: a name
-    not registered, a key its class does not take, or a value out of :data:`OPTION_BOUNDS` is a
-    ``ConfigError`` naming ``setting`` (the config section: ``policy``, ``opponent``)."""
-    import inspect
-
+    not registered, or options :func:`aria.registry.check_options` refuses, is a ``ConfigError``
+    naming ``setting`` (the config section: ``policy``, ``opponent``)."""
     from aria.io import ConfigError
 
     options = dict(cfg)
@@ -64,12 +39,7 @@ def check_policy(cfg: Mapping[str, Any], setting: str = "policy") -> tuple[type,
     if kind not in POLICIES:
         raise ConfigError(f"{setting}.name: unknown policy {kind!r} (known: {', '.join(sorted(POLICIES))})")
     policy_class = load_object(POLICIES[kind])
-    known = [p for p in inspect.signature(policy_class).parameters if p not in ("self", "name")]
-    for key, value in options.items():
-        if key not in known:
-            raise ConfigError(f"{setting}.{key}: not an option of the {kind} policy (known: {', '.join(known)})")
-        if wanted := _option_problem(key, value):
-            raise ConfigError(f"{setting}.{key}: expected {wanted}, got {value!r}")
+    check_options(policy_class, options, setting, f"the {kind} policy")
     return policy_class, options
 
 
