@@ -871,8 +871,8 @@ def test_behavioural_intentions_in_steps_2_and_3_by_hand(tmp_path):
     animal_q, none_q = (0.95 + 0.9025) / 3, 0.95 / 2
     assert [t["intention"]["reward"] for r in labelled for t in r["turns"]] == pytest.approx(
         [animal_q, 1.0, animal_q, none_q, 1.0, none_q, animal_q])
-    with pytest.raises(ValueError, match="aggregation.window: expected null"):
-        pipeline.check_labels(dict(cfg, aggregation={**cfg["aggregation"], "window": -1}))
+    with pytest.raises(ValueError, match=re.escape("aggregation.window: expected an integer >= 0 (null: the whole history), got -1")):
+        pipeline.check_settings(dict(cfg, aggregation={**cfg["aggregation"], "window": -1}))
 
 
 def test_behavioural_labels_need_an_offline_oracle(tmp_path, negotiation_trajectories):

@@ -43,6 +43,7 @@ from aria.intention.embed import EmbeddingCache, build_embedder, check_embedder,
 from aria.intention.select import ClusterQuality, choose_k, split_scores
 from aria.io import (ConfigError, DataError, atomic_write_bytes, atomic_write_json, atomic_write_json_rows, atomic_write_jsonl, file_digest,
                      differences, iter_jsonl, json_digest, located, read_json)
+from aria.settings import IntentionSettings, validated
 from aria.trajectories import VectorWidth, iter_trajectories
 
 log = logging.getLogger(__name__)
@@ -214,7 +215,9 @@ WEIGHTS = ("occurrences", "distinct")
 def check_settings(cfg: dict) -> None:
     """What the labelling's settings name from a registry or from each other (the ranges were
     checked with the types, :mod:`aria.settings`), in one line naming the setting before any step
-    reads or embeds anything. Every step starts here."""
+    reads or embeds anything. Every step starts here, so a dict a caller built is checked as a
+    composed config is (its types and ranges too)."""
+    validated(IntentionSettings, cfg, "intention")
     check_clustering(cfg["clustering"])
     check_labels(cfg)
     check_selection(cfg)
