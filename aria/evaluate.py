@@ -120,9 +120,9 @@ def evaluate_model(cfg: Mapping[str, Any]) -> tuple[Path, dict]:
         raise ConfigError(str(err)) from None
     # what would otherwise fail after the policy's model loaded
     if len(two_player) < len(games):
-        from aria.games.question.oracle import check_oracle_name
+        from aria.games.question.oracle import check_oracle
 
-        check_oracle_name(cfg["oracle"]["name"])
+        check_oracle(cfg["oracle"])
     if two_player:
         from aria.games.two_player.glee import config_set
 

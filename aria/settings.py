@@ -2,9 +2,10 @@
 
 Each command's config (a Hydra composition of ``config/<name>.yaml``, or a dict a caller builds)
 goes through :func:`validated` with its schema before any work: a key the schema does not know, a
-value of the wrong type or a mandatory value left as ``???`` is one :class:`~aria.io.ConfigError`
-naming the setting, and what comes back is a plain dict whose values have the declared types
-(``1`` becomes ``1.0`` for a float, ``"3"`` becomes ``3`` for an int).
+value of the wrong type, a value outside the range its field declares (:func:`bounded`) or a
+mandatory value left as ``???`` is one :class:`~aria.io.ConfigError` naming the setting, and what
+comes back is a plain dict whose values have the declared types (``1`` becomes ``1.0`` for a
+float, ``"3"`` becomes ``3`` for an int).
 
 Where the defaults live: the YAML files hold every value and its explanation, so a field that
 the YAML always sets is ``MISSING`` here (no second default to drift from the first). A field
@@ -16,7 +17,7 @@ name) stay strings: the registry checks them and lists the known names. A game s
 schema of its family (:class:`QuestionGameSettings`, :class:`TwoPlayerGameSettings`), checked by
 ``aria.games.family.checked_game`` where a command takes its game. Policy, oracle, opponent and
 embedder sections are config groups whose options differ in shape; the registries that build
-them check them (``aria.llm.registry.build_policy``, ``aria.games.question.oracle.build_oracle``).
+them check them against their classes' parameters (``aria.registry.check_options``).
 """
 from __future__ import annotations
 
@@ -33,10 +34,10 @@ def bounded(*, ge: float | None = None, gt: float | None = None, le: float | Non
             one_of: tuple | None = None, nonempty: bool = False, each: Mapping[str, float] | None = None,
             why: str | None = None, default: Any = MISSING) -> Any:
     """A field whose value must also lie in a range (``ge`` <= v, ``gt`` < v, v <= ``le``,
-    v < ``lt``, finite), be ``one_of`` some names, be a ``nonempty`` list, or a list whose ``each``
-    element obeys the rules given there (``{"ge": 0}``): what a type cannot say, checked by :func:`validated` with the types,
-    so a value that would train anyway, play the wrong seat or fail after the model loaded is one
-    line before any work. ``null`` passes where the field is ``Optional``; ``why`` is said with the
+    v < ``lt``, finite), be ``one_of`` some names, be a ``nonempty`` list, or a list whose
+    ``each`` element obeys the rules given there (``{"ge": 0}``): what a type cannot say, checked
+    by :func:`validated` with the types, so a value that would train anyway, play the wrong seat
+    or fail after the model loaded is one line before any work. ``null`` passes where the field is ``Optional``; ``why`` is said with the
     refusal (what a boundary value means: "0: no clipping")."""
     rules = {name: value for name, value in (("ge", ge), ("gt", gt), ("le", le), ("lt", lt), ("one_of", one_of),
                                              ("nonempty", nonempty or None), ("each", each), ("why", why)) if value is not None}

@@ -61,6 +61,7 @@ def test_the_collection_command_checks_its_counts_per_family_before_any_model_lo
     (["game=twenty_questions", "policy.temperature=-1"], "policy.temperature: expected a finite number >= 0, got -1"),
     (["game=twenty_questions", "policy.name=nope"], "policy.name: unknown policy 'nope' (known: endpoint, local, scripted, vllm)"),
     (["game=twenty_questions", "oracle.name=nope"], "oracle.name: unknown oracle 'nope' (known: "),
+    (["game=twenty_questions", "oracle=llm", "oracle.max_retries=-1"], "oracle.max_retries: expected an integer >= 0, got -1"),
     (["game=bargaining", "config_set=nope"], "config_set: config/game/bargaining.yaml has no config set 'nope'"),
     (["game=bargaining", "opponent=endpoint", "opponent.temperature=-1"], "opponent.temperature: expected a finite number >= 0"),
 ])

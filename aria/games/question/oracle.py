@@ -54,12 +54,22 @@ def register_oracle(name: str):
     return wrap
 
 
-def check_oracle_name(name: str) -> None:
-    """``oracle.name`` is registered (a ``ConfigError`` naming the setting, before anything loads)."""
-    if name not in ORACLES:
-        from aria.io import ConfigError
+def check_oracle(cfg: Mapping[str, Any]) -> Callable[..., Oracle]:
+    """The factory of the oracle ``cfg`` names, its options checked before anything loads (an
+    unknown name, a key it does not take, a value out of range: a ``ConfigError`` naming
+    ``oracle.<key>``, :func:`aria.registry.check_options`)."""
+    from aria.io import ConfigError
+    from aria.registry import check_options
 
+    options = dict(cfg)
+    name = options.pop("name", None)
+    if name not in ORACLES:
         raise ConfigError(f"oracle.name: unknown oracle {name!r} (known: {', '.join(sorted(ORACLES))})")
+    factory = ORACLES[name]
+    if isinstance(factory, str):
+        factory = load_object(factory)
+    check_options(factory, options, "oracle", f"the {name} oracle")
+    return factory
 
 
 def build_oracle(cfg: Mapping[str, Any], game_cfg: Mapping[str, Any]) -> Oracle:
@@ -68,13 +78,8 @@ def build_oracle(cfg: Mapping[str, Any], game_cfg: Mapping[str, Any]) -> Oracle:
     ``game_cfg`` is the game's config (its data files and answer strings), which the
     knowledge-base oracle needs and the others may use for their answer sets.
     """
-    options = dict(cfg)
-    name = options.pop("name")
-    check_oracle_name(name)
-    factory = ORACLES[name]
-    if isinstance(factory, str):
-        factory = load_object(factory)
-    return factory(game_cfg=dict(game_cfg), **options)
+    factory = check_oracle(cfg)
+    return factory(game_cfg=dict(game_cfg), **{k: v for k, v in cfg.items() if k != "name"})
 
 
 def normalize_yes_no(text: str, invalid: str = "Invalid Question.") -> str:

@@ -24,7 +24,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 from aria.games.base import structured_output
 from aria.games.question.game import QuestionGame, Target, build_game, target_schedule
-from aria.games.question.oracle import Oracle, OracleRequest, build_oracle, check_oracle_name
+from aria.games.question.oracle import Oracle, OracleRequest, build_oracle, check_oracle
 from aria.llm.base import ChatModel, OutputFormat, concurrent
 from aria.llm.registry import build_policy
 from aria.scheduler import PlaySummary, run_games
@@ -184,7 +184,7 @@ def collect_questions(cfg: Mapping[str, Any]) -> PlaySummary:
     """A question-game collection from a (Hydra) config: ``game``, ``policy``, ``oracle`` + run
     options (:func:`aria.games.family.collect_from_config` checks the counts first)."""
     game = build_game(cfg["game"])
-    check_oracle_name(cfg["oracle"]["name"])  # before the policy's model loads
+    check_oracle(cfg["oracle"])  # before the policy's model loads
     policy = build_policy(cfg["policy"])
     try:
         oracle = build_oracle(cfg["oracle"], cfg["game"])
