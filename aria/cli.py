@@ -46,7 +46,7 @@ def number(kind: type = int, **rules: float) -> Callable[[str], Any]:
         try:
             value = kind(text)
         except ValueError:
-            raise argparse.ArgumentTypeError(f"expected {'a whole number' if kind is int else 'a number'}, got {text!r}") from None
+            raise argparse.ArgumentTypeError(f"expected {'an integer' if kind is int else 'a number'}, got {text!r}") from None
         if problem := out_of_bounds(value, rules):
             raise argparse.ArgumentTypeError(f"expected {problem}, got {text}")
         return value

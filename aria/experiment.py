@@ -540,12 +540,15 @@ def check_settings(cfg: dict) -> dict:
 
     cfg = validated(ExperimentSettings, cfg, "experiment")
     cfg["game"] = checked_game(cfg["game"])
-    # what failed only when first used: the model after the expert's games, the launcher at the first training
-    if not resolve_model_path(cfg["base_model"]).is_dir():
+    # what failed only when first used: the model after the expert's games, the launcher at the
+    # first training (a report of finished stages needs neither)
+    if not cfg["report_only"] and not resolve_model_path(cfg["base_model"]).is_dir():
         raise ConfigError(f"base_model: {cfg['base_model']!r} is no model folder (give a Hugging Face model folder, or embedded)")
-    if cfg["launcher"] and shutil.which((shlex.split(cfg["launcher"]) or [""])[0]) is None:
+    if not cfg["report_only"] and cfg["launcher"] and shutil.which((shlex.split(cfg["launcher"]) or [""])[0]) is None:
         raise ConfigError(f"launcher: {cfg['launcher']!r} does not start with a command on PATH "
                           "(e.g. accelerate launch --config_file config/accelerate/gpu_8.yaml; null: train in this process)")
+    if cfg["warm_start"]["enabled"] and cfg["warm_start"]["games"] < 1:
+        raise ConfigError(f"warm_start.games: expected an integer >= 1 (or warm_start.enabled=false), got {cfg['warm_start']['games']}")
     check_variants(cfg["variants"], METHODS)
     unknown = [m for m in cfg["methods"] if m not in METHODS and m not in cfg["variants"]]
     if unknown:

@@ -52,15 +52,19 @@ def weight_change_share(parent: Path, child: Path, dtype: str = "float32") -> di
     if dtype not in DTYPES:
         raise ValueError(f"dtype: unknown {dtype!r} (known: {', '.join(DTYPES)})")
     theirs, ours = _tensors(parent), _tensors(child)
-    if set(theirs) != set(ours):
-        raise ValueError(f"{child} and {parent} hold different tensors: only in the child "
+    if set(theirs) != set(ours):  # not a model and its trained copy: the caller's arguments
+        from aria.io import ConfigError
+
+        raise ConfigError(f"{child} and {parent} hold different tensors: only in the child "
                          f"{sorted(set(ours) - set(theirs))[:3]}, only in the parent {sorted(set(theirs) - set(ours))[:3]}")
     elements = changed = changed_float32 = 0
     for name in sorted(ours):
         with safe_open(str(theirs[name]), "pt") as a, safe_open(str(ours[name]), "pt") as b:
             before, after = a.get_tensor(name), b.get_tensor(name)
         if before.shape != after.shape:
-            raise ValueError(f"{child}: tensor {name} has shape {tuple(after.shape)}, the parent's {tuple(before.shape)}")
+            from aria.io import ConfigError
+
+            raise ConfigError(f"{child}: tensor {name} has shape {tuple(after.shape)}, the parent's {tuple(before.shape)}")
         elements += after.numel()
         changed_float32 += int((before.float() != after.float()).sum())
         changed += int((before.to(DTYPES[dtype]) != after.to(DTYPES[dtype])).sum())
@@ -127,6 +131,8 @@ def movement(parent: Path, child: Path, samples: Sequence[dict], served_dtype: s
             if not isinstance(s, dict) or not isinstance(s.get(key), kind):
                 raise DataError(source, None, f"sample {i}.{key}", f"expected a {kind.__name__} (a pipeline step-4 sample)")
     steps = list(samples)
+    if not steps:
+        raise DataError(source, None, None, "no steps to compare the models on (an empty list)")
     if max_steps is not None and len(steps) > max_steps:
         steps = random.Random(seed).sample(steps, max_steps)
     encoding = Encoding.saved_in(Path(child), Encoding())

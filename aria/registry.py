@@ -20,7 +20,7 @@ def load_object(path: str) -> Any:
 #: aria.settings, so their options are checked by name.
 OPTION_BOUNDS: dict[str, dict[str, float]] = {
     "temperature": {"ge": 0}, "top_p": {"gt": 0, "le": 1}, "timeout_s": {"gt": 0}, "retry_base_delay_s": {"ge": 0},
-    "epsilon": {"ge": 0, "le": 1},
+    "epsilon": {"ge": 0, "le": 1}, "strength": {"ge": 0, "le": 1},
     # whole numbers (WHOLE_OPTIONS)
     "max_tokens": {"ge": 1}, "max_new_tokens": {"ge": 1}, "max_prompt_tokens": {"ge": 1}, "concurrency": {"ge": 1},
     "max_retries": {"ge": 0}, "batch_size": {"ge": 1}, "dimensions": {"ge": 1},
@@ -35,10 +35,12 @@ def check_options(cls: type, options: Mapping[str, Any], setting: str, what: str
     does not know is a ``ConfigError`` naming ``setting.key`` (``what``: "the local policy")."""
     from aria.io import ConfigError
 
-    known = [p for p in inspect.signature(cls).parameters if p not in ("self", "name")]
+    parameters = inspect.signature(cls).parameters.values()
+    open_ended = any(p.kind is p.VAR_KEYWORD for p in parameters)  # takes any key: only the ranges are checked
+    known = [p.name for p in parameters if p.name not in ("self", "name") and p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL)]
     for key, value in options.items():
-        if key not in known:
-            raise ConfigError(f"{setting}.{key}: not an option of {what} (known: {', '.join(known)})")
+        if key not in known and not open_ended:
+            raise ConfigError(f"{setting}.{key}: not an option of {what} (known: {', '.join(known) or 'none'})")
         if wanted := _option_problem(key, value):
             raise ConfigError(f"{setting}.{key}: expected {wanted}, got {value!r}")
 
@@ -60,5 +62,5 @@ def _option_problem(key: str, value: Any) -> str | None:
         return None
     whole = key in WHOLE_OPTIONS
     if isinstance(value, bool) or not isinstance(value, int if whole else (int, float)):
-        return "a whole number" if whole else "a number"
+        return "an integer" if whole else "a number"
     return out_of_bounds(value if whole else float(value), OPTION_BOUNDS[key])

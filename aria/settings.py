@@ -30,6 +30,20 @@ from omegaconf.errors import OmegaConfBaseException
 
 from aria.io import ConfigError
 
+class Required(ValueError):
+    """A value a preset leaves to the command line (``${required:setting,example}``)."""
+
+
+def _required(setting: str, example: str = "...") -> Any:
+    raise Required(f"no value given (this preset needs one): set it on the command line, e.g. {setting}={example}")
+
+
+# A preset cannot leave a value as ``???`` over one its defaults set (OmegaConf keeps the earlier
+# value: experiment=paper_single would train the embedded model); ``${required:...}`` refuses
+# instead, when the config is resolved (:func:`validated`).
+OmegaConf.register_new_resolver("required", _required, replace=True)
+
+
 def bounded(*, ge: float | None = None, gt: float | None = None, le: float | None = None, lt: float | None = None,
             one_of: tuple | None = None, nonempty: bool = False, each: Mapping[str, float] | None = None,
             why: str | None = None, default: Any = MISSING) -> Any:
@@ -153,7 +167,7 @@ class EngineTrainSettings:
     warmup_ratio: float = bounded(ge=0, le=1)
     warmup_steps: Optional[int] = bounded(ge=0)
     max_grad_norm: float = bounded(ge=0, why="0: no clipping")
-    mixed_precision: str = bounded(one_of=("auto", "no", "bf16", "fp16"))
+    mixed_precision: str = bounded(one_of=("auto", "no", "bf16", "fp16", "fp8"))
     save_freq: int = bounded(ge=1)
     keep_checkpoints: Optional[int] = bounded(ge=1)
 
@@ -178,14 +192,14 @@ class LoggingSettings:
 class GradVarianceSettings:
     methods: List[str] = bounded(nonempty=True)
     max_samples: int = bounded(ge=1)
-    seed: int = MISSING
+    seed: int = bounded(ge=0)
     out: str = MISSING
 
 
 @dataclass
 class TrainerSettings:
     """config/reinforce_llm.yaml: the offline trainer (and scripts/grad_variance.py)."""
-    seed: int = MISSING
+    seed: int = bounded(ge=0)
     device: str = MISSING
     output_dir: str = MISSING
     scale_name: str = MISSING
@@ -319,7 +333,7 @@ class CriticLoggingSettings:
 @dataclass
 class CriticTrainerSettings:
     """config/critic.yaml: ArCHer's critic (aria.trainers.archer)."""
-    seed: int = MISSING
+    seed: int = bounded(ge=0)
     device: str = MISSING
     output_dir: str = MISSING
     out: str = MISSING
@@ -334,9 +348,9 @@ class CriticTrainerSettings:
 @dataclass
 class WarmStartSettings:
     enabled: bool = MISSING
-    games: int = bounded(ge=1)
+    games: int = bounded(ge=0)  # >= 1 when enabled (aria.experiment.check_settings)
     epsilon: float = bounded(ge=0, le=1)
-    seed: int = MISSING
+    seed: int = bounded(ge=0)
     train_overrides: List[str] = MISSING
 
 
@@ -354,7 +368,7 @@ class PlaySettings:
 
 @dataclass
 class EvalPlaySettings(PlaySettings):
-    seed: int = MISSING
+    seed: int = bounded(ge=0)
     opponent: Optional[Any] = None  # two-player: who sits in the other seat (config/opponent/)
 
 
@@ -624,6 +638,16 @@ def validated(schema: type, cfg: Mapping | Any, where: str = "") -> dict:
     return values
 
 
+def resolved(cfg: Any) -> dict:
+    """A Hydra config as a plain dict, its interpolations resolved (``${required:...}`` too), for
+    the trainers' launch modules, which hand it to a trainer that validates it; a value that
+    cannot be resolved is one :class:`ConfigError` naming the setting."""
+    try:
+        return OmegaConf.to_container(cfg, resolve=True)
+    except OmegaConfBaseException as err:
+        raise ConfigError(_one_line(err, "")) from None
+
+
 def _one_line(err: OmegaConfBaseException, where: str) -> str:
     key = getattr(err, "full_key", None) or "?"
     message = str(getattr(err, "msg", None) or err).strip().splitlines()[0]
@@ -632,5 +656,7 @@ def _one_line(err: OmegaConfBaseException, where: str) -> str:
                   f"{key}=..."
     elif type(err).__name__ == "ConfigKeyError":
         message = f"not a setting of this command ({message})"
+    elif "no value given (this preset needs one)" in message:  # a ${required:...} left unset
+        message = message[message.index("no value given"):]
     return f"{where + ': ' if where else ''}{key}: {message}"
 

@@ -148,7 +148,7 @@ def test_argument_types_with_ranges_by_hand(capsys):
     parser.add_argument("--device", type=torch_device)
     assert vars(parser.parse_args(["--n", "1", "--share", "1", "--device", "cuda:1"])) == {"n": 1, "share": 1.0, "device": "cuda:1"}
     for args, message in [(["--n", "0"], "argument --n: expected an integer >= 1, got 0"),
-                          (["--n", "two"], "argument --n: expected a whole number, got 'two'"),
+                          (["--n", "two"], "argument --n: expected an integer, got 'two'"),
                           (["--share", "nan"], "argument --share: expected a finite number >= 0 and <= 1, got nan"),
                           (["--device", "gpu"], "argument --device: expected a torch device (cpu, cuda, cuda:1), got 'gpu'")]:
         with pytest.raises(SystemExit) as stop:

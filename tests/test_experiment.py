@@ -714,6 +714,29 @@ def test_arm_movement_and_preflight_settings_are_checked_before_any_work(overrid
         experiment.check_settings(compose_config("experiment", [override]))
 
 
+@pytest.mark.parametrize("overrides, message", [
+    (["oracle=llm", "oracle.timeout_s=-1"], "oracle.timeout_s: expected a finite number > 0, got -1"),
+    (["+oracle.bogus=1"], "oracle.bogus: not an option of the knowledge_base oracle"),
+    (["experiment=bargaining", "+eval.opponent.bogus=1"], "eval.opponent.bogus: not an option of the scripted opponent (known: strength)"),
+    (["experiment=bargaining", "eval.opponent.strength=2"], "eval.opponent.strength: expected a finite number >= 0 and <= 1, got 2"),
+    (["warm_start.games=0"], "warm_start.games: expected an integer >= 1 (or warm_start.enabled=false), got 0"),
+])
+def test_the_oracle_and_the_opponent_are_checked_before_any_work(overrides, message):
+    """Before: an oracle option was refused after the policy's server started, an opponent's at
+    the first evaluation, hours in."""
+    from aria.io import ConfigError
+
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        experiment.check_settings(compose_config("experiment", overrides))
+
+
+def test_a_report_needs_neither_the_model_nor_the_launcher():
+    cfg = experiment.check_settings(compose_config("experiment", ["report_only=true", "base_model=/not/here",
+                                                                  "launcher=nosuchcommand launch"]))
+    assert cfg["base_model"] == "/not/here"
+    experiment.check_settings(compose_config("experiment", ["warm_start.enabled=false", "warm_start.games=0"]))
+
+
 def test_arms_with_signed_weights_train_with_the_bounded_loss_and_the_others_with_the_papers():
     """The paper's single-agent preset lists StarPO and GiGPO beside ARIA: their normalised
     advantages are signed, and plain REINFORCE on fixed data drives a negative step's

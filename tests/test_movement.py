@@ -46,8 +46,10 @@ def test_weight_change_share_by_hand(tmp_path, tiny_model_dir):
     other.mkdir()
     tensors = load_file(str(tmp_path / "child" / "model.safetensors"))
     save_file({**tensors, "extra.weight": torch.zeros(2)}, str(other / "model.safetensors"))
-    with pytest.raises(ValueError, match=r"hold different tensors: only in the child \['extra.weight'\]"):
-        weight_change_share(tmp_path / "parent", other)
+    from aria.io import ConfigError
+
+    with pytest.raises(ConfigError, match=r"hold different tensors: only in the child \['extra.weight'\]"):
+        weight_change_share(tmp_path / "parent", other)  # the command's arguments: one line (aria.cli.command)
 
 
 def brute_force(parent, child, encoded) -> tuple[float, list[float]]:
@@ -115,3 +117,6 @@ def test_the_script_writes_its_result_and_names_a_bad_sample(tmp_path, tiny_mode
     done = run_script(script, str(tiny_model_dir), str(tiny_model_dir), str(steps))
     assert done.returncode == 2 and done.stderr.strip() == f"error: {steps}, field 'sample 0.success': expected a bool " \
         "(a pipeline step-4 sample)"
+    steps.write_text("[]")  # before: a traceback (the script's own catch was replaced by aria.cli.command)
+    done = run_script(script, str(tiny_model_dir), str(tiny_model_dir), str(steps))
+    assert done.returncode == 2 and done.stderr.strip() == f"error: {steps}: no steps to compare the models on (an empty list)"

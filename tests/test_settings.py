@@ -187,6 +187,44 @@ OUT_OF_BOUNDS = [
 ]
 
 
+@pytest.mark.parametrize(("name", "overrides", "setting"), [
+    ("experiment", ["experiment=paper_single"], "base_model"),
+    ("reinforce_llm", ["scale=paper"], "model.path"),
+    ("onlinereinforce_llm", ["online_scale=paper"], "model.path"),
+])
+def test_a_preset_that_needs_a_model_refuses_to_run_without_one(name, overrides, setting):
+    """Before: the preset's ``???`` lost to the value its defaults set (OmegaConf keeps it), so
+    experiment=paper_single trained the embedded 135M model as if it were Llama-3-8B."""
+    with pytest.raises(ConfigError) as refused:
+        compose_config(name, overrides)
+    assert str(refused.value) == (f"{name}: {setting}: no value given (this preset needs one): set it on the command "
+                                  f"line, e.g. {setting}=/models/Meta-Llama-3-8B-Instruct")
+    assert compose_config(name, [*overrides, f"{setting}=/models/llama"])[setting.split(".")[0]]
+
+
+def test_options_of_a_registered_class_by_hand():
+    """aria.registry.check_options: a key the constructor does not take, a value out of the shared
+    ranges; a constructor taking **options accepts any key, ranges still checked."""
+    from aria.registry import check_options
+
+    class Fixed:
+        def __init__(self, game_cfg, temperature: float = 1.0):
+            pass
+
+    class Open:
+        def __init__(self, game_cfg, **options):
+            pass
+
+    check_options(Fixed, {"temperature": 0}, "oracle", "the fixed oracle")
+    with pytest.raises(ConfigError, match=r"^oracle.top_k: not an option of the fixed oracle \(known: game_cfg, temperature\)$"):
+        check_options(Fixed, {"top_k": 5}, "oracle", "the fixed oracle")
+    check_options(Open, {"top_k": 5, "temperature": 0.0}, "oracle", "the open oracle")
+    with pytest.raises(ConfigError, match=r"^oracle.temperature: expected a finite number >= 0, got -1$"):
+        check_options(Open, {"temperature": -1}, "oracle", "the open oracle")
+    with pytest.raises(ConfigError, match=r"^oracle.max_retries: expected an integer, got 2.5$"):
+        check_options(Open, {"max_retries": 2.5}, "oracle", "the open oracle")
+
+
 @pytest.mark.parametrize(("name", "overrides", "message"), OUT_OF_BOUNDS, ids=[f"{n}:{o[0]}" for n, o, _ in OUT_OF_BOUNDS])
 def test_a_value_out_of_its_range_is_refused_where_the_config_enters(name, overrides, message):
     with pytest.raises(ConfigError) as refused:

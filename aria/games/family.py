@@ -152,7 +152,9 @@ class QuestionFamily:
         return summary.failed
 
     def check_experiment(self, cfg):
-        pass  # the question sections' counts are checked with every family's (aria.experiment.check_settings)
+        from aria.games.question.oracle import check_oracle
+
+        check_oracle(cfg["oracle"])  # the counts are checked with the types (aria.settings)
 
     def headline(self, summary):
         return summary["success_rate"], summary["success_rate_ci95"], summary["finished"], summary["failed"]
@@ -272,7 +274,7 @@ class TwoPlayerFamily:
 
     def check_experiment(self, cfg):
         from aria.games.two_player.glee import config_set
-        from aria.games.two_player.play import schema_options
+        from aria.games.two_player.play import check_player, schema_options
 
         if cfg["warm_start"]["enabled"]:
             raise ConfigError(f"warm_start.enabled: the scripted expert plays question games, not {cfg['game']['name']}; "
@@ -286,6 +288,7 @@ class TwoPlayerFamily:
             config_set(cfg["game"], section["config_set"], f"{name}.config_set")
         if not cfg["eval"].get("opponent"):
             raise ConfigError("eval.opponent: a two-player evaluation needs an opponent (see config/experiment/bargaining.yaml)")
+        check_player(cfg["eval"]["opponent"], "eval.opponent")
 
     def headline(self, summary):
         o = summary["overall"]  # both seats

@@ -212,12 +212,12 @@ def _load_npz(path: Path, step: int) -> dict[str, np.ndarray]:
 WEIGHTS = ("occurrences", "distinct")
 
 
-def check_settings(cfg: dict) -> None:
-    """What the labelling's settings name from a registry or from each other (the ranges were
-    checked with the types, :mod:`aria.settings`), in one line naming the setting before any step
-    reads or embeds anything. Every step starts here, so a dict a caller built is checked as a
-    composed config is (its types and ranges too)."""
-    validated(IntentionSettings, cfg, "intention")
+def check_settings(cfg: dict) -> dict:
+    """The labelling's settings checked, in one line naming the setting before any step reads or
+    embeds anything: their types and ranges (:mod:`aria.settings`; a dict a caller built is
+    checked as a composed config is, and comes back typed), then what they name from a registry
+    or from each other. Every step starts here."""
+    cfg = {**validated(IntentionSettings, cfg, "intention"), "game": cfg["game"]}  # the game as its family checked it
     check_clustering(cfg["clustering"])
     check_labels(cfg)
     check_selection(cfg)
@@ -227,6 +227,7 @@ def check_settings(cfg: dict) -> None:
     if agg["mode"] not in AGGREGATION_MODES:
         raise ConfigError(f"aggregation.mode: unknown {agg['mode']!r} (known: {', '.join(AGGREGATION_MODES)})")
     check_embedder(cfg["embedder"])
+    return cfg
 
 
 def check_clustering(clustering: dict) -> None:
@@ -249,7 +250,7 @@ def _step1_settings(cfg: dict, corpus: Corpus, files: list[Path]) -> dict:
 
 
 def step1_embed_and_cluster(cfg: dict, echo: Printer = print) -> dict:
-    check_settings(cfg)
+    cfg = check_settings(cfg)
     run_dir = Path(cfg["run_dir"])
     clustering = cfg["clustering"]
     corpus, records, files = load_corpus(cfg)
@@ -479,7 +480,7 @@ def _fixed_k(selection: dict, pools: list[str]) -> dict[str, int] | None:
 
 
 def step2_select_k(cfg: dict, echo: Printer = print) -> dict:
-    check_settings(cfg)
+    cfg = check_settings(cfg)
     run_dir = Path(cfg["run_dir"])
     summary = step_output(run_dir / "utterances.json", 1)
     selection_cfg, agg_cfg = cfg["selection"], cfg["aggregation"]
@@ -742,7 +743,7 @@ def _agg_args(agg_cfg: dict) -> dict:
 
 # ---- step 3: apply the chosen labels -------------------------------------------------------
 def step3_apply_labels(cfg: dict, echo: Printer = print) -> Path:
-    check_settings(cfg)
+    cfg = check_settings(cfg)
     run = read_labelled_run(cfg)
     run_dir, selection, corpus, records = run.run_dir, run.selection, run.corpus, run.records
     out_path = run_dir / "labelled.jsonl"
@@ -819,7 +820,7 @@ def _turn_of(record: dict, corpus: Corpus, u: int) -> int:
 
 # ---- step 4: the training set ----------------------------------------------------------------
 def step4_build_training_set(cfg: dict, echo: Printer = print) -> Path:
-    check_settings(cfg)
+    cfg = check_settings(cfg)
     run_dir = Path(cfg["run_dir"])
     labelled = run_dir / "labelled.jsonl"
     made = step_output(run_dir / "labelled.meta.json", 3)

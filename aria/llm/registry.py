@@ -44,6 +44,6 @@ def check_policy(cfg: Mapping[str, Any], setting: str = "policy") -> tuple[type,
 
 
 def reply_tokens_key(policy_cfg) -> str:
-    """The policy config's name for the reply length: ``max_tokens`` for a served model (the
-    OpenAI API's), ``max_new_tokens`` for a local transformers model."""
-    return "max_tokens" if policy_cfg["name"] == "endpoint" else "max_new_tokens"
+    """The policy config's name for the reply length: ``max_new_tokens`` for a local transformers
+    model, ``max_tokens`` for a served one (the OpenAI API's: endpoint, vllm)."""
+    return "max_new_tokens" if policy_cfg["name"] == "local" else "max_tokens"

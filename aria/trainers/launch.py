@@ -12,9 +12,9 @@ training (exit 2); Ctrl-C exits 130 with the checkpoints kept.
 from __future__ import annotations
 
 import hydra
-from omegaconf import OmegaConf
 
 from aria.cli import checkpoints_in, command
+from aria.settings import resolved
 
 
 def run(cfg) -> dict:
@@ -22,7 +22,7 @@ def run(cfg) -> dict:
     from aria.trainers.methods import trainer_for
 
     with command(kept=lambda: checkpoints_in(cfg.output_dir)):
-        config = OmegaConf.to_container(cfg, resolve=True)
+        config = resolved(cfg)
         trainer = trainer_for(config)(config)
         result = trainer.train()
     if trainer.accelerator.is_main_process:

@@ -10,9 +10,9 @@ naming the file, sample and field (exit 2).
 from __future__ import annotations
 
 import hydra
-from omegaconf import OmegaConf
 
 from aria.cli import checkpoints_in, command
+from aria.settings import resolved
 
 
 def run(cfg) -> dict:
@@ -20,7 +20,7 @@ def run(cfg) -> dict:
     from aria.trainers.archer import CriticTrainer
 
     with command(kept=lambda: checkpoints_in(cfg.output_dir)):
-        trainer = CriticTrainer(OmegaConf.to_container(cfg, resolve=True))
+        trainer = CriticTrainer(resolved(cfg))
         result = trainer.train()
     if trainer.accelerator.is_main_process:
         held_out = (f"; held out ({result['eval_steps']} steps): TD error (MSE) {result['eval_td_mse']:.4f}, won above "

@@ -11,9 +11,9 @@ the library never runs a script by its path. Re-running resumes from the newest 
 from __future__ import annotations
 
 import hydra
-from omegaconf import OmegaConf
 
 from aria.cli import checkpoints_in, command
+from aria.settings import resolved
 
 
 def run(cfg) -> dict:
@@ -21,7 +21,7 @@ def run(cfg) -> dict:
     from aria.trainers.reward_model import RewardModelTrainer
 
     with command(kept=lambda: checkpoints_in(cfg.output_dir)):
-        trainer = RewardModelTrainer(OmegaConf.to_container(cfg, resolve=True))
+        trainer = RewardModelTrainer(resolved(cfg))
         result = trainer.train()
     if trainer.accelerator.is_main_process:
         held_out = (f"; held out ({result['eval_samples']} samples): loss {result['eval_loss']:.4f}, "

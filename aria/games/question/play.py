@@ -182,7 +182,7 @@ def _record_turn(game: QuestionGame, g: _LiveGame, action: str, question: str | 
 # ---- building the pieces from config ----------------------------------------------------
 def collect_questions(cfg: Mapping[str, Any]) -> PlaySummary:
     """A question-game collection from a (Hydra) config: ``game``, ``policy``, ``oracle`` + run
-    options (:func:`aria.games.family.collect_from_config` checks the counts first)."""
+    options (:func:`aria.games.family.collect_from_config` checks the settings first)."""
     game = build_game(cfg["game"])
     check_oracle(cfg["oracle"])  # before the policy's model loads
     policy = build_policy(cfg["policy"])

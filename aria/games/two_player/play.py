@@ -340,9 +340,28 @@ def _record(game: str, g: _LiveGame, seed: int) -> dict:
 
 
 # ---- building from config ---------------------------------------------------------------------
+def check_player(cfg: Mapping[str, Any], setting: str = "opponent") -> None:
+    """A seat's config checked before any model loads: ``self`` takes no options, ``scripted`` a
+    ``strength`` in [0, 1], a policy its own (:func:`aria.llm.registry.check_policy`); a problem
+    is a ``ConfigError`` naming ``setting.<key>``."""
+    from aria.llm.registry import check_policy
+    from aria.registry import check_options
+
+    options = dict(cfg)
+    kind = options.pop("name", None)
+    # the two built-in seats' options, as the signatures check_options reads
+    if kind == "self":
+        check_options(lambda: None, options, setting, "the self opponent (the policy itself)")
+    elif kind == "scripted":
+        check_options(lambda strength=1.0: None, options, setting, "the scripted opponent")
+    else:
+        check_policy(cfg, setting)
+
+
 def build_player(cfg: Mapping[str, Any], game: str, policy: PolicyPlayer | None = None):
     """A seat's player from config: ``{name: self}`` (the policy), ``{name: scripted, strength}``,
     or a policy config (``local`` / ``endpoint``) for a separate model."""
+    check_player(cfg)
     options = dict(cfg)
     kind = options.pop("name")
     if kind == "self":
@@ -360,12 +379,9 @@ def collect_two_player_from_config(cfg: Mapping[str, Any]) -> PlaySummary:
     """Self-play (or policy vs opponent) collection from a Hydra config (``config/collect.yaml``)."""
     from aria.llm.registry import build_policy
 
-    from aria.llm.registry import check_policy
-
     game_cfg = cfg["game"]
     configs = config_set(game_cfg, cfg["config_set"])  # what can be checked, before a model loads
-    if cfg["opponent"]["name"] not in ("self", "scripted"):
-        check_policy(cfg["opponent"], "opponent")
+    check_player(cfg["opponent"], "opponent")
     policy = PolicyPlayer(build_policy(cfg["policy"]))
     seats = {"alice": policy, "bob": policy}
     try:
