@@ -90,6 +90,17 @@ def test_an_evaluation_refuses_an_unknown_oracle_or_config_set_before_the_model_
     assert str(refused.value).startswith(message)
 
 
+@pytest.mark.parametrize("policy", ["local", "endpoint", "vllm"])
+def test_the_two_player_reply_length_is_an_option_of_every_policy(policy):
+    """The two-player evaluation sets the reply length under the policy's own key (before:
+    max_new_tokens for vllm, which only takes max_tokens)."""
+    from aria.llm.registry import check_policy, reply_tokens_key
+
+    cfg = compose_config("eval", [f"policy={policy}"])["policy"]
+    check_policy({**cfg, reply_tokens_key(cfg): 64})
+    assert reply_tokens_key(cfg) in cfg
+
+
 def test_no_module_outside_the_families_tests_a_game_config_for_its_kind():
     """The family is decided by family_of alone: a new family is one class, not a hunt for branches."""
     # a game config's kind: game_cfg.get("kind"), cfg["game"]["kind"], load_game_config(name).get("kind"), ...
