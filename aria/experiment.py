@@ -229,16 +229,18 @@ def label(cfg: dict, trajectories: Path, out_dir: Path, seed: int, echo: Printer
         pipeline.step3_apply_labels(c, quiet)
         pipeline.step4_build_training_set(c, quiet)
     chosen = report["chosen"]["k"]
-    echo(f"[experiment] labelled {trajectories.name}: k = {chosen}")
+    on = " (trains on the behavioural intentions)" if c["labels"] == "behavioural" and steps >= 3 else ""
+    echo(f"[experiment] labelled {trajectories.name}: k = {chosen}{on}")
     if steps >= 4:  # said before training: where keys are not shared, ARIA trains as its ablation
+        from aria.experiment_report import preflight_row_name
+
         found = pipeline.preflight(c, cfg["report"]["preflight_ks"])
         atomic_write_json(out_dir / "preflight.json", found)
         window = "" if found["window"] is None else f" (keys of the last {found['window']} turns)"
-        echo(f"[experiment] pre-flight: steps that share their intention key with another step{window}: " + "; ".join(
-            f"{'behavioural intentions' if r.get('labels') == 'behavioural' else 'k'} = "
-            f"{'/'.join(map(str, set(r['k'].values())))}{' (chosen)' if r['chosen'] else ''} {100 * r['shared']:.0f}%"
-            for r in found["rows"]))
+        echo(f"[experiment] pre-flight: steps that share their intention key with another step{window}: "
+             + "; ".join(f"{preflight_row_name(r)} {100 * r['shared']:.0f}%" for r in found["rows"]))
     return out_dir / "train.json"
+
 
 
 def critic_summary(found: dict) -> str:

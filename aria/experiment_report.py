@@ -191,6 +191,16 @@ def collect_results(cfg: dict) -> dict[str, Any]:
             "intention_recovery": recovery, "behaviour": behaviour}
 
 
+def preflight_row_name(row: dict) -> str:
+    """``k = 8 (chosen, trained on)``, ``behavioural intentions = 175 (trained on)``: a pre-flight row's labels, step 2's
+    choice and the labels the training set used (files written before ``trained`` was recorded say
+    only which k step 2 chose)."""
+    k = "/".join(map(str, sorted(set(row["k"].values()))))
+    marks = [mark for mark, on in (("chosen", row["chosen"]), ("trained on", row.get("trained", False))) if on]
+    name = f"behavioural intentions = {k}" if row.get("labels") == "behavioural" else f"k = {k}"
+    return name + (f" ({', '.join(marks)})" if marks else "")
+
+
 def behaviour_at_chosen_k(selection_path: Path) -> dict | None:
     """A collection's clusters against its behavioural intentions (step 2's ``behaviour``
     section) at the chosen k, and the k whose R~ is closest to the behavioural R~."""
@@ -260,9 +270,7 @@ def render_table(results: dict[str, Any]) -> str:
                   "| collection | k | steps sharing | by turn | mean abs(R̃ − R) | Var(R̃)/Var(R) |", "|---|---|---|---|---|---|"]
         for name, found in results["preflight"].items():
             for r in found["rows"]:
-                k = "/".join(map(str, sorted(set(r["k"].values())))) + (" (chosen)" if r["chosen"] else "")
-                if r.get("labels") == "behavioural":
-                    k = f"behavioural intentions ({k})"
+                k = preflight_row_name(r).removeprefix("k = ")
                 turns = ", ".join(f"{t}: {percent(v)}" for t, v in r["shared_by_turn"].items())
                 ratio = "–" if r["variance_ratio"] is None else f"{r['variance_ratio']:.3f}"
                 mean = "–" if r["mean_abs_change"] is None else f"{r['mean_abs_change']:.4f}"

@@ -500,6 +500,7 @@ class SelectionSettings:
     epsilon: float = bounded(ge=0)
     tau: int = bounded(ge=0)
     fixed_k: Any = MISSING  # null, an int, or {pool: int}: checked by aria.intention.pipeline (no union type here)
+    keys: str = bounded(one_of=("aggregation", "whole_history"), default="aggregation")  # the keys SplitScore's R~ is aggregated under
     silhouette_sample: int = bounded(ge=2)
 
 

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from aria import experiment
-from aria.experiment_report import mcnemar, render_table, wilson_interval
+from aria.experiment_report import mcnemar, preflight_row_name, render_table, wilson_interval
 from aria.games.family import family_of
 from aria.io import atomic_write_json
 from aria.resources import compose_config, config_dir
@@ -197,7 +197,8 @@ def test_the_runner_resumes_at_every_stage_to_the_same_table(tmp_path, tiny_expe
                                           "seed 0, no_aggregation, iteration 2"]
     first = results["preflight"]["seed 0, iteration 1 (shared)"]
     assert [(r["chosen"], r.get("labels")) for r in first["rows"]] == [(True, None), (False, "behavioural")]
-    assert all(0 <= r["shared"] <= 1 for r in first["rows"]) and "| behavioural intentions (" in table
+    assert all(0 <= r["shared"] <= 1 for r in first["rows"]) and "| behavioural intentions = " in table
+    assert f"| {first['rows'][0]['k']['questions']} (chosen, trained on) |" in table
     # the clusters against the behavioural intentions, at the chosen k and at the k closest to them
     against = results["behaviour"]["seed 0, iteration 1 (shared)"]
     assert against["chosen_k"] == first["rows"][0]["k"]["questions"] and against["intentions"] > 0
@@ -763,3 +764,17 @@ def test_behavioural_labels_on_a_game_without_an_offline_oracle_are_refused_befo
     with pytest.raises(ConfigError, match=re.escape("variants.exact.intention_overrides: game bargaining: no offline oracle")):
         experiment.check_settings(compose_config("experiment", [
             "experiment=bargaining", "+variants={exact:{method:aria,intention_overrides:['labels=behavioural']}}"]))
+
+
+def test_preflight_rows_name_step_2s_choice_and_the_labels_trained_on():
+    """The pre-flight line and table: which k step 2 chose and which labels the arm trained on. Under
+    ``labels: behavioural`` they differ; a file written before ``trained`` was recorded names only the choice."""
+    row = lambda k, **marks: {"k": {"questions": k}, **marks}  # noqa: E731
+    assert preflight_row_name(row(8, chosen=True, trained=True)) == "k = 8 (chosen, trained on)"
+    assert preflight_row_name(row(8, chosen=True, trained=False)) == "k = 8 (chosen)"
+    assert preflight_row_name(row(20, chosen=False, trained=False)) == "k = 20"
+    assert preflight_row_name(row(175, chosen=False, trained=True, labels="behavioural")) == \
+        "behavioural intentions = 175 (trained on)"
+    assert preflight_row_name(row(8, chosen=True)) == "k = 8 (chosen)"  # an older file: no claim about training
+    two_pools = {"k": {"alice": 12, "bob": 9}, "chosen": True, "trained": True}
+    assert preflight_row_name(two_pools) == "k = 9/12 (chosen, trained on)"

@@ -862,6 +862,15 @@ def test_behavioural_intentions_in_steps_2_and_3_by_hand(tmp_path):
     assert rows[-1]["shared"] == pytest.approx(2 / 7)
     again = pipeline.preflight(cfg, [rows[0]["k"]["questions"]])["rows"]  # the chosen k named as a fixed one too
     assert [r["k"] for r in again if r.get("labels") is None] == [rows[0]["k"]]  # one row, not two alike
+    # which row the training set used: the chosen k under labels: clusters, the behavioural row under
+    # labels: behavioural (step 2's choice still marked as such, but not trained on)
+    other = next(k for k in report["ks"] if k != rows[0]["k"]["questions"])
+    fixed = pipeline.preflight(cfg, [other])
+    assert fixed["labels"] == "clusters" and [(r["chosen"], r["trained"]) for r in fixed["rows"]] == [
+        (True, True), (False, False), (False, False)]
+    ceiling = pipeline.preflight(exact, [other])
+    assert ceiling["labels"] == "behavioural" and [(r["chosen"], r["trained"]) for r in ceiling["rows"]] == [
+        (True, False), (False, False), (False, True)]
     # aggregation.window = 0: a step's key is its action's intention alone. Animal: 0.95, 0.9025, 0
     # (g3's second step); the dog: 1, 1; no question: 0.95 (g2), 0 (g3).
     action_only = dict(exact, aggregation={**exact["aggregation"], "window": 0})
@@ -914,3 +923,47 @@ def test_grouping_schemes_side_by_side(tmp_path):
     done = run_script(REPO / "scripts/grouping_schemes.py", str(tmp_path / "run"), "--window", "0", "--out", str(tmp_path / "g.json"))
     assert done.returncode == 0, done.stderr
     assert json.loads((tmp_path / "g.json").read_text())["schemes"]["gigpo"]["shared"] == pytest.approx(2 / 7)
+
+
+def test_selection_keys_whole_history_chooses_the_papers_k_and_trains_under_the_window(
+        tmp_path, twenty_questions_games, tiny_sentence_model_dir):
+    """``selection.keys: whole_history``: SplitScore scores each k with R~ under the paper's whole-history
+    keys, so a windowed variant trains at the k the paper's keys choose; its rewards (steps 3-4) are still
+    aggregated under the window. Default (``aggregation``): SplitScore under the window's own keys."""
+    quiet = lambda line: None  # noqa: E731
+    paper = tq_config(tmp_path, twenty_questions_games, tiny_sentence_model_dir)
+    pipeline.step1_embed_and_cluster(paper, quiet)
+    chosen_by_paper = pipeline.step2_select_k(paper, quiet)
+    on_window = pipeline.step2_select_k(tq_config(tmp_path, twenty_questions_games, tiny_sentence_model_dir,
+                                                  "aggregation.window=0"), quiet)
+    variant = tq_config(tmp_path, twenty_questions_games, tiny_sentence_model_dir, "aggregation.window=0",
+                        "selection.keys=whole_history")
+    chosen_by_variant = pipeline.step2_select_k(variant, quiet)
+    curve = lambda report: np.array(report["curves"]["split_score"][:-1])  # noqa: E731  (the last k has none)
+    # the window changes SplitScore on these games; whole_history scores exactly as the paper's run does
+    assert not np.allclose(curve(on_window), curve(chosen_by_paper))
+    np.testing.assert_array_equal(curve(chosen_by_variant), curve(chosen_by_paper))
+    assert chosen_by_variant["chosen"] == chosen_by_paper["chosen"]
+    assert chosen_by_variant["settings"]["selection"]["keys"] == "whole_history"
+    # its training rewards are the window's at that k: as a run with the window and that k fixed
+    k = next(iter(chosen_by_paper["chosen"]["k"].values()))
+
+    def rewards(cfg: dict) -> list[float]:
+        pipeline.step2_select_k(cfg, quiet)
+        pipeline.step3_apply_labels(cfg, quiet)
+        return [t["intention"]["reward"] for line in (tmp_path / "labelled.jsonl").read_text().splitlines()
+                for t in json.loads(line)["turns"]]
+
+    trained = rewards(variant)
+    assert trained == rewards(tq_config(tmp_path, twenty_questions_games, tiny_sentence_model_dir,
+                                        "aggregation.window=0", f"selection.fixed_k={k}"))
+    assert trained != rewards(tq_config(tmp_path, twenty_questions_games, tiny_sentence_model_dir, f"selection.fixed_k={k}"))
+    # a step 2 made before the setting existed records no keys: read as the default, not as stale
+    pipeline.step2_select_k(paper, quiet)
+    report = json.loads((tmp_path / "selection.json").read_text())
+    del report["settings"]["selection"]["keys"]
+    (tmp_path / "selection.json").write_text(json.dumps(report))
+    assert pipeline.step2_select_k(paper, quiet)["fingerprint"] == report["fingerprint"]  # up to date, not redone
+    pipeline.step3_apply_labels(paper, quiet)
+    with pytest.raises(ValueError, match="selection.keys: expected one of aggregation, whole_history, got 'last'"):
+        pipeline.check_settings(dict(paper, selection={**paper["selection"], "keys": "last"}))

@@ -489,7 +489,10 @@ def step2_select_k(cfg: dict, echo: Printer = print) -> dict:
     if json_digest(_step1_settings(cfg, corpus, files)) != summary["fingerprint"]:
         raise StaleInput(1, "utterances.json was made under other settings of step 1 than these (embedder, embedding, "
                             f"clustering or seed; it clustered with {summary.get('clustering')})")
-    fingerprint = json_digest({"step1": summary["fingerprint"], "selection": selection_cfg, "aggregation": agg_cfg,
+    # selection.keys changes nothing without a window: left out then, so runs made before it existed stay up to date
+    paper_keys = selection_cfg["keys"] == "whole_history" and agg_cfg["window"] is not None
+    scoring = selection_cfg if paper_keys else {k: v for k, v in selection_cfg.items() if k != "keys"}
+    fingerprint = json_digest({"step1": summary["fingerprint"], "selection": scoring, "aggregation": agg_cfg,
                                "behaviour": cfg["behaviour"], "labels": cfg["labels"], "report": SELECTION_VERSION})
     out_path = run_dir / "selection.json"
     if (selection := _up_to_date_json(out_path, fingerprint)) is not None:
@@ -505,12 +508,18 @@ def step2_select_k(cfg: dict, echo: Printer = print) -> dict:
     start = time.perf_counter()
     rewards = np.empty((len(ks), corpus.table.num_steps))
     q_at_k = np.empty((len(ks), corpus.table.num_steps))
+    # SplitScore's R~: under the aggregation's own keys, or under the paper's whole-history keys so that a
+    # windowed variant is trained at the k the paper's method chooses (only the keys differ between them)
+    scored = np.empty((len(ks), corpus.table.num_steps)) if paper_keys else rewards
     returns = corpus.table.step_return
     variance: dict[str, list[float]] = {"raw_kept": [], "aggregated_kept": [], "aggregated_all": [], "kept_fraction": []}
     for i in range(len(ks)):
-        agg = aggregate(corpus.table, _labels_at(corpus, labels, {p: i for p in pools}), **_agg_args(agg_cfg))
+        at_k = _labels_at(corpus, labels, {p: i for p in pools})
+        agg = aggregate(corpus.table, at_k, **_agg_args(agg_cfg))
         rewards[i] = agg.reward
         q_at_k[i] = agg.q
+        if paper_keys:
+            scored[i] = aggregate(corpus.table, at_k, **{**_agg_args(agg_cfg), "window": None}).reward
         # Var(R) and Var(R~) on the same steps: those kept at this k (the n_rollout filter and the
         # first-action rule keep whole nodes, so R~ is still a conditional mean of R on them).
         variance["raw_kept"].append(float(returns[agg.kept].var()) if agg.kept.any() else float("nan"))
@@ -534,7 +543,7 @@ def step2_select_k(cfg: dict, echo: Printer = print) -> dict:
         }
     metrics_s = time.perf_counter() - start
     curves = {
-        "split_score": [*split_scores(ks, rewards).tolist(), float("nan")] if len(ks) > 1 else [float("nan")],
+        "split_score": [*split_scores(ks, scored).tolist(), float("nan")] if len(ks) > 1 else [float("nan")],
         **{m: np.nanmean([per_pool[p][m] for p in pools], axis=0).tolist() if _any_finite(per_pool, pools, m)
            else [float("nan")] * len(ks) for m in ("silhouette", "calinski_harabasz", "davies_bouldin")},
     }
@@ -574,7 +583,8 @@ def step2_select_k(cfg: dict, echo: Printer = print) -> dict:
         **({"intention_recovery": recovery} if recovery else {}),
         **({"behaviour": against} if against else {}),
         "notes": {
-            "split_score": "mean |R~(k+1) - R~(k)| over the agent steps kept at both k (docs/method.md §4); the last k has none",
+            "split_score": "mean |R~(k+1) - R~(k)| over the agent steps kept at both k (docs/method.md §4), R~ under "
+                           "the whole-history keys when selection.keys is whole_history; the last k has none",
             "variance_raw": "population variance of the step returns R over the steps kept at each k",
             "variance_aggregated": "population variance of R~ = Q over the same kept steps; Var(R~) <= Var(R) there "
                                    "(law of total variance); variance.all_steps gives both over every step",
@@ -656,16 +666,20 @@ def preflight(cfg: dict, fixed_ks: list[int]) -> dict:
     def row(k: dict, utterance_labels: np.ndarray, **marks) -> dict:
         return {"k": k, **marks, **key_sharing(corpus.table, utterance_labels, corpus.step_turn, window=window)}
 
-    rows = [row(run.chosen, run.labels_at(run.chosen), chosen=True)]
+    # ``chosen``: step 2's k; ``trained``: the labels step 3 gave the training set (the behavioural row
+    # under ``labels: behavioural``, where step 2's choice is reported but not used)
+    on_clusters = cfg["labels"] != "behavioural"
+    rows = [row(run.chosen, run.labels_at(run.chosen), chosen=True, trained=on_clusters)]
     for k in fixed_ks:
         fixed = {p: k for p in corpus.pools}
         if k in run.ks and fixed != run.chosen:  # the chosen k has its row already
-            rows.append(row(fixed, run.labels_at(fixed), chosen=False))
+            rows.append(row(fixed, run.labels_at(fixed), chosen=False, trained=False))
     behaviour = behavioural_labels(cfg, corpus, lambda line: None)
     if behaviour is not None:
         rows.append(row({p: int(len(np.unique(v))) for p, v in behaviour.items()}, corpus.utterance_labels(behaviour),
-                        chosen=False, labels="behavioural"))
-    return {"steps": int(corpus.table.num_steps), "games": len(corpus.game_ids), "window": window, "rows": rows}
+                        chosen=False, trained=not on_clusters, labels="behavioural"))
+    return {"steps": int(corpus.table.num_steps), "games": len(corpus.game_ids), "window": window,
+            "labels": cfg["labels"], "rows": rows}
 
 
 def _intention_recovery(corpus, labels: dict[str, np.ndarray], ks: list[int]) -> dict | None:
@@ -803,7 +817,10 @@ def step3_apply_labels(cfg: dict, echo: Printer = print) -> Path:
 def check_step2_settings(selection: dict, cfg: dict) -> None:
     """The aggregation and selection settings are those step 2 chose k under: labels made under
     others would mix two runs (a k chosen for one γ, rewards aggregated with another)."""
-    changed = differences(selection.get("settings"), {"aggregation": cfg["aggregation"], "selection": cfg["selection"]})
+    recorded = selection.get("settings")
+    if isinstance(recorded, dict) and isinstance(recorded.get("selection"), dict) and "keys" not in recorded["selection"]:
+        recorded = {**recorded, "selection": {**recorded["selection"], "keys": "aggregation"}}  # made before the setting
+    changed = differences(recorded, {"aggregation": cfg["aggregation"], "selection": cfg["selection"]})
     if changed:
         raise StaleInput(2, f"selection.json was made under other settings ({'; '.join(changed[:3])})")
 
