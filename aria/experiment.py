@@ -242,7 +242,6 @@ def label(cfg: dict, trajectories: Path, out_dir: Path, seed: int, echo: Printer
     return out_dir / "train.json"
 
 
-
 def critic_summary(found: dict) -> str:
     """A critic run's steps and held-out diagnostics (its ``final/critic.json`` or its trainer's result)."""
     return (f"{found['steps']} steps; held out: TD error {found.get('eval_td_mse')}, won above lost "

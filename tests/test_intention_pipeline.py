@@ -965,5 +965,9 @@ def test_selection_keys_whole_history_chooses_the_papers_k_and_trains_under_the_
     (tmp_path / "selection.json").write_text(json.dumps(report))
     assert pipeline.step2_select_k(paper, quiet)["fingerprint"] == report["fingerprint"]  # up to date, not redone
     pipeline.step3_apply_labels(paper, quiet)
+    # without a window the keys change nothing: step 2 stays up to date and step 3 agrees with it
+    same = tq_config(tmp_path, twenty_questions_games, tiny_sentence_model_dir, "selection.keys=whole_history")
+    assert pipeline.step2_select_k(same, quiet)["fingerprint"] == report["fingerprint"]
+    pipeline.step3_apply_labels(same, quiet)
     with pytest.raises(ValueError, match="selection.keys: expected one of aggregation, whole_history, got 'last'"):
         pipeline.check_settings(dict(paper, selection={**paper["selection"], "keys": "last"}))

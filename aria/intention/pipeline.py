@@ -489,9 +489,8 @@ def step2_select_k(cfg: dict, echo: Printer = print) -> dict:
     if json_digest(_step1_settings(cfg, corpus, files)) != summary["fingerprint"]:
         raise StaleInput(1, "utterances.json was made under other settings of step 1 than these (embedder, embedding, "
                             f"clustering or seed; it clustered with {summary.get('clustering')})")
-    # selection.keys changes nothing without a window: left out then, so runs made before it existed stay up to date
-    paper_keys = selection_cfg["keys"] == "whole_history" and agg_cfg["window"] is not None
-    scoring = selection_cfg if paper_keys else {k: v for k, v in selection_cfg.items() if k != "keys"}
+    scoring = _deciding_selection(selection_cfg, agg_cfg["window"])
+    paper_keys = "keys" in scoring
     fingerprint = json_digest({"step1": summary["fingerprint"], "selection": scoring, "aggregation": agg_cfg,
                                "behaviour": cfg["behaviour"], "labels": cfg["labels"], "report": SELECTION_VERSION})
     out_path = run_dir / "selection.json"
@@ -814,13 +813,20 @@ def step3_apply_labels(cfg: dict, echo: Printer = print) -> Path:
     return out_path
 
 
+def _deciding_selection(selection: dict, window: int | None) -> dict:
+    """The selection settings that decide k: ``keys`` changes nothing unless it is ``whole_history`` under a
+    window, so it is left out otherwise (and step 2 runs made before the setting existed stay up to date)."""
+    deciding = {k: v for k, v in selection.items() if k != "keys"}
+    return {**deciding, "keys": "whole_history"} if selection.get("keys") == "whole_history" and window is not None else deciding
+
+
 def check_step2_settings(selection: dict, cfg: dict) -> None:
     """The aggregation and selection settings are those step 2 chose k under: labels made under
     others would mix two runs (a k chosen for one γ, rewards aggregated with another)."""
-    recorded = selection.get("settings")
-    if isinstance(recorded, dict) and isinstance(recorded.get("selection"), dict) and "keys" not in recorded["selection"]:
-        recorded = {**recorded, "selection": {**recorded["selection"], "keys": "aggregation"}}  # made before the setting
-    changed = differences(recorded, {"aggregation": cfg["aggregation"], "selection": cfg["selection"]})
+    recorded, window = selection.get("settings"), cfg["aggregation"]["window"]
+    if isinstance(recorded, dict) and isinstance(recorded.get("selection"), dict):
+        recorded = {**recorded, "selection": _deciding_selection(recorded["selection"], window)}
+    changed = differences(recorded, {"aggregation": cfg["aggregation"], "selection": _deciding_selection(cfg["selection"], window)})
     if changed:
         raise StaleInput(2, f"selection.json was made under other settings ({'; '.join(changed[:3])})")
 
