@@ -4,7 +4,7 @@ whole-history keys, windowed keys, the behavioural intentions, GiGPO's exact and
 states; the share of steps that share a group, by turn, the variance ratio, the error against the
 behavioural ceiling, and with --model the gradient signal-to-noise ratio of each weighting.
 
-    python scripts/grouping_schemes.py RUN_DIR [--window 2] [--threshold 0.9] [--model MODEL --samples 256] [--out FILE]
+    python scripts/grouping_schemes.py RUN_DIR [--window 2] [--threshold 0.9] [--model MODEL --samples 256 --bootstrap 2000] [--out FILE]
 
 RUN_DIR is a pipeline run folder whose steps 1-4 ran (an experiment's ``.../intention``). Writes
 the JSON to --out (default RUN_DIR/grouping_schemes.json) and prints the table.
@@ -24,6 +24,8 @@ def main() -> None:
     parser.add_argument("--threshold", type=number(float, ge=0, le=1), default=0.9, help="GiGPO's similarity threshold (verl-agent's scripts: 0.9)")
     parser.add_argument("--model", default=None, help="a policy folder: also the gradient SNR of each weighting")
     parser.add_argument("--samples", type=number(int, ge=2), default=256, help="samples for the gradient SNR (default 256)")
+    parser.add_argument("--bootstrap", type=number(int, ge=0), default=2000,
+                        help="resamples for the SNR intervals (default 2000; 0: none, and no gradient kept)")
     parser.add_argument("--out", default=None, help="the JSON (default RUN_DIR/grouping_schemes.json)")
     args = parser.parse_args()
 
@@ -42,11 +44,12 @@ def main() -> None:
             train = Path(args.run_dir) / "train.json"
             cfg = compose_config("reinforce_llm", [f"data.train_file={train}", f"model.path={args.model}"])
             gradients = gradient_variance(cfg, args.samples, 0, ["no_aggregation", "gigpo", "gigpo_similar"],
-                                          weightings=found["sample_rewards"])
+                                          weightings=found["sample_rewards"], bootstrap=args.bootstrap)
             found["gradients"] = gradients
             for name, row in found["schemes"].items():
                 kind = f"weighting_{name}" if f"snr_weighting_{name}" in gradients else f"method_{name}"
-                row["snr"] = gradients.get(f"snr_{kind}")
+                for measure in ("snr", "snr_ci95", "snr_ratio", "snr_ratio_ci95"):
+                    row[measure] = gradients.get(f"{measure}_{kind}")
         out = Path(args.out) if args.out else Path(args.run_dir) / "grouping_schemes.json"
         atomic_write_json(out, {k: v for k, v in found.items() if k != "sample_rewards"})
         sys.stdout.write(markdown(found))

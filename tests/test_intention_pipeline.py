@@ -892,7 +892,7 @@ def test_behavioural_labels_need_an_offline_oracle(tmp_path, negotiation_traject
         pipeline.check_labels(dict(cfg, labels="exact"))
 
 
-def test_grouping_schemes_side_by_side(tmp_path):
+def test_grouping_schemes_side_by_side(tmp_path, tiny_model_dir):
     """aria/intention/grouping.py on the hand-made run above. Under the behavioural intentions with
     whole-history keys the first steps of g1 and g2 share (2 of 7); with the action alone (window 0)
     every step shares (animal x3, the dog x2, no question x2). GiGPO's anchor states: the first
@@ -918,11 +918,23 @@ def test_grouping_schemes_side_by_side(tmp_path):
         r = rows[name]
         assert r["mse"] == pytest.approx(r["bias_squared"] + r["variance_within"])
     assert "| aria_behavioural_window0 | history+action | 100.0% |" in markdown(found)
+    rows["aria"].update(snr=0.005, snr_ci95=[0.004, 0.006], snr_ratio=0.9, snr_ratio_ci95=[0.8, 1.1])
+    assert "| 0.005 (0.004–0.006) | 0.90 (0.80–1.10) |" in markdown(found)
     from in_process import run_script
 
     done = run_script(REPO / "scripts/grouping_schemes.py", str(tmp_path / "run"), "--window", "0", "--out", str(tmp_path / "g.json"))
     assert done.returncode == 0, done.stderr
     assert json.loads((tmp_path / "g.json").read_text())["schemes"]["gigpo"]["shared"] == pytest.approx(2 / 7)
+    # with a policy: every weighting's SNR with its bootstrap interval, the raw return's ratio exactly 1
+    done = run_script(REPO / "scripts/grouping_schemes.py", str(tmp_path / "run"), "--model", str(tiny_model_dir),
+                      "--samples", "7", "--bootstrap", "30", "--out", str(tmp_path / "g.json"))
+    assert done.returncode == 0, done.stderr
+    schemes = json.loads((tmp_path / "g.json").read_text())["schemes"]
+    assert schemes["no_aggregation"]["snr_ratio"] == pytest.approx(1.0)
+    assert schemes["no_aggregation"]["snr_ratio_ci95"] == pytest.approx([1.0, 1.0])
+    for name, row in schemes.items():
+        low, high = row["snr_ci95"]
+        assert 0 < low <= high, name
 
 
 def test_selection_keys_whole_history_chooses_the_papers_k_and_trains_under_the_window(

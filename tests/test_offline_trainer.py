@@ -8,6 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from hydra import compose, initialize_config_dir
@@ -263,6 +264,50 @@ def test_gradient_variance_tool_by_hand(tmp_path, tiny_model_dir):
     assert extra["trace_cov_weighting_half"] == pytest.approx(trace_cov(0.25, 0.0), rel=1e-4)
     with pytest.raises(ValueError, match="weighting 'short': 1 values for 2 samples"):
         gradient_variance(cfg, max_samples=2, weightings={"short": [1.0]})
+    # the Gram route of the bootstrap gives the streamed figures back (n = 2: the resamples are
+    # {1,1}, {2,2} (no variance: left out) and {1,2}, so the interval is the full-sample SNR)
+    boot = gradient_variance(cfg, max_samples=2, bootstrap=20)
+    assert boot["bootstrap"] == 20 and boot["snr_aggregated_reward"] == result["snr_aggregated_reward"]
+    assert boot["snr_ci95_aggregated_reward"] == pytest.approx([result["snr_aggregated_reward"]] * 2, rel=1e-4)
+    assert boot["snr_ratio_aggregated_reward"] == pytest.approx(
+        result["snr_aggregated_reward"] / result["snr_raw_step_return"], rel=1e-12)
+    assert "snr_ci95_aggregated_reward" not in result
+
+
+def test_snr_from_the_gram_matrix_and_its_bootstrap_by_hand():
+    """SNR from G = g_i · g_j equals the one from the vectors, on three hand-made gradients; the
+    bootstrap's intervals equal a brute-force recomputation from the vectors on the same resamples."""
+    from aria.trainers.grad_variance import bootstrap_snr, snr_from_gram
+
+    g = np.array([[1.0, 0.0, 2.0], [0.0, 1.0, 1.0], [2.0, 1.0, 0.0]])
+    w = np.array([1.0, 0.0, 0.5])
+    # by hand: w g = (1,0,2), (0,0,0), (1,.5,0); mean = (2/3, 1/6, 2/3), ||mean||² = 33/36;
+    # mean ||w g||² = (5 + 0 + 1.25)/3 = 25/12; tr Cov = 25/12 − 33/36 = 42/36
+    assert snr_from_gram(g @ g.T, w) == pytest.approx((33 / 36) / (42 / 36))
+    assert snr_from_gram(g @ g.T, np.zeros(3)) is None
+
+    def brute(vectors, weights):
+        v = weights[:, None] * vectors
+        mean = v.mean(axis=0)
+        noise = (v * v).sum(axis=1).mean() - mean @ mean
+        return mean @ mean / noise if noise > 0 else None
+
+    rng = np.random.default_rng(3)
+    vectors = rng.normal(size=(12, 40))
+    weights = {"raw": (rng.random(12) < 0.4).astype(float), "smooth": rng.random(12)}
+    found = bootstrap_snr(vectors @ vectors.T, weights, "raw", resamples=200, seed=7)
+    draws = np.random.default_rng(7)
+    expected = {name: [] for name in weights}
+    for _ in range(200):
+        idx = draws.integers(0, 12, 12)
+        for name, w in weights.items():
+            expected[name].append(brute(vectors[idx], w[idx]))
+    for name in weights:
+        kept = [v for v in expected[name] if v is not None]
+        assert found[name]["snr_ci95"] == pytest.approx(np.percentile(kept, [2.5, 97.5]))
+        ratios = [v / r for v, r in zip(expected[name], expected["raw"]) if v is not None and r]
+        assert found[name]["snr_ratio_ci95"] == pytest.approx(np.percentile(ratios, [2.5, 97.5]))
+    assert found["raw"]["snr_ratio_ci95"] == pytest.approx([1.0, 1.0])
 
 
 def test_each_sample_is_weighted_by_its_own_reward(tmp_path, tiny_model_dir):
