@@ -1,0 +1,85 @@
+"""Links in the README and docs lead somewhere on a fresh clone.
+
+Results linked from the README live under ``results/``, which ``.gitignore`` leaves out unless a
+file is added on purpose (``git add -f``): a table written on one machine and linked but never
+added reads fine there and is a dead link everywhere else. So a relative link must name a file
+of the checkout that git does not ignore, and a ``#anchor`` into a Markdown file must name one of
+its headings (GitHub's rule: lower case, punctuation dropped, spaces as hyphens).
+"""
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")
+FENCE = re.compile(r"```.*?```", re.S)
+
+
+def heading_anchor(heading: str) -> str:
+    return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+
+def ignored(root: Path, path: Path) -> bool:
+    return subprocess.run(["git", "check-ignore", "-q", str(path)], cwd=root).returncode == 0
+
+
+def broken_links(root: Path, files: list[Path]) -> list[str]:
+    """``file: target (why)`` for every relative link of ``files`` that leads nowhere."""
+    found = []
+    for md in files:
+        for match in LINK.finditer(FENCE.sub("", md.read_text(encoding="utf-8"))):
+            target = match.group(1)
+            if re.match(r"[a-z]+:", target):  # http:, https:, mailto:
+                continue
+            path, _, anchor = target.partition("#")
+            where = (md.parent / path).resolve() if path else md
+            name = f"{md.relative_to(root)}: {target}"
+            if not where.exists():
+                found.append(f"{name} (no such file)")
+            elif ignored(root, where):
+                found.append(f"{name} (ignored by git: add it with git add -f, or link something tracked)")
+            elif anchor and where.suffix == ".md":
+                headings = re.findall(r"^#+\s+(.*)$", FENCE.sub("", where.read_text(encoding="utf-8")), re.M)
+                if anchor not in {heading_anchor(h) for h in headings}:
+                    found.append(f"{name} (no heading with that anchor)")
+    return found
+
+
+def markdown_files(root: Path) -> list[Path]:
+    listed = subprocess.run(["git", "ls-files", "*.md"], cwd=root, capture_output=True, text=True, check=True)
+    return [root / name for name in listed.stdout.split()]
+
+
+needs_git = pytest.mark.skipif(shutil.which("git") is None or not (REPO / ".git").exists(),
+                               reason="needs a git checkout (CI tests a fresh clone)")
+
+
+@needs_git
+def test_every_link_of_the_docs_leads_to_a_tracked_file_and_heading():
+    files = markdown_files(REPO)
+    assert any(f.name == "README.md" for f in files) and len(files) > 5
+    assert broken_links(REPO, files) == []
+
+
+@needs_git
+def test_broken_links_are_found(tmp_path):
+    """A missing file, a file git ignores, a missing anchor; a good link and an outside one pass."""
+    subprocess.run(["git", "init", "-q", str(tmp_path)], check=True)
+    (tmp_path / ".gitignore").write_text("/results/\n")
+    (tmp_path / "results").mkdir()
+    (tmp_path / "results" / "table.md").write_text("| a |\n")
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "docs" / "method.md").write_text("# Method\n## 4. What is R? (the estimator)\n")
+    readme = tmp_path / "README.md"
+    readme.write_text("[ok](docs/method.md#4-what-is-r-the-estimator) [web](https://example.org/x) "
+                      "[gone](docs/missing.md) [kept out](results/table.md) [no anchor](docs/method.md#5-training)\n"
+                      "```\n[in code](not/checked.md)\n```\n")
+    assert broken_links(tmp_path, [readme]) == [
+        "README.md: docs/missing.md (no such file)",
+        "README.md: results/table.md (ignored by git: add it with git add -f, or link something tracked)",
+        "README.md: docs/method.md#5-training (no heading with that anchor)"]
