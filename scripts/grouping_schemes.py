@@ -7,7 +7,10 @@ behavioural ceiling, and with --model the gradient signal-to-noise ratio of each
     python scripts/grouping_schemes.py RUN_DIR [--window 2] [--threshold 0.9] [--model MODEL --samples 256 --bootstrap 2000] [--out FILE]
 
 RUN_DIR is a pipeline run folder whose steps 1-4 ran (an experiment's ``.../intention``). Writes
-the JSON to --out (default RUN_DIR/grouping_schemes.json) and prints the table.
+the JSON to --out (default RUN_DIR/grouping_schemes.json) and prints the table; with --model and
+--bootstrap also the per-sample gradients' Gram matrix and each weighting's weights beside it
+(``<out>.gram.npz``), from which ``aria.trainers.grad_variance.bootstrap_snr`` draws the SNR
+intervals again without the model.
 """
 import argparse
 import sys
@@ -34,6 +37,7 @@ def main() -> None:
     from aria.io import atomic_write_json
 
     with command():
+        out = Path(args.out) if args.out else Path(args.run_dir) / "grouping_schemes.json"
         start = time.perf_counter()
         found = compare(run_config(args.run_dir), args.window, args.threshold)
         found["seconds_grouping"] = round(time.perf_counter() - start, 2)
@@ -44,13 +48,13 @@ def main() -> None:
             train = Path(args.run_dir) / "train.json"
             cfg = compose_config("reinforce_llm", [f"data.train_file={train}", f"model.path={args.model}"])
             gradients = gradient_variance(cfg, args.samples, 0, ["no_aggregation", "gigpo", "gigpo_similar"],
-                                          weightings=found["sample_rewards"], bootstrap=args.bootstrap)
+                                          weightings=found["sample_rewards"], bootstrap=args.bootstrap,
+                                          gram_out=out.with_suffix(".gram.npz") if args.bootstrap else None)
             found["gradients"] = gradients
             for name, row in found["schemes"].items():
                 kind = f"weighting_{name}" if f"snr_weighting_{name}" in gradients else f"method_{name}"
-                for measure in ("snr", "snr_ci95", "snr_ratio", "snr_ratio_ci95"):
+                for measure in ("snr", "snr_corrected", "snr_corrected_ci95", "snr_difference", "snr_difference_ci95"):
                     row[measure] = gradients.get(f"{measure}_{kind}")
-        out = Path(args.out) if args.out else Path(args.run_dir) / "grouping_schemes.json"
         atomic_write_json(out, {k: v for k, v in found.items() if k != "sample_rewards"})
         sys.stdout.write(markdown(found))
         print(f"wrote {out}")

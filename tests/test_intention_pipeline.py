@@ -918,8 +918,9 @@ def test_grouping_schemes_side_by_side(tmp_path, tiny_model_dir):
         r = rows[name]
         assert r["mse"] == pytest.approx(r["bias_squared"] + r["variance_within"])
     assert "| aria_behavioural_window0 | history+action | 100.0% |" in markdown(found)
-    rows["aria"].update(snr=0.005, snr_ci95=[0.004, 0.006], snr_ratio=0.9, snr_ratio_ci95=[0.8, 1.1])
-    assert "| 0.005 (0.004–0.006) | 0.90 (0.80–1.10) |" in markdown(found)
+    rows["aria"].update(snr=0.005, snr_corrected=0.001, snr_corrected_ci95=[-0.0005, 0.0025], snr_difference=-0.0002,
+                        snr_difference_ci95=[-0.0012, 0.0008])
+    assert "| 0.005 | 1.00 (-0.50 to 2.50) | -0.20 (-1.20 to 0.80) |" in markdown(found)
     from in_process import run_script
 
     done = run_script(REPO / "scripts/grouping_schemes.py", str(tmp_path / "run"), "--window", "0", "--out", str(tmp_path / "g.json"))
@@ -930,11 +931,13 @@ def test_grouping_schemes_side_by_side(tmp_path, tiny_model_dir):
                       "--samples", "7", "--bootstrap", "30", "--out", str(tmp_path / "g.json"))
     assert done.returncode == 0, done.stderr
     schemes = json.loads((tmp_path / "g.json").read_text())["schemes"]
-    assert schemes["no_aggregation"]["snr_ratio"] == pytest.approx(1.0)
-    assert schemes["no_aggregation"]["snr_ratio_ci95"] == pytest.approx([1.0, 1.0])
+    assert schemes["no_aggregation"]["snr_difference"] == 0
+    assert schemes["no_aggregation"]["snr_difference_ci95"] == pytest.approx([0.0, 0.0], abs=1e-12)
     for name, row in schemes.items():
-        low, high = row["snr_ci95"]
-        assert 0 < low <= high, name
+        low, high = row["snr_corrected_ci95"]
+        assert row["snr_corrected"] == pytest.approx(row["snr"] * 6 / 7 - 1 / 7) and low <= high, name
+    kept = np.load(tmp_path / "g.gram.npz")
+    assert kept["gram"].shape == (7, 7) and len(kept["weights_weighting_aria"]) == 7
 
 
 def test_selection_keys_whole_history_chooses_the_papers_k_and_trains_under_the_window(

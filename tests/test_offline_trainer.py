@@ -264,20 +264,27 @@ def test_gradient_variance_tool_by_hand(tmp_path, tiny_model_dir):
     assert extra["trace_cov_weighting_half"] == pytest.approx(trace_cov(0.25, 0.0), rel=1e-4)
     with pytest.raises(ValueError, match="weighting 'short': 1 values for 2 samples"):
         gradient_variance(cfg, max_samples=2, weightings={"short": [1.0]})
-    # the Gram route of the bootstrap gives the streamed figures back (n = 2: the resamples are
-    # {1,1}, {2,2} (no variance: left out) and {1,2}, so the interval is the full-sample SNR)
-    boot = gradient_variance(cfg, max_samples=2, bootstrap=20)
-    assert boot["bootstrap"] == 20 and boot["snr_aggregated_reward"] == result["snr_aggregated_reward"]
-    assert boot["snr_ci95_aggregated_reward"] == pytest.approx([result["snr_aggregated_reward"]] * 2, rel=1e-4)
-    assert boot["snr_ratio_aggregated_reward"] == pytest.approx(
-        result["snr_aggregated_reward"] / result["snr_raw_step_return"], rel=1e-12)
-    assert "snr_ci95_aggregated_reward" not in result
+    # the bias-corrected SNR, and its bootstrap through the Gram matrix: with n = 2 the resamples are
+    # {1,1}, {2,2} (no variance: left out) and {1,2}, whose corrected SNR C is the sample's own, so
+    # the pivotal interval C − (C − P) collapses onto the plug-in P
+    plug, raw = result["snr_aggregated_reward"], result["snr_raw_step_return"]
+    assert result["snr_corrected_aggregated_reward"] == pytest.approx(plug / 2 - 1 / 2)
+    boot = gradient_variance(cfg, max_samples=2, bootstrap=20, gram_out=tmp_path / "gram.npz")
+    assert boot["bootstrap"] == 20 and boot["snr_aggregated_reward"] == plug
+    assert boot["snr_corrected_ci95_aggregated_reward"] == pytest.approx([plug, plug], rel=1e-6)
+    assert boot["snr_difference_aggregated_reward"] == pytest.approx((plug - raw) / 2, rel=1e-6)
+    assert boot["snr_difference_ci95_aggregated_reward"] == pytest.approx([plug - raw] * 2, rel=1e-6)
+    assert "snr_corrected_ci95_aggregated_reward" not in result
+    kept = np.load(tmp_path / "gram.npz")
+    assert kept["gram"][0, 0] == pytest.approx(float(grads[0].dot(grads[0])), rel=1e-4)
+    assert kept["weights_raw_step_return"].tolist() == [1.0, 0.0] and kept["chosen"].tolist() == [0, 1]
 
 
 def test_snr_from_the_gram_matrix_and_its_bootstrap_by_hand():
     """SNR from G = g_i · g_j equals the one from the vectors, on three hand-made gradients; the
-    bootstrap's intervals equal a brute-force recomputation from the vectors on the same resamples."""
-    from aria.trainers.grad_variance import bootstrap_snr, snr_from_gram
+    corrected SNR by hand; the bootstrap's intervals equal a brute-force recomputation from the
+    vectors on the same resamples."""
+    from aria.trainers.grad_variance import bootstrap_snr, corrected_snr, snr_from_gram
 
     g = np.array([[1.0, 0.0, 2.0], [0.0, 1.0, 1.0], [2.0, 1.0, 0.0]])
     w = np.array([1.0, 0.0, 0.5])
@@ -285,6 +292,7 @@ def test_snr_from_the_gram_matrix_and_its_bootstrap_by_hand():
     # mean ||w g||² = (5 + 0 + 1.25)/3 = 25/12; tr Cov = 25/12 − 33/36 = 42/36
     assert snr_from_gram(g @ g.T, w) == pytest.approx((33 / 36) / (42 / 36))
     assert snr_from_gram(g @ g.T, np.zeros(3)) is None
+    assert corrected_snr(33 / 42, 3) == pytest.approx(33 / 42 * 2 / 3 - 1 / 3) and corrected_snr(None, 3) is None
 
     def brute(vectors, weights):
         v = weights[:, None] * vectors
@@ -297,17 +305,61 @@ def test_snr_from_the_gram_matrix_and_its_bootstrap_by_hand():
     weights = {"raw": (rng.random(12) < 0.4).astype(float), "smooth": rng.random(12)}
     found = bootstrap_snr(vectors @ vectors.T, weights, "raw", resamples=200, seed=7)
     draws = np.random.default_rng(7)
-    expected = {name: [] for name in weights}
+    corrected = {name: [] for name in weights}
     for _ in range(200):
         idx = draws.integers(0, 12, 12)
         for name, w in weights.items():
-            expected[name].append(brute(vectors[idx], w[idx]))
+            value = brute(vectors[idx], w[idx])
+            corrected[name].append(None if value is None else value * 11 / 12 - 1 / 12)
+    plug = {name: brute(vectors, w) for name, w in weights.items()}
     for name in weights:
-        kept = [v for v in expected[name] if v is not None]
-        assert found[name]["snr_ci95"] == pytest.approx(np.percentile(kept, [2.5, 97.5]))
-        ratios = [v / r for v, r in zip(expected[name], expected["raw"]) if v is not None and r]
-        assert found[name]["snr_ratio_ci95"] == pytest.approx(np.percentile(ratios, [2.5, 97.5]))
-    assert found["raw"]["snr_ratio_ci95"] == pytest.approx([1.0, 1.0])
+        estimate = plug[name] * 11 / 12 - 1 / 12
+        low, high = np.percentile([v for v in corrected[name] if v is not None], [2.5, 97.5])
+        assert found[name]["snr_corrected"] == pytest.approx(estimate)
+        assert found[name]["snr_corrected_ci95"] == pytest.approx([estimate - (high - plug[name]), estimate - (low - plug[name])])
+        diffs = [v - r for v, r in zip(corrected[name], corrected["raw"]) if v is not None and r is not None]
+        low, high = np.percentile(diffs, [2.5, 97.5])
+        truth = plug[name] - plug["raw"]
+        assert found[name]["snr_difference"] == pytest.approx(truth * 11 / 12)
+        assert found[name]["snr_difference_ci95"] == pytest.approx([truth * 11 / 12 - (high - truth), truth * 11 / 12 - (low - truth)])
+    assert found["raw"]["snr_difference_ci95"] == pytest.approx([0.0, 0.0])
+
+
+def test_corrected_snr_and_its_interval_cover_the_true_snr():
+    """Simulated gradients g = μ + N(0, I) in 30 dimensions, 60 samples, true per-sample SNR
+    θ = ||μ||²/30 = 0.01 under weights 1, and 0.25||μ||²/(15 + 0.25||μ||²) under independent
+    0/1 weights of probability 1/2. Over 300 simulated samples: the plug-in SNR sits about 1/n
+    above θ and the corrected one on it; the pivotal intervals cover θ (and the difference of the
+    two weightings' θ) about 95% of the time, where the plug-in's percentile interval, which the
+    first version of this tool reported, misses θ in most samples."""
+    from aria.trainers.grad_variance import bootstrap_snr, snr_from_gram
+
+    d, n, sims = 30, 60, 300
+    mu = np.full(d, 0.1)  # ||μ||² = 0.01 · d
+    theta_ones = float(mu @ mu) / d
+    theta_coin = 0.25 * float(mu @ mu) / (0.5 * d + 0.25 * float(mu @ mu))
+    rng = np.random.default_rng(0)
+    plug, corrected, covered, covered_diff, old_covered = [], [], 0, 0, 0
+    for sim in range(sims):
+        g = mu + rng.normal(size=(n, d))
+        weights = {"ones": np.ones(n), "coin": (rng.random(n) < 0.5).astype(float)}
+        gram = g @ g.T
+        found = bootstrap_snr(gram, weights, "ones", resamples=200, seed=sim)
+        plug.append(snr_from_gram(gram, weights["ones"]))
+        corrected.append(found["ones"]["snr_corrected"])
+        low, high = found["ones"]["snr_corrected_ci95"]
+        covered += low <= theta_ones <= high
+        low, high = found["coin"]["snr_difference_ci95"]
+        covered_diff += low <= theta_coin - theta_ones <= high
+        idx = np.random.default_rng(sim).integers(0, n, (200, n))  # under weights 1: ||ḡ||² = ΣG/n²
+        sub = gram[idx[:, :, None], idx[:, None, :]]
+        signal, second = sub.sum(axis=(1, 2)) / n ** 2, np.diag(gram)[idx].sum(axis=1) / n
+        low, high = np.percentile(signal / (second - signal), [2.5, 97.5])
+        old_covered += low <= theta_ones <= high
+    assert np.mean(plug) - theta_ones == pytest.approx(1 / n, abs=0.004)
+    assert np.mean(corrected) == pytest.approx(theta_ones, abs=0.004)
+    assert covered / sims >= 0.88 and covered_diff / sims >= 0.88
+    assert old_covered / sims < 0.5
 
 
 def test_each_sample_is_weighted_by_its_own_reward(tmp_path, tiny_model_dir):

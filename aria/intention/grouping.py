@@ -25,8 +25,9 @@ variance within (:func:`aria.intention.aggregate.error_against`). GiGPO's groups
 (state, action) pairs: their mean is a baseline V(s), not an estimate of R̃, so it gets no such
 figure. The gradient signal-to-noise ratio of each weighting needs the policy's per-sample
 gradients: :func:`compare` leaves it to :func:`aria.trainers.grad_variance.gradient_variance`
-(``weightings``), which ``scripts/grouping_schemes.py --model`` calls, with bootstrap intervals of
-each SNR and of its ratio to the raw return's (the same resamples for every scheme).
+(``weightings``), which ``scripts/grouping_schemes.py --model`` calls: the plug-in SNR, the
+SNR less its bias (about 1/n: a gradient of pure noise reads 1/(n−1)) with a bootstrap interval,
+and its difference from the raw return's (the same resamples for every scheme).
 """
 from __future__ import annotations
 
@@ -106,18 +107,21 @@ def markdown(found: dict) -> str:
     lines = [f"Grouping schemes on {found['games']} games, {found['steps']} steps of {found['game']} "
              f"(clusters at k = {found['chosen_k']}; behavioural intentions {found['behavioural_intentions']}):", "",
              "| scheme | groups | steps sharing | by turn | mean group size | Var(group mean)/Var(R) | bias² | variance within "
-             "| SNR (95% CI) | SNR / R's (95% CI) |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+             "| SNR (plug-in) | SNR × 1000, bias-corrected (95% CI) | its difference from R's (95% CI) |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     def fmt(v, spec):  # a sum of squares that cancels exactly prints as 0, not as 5e-34
         return "–" if v is None else "0" if abs(v) < 1e-15 else format(v, spec)
 
-    def with_interval(v, ci, spec):  # the bootstrap's interval where scripts/grouping_schemes.py made one
-        return fmt(v, spec) + (f" ({format(ci[0], spec)}–{format(ci[1], spec)})" if v is not None and ci else "")
+    def per_mille(v, ci):  # with the bootstrap's interval where scripts/grouping_schemes.py made one
+        if v is None:
+            return "–"
+        return f"{1000 * v:.2f}" + (f" ({1000 * ci[0]:.2f} to {1000 * ci[1]:.2f})" if ci else "")
 
     for name, r in found["schemes"].items():
         turns = ", ".join(f"{t}: {100 * v:.0f}%" for t, v in r["shared_by_turn"].items())
         lines.append(f"| {name} | {r['groups']} | {100 * r['shared']:.1f}% | {turns} | {r['mean_group_size']:.2f} | "
                      f"{fmt(r['variance_ratio'], '.3f')} | {fmt(r.get('bias_squared'), '.4g')} | "
-                     f"{fmt(r.get('variance_within'), '.4g')} | {with_interval(r.get('snr'), r.get('snr_ci95'), '.3g')} | "
-                     f"{with_interval(r.get('snr_ratio'), r.get('snr_ratio_ci95'), '.2f')} |")
+                     f"{fmt(r.get('variance_within'), '.4g')} | {fmt(r.get('snr'), '.4g')} | "
+                     f"{per_mille(r.get('snr_corrected'), r.get('snr_corrected_ci95'))} | "
+                     f"{per_mille(r.get('snr_difference'), r.get('snr_difference_ci95'))} |")
     return "\n".join(lines) + "\n"

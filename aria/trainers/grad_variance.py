@@ -22,18 +22,22 @@ aggregated returns) but not a normalised advantage (GiGPO's, of order 1) with a 
 here). ``snr_<kind>`` = ||mean_i r_i g_i||² / tr Cov(r g), the signal-to-noise ratio of the
 batch gradient, does not depend on the scale and compares them all.
 
-One sample of steps gives one SNR per weighting and no idea how far another sample would move
-it. With ``bootstrap`` resamples, the per-sample gradients are kept (n × |θ| float32: 0.66 GB for
-256 samples of SmolLM2-135M's LoRA) and reduced to their Gram matrix G_ij = g_i · g_j, from which
-the SNR of any weighting on any resample of the samples follows exactly (:func:`snr_from_gram`):
-``snr_ci95_<kind>`` is its percentile interval, ``snr_ratio_<kind>`` its ratio to the raw
-return's SNR and ``snr_ratio_ci95_<kind>`` that ratio's interval, every weighting on the same
-resamples (paired), so that an interval of the ratio that holds 1 says this sample cannot tell
-the weighting from the raw return.
+One sample of steps gives one SNR per weighting, biased and without an interval. The plug-in
+||ḡ||² / tr S overestimates the true ratio by about 1/n (a gradient of pure noise reads 1/(n−1)),
+and per-step SNRs in these games are of that order, so ``snr_corrected_<kind>`` removes the bias
+(:func:`corrected_snr`). With ``bootstrap`` resamples, the per-sample gradients are kept (n × |θ|
+float32: 0.66 GB for 256 samples of SmolLM2-135M's LoRA) and reduced to their Gram matrix
+G_ij = g_i · g_j, from which the SNR of any weighting on any resample follows exactly
+(:func:`snr_from_gram`): ``snr_corrected_ci95_<kind>`` is a 95% interval of the corrected SNR,
+and ``snr_difference_<kind>`` / ``snr_difference_ci95_<kind>`` its difference from the raw
+return's, every weighting on the same resamples (paired; :func:`bootstrap_snr`). An interval of
+the difference that holds 0 says this sample cannot tell the weighting from the raw return.
 """
 from __future__ import annotations
 
+import os
 import time
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -56,38 +60,69 @@ def snr_from_gram(gram: np.ndarray, weights: np.ndarray) -> float | None:
     return signal / noise if noise > 1e-12 * second else None
 
 
+def corrected_snr(snr: float | None, n: int) -> float | None:
+    """The plug-in SNR of n samples, less its bias: ||ḡ||² overestimates ||E g||² by tr Cov/n, so
+    the plug-in is about θ·n/(n−1) + 1/(n−1) for a true SNR θ, and a gradient of pure noise reads
+    1/(n−1), not 0. Returns snr·(n−1)/n − 1/n, which is about θ (and may be negative)."""
+    return None if snr is None else snr * (n - 1) / n - 1 / n
+
+
 def bootstrap_snr(gram: np.ndarray, weights: dict[str, np.ndarray], reference: str, resamples: int,
                   seed: int = 0) -> dict[str, dict]:
-    """Per weighting: the 95% percentile intervals of its SNR and of its SNR over ``reference``'s,
-    over ``resamples`` resamples (with replacement) of the samples, the same resamples for all
-    weightings. A resample where a weighting's SNR is undefined (no variation) is left out of
-    that weighting's intervals."""
+    """Per weighting: the bias-corrected SNR (:func:`corrected_snr`) with a 95% interval, and its
+    difference from ``reference``'s with a 95% interval, over ``resamples`` resamples (with
+    replacement) of the samples, the same resamples for every weighting (paired).
+
+    The intervals are basic (pivotal) bootstrap intervals around the bootstrap world's truth,
+    the plug-in SNR P of the samples themselves: the corrected SNR C* of a resample estimates P
+    without bias, so C − (C* − P) at C*'s 97.5th and 2.5th percentiles bounds the true SNR. (The
+    percentile interval of the plug-in SNR lies above the truth by about 1/n, which is the size
+    of the SNR itself for a few hundred steps of these games.) A resample where a weighting's SNR
+    is undefined (no variation) is left out of that weighting's intervals."""
     rng = np.random.default_rng(seed)
     n = gram.shape[0]
-    snrs: dict[str, list[float | None]] = {name: [] for name in weights}
-    for _ in range(resamples):
-        idx = rng.integers(0, n, n)
-        sub = gram[np.ix_(idx, idx)]
+    plug_in = {name: snr_from_gram(gram, w) for name, w in weights.items()}
+    indices = rng.integers(0, n, (resamples, n))  # row b: the samples of resample b
+    draws = {name: np.empty(resamples) for name in weights}
+    diagonal = np.diag(gram)
+    for first in range(0, resamples, 64):  # snr_from_gram on 64 resamples at once (NaN for its None)
+        idx = indices[first:first + 64]
+        sub = gram[idx[:, :, None], idx[:, None, :]]
         for name, w in weights.items():
-            snrs[name].append(snr_from_gram(sub, w[idx]))
+            wi = w[idx]
+            signal = np.einsum("bi,bij,bj->b", wi, sub, wi) / n ** 2
+            second = (wi ** 2 * diagonal[idx]).sum(axis=1) / n
+            noise = second - signal
+            with np.errstate(divide="ignore", invalid="ignore"):
+                draws[name][first:first + 64] = np.where(noise > 1e-12 * second, signal / noise, np.nan) * (n - 1) / n - 1 / n
 
-    def interval(values):
-        values = [v for v in values if v is not None]
-        return [float(np.percentile(values, 2.5)), float(np.percentile(values, 97.5))] if values else None
+    def pivot(estimate, truth, values):
+        values = values[~np.isnan(values)]
+        if estimate is None or truth is None or not len(values):
+            return None
+        low, high = np.percentile(values, [2.5, 97.5])
+        return [float(estimate - (high - truth)), float(estimate - (low - truth))]
 
     out = {}
-    for name, values in snrs.items():
-        ratios = [v / r if v is not None and r else None for v, r in zip(values, snrs[reference])]
-        out[name] = {"snr_ci95": interval(values), "snr_ratio_ci95": interval(ratios)}
+    ref_truth, ref_estimate = plug_in[reference], corrected_snr(plug_in[reference], n)
+    for name, values in draws.items():
+        truth, estimate = plug_in[name], corrected_snr(plug_in[name], n)
+        differences = values - draws[reference]  # NaN where either is undefined
+        both = truth is not None and ref_truth is not None
+        out[name] = {"snr_corrected": estimate, "snr_corrected_ci95": pivot(estimate, truth, values),
+                     "snr_difference": estimate - ref_estimate if both else None,
+                     "snr_difference_ci95": pivot(estimate - ref_estimate, truth - ref_truth, differences) if both else None}
     return out
 
 
 def gradient_variance(cfg: dict, max_samples: int = 256, seed: int = 0, methods: list[str] | None = None,
-                      weightings: dict[str, list[float]] | None = None, bootstrap: int = 0) -> dict:
+                      weightings: dict[str, list[float]] | None = None, bootstrap: int = 0,
+                      gram_out: str | Path | None = None) -> dict:
     """See the module doc. ``weightings``: further weights to compare from the same gradients, one
     per sample of the file in its order (e.g. R̃ under other groupings, scripts/grouping_schemes.py),
     reported as ``<measure>_weighting_<name>``. ``bootstrap``: resamples for the SNR intervals
-    (0: none, and no gradient is kept)."""
+    (0: none, and no gradient is kept); ``gram_out``: an ``.npz`` for the Gram matrix, the chosen
+    samples and each weighting's weights on them."""
     m, d = cfg["model"], cfg["data"]
     samples = read_training_set(d["train_file"])
     missing = [i for i, s in enumerate(samples) if "step_return" not in s]
@@ -145,6 +180,7 @@ def gradient_variance(cfg: dict, max_samples: int = 256, seed: int = 0, methods:
         mean = sums[kind] / n
         result[f"trace_cov_{kind}"] = squares[kind] / n - float(mean.dot(mean))
         result[f"snr_{kind}"] = float(mean.dot(mean)) / result[f"trace_cov_{kind}"] if result[f"trace_cov_{kind}"] > 0 else None
+        result[f"snr_corrected_{kind}"] = corrected_snr(result[f"snr_{kind}"], n)
         rewards = np.array([float(samples[i][field]) for i in chosen])
         result[f"reward_variance_{kind}"] = float(rewards.var())
     if kept_grads is not None:
@@ -153,12 +189,14 @@ def gradient_variance(cfg: dict, max_samples: int = 256, seed: int = 0, methods:
             part = kept_grads[:, start_col:start_col + (1 << 18)].double()
             gram += (part @ part.T).numpy()
         weights = {kind: np.array([float(samples[i][field]) for i in chosen]) for kind, field in kinds.items()}
-        raw_snr = result["snr_raw_step_return"]
         for kind, found in bootstrap_snr(gram, weights, "raw_step_return", bootstrap, seed).items():
-            result[f"snr_ci95_{kind}"] = found["snr_ci95"]
-            result[f"snr_ratio_{kind}"] = result[f"snr_{kind}"] / raw_snr if result[f"snr_{kind}"] and raw_snr else None
-            result[f"snr_ratio_ci95_{kind}"] = found["snr_ratio_ci95"]
+            result.update({f"{measure}_{kind}": value for measure, value in found.items() if measure != "snr_corrected"})
         result["bootstrap"] = bootstrap
+        if gram_out is not None:  # the intervals can be drawn again, or for other weightings, without the model
+            partial = Path(gram_out).with_suffix(".partial.npz")
+            np.savez_compressed(partial, gram=gram, chosen=np.asarray(chosen),
+                                **{f"weights_{kind}": w for kind, w in weights.items()})
+            os.replace(partial, gram_out)
     raw = result["trace_cov_raw_step_return"]
     result["ratio_aggregated_over_raw"] = result["trace_cov_aggregated_reward"] / raw if raw > 0 else None
     for method in methods:
