@@ -50,20 +50,29 @@ from aria.trainers.methods import method_weights
 
 def snr_from_gram(gram: np.ndarray, weights: np.ndarray) -> float | None:
     """||mean_i w_i g_i||² / tr Cov(w g) of the samples whose Gram matrix is ``gram``
-    (G_ij = g_i · g_j): ||mean||² = wᵀGw / n² and mean_i ||w_i g_i||² = Σ_i w_i² G_ii / n.
-    None when the weighted gradients do not vary (up to rounding: a resample of one sample
-    repeated leaves a difference of a few ulps, not a variance)."""
-    n = len(weights)
-    signal = float(weights @ gram @ weights) / n ** 2
-    second = float((weights ** 2 * np.diag(gram)).sum()) / n
+    (G_ij = g_i · g_j). None when the weighted gradients do not vary (:func:`_snr_batch`)."""
+    value = _snr_batch(gram[None], np.diag(gram)[None], weights[None])[0]
+    return None if np.isnan(value) else float(value)
+
+
+def _snr_batch(grams: np.ndarray, diagonals: np.ndarray, weights: np.ndarray) -> np.ndarray:
+    """:func:`snr_from_gram` for b sample sets at once (``grams`` b × n × n, ``diagonals`` and
+    ``weights`` b × n): ||mean||² = wᵀGw / n² and mean_i ||w_i g_i||² = Σ_i w_i² G_ii / n. NaN where
+    the weighted gradients do not vary, up to rounding (a resample of one sample repeated leaves a
+    difference of a few ulps, not a variance)."""
+    n = weights.shape[1]
+    signal = np.einsum("bi,bij,bj->b", weights, grams, weights) / n ** 2
+    second = (weights ** 2 * diagonals).sum(axis=1) / n
     noise = second - signal
-    return signal / noise if noise > 1e-12 * second else None
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return np.where(noise > 1e-12 * second, signal / noise, np.nan)
 
 
 def corrected_snr(snr: float | None, n: int) -> float | None:
     """The plug-in SNR of n samples, less its bias: ||ḡ||² overestimates ||E g||² by tr Cov/n, so
     the plug-in is about θ·n/(n−1) + 1/(n−1) for a true SNR θ, and a gradient of pure noise reads
-    1/(n−1), not 0. Returns snr·(n−1)/n − 1/n, which is about θ (and may be negative)."""
+    1/(n−1), not 0. Returns snr·(n−1)/n − 1/n, which is about θ (and may be negative); elementwise
+    for an array of SNRs."""
     return None if snr is None else snr * (n - 1) / n - 1 / n
 
 
@@ -85,16 +94,11 @@ def bootstrap_snr(gram: np.ndarray, weights: dict[str, np.ndarray], reference: s
     indices = rng.integers(0, n, (resamples, n))  # row b: the samples of resample b
     draws = {name: np.empty(resamples) for name in weights}
     diagonal = np.diag(gram)
-    for first in range(0, resamples, 64):  # snr_from_gram on 64 resamples at once (NaN for its None)
+    for first in range(0, resamples, 64):  # 64 resamples at once: 64 × n × n floats in memory
         idx = indices[first:first + 64]
         sub = gram[idx[:, :, None], idx[:, None, :]]
         for name, w in weights.items():
-            wi = w[idx]
-            signal = np.einsum("bi,bij,bj->b", wi, sub, wi) / n ** 2
-            second = (wi ** 2 * diagonal[idx]).sum(axis=1) / n
-            noise = second - signal
-            with np.errstate(divide="ignore", invalid="ignore"):
-                draws[name][first:first + 64] = np.where(noise > 1e-12 * second, signal / noise, np.nan) * (n - 1) / n - 1 / n
+            draws[name][first:first + 64] = corrected_snr(_snr_batch(sub, diagonal[idx], w[idx]), n)
 
     def pivot(estimate, truth, values):
         values = values[~np.isnan(values)]
