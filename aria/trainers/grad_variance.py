@@ -35,7 +35,7 @@ the difference that holds 0 says this sample cannot tell the weighting from the 
 """
 from __future__ import annotations
 
-import os
+import io
 import time
 from pathlib import Path
 
@@ -43,7 +43,7 @@ import numpy as np
 import torch
 
 from aria.data import read_training_set
-from aria.io import DataError
+from aria.io import DataError, atomic_write_bytes
 from aria.policy import action_logprobs, collate, encode_sample, load_policy
 from aria.trainers.methods import method_weights
 
@@ -197,10 +197,10 @@ def gradient_variance(cfg: dict, max_samples: int = 256, seed: int = 0, methods:
             result.update({f"{measure}_{kind}": value for measure, value in found.items() if measure != "snr_corrected"})
         result["bootstrap"] = bootstrap
         if gram_out is not None:  # the intervals can be drawn again, or for other weightings, without the model
-            partial = Path(gram_out).with_suffix(".partial.npz")
-            np.savez_compressed(partial, gram=gram, chosen=np.asarray(chosen),
+            buffer = io.BytesIO()  # n × n floats: half a megabyte at 256 samples
+            np.savez_compressed(buffer, gram=gram, chosen=np.asarray(chosen),
                                 **{f"weights_{kind}": w for kind, w in weights.items()})
-            os.replace(partial, gram_out)
+            atomic_write_bytes(gram_out, buffer.getvalue())
     raw = result["trace_cov_raw_step_return"]
     result["ratio_aggregated_over_raw"] = result["trace_cov_aggregated_reward"] / raw if raw > 0 else None
     for method in methods:
