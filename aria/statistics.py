@@ -10,7 +10,9 @@
 * **Paired test** of two arms evaluated on the same targets (games paired by seed and game id):
   exact McNemar, the two-sided binomial test of b against Binomial(b + c, 1/2), where b = pairs
   only the first arm won and c = pairs only the second won. Effect size: the difference of
-  success rates (b − c)/n with its Wald interval for paired proportions, and the odds ratio b/c;
+  success rates (b − c)/n with the Agresti-Min interval for paired proportions (the Wald interval
+  after adding 1/2 to each of the four cells, clipped to [−1, 1]: it keeps its coverage where the
+  Wald interval collapses to a point, with no or all pairs discordant), and the odds ratio b/c;
   its sensitivity (the difference detectable with 80% power at the observed discordant share)
   comes from :mod:`aria.power`.
 
@@ -127,11 +129,24 @@ def mcnemar(first: list[bool], second: list[bool]) -> dict[str, Any]:
     c = sum(o and not a for a, o in zip(first, second))
     p = binomtest(b, b + c, 0.5).pvalue if b + c else 1.0
     diff = (b - c) / n if n else 0.0
-    # Wald interval of a difference of paired proportions
-    se = math.sqrt(max((b + c) / n - diff * diff, 0.0) / n) if n else 0.0
     return {"pairs": n, "first_only": b, "second_only": c, "both": sum(a and o for a, o in zip(first, second)),
-            "p_value": float(p), "difference": diff, "difference_ci95": [diff - Z_95 * se, diff + Z_95 * se],
+            "p_value": float(p), "difference": diff, "difference_ci95": paired_difference_interval(b, c, n),
             "odds_ratio": (b / c) if c else None}
+
+
+def paired_difference_interval(b: int, c: int, n: int, z: float = Z_95) -> list[float]:
+    """Agresti & Min (2005), "Simple improved confidence intervals for comparing matched
+    proportions": the Wald interval of (b − c)/n computed after adding 1/2 to every cell of the
+    2×2 table (so b + c + 1 discordant and n + 2 pairs), clipped to [−1, 1]. The plain Wald
+    interval has width 0 when no pair is discordant (two arms that play alike would read as a
+    difference known exactly) and can leave [−1, 1]; this one does neither, and at hundreds of
+    pairs it is the Wald interval to a tenth of a point. [−1, 1] when there are no pairs."""
+    if n == 0:
+        return [-1.0, 1.0]
+    m = n + 2
+    centre = (b - c) / m
+    se = math.sqrt((b + c + 1) - (b - c) ** 2 / m) / m
+    return [max(-1.0, centre - z * se), min(1.0, centre + z * se)]
 
 
 def sensitivity(test: dict[str, Any], power: float = POWER, alpha: float = ALPHA) -> dict[str, Any]:

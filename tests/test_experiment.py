@@ -12,12 +12,14 @@ import re
 import socket
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from aria import experiment
 from aria.experiment_report import mcnemar, preflight_row_name, render_table, wilson_interval
 from aria.games.family import family_of
 from aria.io import atomic_write_json
+from aria.statistics import paired_difference_interval
 from aria.resources import compose_config, config_dir
 
 REPO = Path(__file__).resolve().parents[1]
@@ -47,13 +49,38 @@ def test_exact_mcnemar_by_hand():
     assert (t["first_only"], t["second_only"], t["both"], t["pairs"]) == (8, 2, 5, 20)
     # two-sided binomial test of 8 of 10 at 1/2: 2·P(X ≤ 2) = 2·(1 + 10 + 45)/1024 = 0.109375
     assert t["p_value"] == pytest.approx(0.109375)
-    # difference (8 − 2)/20 = 0.3; paired Wald se = sqrt((10/20 − 0.09)/20) = sqrt(0.0205) = 0.143178
+    # difference (8 − 2)/20 = 0.3; Agresti-Min: 1/2 added to each cell, so 22 pairs, centre 6/22 = 0.272727,
+    # se = sqrt((8.5 + 2.5) − 6²/22)/22 = sqrt(9.363636)/22 = 0.139091
     assert t["difference"] == pytest.approx(0.3)
-    assert t["difference_ci95"] == pytest.approx([0.3 - 1.959964 * 0.143178, 0.3 + 1.959964 * 0.143178], abs=1e-5)
+    assert t["difference_ci95"] == pytest.approx([0.272727 - 1.959964 * 0.139091, 0.272727 + 1.959964 * 0.139091], abs=1e-5)
     assert t["odds_ratio"] == pytest.approx(4.0)
     # no discordant pair: nothing to test
     same = mcnemar([True, False], [True, False])
     assert same["p_value"] == 1.0 and same["odds_ratio"] is None
+
+
+def test_paired_interval_never_collapses_or_leaves_the_range():
+    # 10 pairs, none discordant: centre 0, se = sqrt(1 − 0)/12, so ±1.959964/12 (Wald: width 0)
+    assert paired_difference_interval(0, 0, 10) == pytest.approx([-1.959964 / 12, 1.959964 / 12], abs=1e-6)
+    # all 10 discordant one way: centre 10/12, se = sqrt(11 − 100/12)/12 = 0.136083; the top clipped to 1
+    assert paired_difference_interval(10, 0, 10) == pytest.approx([10 / 12 - 1.959964 * 0.136083, 1.0], abs=1e-5)
+    assert paired_difference_interval(0, 10, 10)[0] == -1.0
+    assert paired_difference_interval(0, 0, 0) == [-1.0, 1.0]
+    # 9 of 10 one way (Wald: 0.714 to 1.086): inside [−1, 1]
+    low, high = mcnemar([True] * 9 + [False], [False] * 10)["difference_ci95"]
+    assert -1.0 <= low < 0.9 < high <= 1.0
+
+
+def test_paired_interval_covers_the_true_difference_at_95_percent():
+    # Simulated paired arms, true difference 0.1 − 0.2 = −0.1, at a size where Wald under-covers
+    # (few discordant pairs): the interval must hold the truth in about 95% of 4,000 draws.
+    rng = np.random.default_rng(0)
+    n, covered = 40, 0
+    cells = rng.multinomial(n, [0.1, 0.2, 0.3, 0.4], size=4000)   # first only, second only, both, neither
+    for b, c, _, _ in cells:
+        low, high = paired_difference_interval(int(b), int(c), n)
+        covered += low <= -0.1 <= high
+    assert 0.93 <= covered / 4000 <= 0.975
 
 
 def test_the_table_shows_the_arithmetic_and_says_whether_it_is_significant():
@@ -94,11 +121,11 @@ def test_the_movement_verdict_by_hand(tmp_path):
                                                        "logprob_change_lost": -0.1, "weights": {"dtype": "bfloat16", "share": share}})
         return moved_from_parent(cfg, lay, evaluations, "aria", 0, 1)
 
-    # b = 2 pairs only the child won, c = 0: difference 2/10, se = sqrt((0.2 − 0.2²)/10) = 0.1265,
+    # b = 2 pairs only the child won, c = 0: difference 2/10; Agresti-Min centre 2/12, se = sqrt(3 − 4/12)/12,
     # exact McNemar p = 2 · (1/2)² = 0.5; no movement measured yet
-    half_width = 1.959963984540054 * math.sqrt((0.2 - 0.04) / 10)
+    half_width = 1.959963984540054 * math.sqrt(3 - 4 / 12) / 12
     assert moved_from_parent(cfg, lay, evaluations, "aria", 0, 1) == {
-        "against_parent": {"pairs": 10, "difference": 0.2, "difference_ci95": pytest.approx([0.2 - half_width, 0.2 + half_width]),
+        "against_parent": {"pairs": 10, "difference": 0.2, "difference_ci95": pytest.approx([2 / 12 - half_width, 2 / 12 + half_width]),
                            "p_value": 0.5, "discordant_share": 0.2, "detectable_difference": None, "power": 0.8}}
     # 2 discordant pairs of 10: no difference reaches 80% power with 10 pairs at that share
     assert measured(0.01, 0.001)["movement"]["moved"] is True       # both at their threshold
@@ -114,7 +141,7 @@ def test_the_movement_verdict_by_hand(tmp_path):
                "paired_tests": [{"first": "aria", "second": "no_aggregation", "iteration": 1, "seeds": [0],
                                  **mcnemar([True] * 5 + [False] * 5, [False] * 10), "not_moved": ["aria seed 0"]}]}
     table = render_table(results)
-    assert "| aria | 0 | 1 | 0.0099 | +0.200 / -0.100 | 50.00% at bfloat16 | +20.0 (-4.8 to +44.8) | – | **no** |" in table
+    assert "| aria | 0 | 1 | 0.0099 | +0.200 / -0.100 | 50.00% at bfloat16 | +20.0 (-10.0 to +43.3) | – | **no** |" in table
     assert "**Uninformative: the policy did not move** (by the movement rule above: aria seed 0)" in table
     assert "An arm moved when its KL is at least 0.01 and at least 0.1% of its weights changed" in table
 
