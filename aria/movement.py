@@ -84,9 +84,11 @@ def _action_distributions(model, batch: dict[str, torch.Tensor]) -> tuple[torch.
 
 @torch.no_grad()
 def compare_policies(parent, child, encoded: Sequence, won: Sequence[bool], pad_id: int,
-                     batch_size: int = 8) -> dict[str, Any]:
+                     batch_size: int = 8, names: tuple[str, str] = ("the parent model", "the trained model")) -> dict[str, Any]:
     """Token KL and log-prob change (module doc) of two loaded models on encoded steps
-    (:class:`aria.policy.EncodedSample`), ``won[i]`` saying whether step i's game was won."""
+    (:class:`aria.policy.EncodedSample`), ``won[i]`` saying whether step i's game was won. A model
+    whose log-probabilities are NaN (weights that diverged) is refused with its name (``names``):
+    counted as zero, it would read as a policy that did not move."""
     from aria.policy import collate
 
     if len(encoded) != len(won):
@@ -101,6 +103,13 @@ def compare_policies(parent, child, encoded: Sequence, won: Sequence[bool], pad_
         batch = collate([encoded[i] for i in rows], pad_id)
         theirs, targets, row = _action_distributions(parent, batch)
         ours, _, _ = _action_distributions(child, batch)
+        for name, logp in zip(names, (theirs, ours)):
+            if torch.isnan(logp).any():
+                from aria.io import ConfigError
+
+                first = rows[int(row[torch.isnan(logp).any(dim=-1)][0])]
+                raise ConfigError(f"{name}: its log-probabilities are NaN on step {first} of the sample (weights that "
+                                  "hold NaN or inf, a diverged training?), so its movement cannot be measured")
         # p · (log p − log q), with 0 where p underflows to 0 (and log q may be −inf too)
         kl_sum += float(torch.where(ours > -torch.inf, ours.exp() * (ours - theirs), 0.0).sum(dtype=torch.float64))
         tokens += len(targets)
@@ -135,10 +144,13 @@ def movement(parent: Path, child: Path, samples: Sequence[dict], served_dtype: s
         raise DataError(source, None, None, "no steps to compare the models on (an empty list)")
     if max_steps is not None and len(steps) > max_steps:
         steps = random.Random(seed).sample(steps, max_steps)
+    # The weights first: they name a tensor of another shape (another vocabulary) in one line, before
+    # two models load and their logits disagree in shape.
+    weights = weight_change_share(parent, child, served_dtype)
     encoding = Encoding.saved_in(Path(child), Encoding())
     tokenizer, parent_model = load_policy(str(parent), setting="the parent model")
     _, child_model = load_policy(str(child), setting="the trained model")
     encoded = [encoding.encode(tokenizer, s["observation"], s["action"]) for s in steps]
     return {**compare_policies(parent_model.eval(), child_model.eval(), encoded, [s["success"] for s in steps],
-                               tokenizer.pad_token_id, batch_size),
-            "weights": weight_change_share(parent, child, served_dtype)}
+                               tokenizer.pad_token_id, batch_size, names=(f"the parent model {parent}", f"the trained model {child}")),
+            "weights": weights}

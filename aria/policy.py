@@ -206,6 +206,11 @@ def load_model(model_path: str, head: str = "causal_lm", dtype: str = "float32",
         from aria.io import ConfigError
 
         raise ConfigError(f"{setting}: {model_path!r} is no model folder (give a Hugging Face model folder, or embedded)")
+    if not any((path / name).is_file() for name in ("config.json", "adapter_config.json")):
+        from aria.io import ConfigError  # a folder of something else: else transformers' tokenizer error, with a traceback
+
+        raise ConfigError(f"{setting}: {model_path!r} holds no config.json, so it is no Hugging Face model folder "
+                          "(give the folder a trained model or merge_lora.py wrote, or embedded)")
     tokenizer = AutoTokenizer.from_pretrained(path)
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token

@@ -120,3 +120,28 @@ def test_the_script_writes_its_result_and_names_a_bad_sample(tmp_path, tiny_mode
     steps.write_text("[]")  # before: a traceback (the script's own catch was replaced by aria.cli.command)
     done = run_script(script, str(tiny_model_dir), str(tiny_model_dir), str(steps))
     assert done.returncode == 2 and done.stderr.strip() == f"error: {steps}: no steps to compare the models on (an empty list)"
+
+
+def test_a_diverged_another_or_no_model_is_named_not_measured(tmp_path, tiny_model_dir):
+    from aria.io import ConfigError
+
+    samples = [{"observation": o, "action": a, "success": w} for o, a, w in STEPS]
+    tokenizer, model = load_policy(str(tiny_model_dir))
+    with torch.no_grad():  # a training that diverged: NaN weights (before: token KL 0.0, "did not move")
+        next(p for n, p in model.named_parameters() if "mlp" in n).fill_(float("nan"))
+    model.save_pretrained(tmp_path / "nan")
+    tokenizer.save_pretrained(tmp_path / "nan")
+    with pytest.raises(ConfigError, match=r"the trained model .*nan: its log-probabilities are NaN on step \d"):
+        movement(tiny_model_dir, tmp_path / "nan", samples)
+    # Another vocabulary: one line naming the tensor, before the models load (before: a shape RuntimeError)
+    _, model = load_policy(str(tiny_model_dir))
+    model.resize_token_embeddings(model.config.vocab_size + 8)
+    model.save_pretrained(tmp_path / "vocab")
+    tokenizer.save_pretrained(tmp_path / "vocab")
+    with pytest.raises(ConfigError, match=r"vocab: tensor (lm_head|model\.embed_tokens)\.weight has shape"):
+        movement(tiny_model_dir, tmp_path / "vocab", samples)
+    # A folder that holds weights but no model's config (before: transformers' tokenizer ValueError)
+    (tmp_path / "loose").mkdir()
+    (tmp_path / "loose" / "model.safetensors").write_bytes((tmp_path / "nan" / "model.safetensors").read_bytes())
+    with pytest.raises(ConfigError, match=r"the trained model: .*loose.* holds no config.json"):
+        movement(tiny_model_dir, tmp_path / "loose", samples)
