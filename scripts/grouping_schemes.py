@@ -24,7 +24,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("run_dir", help="a pipeline run folder (steps 1-4 done)")
     parser.add_argument("--window", type=number(int, ge=0), default=2, help="turns kept by the windowed keys (default 2)")
-    parser.add_argument("--threshold", type=number(float, ge=0, le=1), default=0.9, help="GiGPO's similarity threshold (verl-agent's scripts: 0.9)")
+    parser.add_argument("--threshold", type=number(float, gt=0, lt=1), default=0.9,
+                        help="GiGPO's similarity threshold, in (0, 1) (verl-agent's scripts: 0.9)")
     parser.add_argument("--model", default=None, help="a policy folder: also the gradient SNR of each weighting")
     parser.add_argument("--samples", type=number(int, ge=2), default=256, help="samples for the gradient SNR (default 256)")
     parser.add_argument("--bootstrap", type=number(int, ge=0), default=2000,
@@ -42,13 +43,23 @@ def main() -> None:
         found = compare(run_config(args.run_dir), args.window, args.threshold)
         found["seconds_grouping"] = round(time.perf_counter() - start, 2)
         if args.model:
+            from aria.data import read_training_set
+            from aria.io import DataError
             from aria.resources import compose_config
             from aria.trainers.grad_variance import gradient_variance
+            from aria.trainers.methods import method_weights
 
             train = Path(args.run_dir) / "train.json"
-            cfg = compose_config("reinforce_llm", [f"data.train_file={train}", f"model.path={args.model}"])
-            gradients = gradient_variance(cfg, args.samples, 0, ["no_aggregation", "gigpo", "gigpo_similar"],
-                                          weightings=found["sample_rewards"], bootstrap=args.bootstrap,
+            cfg = compose_config("reinforce_llm", [])  # the paths set, not parsed as overrides (a comma in a name)
+            cfg["data"]["train_file"], cfg["model"]["path"] = str(train), args.model
+            # GiGPO's similarity groups at --threshold, as in the grouping columns (the method's own default is 0.9)
+            try:
+                similar = method_weights("gigpo_similar", read_training_set(train), threshold=args.threshold)
+            except KeyError as error:
+                raise DataError(train, None, None, error.args[0]) from None
+            gradients = gradient_variance(cfg, args.samples, 0, ["no_aggregation", "gigpo"],
+                                          weightings={**found["sample_rewards"], "gigpo_similar": similar.tolist()},
+                                          bootstrap=args.bootstrap,
                                           gram_out=out.with_suffix(".gram.npz") if args.bootstrap else None)
             found["gradients"] = gradients
             for name, row in found["schemes"].items():

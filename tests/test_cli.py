@@ -159,7 +159,9 @@ def test_argument_types_with_ranges_by_hand(capsys):
 
 @pytest.mark.parametrize(("args", "message"), [
     ([str(REPO / "scripts/grouping_schemes.py"), "run", "--threshold", "2"],
-     "argument --threshold: expected a finite number >= 0 and <= 1, got 2"),
+     "argument --threshold: expected a finite number > 0 and < 1, got 2"),
+    ([str(REPO / "scripts/grouping_schemes.py"), "run", "--threshold", "1"],  # before: a traceback after the work
+     "argument --threshold: expected a finite number > 0 and < 1, got 1"),
     ([str(REPO / "scripts/serve_reward_model.py"), "m", "--batch-size", "0"], "argument --batch-size: expected an integer >= 1, got 0"),
     ([str(REPO / "scripts/behavioural_intentions.py"), "games.jsonl", "--game", "bargaining"],
      "error: --game: bargaining has no offline oracle (facts_file) to compute behavioural intentions from"),

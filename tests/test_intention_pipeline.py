@@ -938,6 +938,68 @@ def test_grouping_schemes_side_by_side(tmp_path, tiny_model_dir):
         assert row["snr_corrected"] == pytest.approx(row["snr"] * 6 / 7 - 1 / 7) and low <= high, name
     kept = np.load(tmp_path / "g.gram.npz")
     assert kept["gram"].shape == (7, 7) and len(kept["weights_weighting_aria"]) == 7
+    # --threshold reaches the SNR's weights too (before: always 0.9 there), and one command gives one SNR
+    # (before: the LoRA adapter's random A made two runs differ)
+    from aria.data import read_training_set
+    from aria.trainers.methods import method_weights
+
+    done = run_script(REPO / "scripts/grouping_schemes.py", str(tmp_path / "run"), "--model", str(tiny_model_dir),
+                      "--samples", "7", "--bootstrap", "0", "--threshold", "0.5", "--out", str(tmp_path / "t0.5.json"))
+    assert done.returncode == 0, done.stderr
+    samples = read_training_set(tmp_path / "run" / "train.json")
+    at_half, at_default = (method_weights("gigpo_similar", samples, threshold=t) for t in (0.5, 0.9))
+    assert not np.allclose(at_half, at_default)  # the threshold matters on these steps
+    gradients = json.loads((tmp_path / "t0.5.json").read_text())["gradients"]
+    assert "snr_weighting_gigpo_similar" in gradients and "snr_method_gigpo_similar" not in gradients
+    first = json.loads((tmp_path / "t0.5.json").read_text())["schemes"]
+    done = run_script(REPO / "scripts/grouping_schemes.py", str(tmp_path / "run"), "--model", str(tiny_model_dir),
+                      "--samples", "7", "--bootstrap", "5", "--threshold", "0.5", "--out", str(tmp_path / "t.json"))
+    assert done.returncode == 0, done.stderr
+    again = json.loads((tmp_path / "t.json").read_text())["schemes"]
+    assert all(again[name]["snr"] == first[name]["snr"] for name in first)
+    weights = np.load(tmp_path / "t.gram.npz")["weights_weighting_gigpo_similar"]
+    np.testing.assert_allclose(weights, at_half)  # all 7 samples, in their order
+
+
+def test_grouping_schemes_reads_the_run_as_it_ran_and_refuses_stale_steps(tmp_path):
+    """The run's own game settings (two targets here), not the game's defaults; a run whose later
+    steps no longer match is refused in one line, and nothing is rewritten under other settings."""
+    from aria.intention.grouping import compare, run_config
+
+    cfg = _behaviour_run(tmp_path)
+    cfg["game"]["targets_only"] = ["Dog", "Chair"]
+    run_all(cfg)
+    behaviour = tmp_path / "run" / "behaviour.json"
+    assert json.loads(behaviour.read_text())["targets"] == 2
+    rebuilt = run_config(tmp_path / "run")
+    assert rebuilt["game"]["targets_only"] == ["Dog", "Chair"] and rebuilt["labels"] == "clusters"
+    assert compare(rebuilt)["schemes"]["aria_behavioural"]["shared"] == pytest.approx(2 / 7)
+    assert json.loads(behaviour.read_text())["targets"] == 2
+    import shutil  # a folder whose name Hydra would parse as a list (before: ConfigCompositionException)
+
+    shutil.copytree(tmp_path / "run", tmp_path / "co,mma")
+    assert compare(run_config(tmp_path / "co,mma"))["schemes"]["gigpo"]["shared"] == pytest.approx(2 / 7)
+    # a run written before step 1 recorded its settings: the defaults are refused by step 4's fingerprint
+    # before behaviour.json is touched (before: rewritten over the default ten targets)
+    utterances = tmp_path / "run" / "utterances.json"
+    summary = json.loads(utterances.read_text())
+    utterances.write_text(json.dumps({k: v for k, v in summary.items() if k != "made_under"}))
+    with pytest.raises(pipeline.StaleInput, match=r"train.json is missing, was made from another labelled.jsonl or game "
+                                                  r"settings.*re-run step 4"):
+        compare(run_config(tmp_path / "run"))
+    assert json.loads(behaviour.read_text())["targets"] == 2
+    utterances.write_text(json.dumps(summary))
+    # a training set edited by hand
+    train = tmp_path / "run" / "train.json"
+    train.write_text(train.read_text() + " ")
+    with pytest.raises(pipeline.StaleInput, match=r"re-run step 4"):
+        compare(run_config(tmp_path / "run"))
+    pipeline.step4_build_training_set(cfg, lambda s: None)
+    # step 2 re-run under another gamma: the labels and the training set are of the old selection
+    cfg["aggregation"]["gamma"] = 0.9
+    pipeline.step2_select_k(cfg, lambda s: None)
+    with pytest.raises(pipeline.StaleInput, match=r"labelled.jsonl was made from another selection.json.*re-run step 3"):
+        compare(run_config(tmp_path / "run"))
 
 
 def test_selection_keys_whole_history_chooses_the_papers_k_and_trains_under_the_window(

@@ -40,19 +40,34 @@ from aria.intention.aggregate import errors_against, group_mean, group_sharing, 
 
 
 def run_config(run_dir: str | Path) -> dict:
-    """The pipeline config a labelled run was made under, rebuilt from its own outputs (the game,
-    the input files and the aggregation settings step 2 recorded)."""
+    """The pipeline config a labelled run was made under, rebuilt from its own outputs: the game,
+    embedding and behaviour settings step 1 recorded (runs from before it recorded them: the game's
+    defaults, which :func:`compare` then checks against step 4's fingerprint), the input files,
+    the aggregation settings and the labels step 2 and 3 ran under. Values are set after composing,
+    so no path is parsed as a Hydra override (a comma in a folder's name)."""
     from aria.resources import compose_config
 
     run_dir = Path(run_dir)
     summary = pipeline.step_output(run_dir / "utterances.json", 1)
     selection = pipeline.step_output(run_dir / "selection.json", 2)
-    inputs = summary["inputs"]
-    agg = selection["settings"]["aggregation"]
-    return compose_config("intention", [
-        f"game={summary['game']}", f"input={inputs[0] if len(inputs) == 1 else '[' + ','.join(inputs) + ']'}",
-        f"run_dir={run_dir}", *[f"aggregation.{k}={'null' if v is None else str(v).lower() if isinstance(v, bool) else v}"
-                                for k, v in agg.items() if k != "window"]])
+    for name, value in (("utterances.json", summary.get("inputs")), ("selection.json", selection.get("settings"))):
+        if not value:
+            raise pipeline.StaleInput(1 if name == "utterances.json" else 2, f"{run_dir / name} names no "
+                                      f"{'inputs' if name == 'utterances.json' else 'settings'}: not a complete output")
+    cfg = compose_config("intention", [f"game={summary['game']}"])
+    cfg.update(summary.get("made_under") or {})
+    cfg["input"], cfg["run_dir"] = list(summary["inputs"]), str(run_dir)
+    cfg["aggregation"] = {**cfg["aggregation"], **selection["settings"]["aggregation"]}
+    cfg["labels"] = selection.get("labels") or _labels_of_step3(cfg, selection)
+    return cfg
+
+
+def _labels_of_step3(cfg: dict, selection: dict) -> str:
+    """The ``labels`` step 3 ran under, for runs whose step 2 did not record it: the choice whose
+    fingerprint is the one labelled.meta.json holds (else the default, which the training-set check refuses)."""
+    made = pipeline.step_output(Path(cfg["run_dir"]) / "labelled.meta.json", 3)
+    return next((labels for labels in pipeline.LABELS
+                 if pipeline._step3_fingerprint(selection, {"labels": labels}) == made.get("fingerprint")), cfg["labels"])
 
 
 def compare(cfg: dict, window: int = 2, threshold: float = 0.9) -> dict:
@@ -60,6 +75,9 @@ def compare(cfg: dict, window: int = 2, threshold: float = 0.9) -> dict:
     from aria.data import read_training_set
     from aria.trainers.methods import gigpo_groups
 
+    # train.json first: step 4's output of this run's labels under these game settings, checked before
+    # anything here is computed or cached (behaviour.json) under settings the run did not have
+    train = pipeline.check_training_set(cfg)
     run = pipeline.read_labelled_run(cfg)
     run_dir, corpus, chosen = run.run_dir, run.corpus, run.chosen
     clusters = run.labels_at(chosen)
@@ -75,7 +93,7 @@ def compare(cfg: dict, window: int = 2, threshold: float = 0.9) -> dict:
         schemes[f"aria_behavioural_window{window}"] = (step_keys(table, exact, window)[0], "history+action")
 
     # GiGPO groups the training set's samples (their rendered histories): line them up with the steps.
-    samples = read_training_set(run_dir / "train.json")
+    samples = read_training_set(train)
     position = {(s["game_id"], int(s["turn"])): i for i, s in enumerate(samples)}
     order = [position[(corpus.game_ids[g], int(t))] for g, t in zip(corpus.step_game.tolist(), corpus.step_turn.tolist())]
     in_order = [samples[i] for i in order]

@@ -350,6 +350,9 @@ def step1_embed_and_cluster(cfg: dict, echo: Printer = print) -> dict:
                       "distinct_vectors": distinct[p], "occurrences": int(corpus.text_counts(p).sum()),
                       "clustering": info[p]} for p, t in corpus.pools.items()},
         "ks": ks, "clustering": clustering,
+        # what a tool reading this run later rebuilds its config from (aria.intention.grouping.run_config):
+        # the game as it ran (targets, trained roles), not the game's defaults
+        "made_under": {"game": cfg["game"], "embedding": cfg["embedding"], "behaviour": cfg["behaviour"]},
     }
     atomic_write_json(summary_path, summary)
     behavioural_labels(cfg, corpus, echo)
@@ -569,7 +572,7 @@ def step2_select_k(cfg: dict, echo: Printer = print) -> dict:
     report = {
         "fingerprint": fingerprint, "step1_fingerprint": summary["fingerprint"], "game": summary["game"], "ks": ks,
         "chosen": chosen, "choices_by_criterion": choices,
-        "settings": {"aggregation": agg_cfg, "selection": selection_cfg},
+        "settings": {"aggregation": agg_cfg, "selection": selection_cfg}, "labels": cfg["labels"],
         "num_steps": int(corpus.table.num_steps), "num_games": len(corpus.game_ids),
         "curves": {**curves, "variance_raw": variance["raw_kept"], "variance_aggregated": variance["aggregated_kept"],
                    "kept_fraction": variance["kept_fraction"]},
@@ -844,18 +847,8 @@ def _turn_of(record: dict, corpus: Corpus, u: int) -> int:
 # ---- step 4: the training set ----------------------------------------------------------------
 def step4_build_training_set(cfg: dict, echo: Printer = print) -> Path:
     cfg = check_settings(cfg)
-    run_dir = Path(cfg["run_dir"])
-    labelled = run_dir / "labelled.jsonl"
-    made = step_output(run_dir / "labelled.meta.json", 3)
-    selection = step_output(run_dir / "selection.json", 2)
-    if made.get("fingerprint") != _step3_fingerprint(selection, cfg):
-        raise StaleInput(3, "labelled.jsonl was made from another selection.json or under other labels")
-    if not labelled.is_file() or file_digest([labelled]) != made.get("labelled_digest"):
-        raise StaleInput(3, "labelled.jsonl is missing or changed since step 3 wrote it")
-    out_path = Path(cfg.get("train_out") or run_dir / "train.json")
-    # prompts live in the game config; the format names the fields written (format 2: every agent step)
-    fingerprint = json_digest({"labelled": file_digest([labelled]), "game": cfg["game"], "format": TRAIN_FORMAT})
-    meta_path = out_path.with_suffix(".meta.json")
+    labelled = _checked_labelled(cfg)
+    out_path, meta_path, fingerprint = _step4_output(cfg, labelled)
     if _up_to_date(out_path, meta_path, fingerprint, "train_digest"):
         echo(f"[step 4] up to date: {out_path}")
         return out_path
@@ -885,6 +878,38 @@ def step4_build_training_set(cfg: dict, echo: Printer = print) -> Path:
     rewards = np.array([s["reward"] for s in kept]) if kept else np.zeros(0)
     stats = f"reward mean {rewards.mean():.4f}, min {rewards.min():.4f}, max {rewards.max():.4f}" if kept else "empty"
     echo(f"[step 4] wrote {out_path}: {len(samples)} agent steps, {len(kept)} kept with an aggregated reward ({stats})")
+    return out_path
+
+
+def _checked_labelled(cfg: dict) -> Path:
+    """labelled.jsonl, after checking step 3 wrote it from the current selection.json and labels."""
+    run_dir = Path(cfg["run_dir"])
+    labelled = run_dir / "labelled.jsonl"
+    made = step_output(run_dir / "labelled.meta.json", 3)
+    selection = step_output(run_dir / "selection.json", 2)
+    if made.get("fingerprint") != _step3_fingerprint(selection, cfg):
+        raise StaleInput(3, "labelled.jsonl was made from another selection.json or under other labels")
+    if not labelled.is_file() or file_digest([labelled]) != made.get("labelled_digest"):
+        raise StaleInput(3, "labelled.jsonl is missing or changed since step 3 wrote it")
+    return labelled
+
+
+def _step4_output(cfg: dict, labelled: Path) -> tuple[Path, Path, str]:
+    """train.json, its meta file, and the fingerprint step 4 writes it under."""
+    out_path = Path(cfg.get("train_out") or Path(cfg["run_dir"]) / "train.json")
+    # prompts live in the game config; the format names the fields written (format 2: every agent step)
+    fingerprint = json_digest({"labelled": file_digest([labelled]), "game": cfg["game"], "format": TRAIN_FORMAT})
+    return out_path, out_path.with_suffix(".meta.json"), fingerprint
+
+
+def check_training_set(cfg: dict) -> Path:
+    """train.json of a run, after checking it is step 4's output of the run's current labelled.jsonl
+    (itself step 3's of the current selection.json) as written: a tool that reads the training set
+    beside a re-run step 1 or 2 would otherwise pair new labels with old samples, without a word."""
+    out_path, meta_path, fingerprint = _step4_output(cfg, _checked_labelled(cfg))
+    if not _up_to_date(out_path, meta_path, fingerprint, "train_digest"):
+        raise StaleInput(4, f"{out_path} is missing, was made from another labelled.jsonl or game settings, or changed "
+                            "since step 4 wrote it")
     return out_path
 
 

@@ -151,7 +151,11 @@ def gradient_variance(cfg: dict, max_samples: int = 256, seed: int = 0, methods:
         raise DataError(d["train_file"], None, None, "no sample has an aggregated reward (none was kept)")
     rng = np.random.default_rng(seed)
     chosen = sorted(np.asarray(kept)[rng.choice(len(kept), size=min(max_samples, len(kept)), replace=False)].tolist())
-    tokenizer, model = load_policy(m["path"], m["dtype"], m["lora"] if m["lora"]["enabled"] else None)
+    # A LoRA adapter's A matrices are drawn at random (B starts at 0, so the gradient lives in B and
+    # depends on A): the seed fixes them too, or two runs of one command differ.
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        tokenizer, model = load_policy(m["path"], m["dtype"], m["lora"] if m["lora"]["enabled"] else None)
     model.eval()  # no dropout: the variance is over samples, not over dropout masks
     params = [p for p in model.parameters() if p.requires_grad]
     n_params = sum(p.numel() for p in params)

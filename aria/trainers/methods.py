@@ -118,9 +118,10 @@ def _checked(name: str, kind: str, steps: Sequence[dict]) -> Method:
     return method
 
 
-def method_weights(name: str, steps: Sequence[dict]) -> np.ndarray:
-    """The weights of method ``name`` on ``steps``, after checking every step has the fields it reads."""
-    return np.asarray(_checked(name, "weights", steps).fn(steps), dtype=np.float64)
+def method_weights(name: str, steps: Sequence[dict], **options) -> np.ndarray:
+    """The weights of method ``name`` on ``steps``, after checking every step has the fields it
+    reads; ``options`` go to the method (``threshold=`` of ``gigpo_similar``)."""
+    return np.asarray(_checked(name, "weights", steps).fn(steps, **options), dtype=np.float64)
 
 
 def method_pairs(name: str, steps: Sequence[dict]) -> list[Pair]:
