@@ -56,7 +56,8 @@ the game's return); ``evaluation/twenty_questions.py`` and ``evaluation/guess_my
 * ``obs`` (or ``next_observations``, the key of the release's Guess My City logs) has one answer
   per action, or one fewer when the file says the game was won (the winning question went
   unanswered); that turn's observation is then the game's ``win_answer`` and ``meta`` records
-  ``last_observation_filled``.
+  ``last_observation_filled``. Where the win rule decides the game was lost after all, that
+  answer is unknown and the line is refused. A line with both keys must give the same answers.
 * An action that already starts with ``Question:`` is kept as it is.
 * ``game_id`` is the file's own ``game_id`` (string or integer) when present, else
   ``f"{file stem}-{line:06d}"``; a repeated id is an error.
@@ -96,7 +97,8 @@ one game per line (``../shared/data/aria_sample_llama3-8b_negotiation_embedding_
   must be exactly 0..n−1. Turns are rebuilt in that order with roles ``alice`` and ``bob``.
 * A list field may also be a JSON-encoded string of a list (some released files store them so).
 * ``alice_reward`` / ``bob_reward`` are the roles' final rewards (the original's normalised payoff
-  share, 0.5 each for a tie or no deal) and are required.
+  share, 0.5 each for a tie or no deal) and are required: each in [0, 1], summing to 1 (a raw
+  payoff, which would change the scale of every update, is refused).
 * Embeddings (``alice_action_embeddings``; Bob's key is ``bob_actions_embeddings`` in the released
   files, ``bob_action_embeddings`` is read too) are optional, one vector per message.
 * Everything else (system prompts, the game's parameters, gains) is kept in ``meta``.
@@ -298,6 +300,9 @@ def _aria_flag(obj: dict, num_actions: int, path: Path, line: int) -> bool:
 def _aria_observations(obj: dict, num_actions: int, won: bool, game: QuestionGame, path: Path, line: int) -> list[str]:
     """One answer per action; a won game's unanswered last question gets the game's win answer."""
     key = "obs" if "obs" in obj or "next_observations" not in obj else "next_observations"
+    if "obs" in obj and "next_observations" in obj and obj["obs"] != obj["next_observations"]:
+        raise DataError(path, line, "next_observations", "differs from obs: a game's answers twice, and not the same "
+                                                         "(keep one of the two keys)")
     observations = _field(obj, key, list, path, line, "")
     for i, value in enumerate(observations):
         if not isinstance(value, str):
@@ -358,6 +363,11 @@ def _aria_record(obj: dict, game: QuestionGame, path: Path, line: int, success_f
     success, verdicts = decide_success(game, target, actions[-1], flag, "reward", success_from, path, line)
     meta: dict[str, Any] = {"source_line": line, **verdicts, **_target_meta(target, raw)}
     if len(observations) > len(obj.get("obs", obj.get("next_observations", []))):
+        if not success:  # the win answer would be invented for a question that, by the rule, did not win
+            raise DataError(path, line, "obs" if "obs" in obj else "next_observations",
+                            f"the file says the last question won and leaves it unanswered, but by the win rule "
+                            f"{actions[-1]!r:.80} does not win {target.name!r}, so its answer is unknown (give it in "
+                            f"the file, or import with success from the dataset's flag)")
         meta["last_observation_filled"] = True
     return make_record(
         game_id=_aria_game_id(obj, path, line),
@@ -526,7 +536,13 @@ def _two_player_record(obj: dict, game: str, path: Path, line: int, widths: Vect
         value = require(obj, f"{role}_reward", (int, float), path, line)
         if not is_finite_number(value):
             raise DataError(path, line, f"{role}_reward", "not a finite number")
+        if not 0 <= value <= 1:
+            raise DataError(path, line, f"{role}_reward", f"{value!r:.40} is outside [0, 1]: expected the role's share of "
+                                                          "the payoffs (docs/games.md), not a raw payoff")
         rewards[role] = float(value)
+    if abs(sum(rewards.values()) - 1) > 1e-6:
+        raise DataError(path, line, "bob_reward", f"alice_reward + bob_reward = {sum(rewards.values()):.6g}, expected 1 "
+                                                  "(the roles' shares of the payoffs, 0.5 each for a tie or no deal)")
     turns = _two_player_turns(obj, path, line, widths)
     skip = {f"{r}_{k}" for r in TWO_PLAYER_ROLES for k in ("actions", "ids", "reward", "action_embeddings", "actions_embeddings")}
     meta = {"source_line": line, **{k: v for k, v in obj.items() if k not in skip and k != "game_id"}}

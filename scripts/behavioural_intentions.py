@@ -5,7 +5,8 @@
 
 Prints the outputs, distinct texts, behavioural intentions, and the share of questions that get
 one answer for every target and win for none (they tell the policy nothing), answered by the
-game's knowledge-base oracle.
+game's knowledge-base oracle. Failed games are skipped and counted, as pipeline step 1 does; a
+file with no finished game is refused.
 """
 import argparse
 import json
@@ -26,7 +27,7 @@ def main() -> None:
     from aria.games.question.oracle import build_oracle
     from aria.intention.behaviour import partition, signatures
     from aria.intention.pipeline import has_offline_oracle
-    from aria.io import ConfigError
+    from aria.io import ConfigError, DataError
     from aria.trajectories import read_trajectories
 
     with command():
@@ -34,7 +35,10 @@ def main() -> None:
         if not has_offline_oracle(cfg):  # a two-player game, or a question game without a fact table
             raise ConfigError(f"--game: {args.game} has no offline oracle (facts_file) to compute behavioural intentions from")
         game, oracle = build_game(cfg), build_oracle({"name": "knowledge_base"}, cfg)
-        records = list(read_trajectories(args.games, game=cfg["name"]))
+        every = list(read_trajectories(args.games, game=cfg["name"]))
+        records = [r for r in every if r.get("status") != "failed"]  # the pipeline's corpus skips them too
+        if not records:
+            raise DataError(args.games, None, None, f"no finished game ({len(every)} failed)" if every else "no game")
         actions = [turn["action"] for record in records for turn in record["turns"]]
         start = time.perf_counter()
         found = signatures(game, oracle, actions)
@@ -42,7 +46,7 @@ def main() -> None:
         ids = partition(found)
         questions = [a for a in actions if game.extract_question(a) is not None]
         alike = [a for a in questions if len(set(found[a].answers)) == 1 and not found[a].wins]
-        json.dump({"games": len(records), "outputs": len(actions), "questions": len(questions),
+        json.dump({"games": len(records), "failed_games_skipped": len(every) - len(records), "outputs": len(actions), "questions": len(questions),
                    "distinct_texts": len(set(actions)), "intentions": len(set(ids.values())),
                    "questions_answered_alike": len(alike),
                    "share_answered_alike": len(alike) / len(questions) if questions else None,

@@ -94,3 +94,14 @@ def test_the_script_counts_a_games_file(tmp_path):
     found = json.loads(done.stdout)
     assert (found["games"], found["outputs"], found["distinct_texts"], found["intentions"]) == (2, 22, 2, 2)
     assert found["questions_answered_alike"] == 0 and found["share_answered_alike"] == 0.0
+    # a failed game is skipped and counted, as pipeline step 1 does (before: its outputs were counted)
+    lines = out.read_text().splitlines()
+    failed = json.loads(lines[-1])
+    failed.update(game_id=failed["game_id"] + "-again", status="failed")
+    out.write_text("\n".join([*lines, json.dumps(failed)]) + "\n")
+    done = run_script(Path(__file__).resolve().parents[1] / "scripts/behavioural_intentions.py", str(out))
+    found = json.loads(done.stdout)
+    assert (found["games"], found["failed_games_skipped"], found["outputs"]) == (2, 1, 22)
+    out.write_text(json.dumps(failed) + "\n")  # nothing finished: refused (before: exit 0, all counts 0)
+    done = run_script(Path(__file__).resolve().parents[1] / "scripts/behavioural_intentions.py", str(out))
+    assert done.returncode == 2 and done.stderr.strip() == f"error: {out}: no finished game (1 failed)"

@@ -288,11 +288,14 @@ def assert_names(err: DataError, path: Path, line: int | None, field: str | None
         ([{**GOOD_MSG, "actions": ["Is it \ud800?"]}], 1, "actions[0]"),  # half a surrogate pair
         ([{**GOOD_MSG, "action_embeddings": [[0.1, 0.2]]}, {**GOOD_MSG, "action_embeddings": [[0.3]]}], 2,
          "action_embeddings[0]"),  # two embedding models in one file
+        # "won" by the file, lost by the win rule: the unanswered question's answer would be invented
+        ([{"actions": ["Is it an animal?", "Is it a cat?"], "obs": ["Yes."], "reward": 0, "word": "Dog"}], 1, "obs"),
+        ([{**GOOD_MSG, "next_observations": ["No."]}], 1, "next_observations"),  # two answer lists that differ
     ],
     ids=["missing-actions", "count-mismatch", "short-obs-lost-game", "malformed-json", "actions-not-list",
          "action-not-string", "reward-type", "reward-value", "early-win", "missing-reward",
          "embedding-count", "embedding-type", "duplicate-id", "target-type", "huge-int", "too-many-digits",
-         "lone-surrogate", "embedding-width"],
+         "lone-surrogate", "embedding-width", "filled-answer-of-a-lost-game", "obs-and-next-observations"],
 )
 def test_aria_msgs_bad_input_names_file_line_field(tmp_path, games, rows, line, field):
     path = write_jsonl(tmp_path / "bad_msgs.jsonl", rows)

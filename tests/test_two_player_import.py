@@ -72,6 +72,9 @@ def test_json_encoded_lists_are_read(tmp_path):
     ({"alice_actions": '["I offer \\ud800.", "55/45 then."]'}, "alice_actions[0]"),  # an escape inside the string
     ({"alice_actions": '[{"offer": 60, "offer": 40}]'}, "alice_actions.offer"),  # a key given twice inside the string
     ({"alice_reward": 10 ** 400}, "alice_reward"),
+    ({"alice_reward": 60, "bob_reward": 40}, "alice_reward"),      # raw payoffs, not the shares
+    ({"alice_reward": -0.5, "bob_reward": 1.5}, "alice_reward"),
+    ({"alice_reward": 0.6, "bob_reward": 0.6}, "bob_reward"),      # shares of one game sum to 1
 ])
 def test_bad_lines_name_file_line_and_field(tmp_path, change, field):
     path = write(tmp_path, [GAME, {**GAME, **change}])
