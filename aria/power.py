@@ -23,11 +23,16 @@ from __future__ import annotations
 import numpy as np
 
 
-def _check(d: float, alpha: float) -> None:
+def _check(d: float, alpha: float, power: float | None = None, n: int | None = None) -> None:
+    # written so that NaN fails every check (a NaN power would otherwise be 'reached' by one pair)
     if not 0 < d <= 1:
         raise ValueError(f"the discordant share must be in (0, 1], got {d}")
     if not 0 < alpha < 1:
         raise ValueError(f"alpha must be in (0, 1), got {alpha}")
+    if power is not None and not 0 < power < 1:
+        raise ValueError(f"power must be in (0, 1), got {power}")
+    if n is not None and (isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 0):
+        raise ValueError(f"n must be a whole number of pairs >= 0, got {n!r}")
 
 
 def critical_counts(max_discordant: int, alpha: float = 0.05) -> np.ndarray:
@@ -47,11 +52,9 @@ def mcnemar_power(n: int, d: float, delta: float, alpha: float = 0.05, critical:
     that asks for many n."""
     from scipy.stats import binom
 
-    _check(d, alpha)
-    if abs(delta) > d:
+    _check(d, alpha, n=n)
+    if not abs(delta) <= d:
         raise ValueError(f"a difference of {delta} cannot come from a discordant share of {d}: |delta| <= d")
-    if n < 0:
-        raise ValueError(f"n must be >= 0, got {n}")
     q = (1 + delta / d) / 2
     m = np.arange(n + 1)
     k = critical_counts(n, alpha) if critical is None else critical[: n + 1]
@@ -66,7 +69,7 @@ def pairs_needed(d: float, delta: float, power: float = 0.8, alpha: float = 0.05
     finds a size that reaches it, then every n upward from the size before it (which did not) is
     tried. (The power is a saw-tooth in n, module doc: a smaller n than the one returned may
     reach it too, with a larger n after it that does not.)"""
-    _check(d, alpha)
+    _check(d, alpha, power)
     if not 0 < abs(delta) <= d:
         raise ValueError(f"the difference must satisfy 0 < |delta| <= d, got delta={delta}, d={d}")
     hi = 16
@@ -84,7 +87,7 @@ def pairs_needed(d: float, delta: float, power: float = 0.8, alpha: float = 0.05
 def detectable_difference(n: int, d: float, power: float = 0.8, alpha: float = 0.05) -> float | None:
     """The smallest difference (first arm better) that n pairs detect with ``power``; None when
     even ``delta = d`` (every discordant pair won by the first arm) does not reach it."""
-    _check(d, alpha)
+    _check(d, alpha, power, n)
     if mcnemar_power(n, d, d, alpha) < power:
         return None
     lo, hi = 0.0, d  # the power grows with delta

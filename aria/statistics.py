@@ -31,6 +31,9 @@ Z_95 = 1.959963984540054  # two-sided 95 % normal quantile
 
 def wilson_interval(successes: int, n: int, z: float = Z_95) -> tuple[float, float]:
     """Wilson score interval for a binomial proportion; (0, 1) when n = 0 (nothing is known)."""
+    for name, count in (("successes", successes), ("n", n)):
+        if isinstance(count, bool) or not float(count).is_integer():
+            raise ValueError(f"{name} must be a whole number, got {count!r}")
     if n < 0 or not 0 <= successes <= n:
         raise ValueError(f"need 0 <= successes <= n, got {successes}/{n}")
     if n == 0:

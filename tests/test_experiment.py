@@ -39,6 +39,10 @@ def test_wilson_interval_by_hand():
     assert wilson_interval(0, 0) == (0.0, 1.0)
     with pytest.raises(ValueError):
         wilson_interval(3, 2)
+    for bad in ((True, 2), (0.5, 2), (1, 2.5)):  # counts, not flags or shares
+        with pytest.raises(ValueError, match="must be a whole number"):
+            wilson_interval(*bad)
+    assert wilson_interval(np.int64(3), np.int64(10)) == wilson_interval(3, 10)
 
 
 def test_exact_mcnemar_by_hand():

@@ -35,6 +35,19 @@ def test_power_by_hand():
         mcnemar_power(100, 0.2, 0.3)
 
 
+@pytest.mark.parametrize(("call", "message"), [
+    (lambda: mcnemar_power(100, 0.2, float("nan")), r"\|delta\| <= d"),        # before: nan
+    (lambda: mcnemar_power(10.5, 0.2, 0.1), "n must be a whole number"),        # before: nan
+    (lambda: mcnemar_power(-1, 0.2, 0.1), "n must be a whole number"),
+    (lambda: pairs_needed(0.35, 0.05, power=float("nan")), "power must be in"),   # before: 1 pair
+    (lambda: detectable_difference(100, 0.35, power=1.0), "power must be in"),
+    (lambda: detectable_difference(100, float("nan")), "discordant share"),
+])
+def test_power_refuses_what_has_no_answer(call, message):
+    with pytest.raises(ValueError, match=message):
+        call()
+
+
 def test_power_agrees_with_a_simulation_of_paired_games():
     rng = np.random.default_rng(0)
     n, d, delta, runs = 150, 0.35, 0.10, 3000
