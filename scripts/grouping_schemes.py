@@ -43,30 +43,22 @@ def main() -> None:
         found = compare(run_config(args.run_dir), args.window, args.threshold)
         found["seconds_grouping"] = round(time.perf_counter() - start, 2)
         if args.model:
-            from aria.data import read_training_set
-            from aria.io import DataError
             from aria.resources import compose_config
             from aria.trainers.grad_variance import gradient_variance
-            from aria.trainers.methods import method_weights
 
             train = Path(args.run_dir) / "train.json"
             cfg = compose_config("reinforce_llm", [])  # the paths set, not parsed as overrides (a comma in a name)
             cfg["data"]["train_file"], cfg["model"]["path"] = str(train), args.model
-            # GiGPO's similarity groups at --threshold, as in the grouping columns (the method's own default is 0.9)
-            try:
-                similar = method_weights("gigpo_similar", read_training_set(train), threshold=args.threshold)
-            except KeyError as error:
-                raise DataError(train, None, None, error.args[0]) from None
+            # GiGPO's similarity advantages come with the groupings, at --threshold (compare)
             gradients = gradient_variance(cfg, args.samples, 0, ["no_aggregation", "gigpo"],
-                                          weightings={**found["sample_rewards"], "gigpo_similar": similar.tolist()},
-                                          bootstrap=args.bootstrap,
+                                          weightings=found["sample_weights"], bootstrap=args.bootstrap,
                                           gram_out=out.with_suffix(".gram.npz") if args.bootstrap else None)
             found["gradients"] = gradients
             for name, row in found["schemes"].items():
                 kind = f"weighting_{name}" if f"snr_weighting_{name}" in gradients else f"method_{name}"
                 for measure in ("snr", "snr_corrected", "snr_corrected_ci95", "snr_difference", "snr_difference_ci95"):
                     row[measure] = gradients.get(f"{measure}_{kind}")
-        atomic_write_json(out, {k: v for k, v in found.items() if k != "sample_rewards"})
+        atomic_write_json(out, {k: v for k, v in found.items() if k != "sample_weights"})
         sys.stdout.write(markdown(found))
         print(f"wrote {out}")
 

@@ -25,7 +25,8 @@ variance within (:func:`aria.intention.aggregate.error_against`). GiGPO's groups
 (state, action) pairs: their mean is a baseline V(s), not an estimate of R̃, so it gets no such
 figure. The gradient signal-to-noise ratio of each weighting needs the policy's per-sample
 gradients: :func:`compare` leaves it to :func:`aria.trainers.grad_variance.gradient_variance`
-(``weightings``), which ``scripts/grouping_schemes.py --model`` calls: the plug-in SNR, the
+(``weightings``: its ``sample_weights``, each (history, action) scheme's R̃ and GiGPO's similarity
+advantages at the threshold, one per sample of train.json in its order), which ``scripts/grouping_schemes.py --model`` calls: the plug-in SNR, the
 SNR less its bias (about 1/n: a gradient of pure noise reads 1/(n−1)) with a bootstrap interval,
 and its difference from the raw return's (the same resamples for every scheme).
 """
@@ -50,30 +51,23 @@ def run_config(run_dir: str | Path) -> dict:
     run_dir = Path(run_dir)
     summary = pipeline.step_output(run_dir / "utterances.json", 1)
     selection = pipeline.step_output(run_dir / "selection.json", 2)
-    for name, value in (("utterances.json", summary.get("inputs")), ("selection.json", selection.get("settings"))):
-        if not value:
-            raise pipeline.StaleInput(1 if name == "utterances.json" else 2, f"{run_dir / name} names no "
-                                      f"{'inputs' if name == 'utterances.json' else 'settings'}: not a complete output")
+    if not summary.get("inputs"):
+        raise pipeline.StaleInput(1, f"{run_dir / 'utterances.json'} names no inputs: not a complete output")
+    if not selection.get("settings"):
+        raise pipeline.StaleInput(2, f"{run_dir / 'selection.json'} names no settings: not a complete output")
     cfg = compose_config("intention", [f"game={summary['game']}"])
     cfg.update(summary.get("made_under") or {})
     cfg["input"], cfg["run_dir"] = list(summary["inputs"]), str(run_dir)
     cfg["aggregation"] = {**cfg["aggregation"], **selection["settings"]["aggregation"]}
-    cfg["labels"] = selection.get("labels") or _labels_of_step3(cfg, selection)
+    cfg["labels"] = selection.get("labels") or pipeline.step3_labels(run_dir, selection, cfg["labels"])
     return cfg
-
-
-def _labels_of_step3(cfg: dict, selection: dict) -> str:
-    """The ``labels`` step 3 ran under, for runs whose step 2 did not record it: the choice whose
-    fingerprint is the one labelled.meta.json holds (else the default, which the training-set check refuses)."""
-    made = pipeline.step_output(Path(cfg["run_dir"]) / "labelled.meta.json", 3)
-    return next((labels for labels in pipeline.LABELS
-                 if pipeline._step3_fingerprint(selection, {"labels": labels}) == made.get("fingerprint")), cfg["labels"])
 
 
 def compare(cfg: dict, window: int = 2, threshold: float = 0.9) -> dict:
     """The grouping schemes of the module doc on the run of ``cfg`` (steps 1-4 done)."""
     from aria.data import read_training_set
-    from aria.trainers.methods import gigpo_groups
+    from aria.io import DataError
+    from aria.trainers.methods import gigpo_groups, method_weights
 
     # train.json first: step 4's output of this run's labels under these game settings, checked before
     # anything here is computed or cached (behaviour.json) under settings the run did not have
@@ -99,6 +93,10 @@ def compare(cfg: dict, window: int = 2, threshold: float = 0.9) -> dict:
     in_order = [samples[i] for i in order]
     schemes["gigpo"] = (gigpo_groups(in_order)[1], "state")
     schemes["gigpo_similar"] = (gigpo_groups(in_order, threshold)[1], "state")
+    try:  # its advantages at this threshold, for the gradient SNR (the method's own default is 0.9)
+        similar_weights = method_weights("gigpo_similar", samples, threshold=threshold)
+    except KeyError as error:
+        raise DataError(train, None, None, error.args[0]) from None
 
     # the ablation: every step alone, its reward R_t itself (all of its distance from the ceiling is
     # variance within the ceiling's keys)
@@ -110,14 +108,15 @@ def compare(cfg: dict, window: int = 2, threshold: float = 0.9) -> dict:
     errors = dict(zip(compared, errors_against(table, compared.values(), exact))) if exact is not None else {}
     rows = {name: {"groups": kind, **group_sharing(groups, returns, corpus.step_turn), **errors.get(name, {})}
             for name, (groups, kind) in schemes.items()}
-    sample_rewards = {name: [float("nan")] * len(samples) for name in reward_of}
+    sample_weights = {name: [float("nan")] * len(samples) for name in reward_of}
     for step, i in enumerate(order):
         for name, q in reward_of.items():
-            sample_rewards[name][i] = float(q[step])
+            sample_weights[name][i] = float(q[step])
+    sample_weights["gigpo_similar"] = similar_weights.tolist()
     return {"run_dir": str(run_dir), "game": run.summary["game"], "steps": int(table.num_steps), "games": len(corpus.game_ids),
             "chosen_k": chosen, "behavioural_intentions": None if behaviour is None else
             {p: int(len(np.unique(v))) for p, v in behaviour.items()}, "window": window, "similarity_threshold": threshold,
-            "schemes": rows, "sample_rewards": sample_rewards}
+            "schemes": rows, "sample_weights": sample_weights}
 
 
 def markdown(found: dict) -> str:

@@ -839,6 +839,14 @@ def _step3_fingerprint(selection: dict, cfg: dict) -> str:
     return json_digest({"step2": selection["fingerprint"], "labels": cfg["labels"]})
 
 
+def step3_labels(run_dir: Path, selection: dict, default: str) -> str:
+    """The ``labels`` step 3 ran under, for runs whose step 2 did not record it: the choice whose
+    fingerprint labelled.meta.json holds (else ``default``, which a later check of the run refuses)."""
+    made = step_output(Path(run_dir) / "labelled.meta.json", 3)
+    return next((labels for labels in LABELS if _step3_fingerprint(selection, {"labels": labels}) == made.get("fingerprint")),
+                default)
+
+
 def _turn_of(record: dict, corpus: Corpus, u: int) -> int:
     position = int(corpus.table.utterance_position[u])
     return position if "players" in record else position // 2
