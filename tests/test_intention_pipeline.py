@@ -730,6 +730,28 @@ def test_a_run_folder_file_that_is_not_its_steps_output_is_named(tmp_path, twent
         with pytest.raises(pipeline.StaleInput, match=message):
             step(cfg, lambda s: None)
         (tmp_path / name).write_bytes(kept)
+    # the chosen k edited by hand: one step 1 did not cluster, or not a k per pool
+    kept = (tmp_path / "selection.json").read_text()
+    for chosen, message in [(99, r"selection.json, field 'chosen.k.questions': k = 99 was not clustered by step 1 "
+                                 r"\(it clustered k = 2..6, 5 values\)"),
+                            ("8", r"selection.json, field 'chosen.k': 8 is not a k per pool")]:
+        report = json.loads(kept)
+        report["chosen"]["k"] = {"questions": chosen} if chosen == 99 else int(chosen)
+        (tmp_path / "selection.json").write_text(json.dumps(report))
+        with pytest.raises(DataError, match=message):
+            pipeline.step3_apply_labels(cfg, lambda s: None)
+    # a k that step 1 clustered, chosen by hand (the release has its users pick k): step 4 refuses the
+    # labels of the old k, step 3 labels again at the new one (before: "up to date" at the old k)
+    report = json.loads(kept)
+    old_k = report["chosen"]["k"]["questions"]
+    report["chosen"]["k"] = {"questions": 2 if old_k != 2 else 3}
+    (tmp_path / "selection.json").write_text(json.dumps(report))
+    with pytest.raises(pipeline.StaleInput, match=rf"labelled.jsonl was labelled at k = \{{'questions': {old_k}\}}, "
+                                                  r"selection.json now chooses \{'questions': [23]\}.*re-run step 3"):
+        pipeline.step4_build_training_set(cfg, lambda s: None)
+    pipeline.step3_apply_labels(cfg, lambda s: None)
+    assert json.loads((tmp_path / "labelled.meta.json").read_text())["k"] == report["chosen"]["k"]
+    (tmp_path / "selection.json").write_text(kept)
     # step 2's own output in another shape: made again
     (tmp_path / "selection.json").write_text("[]")
     assert pipeline.step2_select_k(cfg, lambda s: None)["chosen"]

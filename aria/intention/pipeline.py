@@ -634,10 +634,21 @@ class LabelledRun:
     @property
     def chosen(self) -> dict[str, int]:
         """Step 2's k, per pool."""
-        return self.selection["chosen"]["k"]
+        k = (self.selection.get("chosen") or {}).get("k")
+        if not isinstance(k, dict):
+            raise DataError(self.run_dir / "selection.json", None, "chosen.k", f"{k!r} is not a k per pool "
+                            f"(for example {{\"{next(iter(self.corpus.pools))}\": 8}}); re-run step 2")
+        return k
 
     def labels_at(self, k: dict[str, int]) -> np.ndarray:
         """Every utterance's cluster with each pool cut at its k (a k step 1 clustered)."""
+        for pool in self.corpus.pools:
+            if k.get(pool) not in self.ks:
+                # a selection.json edited by hand, or a fixed k that step 1's range does not hold
+                raise DataError(self.run_dir / "selection.json", None, f"chosen.k.{pool}",
+                                f"k = {k.get(pool)!r} was not clustered by step 1 (it clustered k = {self.ks[0]}.."
+                                f"{self.ks[-1]}, {len(self.ks)} values); choose one of those, or re-run step 1 with a "
+                                f"range that holds it")
         return _labels_at(self.corpus, self.labels, {p: self.ks.index(k[p]) for p in self.corpus.pools})
 
 
@@ -766,10 +777,10 @@ def step3_apply_labels(cfg: dict, echo: Printer = print) -> Path:
     check_step2_settings(selection, cfg)
     fingerprint = _step3_fingerprint(selection, cfg)
     meta_path = run_dir / "labelled.meta.json"
-    if _up_to_date(out_path, meta_path, fingerprint, "labelled_digest"):
+    chosen = run.chosen
+    if _up_to_date(out_path, meta_path, fingerprint, "labelled_digest") and _at_chosen_k(read_json(meta_path), chosen, cfg):
         echo(f"[step 3] up to date: {out_path}")
         return out_path
-    chosen = run.chosen
     if cfg["labels"] == "behavioural":  # the exact partition instead of the clusters: the ceiling arm
         behaviour = behavioural_labels(cfg, corpus, echo)
         utt_labels = corpus.utterance_labels(behaviour)
@@ -832,6 +843,12 @@ def check_step2_settings(selection: dict, cfg: dict) -> None:
     changed = differences(recorded, {"aggregation": cfg["aggregation"], "selection": _deciding_selection(cfg["selection"], window)})
     if changed:
         raise StaleInput(2, f"selection.json was made under other settings ({'; '.join(changed[:3])})")
+
+
+def _at_chosen_k(made: dict, chosen: dict, cfg: dict) -> bool:
+    """Step 3's labels are at step 2's chosen k: not part of the fingerprint (a k chosen by hand in
+    selection.json, as the release has its users do, keeps step 2's fingerprint), so compared here."""
+    return cfg["labels"] != "clusters" or made.get("k") == chosen
 
 
 def _step3_fingerprint(selection: dict, cfg: dict) -> str:
@@ -897,6 +914,9 @@ def _checked_labelled(cfg: dict) -> Path:
     selection = step_output(run_dir / "selection.json", 2)
     if made.get("fingerprint") != _step3_fingerprint(selection, cfg):
         raise StaleInput(3, "labelled.jsonl was made from another selection.json or under other labels")
+    if not _at_chosen_k(made, (selection.get("chosen") or {}).get("k"), cfg):
+        raise StaleInput(3, f"labelled.jsonl was labelled at k = {made.get('k')}, selection.json now chooses "
+                            f"{(selection.get('chosen') or {}).get('k')}")
     if not labelled.is_file() or file_digest([labelled]) != made.get("labelled_digest"):
         raise StaleInput(3, "labelled.jsonl is missing or changed since step 3 wrote it")
     return labelled
