@@ -914,9 +914,9 @@ def _checked_labelled(cfg: dict) -> Path:
     selection = step_output(run_dir / "selection.json", 2)
     if made.get("fingerprint") != _step3_fingerprint(selection, cfg):
         raise StaleInput(3, "labelled.jsonl was made from another selection.json or under other labels")
-    if not _at_chosen_k(made, (selection.get("chosen") or {}).get("k"), cfg):
-        raise StaleInput(3, f"labelled.jsonl was labelled at k = {made.get('k')}, selection.json now chooses "
-                            f"{(selection.get('chosen') or {}).get('k')}")
+    chosen = (selection.get("chosen") or {}).get("k")
+    if not _at_chosen_k(made, chosen, cfg):
+        raise StaleInput(3, f"labelled.jsonl was labelled at k = {made.get('k')}, selection.json now chooses {chosen}")
     if not labelled.is_file() or file_digest([labelled]) != made.get("labelled_digest"):
         raise StaleInput(3, "labelled.jsonl is missing or changed since step 3 wrote it")
     return labelled
