@@ -287,12 +287,17 @@ def train_critic(cfg: dict, train_file: Path, out_dir: Path, seed: int, init: Pa
 
 
 def train(cfg: dict, method: str, train_file: Path, start_model: Path, out_dir: Path, seed: int, overrides: list[str],
-          echo: Printer, critic_init: Path | None = None, actor: bool = True) -> Path:
+          echo: Printer, critic_init: Path | None = None, actor: bool = True,
+          model_unread: Callable[[], bool] = lambda: False) -> Path:
     """Train ``method`` on ``train_file`` from ``start_model``; merge the adapter into ``out_dir/model``.
 
     ``archer`` trains its critic first (:func:`train_critic`, from ``critic_init``), then the actor on
     the critic's advantages; ``actor=False`` (ArCHer's warm-up iterations) trains the critic only
-    and the iteration's model is its start model."""
+    and the iteration's model is its start model.
+
+    A model whose training marker matches but whose folder is gone (a run folder copied without its
+    models, :mod:`scripts.copy_run`) is not trained again when ``model_unread()`` says nothing
+    left to do reads it; the stages after it are then found done by the marker's version."""
     from aria.policy import merge_lora
     from aria.trainers.methods import trainer_for
 
@@ -305,8 +310,13 @@ def train(cfg: dict, method: str, train_file: Path, start_model: Path, out_dir: 
                           critic_init=str(critic_init) if critic_init else None)
     trained_on = json.loads(json.dumps(redact(trained_on)))  # as the marker is written: a key is never on disk
     marker = out_dir / "trained_on.json"
-    if (model / "model.safetensors").is_file() and marker.is_file() and read_json(marker) == trained_on:
-        return model
+    if marker.is_file() and read_json(marker) == trained_on:
+        if (model / "model.safetensors").is_file():
+            return model
+        if model_unread():
+            echo(f"[experiment] {recorded_path(cfg, out_dir)}: its model is not in the run folder, and nothing left reads it "
+                 f"(evaluated, movement measured, the arm's last iteration): not trained again")
+            return model
     if marker.is_file() and read_json(marker) != trained_on:  # another run's work: never continued
         shutil.rmtree(out_dir / "train", ignore_errors=True)
         shutil.rmtree(out_dir / "critic", ignore_errors=True)  # ArCHer's critic, trained under the old settings
@@ -398,15 +408,24 @@ def held_out_steps(cfg: dict, lay: Layout) -> list[dict]:
     return steps
 
 
+def movement_key(cfg: dict, parent: Path, child: Path, steps: list[dict]) -> dict:
+    """What a movement file was measured on: both models' versions, the precision, the held-out steps."""
+    return {"parent": recorded_path(cfg, parent), "parent_version": model_version(parent),
+            "child_version": model_version(child), "served_dtype": served_dtype(cfg), "steps": cfg["report"]["movement"]["steps"],
+            "held_out_sha256": json_digest(steps, length=None)}
+
+
+def movement_done(cfg: dict, lay: Layout, parent: Path, child: Path, out: Path) -> bool:
+    return out.is_file() and read_json(out).get("key") == movement_key(cfg, parent, child, held_out_steps(cfg, lay))
+
+
 def movement_stage(cfg: dict, lay: Layout, parent: Path, child: Path, out: Path, echo: Printer) -> Path:
     """How far ``child`` moved from ``parent`` on the held-out steps (:func:`aria.movement.movement`),
     written to ``out`` under a key of both models' versions and the settings."""
     from aria.movement import movement
 
     m, steps = cfg["report"]["movement"], held_out_steps(cfg, lay)
-    key = {"parent": recorded_path(cfg, parent), "parent_version": model_version(parent),
-           "child_version": model_version(child), "served_dtype": served_dtype(cfg), "steps": m["steps"],
-           "held_out_sha256": json_digest(steps, length=None)}
+    key = movement_key(cfg, parent, child, steps)
     if out.is_file() and read_json(out).get("key") == key:
         return out
     start = time.perf_counter()
@@ -460,6 +479,18 @@ def plan(cfg: dict, generator: Generator, echo: Printer) -> list[Stage]:
         if not evaluation_done(cfg, out, generator.describe(model, e, e["seed"])):
             generator.play(model, e, e["seed"], lambda policy: evaluate_arm(cfg, policy, out, echo))
 
+    def model_unread(method: str, seed: int, iteration: int) -> bool:
+        """Whether no stage left reads this arm's model: its evaluation and movement are done and no
+        later iteration starts from it. (An earlier iteration's model is always kept or trained
+        again, though its successor may be done: one simple rule, and the presets that run for days
+        have one iteration.)"""
+        model = lay.model(method, seed, iteration)
+        if iteration < iterations_of(cfg, method) or not evaluation_done(cfg, lay.evaluation(method, seed, iteration),
+                                                                          generator.describe(model, e, e["seed"])):
+            return False
+        return not cfg["report"]["movement"]["enabled"] or movement_done(
+            cfg, lay, model_of(method, seed, iteration - 1), model, lay.movement(method, seed, iteration))
+
     stages.append(Stage(f"iteration 0: evaluate the {'warm start' if w['enabled'] else 'base model'}", "eval", lambda: evaluate("", 0, 0)))
     for seed in cfg["seeds"]:
         for method in [m for m in cfg["methods"] if seed in seeds_of(cfg, m)]:
@@ -486,7 +517,8 @@ def plan(cfg: dict, generator: Generator, echo: Printer) -> list[Stage]:
                     train(cfg, method_of(cfg, method), train_file, model_of(method, seed, it - 1), lay.arm(method, seed, it),
                           seed, train_overrides_of(cfg, method), echo,
                           critic_init=previous_critic,
-                          actor=it > cfg["archer"]["actor_warmup_iterations"])
+                          actor=it > cfg["archer"]["actor_warmup_iterations"],
+                          model_unread=lambda: model_unread(method, seed, it))
 
                 tag = f"seed {seed} · {method} · iteration {it}"
                 stages += [Stage(f"{tag}: collect", "collect", collect), Stage(f"{tag}: label and train", "train", fit),

@@ -94,3 +94,30 @@ def games_of(cfg: dict, section: dict) -> int:
     """How many games a collection or evaluation plays: ``games``, or for a two-player game every
     configuration of ``config_set`` ``games_per_config`` times (per seat, in an evaluation)."""
     return family_of(cfg["game"]).games_in(cfg["game"], section)
+
+
+# ---- a run folder without its weights -----------------------------------------------------------------
+# Left out of a copy: merged models (about 0.5 GB each), LoRA training checkpoints, servers' logs and
+# the run's lock. What stays (games, labels, training markers, evaluations, movement, stage times)
+# is what the report reads and what tells a resumed run which stages are done.
+WEIGHTS_AND_LOGS = ("model", "train", "*.log", ".lock")
+
+
+def copy_without_weights(run_dir: Path, dest: Path) -> int:
+    """Copy ``run_dir`` to ``dest`` without :data:`WEIGHTS_AND_LOGS`; returns the bytes copied.
+
+    The copy reports (``report_only``) and resumes: an arm whose evaluation and movement are done
+    is not trained again for its missing model (:func:`aria.experiment.train`); anything else that
+    needs a model (a stage not finished, the warm start as every arm's parent) trains it again,
+    from the same marker and data. ``dest`` is replaced whole, so a copy cut short never mixes
+    with an older one."""
+    import shutil
+
+    from aria.io import atomic_folder
+
+    run_dir, dest = Path(run_dir), Path(dest)
+    if not (run_dir / "experiment.json").is_file():
+        raise ConfigError(f"{run_dir}: not an experiment's run folder (no experiment.json)")
+    with atomic_folder(dest) as tmp:
+        shutil.copytree(run_dir, tmp, dirs_exist_ok=True, ignore=shutil.ignore_patterns(*WEIGHTS_AND_LOGS))
+    return sum(f.stat().st_size for f in dest.rglob("*") if f.is_file())

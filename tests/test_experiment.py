@@ -296,6 +296,36 @@ def test_a_copied_run_dir_resumes_and_its_tables_follow_the_settings(tmp_path, t
     assert all(r["games"] == 2 and r["mean_turns"] <= 2 for r in results["pooled"])
 
 
+def test_a_run_folder_copied_without_its_weights_reports_and_resumes_without_training_finished_arms(
+        tmp_path, tiny_experiment, straight_run):
+    """A long run carried to another machine as its games, labels, markers and evaluations only
+    (scripts/copy_run.py): the last iteration's arms, evaluated and measured, are not trained again;
+    a model something still reads is (iteration 1's, the next iteration's start; the warm start, the
+    parent); an arm whose movement is gone trains again and measures it."""
+    from aria.experiment_layout import copy_without_weights
+
+    straight_root, out, _ = straight_run
+    size = copy_without_weights(straight_root / "run", tmp_path / "run")
+    copied = tmp_path / "run"
+    assert 0 < size < 5 * 2**20 and (copied / "s0" / "aria" / "it2" / "trained_on.json").is_file()
+    assert not [p for p in copied.rglob("*") if p.name in ("model", "train") or p.suffix == ".log"]
+    lines: list[str] = []
+    resumed = experiment.run(tiny_experiment(tmp_path), lines.append)
+    assert not [line for line in lines if "games done (" in line], lines  # no game played again
+    assert sorted(line.split(":")[0] for line in lines if "not trained again" in line) == \
+        ["[experiment] s0/aria/it2", "[experiment] s0/no_aggregation/it2"]
+    assert len([line for line in lines if line.startswith("[experiment] trained")]) == 3  # warm start, 2 x iteration 1
+    assert (resumed / "table.md").read_text().replace(str(tmp_path), "") == \
+        (out / "table.md").read_text().replace(str(straight_root), "")
+
+    (copied / "s0" / "aria" / "it2" / "movement.json").unlink()
+    lines = []
+    experiment.run(tiny_experiment(tmp_path), lines.append)
+    assert [line.split(" -> ")[1] for line in lines if line.startswith("[experiment] trained")] == \
+        [str(copied / "s0" / "aria" / "it2" / "model")]
+    assert (copied / "s0" / "aria" / "it2" / "movement.json").is_file()
+
+
 def test_a_variant_labels_the_shared_games_its_own_way_and_trains_its_method(tmp_path, tiny_experiment, straight_run):
     """An arm ``aria_k2`` (``variants``: method aria, ``selection.fixed_k=2``) added to a finished
     run: it labels the shared iteration-1 games at k = 2 from the shared step-1 outputs (linked,

@@ -1,0 +1,28 @@
+#!/usr/bin/env python3
+"""Copy an experiment's run folder without its weights (merged models, training checkpoints) and
+servers' logs: its games, labels, evaluations and markers, a few MB, which report and resume.
+
+    python scripts/copy_run.py RUN_DIR DEST
+
+To carry a long run across machines: copy it at a stage's end, and on the new machine run the
+experiment's command with run_dir=DEST. Finished arms are not trained again; the stage that was
+running starts over (its checkpoints stayed behind), and so does any model a stage still reads.
+"""
+import argparse
+
+from aria.cli import command
+from aria.experiment_layout import WEIGHTS_AND_LOGS, copy_without_weights
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("run_dir")
+    parser.add_argument("dest")
+    args = parser.parse_args()
+    with command():
+        size = copy_without_weights(args.run_dir, args.dest)
+        print(f"copied {args.run_dir} -> {args.dest}: {size / 2**20:.1f} MiB, without {', '.join(WEIGHTS_AND_LOGS)}")
+
+
+if __name__ == "__main__":
+    main()
