@@ -92,11 +92,13 @@ def compare(cfg: dict, window: int = 2, threshold: float = 0.9) -> dict:
     order = [position[(corpus.game_ids[g], int(t))] for g, t in zip(corpus.step_game.tolist(), corpus.step_turn.tolist())]
     in_order = [samples[i] for i in order]
     schemes["gigpo"] = (gigpo_groups(in_order)[1], "state")
-    schemes["gigpo_similar"] = (gigpo_groups(in_order, threshold)[1], "state")
     try:  # its advantages at this threshold, for the gradient SNR (the method's own default is 0.9)
         similar_weights = method_weights("gigpo_similar", samples, threshold=threshold)
     except KeyError as error:
         raise DataError(train, None, None, error.args[0]) from None
+    # the groups those advantages were computed on: similarity groups depend on the order the states
+    # come in (each joins the first group it is similar to), so the training set's order, then the steps'
+    schemes["gigpo_similar"] = (gigpo_groups(samples, threshold)[1][order], "state")
 
     # the ablation: every step alone, its reward R_t itself (all of its distance from the ceiling is
     # variance within the ceiling's keys)
