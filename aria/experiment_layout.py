@@ -97,10 +97,11 @@ def games_of(cfg: dict, section: dict) -> int:
 
 
 # ---- a run folder without its weights -----------------------------------------------------------------
-# Left out of a copy: merged models (about 0.5 GB each), LoRA training checkpoints, servers' logs and
-# the run's lock. What stays (games, labels, training markers, evaluations, movement, stage times)
-# is what the report reads and what tells a resumed run which stages are done.
-WEIGHTS_AND_LOGS = ("model", "train", "*.log", ".lock")
+# Left out of a copy: merged models (about 0.5 GB each), the actor's training folder (LoRA adapters and
+# their checkpoints), any other trainer's checkpoints (ArCHer's critic), servers' logs and the run's
+# lock. What stays (games, labels, training markers, evaluations, movement, stage times, a critic's
+# final heads and advantages) is what the report reads and what tells a resumed run which stages are done.
+WEIGHTS_AND_LOGS = ("model", "train", "checkpoints", "*.log", ".lock")
 
 
 def copy_without_weights(run_dir: Path, dest: Path) -> int:

@@ -308,7 +308,7 @@ def test_a_run_folder_copied_without_its_weights_reports_and_resumes_without_tra
     size = copy_without_weights(straight_root / "run", tmp_path / "run")
     copied = tmp_path / "run"
     assert 0 < size < 5 * 2**20 and (copied / "s0" / "aria" / "it2" / "trained_on.json").is_file()
-    assert not [p for p in copied.rglob("*") if p.name in ("model", "train") or p.suffix == ".log"]
+    assert not [p for p in copied.rglob("*") if p.name in ("model", "train", "checkpoints") or p.suffix == ".log"]
     lines: list[str] = []
     resumed = experiment.run(tiny_experiment(tmp_path), lines.append)
     assert not [line for line in lines if "games done (" in line], lines  # no game played again
@@ -434,12 +434,14 @@ def test_archer_trains_its_critic_each_iteration_and_its_actor_after_the_warm_up
     # the gradient-variance report weighs the same steps by the critic's advantages too
     assert set(results["gradient_variance"]["0"]["methods"]) == {"aria", "no_aggregation", "archer"}
 
-    # Stopped after the critic, in the actor (its model not merged yet): the run again keeps the
-    # finished critic and its advantages, which the actor's checkpoints and reference belong to
-    # (before: the critic resumed from its last checkpoint and rewrote them, and the actor refused).
+    # Stopped after the critic, in the actor (its model not merged yet, so neither evaluated nor
+    # measured): the run again keeps the finished critic and its advantages, which the actor's
+    # checkpoints and reference belong to (before: the critic resumed from its last checkpoint and
+    # rewrote them, and the actor refused).
     advantages = arm / "it2" / "critic" / "train.json"
     written = (advantages.read_bytes(), advantages.stat().st_mtime_ns)
     shutil.rmtree(arm / "it2" / "model")
+    (arm / "it2" / "movement.json").unlink()
     again: list[str] = []
     experiment.run(cfg, again.append)
     assert (advantages.read_bytes(), advantages.stat().st_mtime_ns) == written

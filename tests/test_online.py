@@ -184,10 +184,13 @@ def test_http_scoring_service_matches_in_process_scores(rm_dirs):
     thread.start()
     try:
         client = HttpScorer(f"http://127.0.0.1:{server.server_address[1]}", timeout=30, retries=0, batch_size=2)
-        assert client.score(SAMPLES) == pytest.approx(expected, abs=1e-6)  # two requests of 2 and 1 samples
+        # two requests of 2 and 1 samples, where the local scorer may pack all 3 in one prefix-tree
+        # pass: the same scores up to float rounding (up to 1.4e-6 apart on a 2-core Sapphire Rapids,
+        # within 1e-6 on the AVX2 EPYC)
+        assert client.score(SAMPLES) == pytest.approx(expected, abs=1e-5)
         assert client.health() == {"model": Path(rm_dirs[0]).name, "scored": 3}
         client.load(rm_dirs[1])  # what the online trainer does after a refresh
-        assert client.score(SAMPLES) == pytest.approx(InProcessScorer(rm_dirs[1], 512).score(SAMPLES), abs=1e-6)
+        assert client.score(SAMPLES) == pytest.approx(InProcessScorer(rm_dirs[1], 512).score(SAMPLES), abs=1e-5)
         with pytest.raises(ScoringError, match=r"samples\[1\]\.action"):
             client._request("POST", "/score", {"samples": [SAMPLES[0], {"observation": "o"}]})
         with pytest.raises(ScoringError, match="outside the folder this service may load from"):
