@@ -227,8 +227,22 @@ def atomic_folder(out: str | os.PathLike, keep_old_as: str | os.PathLike | None 
 
 
 def atomic_write_json(path: str | os.PathLike, obj: Any, indent: int | None = 1) -> None:
-    """``obj`` as JSON, secret-named keys redacted (every config, summary and report comes here)."""
-    atomic_write_text(path, json.dumps(redact(obj), indent=indent, ensure_ascii=False) + "\n")
+    """``obj`` as strict JSON, secret-named keys redacted (every config, summary and report comes
+    here). A NaN or infinite number (an undefined p-value, a variance of no steps) is written as
+    ``null``: Python would write ``NaN``, which jq, browsers and ``datasets`` refuse to read."""
+    text = json.dumps(finite_or_null(redact(obj)), indent=indent, ensure_ascii=False, allow_nan=False)
+    atomic_write_text(path, text + "\n")
+
+
+def finite_or_null(obj: Any) -> Any:
+    """``obj`` with every NaN or infinite float (numpy's included) replaced by ``None``."""
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, dict):
+        return {k: finite_or_null(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [finite_or_null(v) for v in obj]
+    return obj
 
 
 def atomic_write_json_rows(path: str | os.PathLike, rows: list) -> None:

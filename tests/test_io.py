@@ -82,6 +82,21 @@ def test_a_figure_is_written_whole_with_no_temporary_file_left(tmp_path):
     assert not plt.fignum_exists(fig.number)  # closed
 
 
+def test_a_report_with_undefined_numbers_is_strict_json_with_nulls(tmp_path):
+    import json
+    import math
+
+    import numpy as np
+
+    from aria.io import atomic_write_json
+
+    out = tmp_path / "report.json"
+    atomic_write_json(out, {"p": float("nan"), "ratio": [1.5, np.float64("inf"), -math.inf], "k": 3,
+                            "nested": {"var": np.nan, "ok": 0.25}})
+    strict = json.loads(out.read_text(), parse_constant=lambda name: pytest.fail(f"{name} written"))
+    assert strict == {"p": None, "ratio": [1.5, None, None], "k": 3, "nested": {"var": None, "ok": 0.25}}
+
+
 def test_a_lone_surrogate_is_named_by_line_and_nothing_is_written(tmp_path):
     """Half a UTF-16 pair can reach a string only through a reader's escape; UTF-8 cannot hold it,
     so the write names the line and the file there stays as it was."""

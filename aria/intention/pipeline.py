@@ -607,7 +607,7 @@ def step2_select_k(cfg: dict, echo: Printer = print) -> dict:
 
     # the plot first: the report is what a re-run takes as "step 2 done", so it is written last
     plot_selection(report, run_dir / "selection.png")
-    atomic_write_json(out_path, _finite_json(report))
+    atomic_write_json(out_path, report)
     k_text = ", ".join(f"{p}: k={k}" for p, k in chosen["k"].items())
     at = ks.index(next(iter(chosen["k"].values())))
     echo(f"[step 2] {chosen['criterion']} chose {k_text} ({chosen['why']}); on the {variance['kept_fraction'][at]:.0%} "
@@ -750,17 +750,6 @@ def _any_finite(per_pool, pools, metric) -> bool:
 
 def _choice_json(choice) -> dict:
     return {"k": choice.k, "rule_satisfied": choice.rule_satisfied, "why": choice.why}
-
-
-def _finite_json(obj: Any) -> Any:
-    """NaN/inf -> null so the report is strict JSON."""
-    if isinstance(obj, float):
-        return obj if np.isfinite(obj) else None
-    if isinstance(obj, dict):
-        return {k: _finite_json(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [_finite_json(v) for v in obj]
-    return obj
 
 
 def _agg_args(agg_cfg: dict) -> dict:
