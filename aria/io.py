@@ -248,12 +248,26 @@ def finite_or_null(obj: Any) -> Any:
 def atomic_write_json_rows(path: str | os.PathLike, rows: list) -> None:
     """A JSON array with one element per line: as readable as ``indent``, but written by the C
     encoder (``indent`` falls back to the pure-Python one, 5x slower on a training set)."""
-    body = ",\n".join(json.dumps(row, ensure_ascii=False) for row in rows)
+    body = ",\n".join(_strict_row(row, path, line) for line, row in enumerate(rows, start=2))
     atomic_write_text(path, f"[\n{body}\n]\n" if rows else "[]\n")
 
 
 def atomic_write_jsonl(path: str | os.PathLike, records: list[dict]) -> None:
-    atomic_write_text(path, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records))
+    atomic_write_text(path, "".join(_strict_row(r, path, line) + "\n" for line, r in enumerate(records, start=1)))
+
+
+def _strict_row(row: Any, path: str | os.PathLike, line: int) -> str:
+    """One row as strict JSON. Unlike a report's undefined statistic, a NaN in a training row or a
+    game (a diverged critic's advantage, a reward of no steps) is a bug upstream: writing ``null``
+    would hide it until a trainer reads the file, so nothing is written and the row is named."""
+    try:
+        return json.dumps(row, ensure_ascii=False, allow_nan=False)
+    except ValueError:
+        field = find_non_finite(row)
+        if field is None:
+            raise
+        raise DataError(path, line, field, "not written: NaN and infinity are not JSON "
+                                           "(and no reward or advantage should be one)") from None
 
 
 def _not_a_file(path: Path) -> DataError | None:
