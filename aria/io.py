@@ -334,7 +334,7 @@ def find_non_finite(value: Any, where: str = "") -> str | None:
         for key, item in value.items():
             if found := find_non_finite(item, f"{where}.{key}" if where else str(key)):
                 return found
-    elif isinstance(value, list):
+    elif isinstance(value, (list, tuple)):  # json writes a tuple as a list
         for i, item in enumerate(value):
             if found := find_non_finite(item, f"{where}[{i}]"):
                 return found

@@ -152,3 +152,6 @@ def test_a_nan_in_a_row_is_named_by_line_and_field_and_nothing_is_written(tmp_pa
     assert path.read_text() == "old\n" and [p.name for p in tmp_path.iterdir()] == ["train.json"]
     getattr(aria.io, writer)(path, rows[:1] + [{"reward": None}])  # null (a step not kept) is fine
     assert "null" in path.read_text()
+    tuple_rows = [{"reward": 1.0}, {"span": (0, float("nan"))}]  # json writes a tuple as a list
+    with pytest.raises(DataError, match=re.escape(f"line {line}, field 'span[1]'")):
+        getattr(aria.io, writer)(path, tuple_rows)
