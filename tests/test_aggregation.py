@@ -316,6 +316,24 @@ def test_windowed_key_by_hand():
         aggregate(three, labels3, window=-1)
 
 
+def test_outcome_signal_by_hand():
+    """How much of the outcome a weighting keeps, on the three-turn games above (g0 won, g1 lost).
+    Window 1 gives the won game's winning step (a5, o0, a3) the mean with the lost game's: 0.5, and
+    its weights [0.25, 0.5, 0.5, 0, 0, 0.5] correlate with [1, 1, 1, 0, 0, 0] at
+    cov 0.0625 / sqrt(0.050347 * 0.25) = 0.5571; the whole history keeps [0.25, 0.5, 1, 0, 0, 0]:
+    cov 0.145833 / sqrt(0.133681 * 0.25) = 0.7977, and 1 on the winning step."""
+    from aria.intention.grouping import outcome_signal
+
+    three, labels3 = single_agent_table([([1, 0, 5, 0, 3], 1.0), ([2, 1, 5, 0, 3], 0.0)])
+    outcome, won_last = np.array([1, 1, 1, 0, 0, 0]), np.array([0, 0, 1, 0, 0, 0], dtype=bool)
+    windowed = outcome_signal(aggregate(three, labels3, window=1).q, outcome, won_last)
+    assert windowed["outcome_correlation"] == pytest.approx(0.5571, abs=1e-4) and windowed["won_last_step"] == 0.5
+    whole = outcome_signal(aggregate(three, labels3).q, outcome, won_last)
+    assert whole["outcome_correlation"] == pytest.approx(0.7977, abs=1e-4) and whole["won_last_step"] == 1.0
+    # constant weights (or outcomes) have no correlation; weights not in return units, no winning-step value
+    assert outcome_signal(np.ones(6), outcome, None) == {"outcome_correlation": None, "won_last_step": None}
+
+
 def reference_window_q(games_labels, games_returns, window):
     """Brute force: the key of a step of role r at position p is the (channel, label) pairs from the
     window-th previous step of role r on (the game's start if it has fewer), up to the action."""

@@ -939,7 +939,17 @@ def test_grouping_schemes_side_by_side(tmp_path, tiny_model_dir):
     for name in ("aria", "aria_window0", "aria_behavioural_window0"):
         r = rows[name]
         assert r["mse"] == pytest.approx(r["bias_squared"] + r["variance_within"])
+    # how much of the outcome each weighting keeps. Steps: g1 animal .95, dog 1 | g2 animal2 .9025, hmm .95,
+    # dog 1 (both won) | g3 think 0, animal2 0 (lost). R itself: correlation with [1,1,1,1,1,0,0] is
+    # cov 0.196020 / sqrt(0.189235 * 10/49) = 0.9975; with the action alone, R~ = a, 1, a, n, 1, n, a
+    # (a = (.95 + .9025 + 0)/3, n = .95/2): cov 0.039949 / sqrt(0.042902 * 10/49) = 0.4269. The two won
+    # games' last steps (the dog) get 1 under both; GiGPO's advantages are not in return units.
+    assert alone["outcome_correlation"] == pytest.approx(0.9975, abs=1e-4) and alone["won_last_step"] == 1.0
+    action_only = rows["aria_behavioural_window0"]
+    assert action_only["outcome_correlation"] == pytest.approx(0.4269, abs=1e-4) and action_only["won_last_step"] == 1.0
+    assert rows["gigpo"]["won_last_step"] is None and -1 <= rows["gigpo"]["outcome_correlation"] <= 1
     assert "| aria_behavioural_window0 | history+action | 100.0% |" in markdown(found)
+    assert "| 0.427 | 1.000 |" in markdown(found)
     rows["aria"].update(snr=0.005, snr_corrected=0.001, snr_corrected_ci95=[-0.0005, 0.0025], snr_difference=-0.0002,
                         snr_difference_ci95=[-0.0012, 0.0008])
     assert "| 0.005 | 1.00 (-0.50 to 2.50) | -0.20 (-1.20 to 0.80) |" in markdown(found)

@@ -19,7 +19,9 @@ Every scheme groups the same agent steps of a collection whose pipeline steps 1-
 
 For each: the share of steps in a group of two or more, by turn (a step alone gets its own
 return, so the scheme changes nothing for it), the mean group size, and the group mean of the
-returns against the returns (mean |change|, Var ratio). For the (history, action) schemes also
+returns against the returns (mean |change|, Var ratio), and how much of the games' outcome each
+weighting keeps (:func:`outcome_signal`: its correlation with the game's final reward, and its value
+on the winning step of each won game, where R_t = 1). For the (history, action) schemes also
 how far their R̃ (the ablation's: R_t) is from R̃ under the behavioural intentions with whole-history keys, as bias² +
 variance within (:func:`aria.intention.aggregate.error_against`). GiGPO's groups are states, not
 (state, action) pairs: their mean is a baseline V(s), not an estimate of R̃, so it gets no such
@@ -110,6 +112,19 @@ def compare(cfg: dict, window: int = 2, threshold: float = 0.9) -> dict:
     errors = dict(zip(compared, errors_against(table, compared.values(), exact))) if exact is not None else {}
     rows = {name: {"groups": kind, **group_sharing(groups, returns, corpus.step_turn), **errors.get(name, {})}
             for name, (groups, kind) in schemes.items()}
+    # Does each weighting still tell the steps of won games from those of lost ones? R_t does almost
+    # perfectly (γ^(T−t) times the game's reward); a group mean over steps of won and lost games blurs
+    # it, and on a won game's last step (the winning guess) it is what the group's other steps earned.
+    outcome = np.array([float(s["final_reward"]) for s in in_order])
+    won_last = np.zeros(table.num_steps, dtype=bool)
+    last: dict[tuple[int, int], int] = {}
+    for step, (g, role, t) in enumerate(zip(corpus.step_game.tolist(), table.step_role.tolist(), corpus.step_turn.tolist())):
+        if (g, role) not in last or t > corpus.step_turn[last[(g, role)]]:
+            last[(g, role)] = step
+    won_last[[step for step in last.values() if in_order[step]["success"]]] = True
+    weights_by_step = {**compared, "gigpo": method_weights("gigpo", samples)[order], "gigpo_similar": similar_weights[order]}
+    for name, weights in weights_by_step.items():
+        rows[name].update(outcome_signal(weights, outcome, won_last if name in compared else None))
     sample_weights = {name: [float("nan")] * len(samples) for name in reward_of}
     for step, i in enumerate(order):
         for name, q in reward_of.items():
@@ -121,13 +136,24 @@ def compare(cfg: dict, window: int = 2, threshold: float = 0.9) -> dict:
             "schemes": rows, "sample_weights": sample_weights}
 
 
+def outcome_signal(weights: np.ndarray, outcome: np.ndarray, won_last: np.ndarray | None) -> dict:
+    """How much of the games' outcome a weighting keeps: the Pearson correlation of each step's
+    weight with its game's final reward (None where either is constant), and, for weights in return
+    units (``won_last``: the last step of each won game), their mean on those steps, where R_t = 1."""
+    weights, outcome = np.asarray(weights, dtype=np.float64), np.asarray(outcome, dtype=np.float64)
+    varies = weights.std() > 0 and outcome.std() > 0
+    return {"outcome_correlation": float(np.corrcoef(weights, outcome)[0, 1]) if varies else None,
+            "won_last_step": float(weights[won_last].mean()) if won_last is not None and won_last.any() else None}
+
+
 def markdown(found: dict) -> str:
     """The comparison as a table (one row per scheme)."""
     lines = [f"Grouping schemes on {found['games']} games, {found['steps']} steps of {found['game']} "
              f"(clusters at k = {found['chosen_k']}; behavioural intentions {found['behavioural_intentions']}):", "",
              "| scheme | groups | steps sharing | by turn | mean group size | Var(group mean)/Var(R) | bias² | variance within "
+             "| corr(weight, outcome) | weight on won games' last step "
              "| SNR (plug-in) | SNR × 1000, bias-corrected (95% CI) | its difference from R's (95% CI) |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     def fmt(v, spec):  # a sum of squares that cancels exactly prints as 0, not as 5e-34
         return "–" if v is None else "0" if abs(v) < 1e-15 else format(v, spec)
 
@@ -140,7 +166,8 @@ def markdown(found: dict) -> str:
         turns = ", ".join(f"{t}: {100 * v:.0f}%" for t, v in r["shared_by_turn"].items())
         lines.append(f"| {name} | {r['groups']} | {100 * r['shared']:.1f}% | {turns} | {r['mean_group_size']:.2f} | "
                      f"{fmt(r['variance_ratio'], '.3f')} | {fmt(r.get('bias_squared'), '.4g')} | "
-                     f"{fmt(r.get('variance_within'), '.4g')} | {fmt(r.get('snr'), '.4g')} | "
+                     f"{fmt(r.get('variance_within'), '.4g')} | {fmt(r.get('outcome_correlation'), '.3f')} | "
+                     f"{fmt(r.get('won_last_step'), '.3f')} | {fmt(r.get('snr'), '.4g')} | "
                      f"{per_mille(r.get('snr_corrected'), r.get('snr_corrected_ci95'))} | "
                      f"{per_mille(r.get('snr_difference'), r.get('snr_difference_ci95'))} |")
     return "\n".join(lines) + "\n"
