@@ -173,6 +173,21 @@ def test_the_analysis_scripts_refuse_bad_arguments_in_one_line(tmp_path, args, m
     assert line.endswith(message), line
 
 
+def test_a_games_file_of_another_policy_is_refused_before_the_vllm_server_starts(tmp_path):
+    """The default policy (a vLLM server of the run's own) starts its server at its first request,
+    after the games file's producer is checked: a file of another policy's games costs one line,
+    not a server start (minutes for a large model). Here the scripted expert made the file."""
+    from aria.trajectories import read_trajectories
+
+    out, log = tmp_path / "games.jsonl", tmp_path / "vllm.log"
+    common = ["game=twenty_questions_subset", "num_games=1", "progress=false", f"out={out}"]
+    assert run_script(REPO / "scripts/collect_games.py", *common, "policy=scripted").returncode == 0
+    line = one_line_error(run_script(REPO / "scripts/collect_games.py", *common, f"policy.log={log}"))
+    assert "holds games made under other settings" in line and "force_new" in line, line
+    assert not log.exists()  # no server was started
+    assert len(list(read_trajectories(out))) == 1  # the scripted game is kept
+
+
 def test_collection_with_an_endpoint_logs_no_line_per_request(tmp_path):
     server = start_server(Script(reply=lambda body: "Question: Is it alive?"))
     try:
