@@ -94,7 +94,8 @@ def compare(cfg: dict, window: int = 2, threshold: float = 0.9) -> dict:
     order = [position[(corpus.game_ids[g], int(t))] for g, t in zip(corpus.step_game.tolist(), corpus.step_turn.tolist())]
     in_order = [samples[i] for i in order]
     schemes["gigpo"] = (gigpo_groups(in_order)[1], "state")
-    try:  # its advantages at this threshold, for the gradient SNR (the method's own default is 0.9)
+    try:  # the advantages of both modes (gigpo_similar's at this threshold: the method's own default is 0.9)
+        exact_weights = method_weights("gigpo", samples)
         similar_weights = method_weights("gigpo_similar", samples, threshold=threshold)
     except KeyError as error:
         raise DataError(train, None, None, error.args[0]) from None
@@ -122,7 +123,7 @@ def compare(cfg: dict, window: int = 2, threshold: float = 0.9) -> dict:
         if (g, role) not in last or t > corpus.step_turn[last[(g, role)]]:
             last[(g, role)] = step
     won_last[[step for step in last.values() if in_order[step]["success"]]] = True
-    weights_by_step = {**compared, "gigpo": method_weights("gigpo", samples)[order], "gigpo_similar": similar_weights[order]}
+    weights_by_step = {**compared, "gigpo": exact_weights[order], "gigpo_similar": similar_weights[order]}
     for name, weights in weights_by_step.items():
         rows[name].update(outcome_signal(weights, outcome, won_last if name in compared else None))
     sample_weights = {name: [float("nan")] * len(samples) for name in reward_of}
@@ -139,7 +140,8 @@ def compare(cfg: dict, window: int = 2, threshold: float = 0.9) -> dict:
 def outcome_signal(weights: np.ndarray, outcome: np.ndarray, won_last: np.ndarray | None) -> dict:
     """How much of the games' outcome a weighting keeps: the Pearson correlation of each step's
     weight with its game's final reward (None where either is constant), and, for weights in return
-    units (``won_last``: the last step of each won game), their mean on those steps, where R_t = 1."""
+    units (``won_last``: the last step of each won game), their mean on those steps, where R_t is
+    the game's reward itself (1 in a question game)."""
     weights, outcome = np.asarray(weights, dtype=np.float64), np.asarray(outcome, dtype=np.float64)
     varies = weights.std() > 0 and outcome.std() > 0
     return {"outcome_correlation": float(np.corrcoef(weights, outcome)[0, 1]) if varies else None,
