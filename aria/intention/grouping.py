@@ -21,7 +21,7 @@ For each: the share of steps in a group of two or more, by turn (a step alone ge
 return, so the scheme changes nothing for it), the mean group size, and the group mean of the
 returns against the returns (mean |change|, Var ratio), and how much of the games' outcome each
 weighting keeps (:func:`outcome_signal`: its correlation with the game's final reward, and its value
-on the winning step of each won game, where R_t = 1). For the (history, action) schemes also
+on the last step of each won game, where R_t is the game's reward itself). For the (history, action) schemes also
 how far their R̃ (the ablation's: R_t) is from R̃ under the behavioural intentions with whole-history keys, as bias² +
 variance within (:func:`aria.intention.aggregate.error_against`). GiGPO's groups are states, not
 (state, action) pairs: their mean is a baseline V(s), not an estimate of R̃, so it gets no such
