@@ -168,6 +168,7 @@ class EngineTrainSettings:
     warmup_steps: Optional[int] = bounded(ge=0)
     max_grad_norm: float = bounded(ge=0, why="0: no clipping")
     mixed_precision: str = bounded(one_of=("auto", "no", "bf16", "fp16", "fp8"))
+    threads: str = MISSING  # "auto" or a count: checked by aria.trainers.engine (no union type here)
     save_freq: int = bounded(ge=1)
     keep_checkpoints: Optional[int] = bounded(ge=1)
 

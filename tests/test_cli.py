@@ -74,6 +74,8 @@ def test_nan_embeddings_are_refused_at_import_and_at_read(tmp_path):
     ("train.micro_batch_size=0", "trainer settings: train.micro_batch_size: expected an integer >= 1, got 0"),
     ("train.epochs=0", "trainer settings: train.epochs: expected an integer >= 1, got 0"),  # wrote an untrained final/ with exit 0
     ("loss.name=ppo", "loss.name: unknown 'ppo' (known: clipped_reinforce, reinforce)"),
+    ("train.threads=0", "train.threads: expected auto or a number of threads >= 1, got '0'"),
+    ("train.threads=all", "train.threads: expected auto or a number of threads >= 1, got 'all'"),
     # each of these trained anyway (exit 0) or failed after the model loaded
     ("train.lr=inf", "trainer settings: train.lr: expected a finite number > 0, got inf"),
     ("train.save_freq=0", "trainer settings: train.save_freq: expected an integer >= 1, got 0"),

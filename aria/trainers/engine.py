@@ -40,6 +40,8 @@ def check_train_settings(cfg: dict, losses: Mapping[str, Callable], loss_name: s
         raise ConfigError(f"train.optimizer: unknown {t['optimizer']!r} (known: {', '.join(sorted(OPTIMIZERS))})")
     if loss_name is None and cfg["loss"]["name"] not in losses:
         raise ConfigError(f"loss.name: unknown {cfg['loss']['name']!r} (known: {', '.join(sorted(losses))})")
+    if not (t["threads"] == "auto" or (t["threads"].isdigit() and int(t["threads"]) >= 1)):
+        raise ConfigError(f"train.threads: expected auto or a number of threads >= 1, got {t['threads']!r}")
     if check_scheduler:
         check_lr_scheduler(t)
 
@@ -69,14 +71,18 @@ def resolve_mixed_precision(value: str) -> str:
 
 
 def make_accelerator(cfg: dict, project_dir: Path | None = None, log_with: str | None = None):
-    """The run's :class:`accelerate.Accelerator`: accumulation, mixed precision and device from ``cfg``.
+    """The run's :class:`accelerate.Accelerator`: accumulation, mixed precision and device from
+    ``cfg``, and the process's training threads (``train.threads``, :mod:`aria.threads`).
 
     The scheduler is stepped by hand once per optimizer step (``step_scheduler_with_optimizer=False``):
     accelerate's wrapper would step it once per process, while the trainers count per-process steps.
     """
     from accelerate import Accelerator
 
+    from aria import threads
+
     t = cfg["train"]
+    threads.configure(t["threads"])
     return Accelerator(gradient_accumulation_steps=t["gradient_accumulation_steps"],
                        mixed_precision=resolve_mixed_precision(t["mixed_precision"]),
                        cpu=cfg.get("device") == "cpu", step_scheduler_with_optimizer=False,
@@ -108,6 +114,9 @@ def accumulate_step(acc, model, optimizer, scheduler, compute_loss: Callable[[],
     Returns (loss, gradient norm before clipping, or None between boundaries, without clipping,
     or under DeepSpeed, which clips inside its engine).
     """
+    from aria.threads import give_way
+
+    give_way()  # the threads for the cores other work leaves free now (train.threads=auto)
     grad_norm = None
     with acc.accumulate(model):  # the prepared model runs under mixed precision itself
         loss = compute_loss()

@@ -408,7 +408,9 @@ class OfflineTrainer:
                   "lr": self.scheduler.get_last_lr()[0], "tokens_per_s": round(tokens / max(seconds, 1e-9), 1),
                   "padded_fraction": round(1 - tokens / max(cells, 1), 4),
                   # tokens the samples' own rows hold per token computed (prefix trees share histories)
-                  "sharing": round(row_tokens / max(tokens, 1), 3)}
+                  "sharing": round(row_tokens / max(tokens, 1), 3),
+                  # the window's wall time and the threads it ended on (train.threads=auto gives way: aria/threads.py)
+                  "seconds": round(seconds, 3), "threads": torch.get_num_threads()}
         if "grad_norm" in window:
             record["grad_norm"] = round(window["grad_norm"], 4)
         for key in ("clip_fraction", "kl_start"):  # the clipped loss: tokens outside the band; k3 KL from the start model
