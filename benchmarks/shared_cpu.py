@@ -112,14 +112,19 @@ def run(way: str, setting: str, threads: str, train_file: Path, tmp: Path, model
 WAYS = {"alone": "alone", "busy_thread": "beside a busy thread", "second_job": "beside a second job (each)"}
 
 
+def machine(report: dict) -> str:
+    """The CPU a report was measured on, as its tables name it."""
+    m = report["machine"]
+    bf16 = ", ".join(f for f in m["flags"] if f.startswith(("avx512_bf16", "amx"))) or "AVX2 only"
+    return f"{m['cpu_model']}, {m['cores']} cores ({bf16})"
+
+
 def render(report: dict) -> str:
     """The Markdown table of docs/benchmarks.md "Training on a shared CPU", from a report of this benchmark."""
     if "serve_alone" in report["summary"]["old"]:
         return render_serving(report)
-    m, lines = report["machine"], []
-    bf16 = ", ".join(f for f in m["flags"] if f.startswith(("avx512_bf16", "amx"))) or "AVX2 only"
-    lines.append(f"{m['cpu_model']}, {m['cores']} cores ({bf16}); {report['job']['samples']} samples of "
-                 f"{report['job']['games']} games, one epoch; seconds of training (the command's wall time)")
+    lines = [f"{machine(report)}; {report['job']['samples']} samples of {report['job']['games']} games, one epoch; "
+             "seconds of training (the command's wall time)"]
     names = list(report["settings"])
     lines += ["", "| way | " + " | ".join(f"{name}: `{report['settings'][name]}`" for name in names) + " |",
               "|---" * (len(names) + 1) + "|"]
@@ -191,9 +196,7 @@ def run_serving(way: str, setting: str, policy: str | None, model: str, repeats:
 
 
 def render_serving(report: dict) -> str:
-    m = report["machine"]
-    bf16 = ", ".join(f for f in m["flags"] if f.startswith(("avx512_bf16", "amx"))) or "AVX2 only"
-    lines = [f"{m['cpu_model']}, {m['cores']} cores ({bf16}); {report['job']['load']}; median seconds", "",
+    lines = [f"{machine(report)}; {report['job']['load']}; median seconds", "",
              "| way | old: spinning (`OMP_WAIT_POLICY=ACTIVE`) | always sleeping (`PASSIVE`) | new: chosen at start |",
              "|---|---|---|---|"]
     for way, label in (("serve_alone", "alone"), ("serve_busy_thread", "beside a busy thread")):
