@@ -1,0 +1,108 @@
+"""Check: does a vLLM server that applies a LoRA adapter on its base serve the trained model?
+
+For each served precision (``--dtypes``), one server of the base model with the adapter
+(``scripts/serve_vllm.sh`` with ``--enable-lora``, through its ``VLLM_EXTRA_ARGS``) gives the
+log-probability of every token after the first of ``--samples`` training steps (prompt and
+action encoded exactly as the trainer encodes them, :func:`aria.policy.encode_sample` with the
+adapter's own :class:`aria.policy.Encoding`), under the base's name and under the adapter's.
+transformers gives the same in float32: the base, and the base with the adapter through peft
+(the trained model). Per precision, in nats per token:
+
+* ``served_vs_trained``: mean and largest |served adapter - trained|, the error of serving;
+* ``update``: mean |trained - base|, what training changed;
+* ``update_over_error``: ``update`` / ``served_vs_trained`` mean: the issue on speed asks for
+  more than 10 at the precision the default serves in;
+* ``served_update``: the update as served (served adapter - served base) against the true one:
+  mean |difference| and the correlation.
+
+    python benchmarks/lora_serving.py --adapter RUN/s0/aria/it1/train/final --base RUN/warm/model \\
+        --train-file RUN/s0/it1-shared/intention/train.json --out benchmarks/results/lora_serving.json
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+
+import torch
+
+from aria.io import atomic_write_json, read_json
+from aria.llm.embedded import resolve_model_path
+from aria.llm.hardware import describe
+from aria.llm.served import free_port, start_server, stop_server
+from aria.policy import Encoding, encode_sample
+
+
+def token_logprobs(model, ids: list[list[int]]) -> torch.Tensor:
+    """Every token's log-probability after the first, all samples in a row (float32, one at a time)."""
+    out = []
+    with torch.no_grad():
+        for x in ids:
+            logits = model(torch.tensor([x])).logits[0, :-1].float()
+            out.append(torch.log_softmax(logits, -1).gather(1, torch.tensor(x[1:])[:, None])[:, 0])
+    return torch.cat(out)
+
+
+def served_logprobs(base_url: str, name: str, ids: list[list[int]]) -> torch.Tensor:
+    """The same from the server (the completions API's ``prompt_logprobs``)."""
+    from openai import OpenAI
+
+    client = OpenAI(base_url=base_url, api_key="EMPTY")
+    out = []
+    for x in ids:
+        reply = client.completions.create(model=name, prompt=x, max_tokens=1, temperature=0, extra_body={"prompt_logprobs": 0})
+        logprobs = reply.choices[0].prompt_logprobs
+        out.append(torch.tensor([logprobs[i][str(x[i])]["logprob"] for i in range(1, len(x))]))
+    return torch.cat(out)
+
+
+def main() -> None:
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--adapter", type=Path, required=True, help="a trainer's final/ folder (a peft LoRA adapter)")
+    parser.add_argument("--base", default="embedded", help="the model the adapter was trained on")
+    parser.add_argument("--train-file", type=Path, required=True, help="training steps to score (pipeline step 4's train.json)")
+    parser.add_argument("--samples", type=int, default=16)
+    parser.add_argument("--dtypes", nargs="+", default=["float32", "bfloat16"])
+    parser.add_argument("--out", type=Path, default=Path("benchmarks/results/lora_serving.json"))
+    args = parser.parse_args()
+    base = resolve_model_path(args.base)
+    rank = read_json(args.adapter / "adapter_config.json")["r"]
+    tokenizer = AutoTokenizer.from_pretrained(base)
+    encoding = Encoding.saved_in(args.adapter, Encoding())
+    rows = read_json(args.train_file)[:args.samples]
+    ids = [encode_sample(tokenizer, r["observation"], r["action"], encoding.max_prompt_tokens, encoding.append_eos,
+                         encoding.system_prompt).input_ids for r in rows]
+    model = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32)
+    base_lp = token_logprobs(model, ids)
+    trained_lp = token_logprobs(PeftModel.from_pretrained(model, args.adapter), ids)
+    update = float((trained_lp - base_lp).abs().mean())
+    report = {"command": "python benchmarks/lora_serving.py " + " ".join(sys.argv[1:]), "machine": describe(),
+              "adapter": str(args.adapter), "base": str(base), "rank": rank, "samples": len(ids), "tokens": int(base_lp.numel()),
+              "update": {"mean": update, "max": float((trained_lp - base_lp).abs().max())}, "dtypes": {}}
+    for dtype in args.dtypes:
+        os.environ["VLLM_EXTRA_ARGS"] = f"--enable-lora --lora-modules trained={args.adapter} --max-lora-rank {max(8, rank)} --max-loras 1"
+        info = start_server(base, "base", free_port(), dtype=dtype)
+        try:
+            served_trained = served_logprobs(info["BASE_URL"], "trained", ids)
+            served_base = served_logprobs(info["BASE_URL"], "base", ids)
+        finally:
+            stop_server(info["PID"])
+        error = (served_trained - trained_lp).abs()
+        served_update, true_update = served_trained - served_base, trained_lp - base_lp
+        report["dtypes"][dtype] = {
+            "served_vs_trained": {"mean": float(error.mean()), "max": float(error.max())},
+            "served_base_vs_base": {"mean": float((served_base - base_lp).abs().mean())},
+            "update_over_error": update / max(float(error.mean()), 1e-12),
+            "served_update": {"mean_abs_error": float((served_update - true_update).abs().mean()),
+                              "correlation": float(torch.corrcoef(torch.stack([served_update, true_update]))[0, 1])}}
+        print(json.dumps({dtype: report["dtypes"][dtype]}), flush=True)
+        atomic_write_json(args.out, report)  # after every precision
+
+
+if __name__ == "__main__":
+    main()
