@@ -36,7 +36,7 @@ import torch
 
 from aria.io import atomic_write_json, read_json
 from aria.llm.embedded import resolve_model_path
-from aria.llm.hardware import describe
+from aria.llm.hardware import describe, label
 from aria.llm.served import free_port, start_server, stop_server
 from aria.policy import Encoding, encode_sample
 
@@ -90,21 +90,48 @@ def evaluate(model_dir: Path, name: str, adapters: dict | None, args, out: Path)
             "turns_per_s": round(summary.turns_per_s, 2)}
 
 
+def render(report: dict) -> str:
+    """The Markdown tables of docs/benchmarks.md "LoRA adapters served on their base", from a report."""
+    lines = [f"{label(report['machine'])}; rank-{report['rank']} adapter, "
+             f"{report['tokens']} tokens of {report['samples']} training steps; nats a token; "
+             f"the update (trained − base in transformers): mean {report['update']['mean']:.3f}", "",
+             "| served in | served adapter − trained: mean, max | update / error | served update against the true one: mean error, correlation |",
+             "|---|---|---|---|"]
+    for dtype, row in report["dtypes"].items():
+        e, u = row["served_vs_trained"], row["served_update"]
+        lines.append(f"| {dtype} | {e['mean']:.1e}, {e['max']:.1e} | {row['update_over_error']:,.0f} | "
+                     f"{u['mean_abs_error']:.1e}, {u['correlation']:.4f} |")
+    if "evaluation" in report:
+        ev = report["evaluation"]
+        lines += ["", f"{ev['games']} games of {ev['game']} (seed {ev['seed']}), float32:", "",
+                  "| served | server start | games | turns/s | wins |", "|---|---|---|---|---|"]
+        for way, served in (("merged_float32", "the merged model"), ("lora_float32", "the base with the adapter")):
+            r = ev[way]
+            lines.append(f"| {served} | {r['server_start_s']:.0f} s | {r['games_s']:.0f} s | {r['turns_per_s']:.2f} | {r['wins']} / {r['games']} |")
+    return "\n".join(lines) + "\n"
+
+
 def main() -> None:
     from peft import PeftModel
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--adapter", type=Path, required=True, help="a trainer's final/ folder (a peft LoRA adapter)")
+    parser.add_argument("--adapter", type=Path, help="a trainer's final/ folder (a peft LoRA adapter)")
     parser.add_argument("--base", default="embedded", help="the model the adapter was trained on")
-    parser.add_argument("--train-file", type=Path, required=True, help="training steps to score (pipeline step 4's train.json)")
+    parser.add_argument("--train-file", type=Path, help="training steps to score (pipeline step 4's train.json)")
     parser.add_argument("--samples", type=int, default=16)
     parser.add_argument("--dtypes", nargs="+", default=["float32", "bfloat16"])
     parser.add_argument("--games", type=int, default=0, help="then time an evaluation of this many games both ways")
     parser.add_argument("--game", default="twenty_questions_subset")
     parser.add_argument("--seed", type=int, default=12345)
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results/lora_serving.json"))
+    parser.add_argument("--render", type=Path, help="print the docs' tables of this report and exit")
     args = parser.parse_args()
+    if args.render:
+        print(render(read_json(args.render)), end="")
+        return
+    if not (args.adapter and args.train_file):
+        parser.error("--adapter and --train-file are needed (or --render REPORT)")
     base = resolve_model_path(args.base)
     rank = read_json(args.adapter / "adapter_config.json")["r"]
     tokenizer = AutoTokenizer.from_pretrained(base)

@@ -47,7 +47,7 @@ from collections import Counter
 from pathlib import Path
 
 from aria.io import atomic_write_json, atomic_write_json_rows, read_json
-from aria.llm.hardware import describe
+from aria.llm.hardware import describe, label
 from aria.resources import REPO_ROOT
 
 DEFAULT_TRAIN = REPO_ROOT / "results/experiments/grouping/run/s0/it1-shared/intention/train.json"
@@ -112,23 +112,16 @@ def run(way: str, setting: str, threads: str, train_file: Path, tmp: Path, model
 WAYS = {"alone": "alone", "busy_thread": "beside a busy thread", "second_job": "beside a second job (each)"}
 
 
-def machine(report: dict) -> str:
-    """The CPU a report was measured on, as its tables name it."""
-    m = report["machine"]
-    bf16 = ", ".join(f for f in m["flags"] if f.startswith(("avx512_bf16", "amx"))) or "AVX2 only"
-    return f"{m['cpu_model']}, {m['cores']} cores ({bf16})"
-
-
 def render(report: dict) -> str:
     """The Markdown table of docs/benchmarks.md "Training on a shared CPU", from a report of this benchmark."""
     if "serve_alone" in report["summary"]["old"]:
         return render_serving(report)
-    lines = [f"{machine(report)}; {report['job']['samples']} samples of {report['job']['games']} games, one epoch; "
+    lines = [f"{label(report['machine'])}; {report['job']['samples']} samples of {report['job']['games']} games, one epoch; "
              "seconds of training (the command's wall time)"]
     names = list(report["settings"])
     lines += ["", "| way | " + " | ".join(f"{name}: `{report['settings'][name]}`" for name in names) + " |",
               "|---" * (len(names) + 1) + "|"]
-    for way, label in WAYS.items():
+    for way, name_of_way in WAYS.items():
         cells = []
         for name in names:
             row = report["summary"][name].get(way)
@@ -137,7 +130,7 @@ def render(report: dict) -> str:
                 continue
             ratio = f", {row['x_alone_train']:.1f}x alone" if "x_alone_train" in row else ""
             cells.append(f"{row['median_train_s']:.0f} s ({row['median_wall_s']:.0f} s){ratio}")
-        lines.append(f"| {label} | " + " | ".join(cells) + " |")
+        lines.append(f"| {name_of_way} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
 
@@ -196,16 +189,16 @@ def run_serving(way: str, setting: str, policy: str | None, model: str, repeats:
 
 
 def render_serving(report: dict) -> str:
-    lines = [f"{machine(report)}; {report['job']['load']}; median seconds", "",
+    lines = [f"{label(report['machine'])}; {report['job']['load']}; median seconds", "",
              "| way | old: spinning (`OMP_WAIT_POLICY=ACTIVE`) | always sleeping (`PASSIVE`) | new: chosen at start |",
              "|---|---|---|---|"]
-    for way, label in (("serve_alone", "alone"), ("serve_busy_thread", "beside a busy thread")):
+    for way, name_of_way in (("serve_alone", "alone"), ("serve_busy_thread", "beside a busy thread")):
         cells = []
         for name in ("old", "passive", "new"):
             row = report["summary"][name].get(way)
             ratio = f", {row['x_alone']:.1f}x alone" if row and "x_alone" in row else ""
             cells.append(f"{row['median_s']:.1f} s ({row['omp_wait_policy']}){ratio}" if row else "–")
-        lines.append(f"| {label} | " + " | ".join(cells) + " |")
+        lines.append(f"| {name_of_way} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
 

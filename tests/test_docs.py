@@ -83,3 +83,23 @@ def test_broken_links_are_found(tmp_path):
         "README.md: docs/missing.md (no such file)",
         "README.md: results/table.md (ignored by git: add it with git add -f, or link something tracked)",
         "README.md: docs/method.md#5-training (no heading with that anchor)"]
+
+
+def benchmark_module(name: str):
+    """A benchmark script of ``benchmarks/`` as a module (the folder is no package)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(f"benchmark_{name}", REPO / "benchmarks" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize(("script", "report"), [("shared_cpu", "shared_cpu.json"), ("shared_cpu", "shared_cpu_serving.json"),
+                                                   ("shared_cpu", "shared_cpu_passive.json"), ("lora_serving", "lora_serving.json")])
+def test_benchmark_tables_in_the_docs_are_rendered_from_the_committed_reports(script, report):
+    """docs/benchmarks.md holds each table as the benchmark's own ``render`` writes it from its JSON."""
+    from aria.io import read_json
+
+    page = (REPO / "docs" / "benchmarks.md").read_text(encoding="utf-8")
+    assert benchmark_module(script).render(read_json(REPO / "benchmarks" / "results" / report)) in page

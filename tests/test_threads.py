@@ -161,11 +161,3 @@ def test_the_benchmarks_job_is_whole_games_in_file_order(tmp_path):
     chosen = _shared_cpu_benchmark().whole_games(tmp_path / "train.json", games=2, min_turns=3)
     assert sorted((r["game_id"], r["turn"]) for r in chosen) == [("a", 0), ("a", 1), ("a", 2), ("c", 0), ("c", 1), ("c", 2), ("c", 3)]
 
-
-def test_the_docs_shared_cpu_tables_are_rendered_from_the_committed_reports():
-    from aria.io import read_json
-
-    bench, root = _shared_cpu_benchmark(), Path(__file__).resolve().parents[1]
-    page = (root / "docs" / "benchmarks.md").read_text(encoding="utf-8")
-    for report in ("shared_cpu.json", "shared_cpu_serving.json"):
-        assert bench.render(read_json(root / "benchmarks" / "results" / report)) in page, report

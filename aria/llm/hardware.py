@@ -61,6 +61,12 @@ def describe(cpuinfo: str | Path = CPUINFO) -> dict:
             "vllm_cpu_dtype": vllm_cpu_dtype(flags)}
 
 
+def label(description: dict) -> str:
+    """How a benchmark's table names the CPU of a :func:`describe` record: "AMD EPYC, 2 cores (avx512_bf16)"."""
+    native = ", ".join(f for f in description["flags"] if f.startswith(("avx512_bf16", "amx"))) or "AVX2 only"
+    return f"{description['cpu_model']}, {description['cores']} cores ({native})"
+
+
 if __name__ == "__main__":
     command = sys.argv[1] if len(sys.argv) > 1 else "vllm-dtype"
     if command == "vllm-dtype":
