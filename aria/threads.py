@@ -15,7 +15,8 @@ So between micro-batches (every trainer's step, :func:`aria.trainers.engine.accu
 :func:`give_way` looks at how much of the process's cores other processes used since it last
 looked (``/proc/stat`` less this process's own CPU time) and sets torch's thread count to the
 cores they left: all of them alone, one fewer beside a busy process, one each for two trainings
-(each sees the other). The look costs about 0.1 ms and happens at most once a second.
+(each sees the other). The look costs about 0.03 ms (2-core AVX512-BF16 EPYC) and happens
+at most once a second.
 
 ``train.threads`` chooses: ``auto`` (this), or a number of threads kept fixed. The most threads
 ``auto`` uses are torch's own at start (the process's cores, or ``OMP_NUM_THREADS``).

@@ -465,3 +465,14 @@ def test_the_start_script_imports_vllm_once_per_environment_and_names_a_broken_o
     assert calls.read_text().count("-c import vllm") == 1 and "-m vllm.entrypoints.openai.api_server" in calls.read_text()
     assert "the server exited before it was ready" in started.stderr
     assert f"its environment {venv} does not import; remove {venv / '.aria-vllm-ready'}" in started.stderr
+
+
+def test_adapters_the_server_script_cannot_pass_are_refused_before_it_starts(tmp_path):
+    """VLLM_LORA_MODULES is split on spaces and each entry on '=': such names and folders would
+    serve another adapter or none; they are refused before any server starts."""
+    from aria.llm.served import start_server
+
+    (tmp_path / "my adapter").mkdir()
+    for adapters in ({"trained": tmp_path / "my adapter"}, {"a=b": tmp_path}, {"two words": tmp_path}):
+        with pytest.raises(ValueError, match="without spaces"):
+            start_server(tmp_path, "base", 9, adapters=adapters)

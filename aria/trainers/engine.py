@@ -15,6 +15,7 @@ from typing import Callable, Mapping
 
 import torch
 
+from aria import threads
 from aria.io import atomic_folder, atomic_write_json
 
 #: Optimizers by name (config ``train.optimizer``).
@@ -79,8 +80,6 @@ def make_accelerator(cfg: dict, project_dir: Path | None = None, log_with: str |
     """
     from accelerate import Accelerator
 
-    from aria import threads
-
     t = cfg["train"]
     threads.configure(t["threads"])
     return Accelerator(gradient_accumulation_steps=t["gradient_accumulation_steps"],
@@ -114,9 +113,7 @@ def accumulate_step(acc, model, optimizer, scheduler, compute_loss: Callable[[],
     Returns (loss, gradient norm before clipping, or None between boundaries, without clipping,
     or under DeepSpeed, which clips inside its engine).
     """
-    from aria.threads import give_way
-
-    give_way()  # the threads for the cores other work leaves free now (train.threads=auto)
+    threads.give_way()  # the threads for the cores other work leaves free now (train.threads=auto)
     grad_norm = None
     with acc.accumulate(model):  # the prepared model runs under mixed precision itself
         loss = compute_loss()
