@@ -53,6 +53,9 @@ from aria.settings import ExperimentSettings, validated
 Printer = Callable[[str], None]
 
 
+PLAYS = ("eval", "collect")  # the stage kinds that play games (through the generator's server)
+
+
 @dataclass(frozen=True)
 class Stage:
     """One resumable unit of work. ``kind`` groups stages of like cost for the ETA."""
@@ -403,7 +406,7 @@ def held_out_steps(cfg: dict, lay: Layout) -> list[dict]:
             if r.get("status") == "failed" or r["game_id"] not in expected:
                 continue
             won = r["meta"]["winner"] == role if role else bool(r["success"])
-            steps += [{"observation": render(r, i), "action": t["action"], "success": won}
+            steps += [{"observation": render(r, i), "action": t["action"], "success": won, "game_id": r["game_id"], "role": role}
                       for i, t in enumerate(r["turns"]) if role is None or t["role"] == role]
     return steps
 
@@ -507,7 +510,6 @@ def plan(cfg: dict, generator: Generator, echo: Printer) -> list[Stage]:
                             cfg, policy, games, game_seed, c, echo, f"collection {where.name}"))
 
                 def fit(method=method, seed=seed, it=it, games=games):
-                    generator.stop()  # training needs the cores
                     shared, own = lay.intention("", seed, it), lay.intention(method, seed, it)
                     if own != shared:  # a variant: the shared games' embeddings and clusterings, its own labels
                         label(cfg, games, shared, seed, echo, steps=1)
@@ -695,7 +697,7 @@ def report(cfg: dict, root: Path, echo: Printer) -> Path:
 
 
 def _run(cfg: dict, root: Path, echo: Printer) -> Path:
-    from aria.experiment_report import planned_power, write_results
+    from aria.experiment_report import planned_power, run_record, write_results
 
     echo(f"[experiment] {planned_power(cfg)}")
     _check_run_dir(cfg, root)
@@ -704,8 +706,13 @@ def _run(cfg: dict, root: Path, echo: Printer) -> Path:
     times: dict[str, dict] = read_json(times_path) if times_path.is_file() else {}
     generator = Generator(cfg, echo)
     stages = plan(cfg, generator, echo)
+    resumed = any("seconds" in times.get(stage.name, {}) for stage in stages)  # stages an earlier run finished
     try:
         for n, stage in enumerate(stages, 1):
+            if stage.kind not in PLAYS:
+                # An idle CPU server still holds both cores: its OpenMP threads spin (OMP_WAIT_POLICY=ACTIVE,
+                # chosen on a free CPU), and a movement stage beside one ran 3x slower.
+                generator.stop()
             seconds = timed_stage(stage, times, times_path)
             if seconds > 10:  # a stage that did work (a skipped one freed nothing, and a gc pass costs 0.2 s and more)
                 release_freed_memory()
@@ -714,9 +721,24 @@ def _run(cfg: dict, root: Path, echo: Printer) -> Path:
             echo(f"[experiment] ({n}/{len(stages)}) {stage.name}: {_duration(seconds)}{resumed}; {eta_text(stages[n:], times)}")
     finally:
         generator.stop()
-    out = write_results(cfg)
+    out = write_results(cfg, run_record(cfg, process_seconds(), resumed))
     echo(f"[experiment] results: {out / 'table.md'}")
     return out
+
+
+def process_seconds() -> float:
+    """How long this process has run (Linux: its start in /proc/self/stat against the uptime), so a
+    run's wall time includes Python's start and the imports; elsewhere since this module loaded."""
+    import os
+
+    try:
+        started = int(Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()[19]) / os.sysconf("SC_CLK_TCK")
+        return float(Path("/proc/uptime").read_text().split()[0]) - started
+    except (OSError, ValueError, IndexError):
+        return time.perf_counter() - _LOADED
+
+
+_LOADED = time.perf_counter()
 
 
 def timed_stage(stage: Stage, times: dict[str, dict], times_path: Path) -> float:

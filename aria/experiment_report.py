@@ -355,6 +355,46 @@ def render_table(results: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def minutes(seconds: float) -> str:
+    seconds = int(round(seconds))
+    return f"{seconds // 60} min {seconds % 60:02d} s"
+
+
+def render_summary(results: dict[str, Any]) -> str:
+    """A run's result in a few lines, as the README shows the main job's: where and how long, each
+    arm's success, its gain over the model it started from (paired by target) with the interval
+    and the difference those pairs detect, whether it moved, then the paired tests between arms."""
+    run = results.get("run") or {}
+    wall = "wall time not recorded" if run.get("wall_seconds") is None else \
+        f"{minutes(run['wall_seconds'])} wall{' over several runs' if run.get('resumed') else ''}"
+    lines = [f"`{results['name']}` on {results['game']}, {results['eval_games']} evaluation games an arm on the same "
+             f"targets; {run.get('cpu', 'CPU not recorded')}, {wall}:", "",
+             "| arm | success (95% CI) | gain over its start, paired (95% CI) | its pairs detect | token KL | moved |",
+             "|---|---|---|---|---|---|"]
+    ci = lambda r: f"{r['wins']} / {r['games']} ({percent(r['ci95'][0])}–{percent(r['ci95'][1])}%)"  # noqa: E731
+    points = lambda x: f"{100 * x:+.1f}"  # noqa: E731
+    for r in results["pooled"]:
+        if r["iteration"] == 0:
+            lines.append(f"| {r['method']} | {ci(r)} | – | – | – | – |")
+    for r in results["arms"]:
+        if r["iteration"] == 0:
+            continue
+        p, m = r.get("against_parent"), r.get("movement")
+        gain = "–" if p is None else f"{points(p['difference'])} ({points(p['difference_ci95'][0])} to {points(p['difference_ci95'][1])})"
+        detects = "–" if (p or {}).get("detectable_difference") is None else f"{100 * p['detectable_difference']:.1f} points"
+        name = r["method"] + (f" (seed {r['seed']})" if len({a["seed"] for a in results["arms"]}) > 1 else "") + \
+            (f", iteration {r['iteration']}" if max(a["iteration"] for a in results["arms"]) > 1 else "")
+        moved = "not measured" if m is None else ("yes" if m["moved"] else "**no**")
+        kl = "–" if m is None else f"{m['token_kl']:.3f}"
+        lines.append(f"| {name} | {ci(r)} | {gain} | {detects} | {kl} | {moved} |")
+    for t in results["paired_tests"]:
+        verdict = t.get("verdict", "significant" if t["p_value"] < ALPHA else "not significant")
+        lines += ["", f"{t['first']} against {t['second']}, paired on {t['pairs']} targets: {points(t['difference'])} points "
+                  f"(95% CI {points(t['difference_ci95'][0])} to {points(t['difference_ci95'][1])}), exact McNemar "
+                  f"p = {t['p_value']:.2g}: {verdict}."]
+    return "\n".join(lines) + "\n"
+
+
 def plot(results: dict[str, Any], out: Path) -> None:
     import matplotlib
 
@@ -378,10 +418,26 @@ def plot(results: dict[str, Any], out: Path) -> None:
     atomic_save_figure(fig, out, dpi=120)
 
 
-def write_results(cfg: dict) -> Path:
+def run_record(cfg: dict, wall_seconds: float | None = None, resumed: bool | None = None) -> dict[str, Any]:
+    """Where and how long: the CPU (:func:`aria.llm.hardware.describe`), each stage's seconds (the
+    run folder's ``stage_times.json``; a stage resumed over several runs counts them all), and, from
+    the command that ran the stages, its wall time and whether it continued an earlier run's stages."""
+    from aria.llm.hardware import describe, label
+
+    times_path = Path(cfg["run_dir"]) / "stage_times.json"
+    stages = {name: round(t["seconds"], 1) for name, t in read_json(times_path).items() if "seconds" in t} \
+        if times_path.is_file() else {}
+    machine = describe()
+    return {"cpu": label(machine), "machine": machine, "stage_seconds": stages,
+            "wall_seconds": None if wall_seconds is None else round(wall_seconds, 1), "resumed": resumed}
+
+
+def write_results(cfg: dict, run: dict[str, Any] | None = None) -> Path:
+    """``results.json``, ``table.md`` and the plot (module doc); ``run`` (:func:`run_record`) says
+    where and how long the run that wrote them took."""
     out = Path(cfg["results_dir"])
     out.mkdir(parents=True, exist_ok=True)
-    results = collect_results(cfg)
+    results = {**collect_results(cfg), "run": run or run_record(cfg)}
     atomic_write_json(out / "results.json", results)
     atomic_write_text(out / "table.md", render_table(results))
     if results["pooled"]:

@@ -16,7 +16,8 @@ its methods. Three measures, on the same steps for every arm:
   precision's step is rounded away by the server (bfloat16 keeps 8 significant bits).
 
 The prompts are encoded as the child was trained (:class:`aria.policy.Encoding`, saved beside
-it), in right-padded rows, in float32.
+it), in float32; the steps of one game are one prefix tree (:mod:`aria.packing`: the same values
+as rows, the shared history computed once).
 """
 from __future__ import annotations
 
@@ -26,6 +27,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
+
+from aria.packing import sample_groups
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -75,32 +78,52 @@ def weight_change_share(parent: Path, child: Path, dtype: str = "float32") -> di
 @torch.no_grad()
 def _action_distributions(model, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Log-probabilities over the vocabulary at every action position ([T, V], float32), the
-    action tokens ([T]) and the row of each ([T])."""
+    action tokens ([T]) and the sample of each ([T], its index in the batch); ``batch`` is padded
+    rows (:func:`aria.policy.collate`) or prefix trees (:func:`aria.packing.collate_tree`)."""
+    from aria.packing import is_tree_batch, tree_action_logits
+
+    if is_tree_batch(batch):
+        return torch.log_softmax(tree_action_logits(model, batch), dim=-1), batch["target_ids"], batch["target_sample"]
     logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
     mask = batch["action_mask"][:, 1:]  # position j predicts token j + 1
     return (torch.log_softmax(logits[:, :-1][mask].float(), dim=-1), batch["input_ids"][:, 1:][mask],
             torch.nonzero(mask)[:, 0])
 
 
+def _batches(encoded: Sequence, games: Sequence | None, batch_size: int) -> list[tuple[list[int], str]]:
+    """The steps in micro-batches and their layout: with ``games`` (each step's game), one game's
+    steps a prefix tree (its history computed once: about 10x fewer tokens than rows on Twenty
+    Questions); without, ``batch_size`` padded rows of like length."""
+    if games is not None:
+        order: dict = {}
+        for i, game in enumerate(games):
+            order.setdefault(game, []).append(i)
+        return [(rows, "prefix_tree") for rows in order.values()]
+    order = sorted(range(len(encoded)), key=lambda i: len(encoded[i].input_ids))  # little padding
+    return [(order[start:start + batch_size], "padded") for start in range(0, len(order), batch_size)]
+
+
 @torch.no_grad()
 def compare_policies(parent, child, encoded: Sequence, won: Sequence[bool], pad_id: int,
-                     batch_size: int = 8, names: tuple[str, str] = ("the parent model", "the trained model")) -> dict[str, Any]:
+                     batch_size: int = 8, names: tuple[str, str] = ("the parent model", "the trained model"),
+                     games: Sequence | None = None) -> dict[str, Any]:
     """Token KL and log-prob change (module doc) of two loaded models on encoded steps
-    (:class:`aria.policy.EncodedSample`), ``won[i]`` saying whether step i's game was won. A model
+    (:class:`aria.policy.EncodedSample`), ``won[i]`` saying whether step i's game was won, ``games[i]``
+    (optional) which game it is of: a game's steps are then computed as one prefix tree. A model
     whose log-probabilities are NaN (weights that diverged) is refused with its name (``names``):
     counted as zero, it would read as a policy that did not move."""
+    from aria.packing import collate_tree
     from aria.policy import collate
 
-    if len(encoded) != len(won):
-        raise ValueError(f"{len(encoded)} steps but {len(won)} outcomes")
+    if len(encoded) != len(won) or (games is not None and len(games) != len(encoded)):
+        raise ValueError(f"{len(encoded)} steps but {len(won)} outcomes" + (f" and {len(games)} games" if games is not None else ""))
     if not encoded:
         raise ValueError("no steps to compare the models on")
     kl_sum, tokens = 0.0, 0
     change = torch.zeros(len(encoded), dtype=torch.float64)
-    order = sorted(range(len(encoded)), key=lambda i: len(encoded[i].input_ids))  # little padding
-    for start in range(0, len(order), batch_size):
-        rows = order[start:start + batch_size]
-        batch = collate([encoded[i] for i in rows], pad_id)
+    for rows, layout in _batches(encoded, games, batch_size):
+        steps = [encoded[i] for i in rows]
+        batch = collate_tree(steps, pad_id) if layout == "prefix_tree" else collate(steps, pad_id)
         theirs, targets, row = _action_distributions(parent, batch)
         ours, _, _ = _action_distributions(child, batch)
         for name, logp in zip(names, (theirs, ours)):
@@ -124,11 +147,33 @@ def compare_policies(parent, child, encoded: Sequence, won: Sequence[bool], pad_
             "logprob_change_lost": mean(change[~won_t]), "steps_won": int(won_t.sum())}
 
 
+def whole_games(games: Sequence, won: Sequence[bool], at_least: int, seed: int = 0) -> list[int]:
+    """Indices of the steps of whole games, drawn in a seeded order, a won and a lost game in turn
+    while both are left, until at least ``at_least`` steps: whole games share their history in a
+    prefix tree, and won steps are rare at a weak start (one of 32 random steps at 15% success),
+    where the change on won steps is what training should raise most."""
+    steps: dict = {}
+    for i, game in enumerate(games):
+        steps.setdefault(game, []).append(i)
+    rng = random.Random(seed)
+    piles = [[g for g in steps if bool(won[steps[g][0]]) is outcome] for outcome in (True, False)]
+    for pile in piles:
+        rng.shuffle(pile)
+    chosen: list[int] = []
+    while len(chosen) < at_least and any(piles):
+        for pile in piles:
+            if pile and len(chosen) < at_least:
+                chosen += steps[pile.pop()]
+    return sorted(chosen)
+
+
 def movement(parent: Path, child: Path, samples: Sequence[dict], served_dtype: str = "float32",
              max_steps: int | None = 256, seed: int = 0, batch_size: int = 8, source: str | None = None) -> dict[str, Any]:
     """All three measures of ``child`` against ``parent`` on pipeline step-4 samples
-    (``observation``, ``action``, ``success``; ``source`` names their file in errors): a seeded
-    sample of at most ``max_steps`` of them."""
+    (``observation``, ``action``, ``success``; ``source`` names their file in errors). Samples that
+    name their game (``game_id``, and ``role`` in two-player games) are compared in whole games, each
+    one prefix tree, at least ``max_steps`` steps of them (:func:`whole_games`); others in a seeded
+    sample of at most ``max_steps`` steps, in padded rows."""
     from aria.io import DataError
     from aria.llm.embedded import resolve_model_path
     from aria.policy import Encoding, load_policy
@@ -142,8 +187,11 @@ def movement(parent: Path, child: Path, samples: Sequence[dict], served_dtype: s
     steps = list(samples)
     if not steps:
         raise DataError(source, None, None, "no steps to compare the models on (an empty list)")
+    games = sample_groups(steps) if any(s.get("game_id") is not None for s in steps) else None
     if max_steps is not None and len(steps) > max_steps:
-        steps = random.Random(seed).sample(steps, max_steps)
+        chosen = whole_games(games, [s["success"] for s in steps], max_steps, seed) if games else \
+            sorted(random.Random(seed).sample(range(len(steps)), max_steps))
+        steps, games = [steps[i] for i in chosen], [games[i] for i in chosen] if games else None
     # The weights first: they name a tensor of another shape (another vocabulary) in one line, before
     # two models load and their logits disagree in shape.
     weights = weight_change_share(parent, child, served_dtype)
@@ -152,5 +200,6 @@ def movement(parent: Path, child: Path, samples: Sequence[dict], served_dtype: s
     _, child_model = load_policy(str(child), setting="the trained model")
     encoded = [encoding.encode(tokenizer, s["observation"], s["action"]) for s in steps]
     return {**compare_policies(parent_model.eval(), child_model.eval(), encoded, [s["success"] for s in steps],
-                               tokenizer.pad_token_id, batch_size, names=(f"the parent model {parent}", f"the trained model {child}")),
-            "weights": weights}
+                               tokenizer.pad_token_id, batch_size, names=(f"the parent model {parent}", f"the trained model {child}"),
+                               games=games),
+            "games": len(set(games)) if games else None, "weights": weights}

@@ -342,13 +342,19 @@ def model_mask(model, mask: torch.Tensor) -> torch.Tensor:
                      f"{implementation!r}: set train.packing=padded")
 
 
-def tree_action_token_logprobs(model, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
-    """log π(token | its own prefix) of every action token, [M], and its sample, [M], in the order of
+def tree_action_logits(model, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+    """The next-token logits that predict every action token, [M, V] in float32, in the order of
     :func:`collate_tree` (each sample's tokens in action order; the samples in tree order)."""
     logits = model(input_ids=batch["input_ids"], position_ids=batch["position_ids"],
                    attention_mask=model_mask(model, batch["attention_mask"]),
                    logits_to_keep=batch["logit_nodes"]).logits
-    rows = logits.reshape(-1, logits.shape[-1])[batch["target_rows"]].float()  # the kept nodes, in row-major order
+    return logits.reshape(-1, logits.shape[-1])[batch["target_rows"]].float()  # the kept nodes, in row-major order
+
+
+def tree_action_token_logprobs(model, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    """log π(token | its own prefix) of every action token, [M], and its sample, [M], in the order of
+    :func:`collate_tree`."""
+    rows = tree_action_logits(model, batch)
     picked = torch.log_softmax(rows, dim=-1).gather(-1, batch["target_ids"].unsqueeze(-1)).squeeze(-1)
     return picked, batch["target_sample"]
 

@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from aria.movement import compare_policies, movement, weight_change_share
+from aria.movement import compare_policies, movement, weight_change_share, whole_games
 from aria.policy import encode_sample, load_policy
 from conftest import build_tiny_chat_model, naive_action_logprob
 
@@ -86,12 +86,51 @@ def test_token_kl_and_logprob_change_equal_a_brute_force(tmp_path, tiny_model_di
     assert only_lost["logprob_change_won"] is None
 
 
+GAME = ["Let's play a game of Twenty Questions. History: none. Ask your next question.",
+        "Let's play a game of Twenty Questions. History: Is it alive? No. Ask your next question.",
+        "Let's play a game of Twenty Questions. History: Is it alive? No. Is it metal? Yes. Ask your next question."]
+
+
+@torch.no_grad()
+def test_whole_games_in_prefix_trees_equal_the_brute_force(tmp_path, tiny_model_dir):
+    """Two games of three steps sharing their history, each computed as one prefix tree: the same
+    KL and log-prob changes as one unpadded step at a time."""
+    tokenizer, parent = load_policy(str(tiny_model_dir))
+    _, child = load_policy(str(build_tiny_chat_model(tmp_path / "other", seed=1)))
+    steps = [(obs, act) for obs, act in zip(GAME, ["Is it alive?", "Is it metal?", "Is it a key?"])]
+    steps += [(obs.replace("Twenty", "20"), act) for obs, act in steps]
+    encoded = [encode_sample(tokenizer, obs, act, 512) for obs, act in steps]
+    won, games = [True] * 3 + [False] * 3, ["a"] * 3 + ["b"] * 3
+    found = compare_policies(parent, child, encoded, won, tokenizer.pad_token_id, games=games)
+    kl, changes = brute_force(parent, child, encoded)
+    assert found["token_kl"] > 0.01 and found["token_kl"] == pytest.approx(kl, rel=1e-5)
+    assert found["logprob_change_won"] == pytest.approx(sum(changes[:3]) / 3, abs=1e-4)
+    assert found["logprob_change_lost"] == pytest.approx(sum(changes[3:]) / 3, abs=1e-4)
+    with pytest.raises(ValueError, match="6 steps but 6 outcomes and 5 games"):
+        compare_policies(parent, child, encoded, won, tokenizer.pad_token_id, games=games[:5])
+
+
+def test_whole_games_are_drawn_won_and_lost_in_turn():
+    # games by step: a a b c c c d e (won: a, d; lost: b, c, e)
+    games, won = list("aabcccde"), [True, True, False, False, False, False, True, False]
+    chosen = whole_games(games, won, at_least=4, seed=0)
+    picked = {games[i] for i in chosen}
+    assert chosen == sorted(chosen) and all(games.count(g) == sum(games[i] == g for i in chosen) for g in picked)
+    assert len(chosen) >= 4 and {won[i] for i in chosen} == {True, False}  # one won game and one lost at least
+    assert whole_games(games, won, at_least=100) == list(range(8))  # fewer steps than asked: every game
+    assert whole_games(games, won, at_least=1, seed=3) in ([0, 1], [6])  # the first draw is a won game
+    assert whole_games(games, won, at_least=4, seed=0) == chosen  # seeded
+
+
 def test_movement_of_model_folders(tmp_path, tiny_model_dir):
     other = build_tiny_chat_model(tmp_path / "other", seed=1)
     samples = [{"observation": o, "action": a, "success": w, "reward": 1.0} for o, a, w in STEPS]
     found = movement(tiny_model_dir, other, samples, "bfloat16", max_steps=3)
     assert found["steps"] == 3 and found["token_kl"] > 0
     assert found["weights"]["dtype"] == "bfloat16" and found["weights"]["share"] > 0.9  # two random models
+    games = [{**s, "game_id": f"g{i // 3}", "role": None} for i, s in enumerate(samples)]  # g0: 3 steps, g1: 2
+    whole = movement(tiny_model_dir, other, games, "float32", max_steps=2)
+    assert whole["games"] == 1 and whole["steps"] in (2, 3) and whole["token_kl"] > 0
     with pytest.raises(ValueError, match=r"steps.json, field 'sample 1.success': expected a bool"):
         movement(tiny_model_dir, other, [samples[0], {"observation": "x", "action": "y"}], source="steps.json")
 
