@@ -91,6 +91,17 @@ class Generator:
                                    "max_new_tokens": settings["max_tokens"], "seed": seed, "dtype": served_dtype(self.cfg)})
             policy.settings = self.describe(model_dir, settings, seed)
             return policy
+        if self._served is not None and self._served[0] != model_dir and same_architecture(self._served[0], model_dir):
+            from aria.llm.served import reload_weights
+
+            start = time.perf_counter()
+            try:  # the next arm's weights into the running server: no restart (about 30 s on 2 CPU cores)
+                reload_weights(self._served[1]["BASE_URL"], model_dir)
+                self._served = (model_dir, self._served[1])
+                self.echo(f"[experiment] vLLM serves {model_dir} (weights reloaded in {time.perf_counter() - start:.0f}s)")
+            except RuntimeError as e:
+                self.echo(f"[experiment] {e}: starting a server of its own")
+                self.stop()
         if self._served is None or self._served[0] != model_dir:
             self.stop()
             from aria.llm.served import EngineWatch, free_port, start_server
@@ -100,7 +111,7 @@ class Generator:
             root = Path(self.cfg["run_dir"]).resolve()
             log = model_dir.parent / "vllm.log" if model_dir.resolve().is_relative_to(root) else root / "vllm-base.log"
             info = start_server(model_dir, "policy", free_port(), log, eager=self.cfg["vllm"]["eager"],
-                                dtype=self.cfg["policy_dtype"])
+                                dtype=self.cfg["policy_dtype"], reloadable=True)
             self._served = (model_dir, info)
             self._watch = EngineWatch(info["PID"])
             self.echo(f"[experiment] vLLM serves {model_dir} (started in {time.perf_counter() - start:.0f}s)")
@@ -136,6 +147,18 @@ class Generator:
                 self.echo(f"[experiment] {failed}; the vLLM server had ended ({lost}): starting it again "
                           f"({restart + 1} of vllm.restarts={self.cfg['vllm']['restarts']})")
                 self.stop()
+
+
+def same_architecture(a: Path, b: Path) -> bool:
+    """Whether two model folders hold models of one architecture and shape (their config.json equal
+    but for names, versions and dtype), so that one's weights load into a server of the other."""
+    def config(folder: Path) -> dict | None:
+        path = Path(folder) / "config.json"
+        if not path.is_file():
+            return None
+        return {k: v for k, v in read_json(path).items() if k not in ("_name_or_path", "transformers_version", "torch_dtype", "dtype")}
+
+    return config(a) is not None and config(a) == config(b)
 
 
 class GamesFailed(RuntimeError):
@@ -496,12 +519,17 @@ def plan(cfg: dict, generator: Generator, echo: Printer) -> list[Stage]:
 
     stages.append(Stage(f"iteration 0: evaluate the {'warm start' if w['enabled'] else 'base model'}", "eval", lambda: evaluate("", 0, 0)))
     for seed in cfg["seeds"]:
-        for method in [m for m in cfg["methods"] if seed in seeds_of(cfg, m)]:
-            for it in range(1, iterations_of(cfg, method) + 1):
+        arms = [m for m in cfg["methods"] if seed in seeds_of(cfg, m)]
+        # An iteration's stages by kind, each kind over the arms: the arms' games are played one
+        # after the other through one server, its weights reloaded between them (Generator.policy),
+        # and every training, labelling and movement runs with no server on the cores.
+        for it in range(1, max((iterations_of(cfg, m) for m in arms), default=0) + 1):
+            stage_sets: dict[str, list[Stage]] = {"collect": [], "train": [], "eval": [], "movement": []}
+            for method in [m for m in arms if it <= iterations_of(cfg, m)]:
                 where = lay.collection_dir(method, seed, it)
                 games = where / "games.jsonl"
 
-                def collect(method=method, seed=seed, it=it, games=games):
+                def collect(method=method, seed=seed, it=it, games=games, where=where):
                     # the collection seed differs per seed and iteration; evaluation keeps its own
                     model, game_seed = model_of(method, seed, it - 1), 1000 * seed + it
                     made_by = generator.describe(model, c, game_seed)
@@ -523,11 +551,13 @@ def plan(cfg: dict, generator: Generator, echo: Printer) -> list[Stage]:
                           model_unread=lambda: model_unread(method, seed, it))
 
                 tag = f"seed {seed} · {method} · iteration {it}"
-                stages += [Stage(f"{tag}: collect", "collect", collect), Stage(f"{tag}: label and train", "train", fit),
-                           Stage(f"{tag}: evaluate", "eval", lambda m=method, s=seed, i=it: evaluate(m, s, i))]
+                stage_sets["collect"].append(Stage(f"{tag}: collect", "collect", collect))
+                stage_sets["train"].append(Stage(f"{tag}: label and train", "train", fit))
+                stage_sets["eval"].append(Stage(f"{tag}: evaluate", "eval", lambda m=method, s=seed, i=it: evaluate(m, s, i)))
                 if cfg["report"]["movement"]["enabled"]:
-                    stages.append(Stage(f"{tag}: how far the policy moved", "movement", lambda m=method, s=seed, i=it: movement_stage(
+                    stage_sets["movement"].append(Stage(f"{tag}: how far the policy moved", "movement", lambda m=method, s=seed, i=it: movement_stage(
                         cfg, lay, model_of(m, s, i - 1), model_of(m, s, i), lay.movement(m, s, i), echo)))
+            stages += [stage for kind in stage_sets.values() for stage in kind]
         if cfg["grad_variance"]["enabled"] and cfg["methods"]:
             stages.append(Stage(f"seed {seed}: gradient variance of the methods on the iteration-1 samples", "variance",
                                 lambda seed=seed: gradient_variance_stage(cfg, lay, seed, warm_model, echo)))
@@ -706,7 +736,7 @@ def _run(cfg: dict, root: Path, echo: Printer) -> Path:
     times: dict[str, dict] = read_json(times_path) if times_path.is_file() else {}
     generator = Generator(cfg, echo)
     stages = plan(cfg, generator, echo)
-    resumed = any("seconds" in times.get(stage.name, {}) for stage in stages)  # stages an earlier run finished
+    continued = any("seconds" in times.get(stage.name, {}) for stage in stages)  # stages an earlier run finished
     try:
         for n, stage in enumerate(stages, 1):
             if stage.kind not in PLAYS:
@@ -721,7 +751,7 @@ def _run(cfg: dict, root: Path, echo: Printer) -> Path:
             echo(f"[experiment] ({n}/{len(stages)}) {stage.name}: {_duration(seconds)}{resumed}; {eta_text(stages[n:], times)}")
     finally:
         generator.stop()
-    out = write_results(cfg, run_record(cfg, process_seconds(), resumed))
+    out = write_results(cfg, run_record(cfg, process_seconds(), continued))
     echo(f"[experiment] results: {out / 'table.md'}")
     return out
 

@@ -395,6 +395,19 @@ def render_summary(results: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def render_stage_times(results: dict[str, Any]) -> str:
+    """Each stage's time of the run that wrote ``results`` (:func:`run_record`), in the order they ran."""
+    run = results.get("run") or {}
+    stages = run.get("stage_seconds") or {}
+    lines = [f"Stages on {run.get('cpu', 'a CPU not recorded')}:", "", "| stage | time |", "|---|---|"]
+    lines += [f"| {name} | {minutes(seconds)} |" for name, seconds in stages.items()]
+    lines.append(f"| all stages | {minutes(sum(stages.values()))} |")
+    if run.get("wall_seconds") is not None:
+        lines.append(f"| the command, start to end{' (over several runs)' if run.get('resumed') else ''} | "
+                     f"{minutes(run['wall_seconds'])} |")
+    return "\n".join(lines) + "\n"
+
+
 def plot(results: dict[str, Any], out: Path) -> None:
     import matplotlib
 

@@ -96,10 +96,23 @@ def benchmark_module(name: str):
 
 
 @pytest.mark.parametrize(("script", "report"), [("shared_cpu", "shared_cpu.json"), ("shared_cpu", "shared_cpu_serving.json"),
-                                                   ("shared_cpu", "shared_cpu_passive.json"), ("lora_serving", "lora_serving.json")])
+                                                   ("shared_cpu", "shared_cpu_passive.json"), ("lora_serving", "lora_serving.json"),
+                                                   ("movement_layout", "movement_layout.json")])
 def test_benchmark_tables_in_the_docs_are_rendered_from_the_committed_reports(script, report):
     """docs/benchmarks.md holds each table as the benchmark's own ``render`` writes it from its JSON."""
     from aria.io import read_json
 
     page = (REPO / "docs" / "benchmarks.md").read_text(encoding="utf-8")
     assert benchmark_module(script).render(read_json(REPO / "benchmarks" / "results" / report)) in page
+
+
+def test_the_main_job_in_the_readme_and_the_docs_is_rendered_from_its_committed_results():
+    """The README's "What the main job shows" and docs/experiments.md's stage times are the report's
+    own renderings of the main job's committed results.json, not figures typed in."""
+    from aria.experiment_report import render_stage_times, render_summary
+    from aria.io import read_json
+
+    results = read_json(REPO / "results" / "experiments" / "small" / "results.json")
+    assert results["name"] == "small" and results["run"]["wall_seconds"] is not None and not results["run"]["resumed"]
+    assert render_summary(results) in (REPO / "README.md").read_text(encoding="utf-8")
+    assert render_stage_times(results) in (REPO / "docs" / "experiments.md").read_text(encoding="utf-8")

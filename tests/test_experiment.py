@@ -105,6 +105,42 @@ def test_the_table_shows_the_arithmetic_and_says_whether_it_is_significant():
     assert "**not significant**" in render_table(results)
 
 
+def test_the_summary_gives_each_arm_its_gain_over_its_start_and_where_and_how_long_it_ran():
+    from aria.experiment_report import render_stage_times, render_summary
+
+    test = mcnemar([True] * 9 + [False] * 11, [True] * 5 + [False] * 15)  # 4 won by the arm alone: +20 points
+    results = {
+        "name": "t", "game": "twenty_questions_subset", "eval_games": 20,
+        "pooled": [{"method": "warm start", "iteration": 0, "seeds": 1, "games": 20, "wins": 5, "ci95": list(wilson_interval(5, 20))}],
+        "arms": [{"method": "aria", "seed": 0, "iteration": 1, "games": 20, "wins": 9, "ci95": list(wilson_interval(9, 20)),
+                  "against_parent": {**test, "detectable_difference": 0.3},
+                  "movement": {"token_kl": 0.0412, "moved": True}},
+                 {"method": "no_aggregation", "seed": 0, "iteration": 1, "games": 20, "wins": 5,
+                  "ci95": list(wilson_interval(5, 20)), "against_parent": {**mcnemar([True] * 5 + [False] * 15,
+                                                                                      [True] * 5 + [False] * 15),
+                                                                             "detectable_difference": None},
+                  "movement": {"token_kl": 0.002, "moved": False}}],
+        "paired_tests": [{"first": "aria", "second": "no_aggregation", "iteration": 1, "pairs": 20,
+                          **mcnemar([True] * 9 + [False] * 11, [True] * 5 + [False] * 15), "verdict": "uninformative: the policy did not move"}],
+        "run": {"cpu": "AMD EPYC, 2 cores (AVX2 only)", "wall_seconds": 601.4, "resumed": False,
+                "stage_seconds": {"warm start": 40.0, "iteration 0: evaluate": 61.5}},
+    }
+    summary = render_summary(results)
+    assert summary.startswith("`t` on twenty_questions_subset, 20 evaluation games an arm on the same targets; "
+                              "AMD EPYC, 2 cores (AVX2 only), 10 min 01 s wall:")
+    assert "| warm start | 5 / 20 (11.2–46.9%) | – | – | – | – |" in summary
+    assert f"| aria | 9 / 20 (25.8–65.8%) | +20.0 ({100 * test['difference_ci95'][0]:+.1f} to " \
+           f"{100 * test['difference_ci95'][1]:+.1f}) | 30.0 points | 0.041 | yes |" in summary
+    assert "| no_aggregation | 5 / 20 (11.2–46.9%) | +0.0 " in summary and "| – | 0.002 | **no** |" in summary
+    assert "aria against no_aggregation, paired on 20 targets: +20.0 points" in summary
+    assert summary.rstrip().endswith("uninformative: the policy did not move.")
+    results["run"]["resumed"] = True
+    assert "10 min 01 s wall over several runs:" in render_summary(results)
+    stages = render_stage_times(results)
+    assert "| warm start | 0 min 40 s |" in stages and "| iteration 0: evaluate | 1 min 02 s |" in stages
+    assert "| all stages | 1 min 42 s |" in stages and "| the command, start to end (over several runs) | 10 min 01 s |" in stages
+
+
 def test_the_movement_verdict_by_hand(tmp_path):
     """An arm moved when its token KL and its share of weights changed at the served precision
     both reach report.movement's thresholds; a paired test between arms of which one did not move
@@ -242,6 +278,10 @@ def test_the_runner_resumes_at_every_stage_to_the_same_table(tmp_path, tiny_expe
     assert any(line.startswith("[experiment] pre-flight: steps that share their intention key") for line in lines)
     assert all(t["verdict"] in ("significant", "not significant", "uninformative: the policy did not move")
                for t in results["paired_tests"])
+    # where and how long: every stage timed, the command's wall time from its process start
+    run = results["run"]
+    assert run["resumed"] is False and run["cpu"] and len(run["stage_seconds"]) == total
+    assert run["wall_seconds"] >= sum(run["stage_seconds"].values()) - 1.0
 
     # Interrupted after stage 1, resumed and interrupted after stage 2, and so on: same table.
     cut = tiny_experiment(tmp_path / "cut")
@@ -262,6 +302,7 @@ def test_the_runner_resumes_at_every_stage_to_the_same_table(tmp_path, tiny_expe
     monkeypatch.setattr(experiment, "plan", original_plan)
     resumed = experiment.run(cut, lambda line: None)
     assert (resumed / "table.md").read_text().replace(str(tmp_path / "cut"), "") == table.replace(str(straight_root), "")
+    assert json.loads((resumed / "results.json").read_text())["run"]["resumed"] is True
 
 
 def test_a_copied_run_dir_resumes_and_its_tables_follow_the_settings(tmp_path, tiny_experiment, straight_run):
@@ -549,6 +590,33 @@ def test_the_warm_start_training_does_not_time_the_arms_training(tmp_path):
     assert len(arms) == 9 and {stage.kind for stage in arms} == {"train"}
     times = {"warm start: behaviour cloning": {"kind": "warm start training", "seconds": 574.0}}
     assert experiment.eta(arms, times) == (0.0, {"train": 9})
+
+
+def test_an_iterations_stages_run_kind_by_kind_so_that_one_server_plays_the_arms_in_turn(tmp_path):
+    """Collections, then trainings, then evaluations, then movements, each over the arms: the
+    evaluations follow each other (one server, its weights reloaded) and no training or movement
+    runs between two of them."""
+    cfg = compose_config("experiment", ["experiment=cpu", f"run_dir={tmp_path}"])
+    names = [s.name for s in experiment.plan(cfg, experiment.Generator(cfg, print), print)]
+    seed0 = [n.removeprefix("seed 0 · ") for n in names if n.startswith("seed 0 · ")]
+    arms = ["aria", "no_aggregation", "filtered_bc", "bc"]
+    assert seed0[:16] == [f"{m} · iteration 1: {what}" for what in ("collect", "label and train", "evaluate", "how far the policy moved")
+                          for m in arms]
+    assert seed0[16:] == [f"{m} · iteration 2: {what}" for what in ("collect", "label and train", "evaluate", "how far the policy moved")
+                          for m in arms[:2]]
+
+
+def test_a_server_takes_the_next_models_weights_only_when_they_fit_its_architecture(tmp_path, tiny_model_dir):
+    import shutil
+
+    same, other = tmp_path / "same", tmp_path / "other"
+    shutil.copytree(tiny_model_dir, same)
+    config = json.loads((same / "config.json").read_text())
+    (same / "config.json").write_text(json.dumps({**config, "_name_or_path": "elsewhere", "torch_dtype": "bfloat16"}))
+    shutil.copytree(tiny_model_dir, other)
+    (other / "config.json").write_text(json.dumps({**config, "num_hidden_layers": config["num_hidden_layers"] + 1}))
+    assert experiment.same_architecture(tiny_model_dir, same)
+    assert not experiment.same_architecture(tiny_model_dir, other) and not experiment.same_architecture(tiny_model_dir, tmp_path)
 
 
 def test_methods_may_run_fewer_iterations_than_the_others(tmp_path):

@@ -142,6 +142,36 @@ def test_a_lora_adapter_served_on_its_base_is_the_trained_model(tmp_path):
     assert float((served_base - base_lp).abs().mean()) < 1e-4
 
 
+def test_weights_reloaded_into_a_running_server_are_served_and_its_prefix_cache_forgets_the_old(tmp_path):
+    """One server for several models of one architecture (``reload_weights``, as the experiment
+    runner serves its arms one after the other): after a reload the served log-probabilities are
+    the new model's (transformers, float32) within 1e-4 a token on average, more than ten times
+    closer than the old model's, on the very prompt the server had cached under the old weights;
+    reloading the first model brings its own values back."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from aria.llm.served import reload_weights, start_server, stop_server
+
+    base, trained = embedded_model_dir(), trained_copy(tmp_path / "trained")
+    ids = game_step_ids(AutoTokenizer.from_pretrained(base))
+    expected = {folder: transformers_logprobs(AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32), ids)
+                for folder in (base, trained)}
+    info = start_server(base, "policy", free_port(), tmp_path / "server.log", dtype="float32", reloadable=True)
+    try:
+        first = served_logprobs(info["BASE_URL"], "policy", ids)
+        reload_weights(info["BASE_URL"], trained)
+        after = served_logprobs(info["BASE_URL"], "policy", ids)
+        reload_weights(info["BASE_URL"], base)
+        back = served_logprobs(info["BASE_URL"], "policy", ids)
+    finally:
+        stop_server(info["PID"])
+    error = float((after - expected[trained]).abs().mean())
+    assert float((first - expected[base]).abs().mean()) < 1e-4 and error < 1e-4, error
+    assert float((after - expected[base]).abs().mean()) > 10 * max(error, 1e-5)
+    assert float((back - first).abs().max()) < 1e-5
+
+
 def test_eval_sh_against_a_real_vllm_server(tmp_path, vllm_server):
     out = tmp_path / "results"
     env = {**os.environ, "BASE_URL": vllm_server["BASE_URL"], "MODEL_NAME": vllm_server["MODEL_NAME"], "N": "3",
