@@ -9,26 +9,28 @@ One experiment, as a list of stages run in order (every one resumes; a finished 
    intentions (ARI, NMI per k).
 2. **Iteration 0**: ``M0`` plays ``eval.games`` games on the evaluation targets (seed
    ``eval.seed``, the same targets for every arm).
-3. For every seed, method and iteration ``i = 1..iterations``: the model of iteration ``i−1``
-   collects ``collect.games`` games; pipeline steps 1-4 label them and build the training set;
-   the method's weights (:mod:`aria.trainers.methods`) train a LoRA adapter on that model, which
-   is merged into the model of iteration ``i``; it plays the evaluation games. Iteration 1 starts
-   from ``M0`` for every method, so its collection and labels are shared by the methods of a seed
-   (the methods differ only in how they weigh the same steps, as the paper's ablation).
-   Then the new model is compared with the model it started from on held-out steps (the
-   steps of the iteration-0 evaluation games, never trained on): token KL, log-prob change on won
-   and lost steps, and the share of weights changed at the precision it is served in
-   (:mod:`aria.movement`, ``report.movement``), so the table can say whether training moved it.
+3. For every seed and iteration ``i = 1..iterations``, each step over the methods in turn: the
+   model of iteration ``i−1`` collects ``collect.games`` games; pipeline steps 1-4 label them and
+   build the training set, and the method's weights (:mod:`aria.trainers.methods`) train a LoRA
+   adapter on that model, which is merged into the model of iteration ``i``; it plays the
+   evaluation games. Iteration 1 starts from ``M0`` for every method, so its collection and labels
+   are shared by the methods of a seed (the methods differ only in how they weigh the same steps,
+   as the paper's ablation). Then each new model is compared with the model it started from on
+   held-out steps (whole games of the iteration-0 evaluation, never trained on): token KL,
+   log-prob change on won and lost steps, and the share of weights changed at the precision it is
+   served in (:mod:`aria.movement`, ``report.movement``), so the table can say whether training moved it.
 4. **Gradient variance** on the shared iteration-1 training set of every seed
    (:func:`aria.trainers.gradient_variance`): the reward variance, tr Cov of the per-sample
    REINFORCE gradient and its signal-to-noise ratio for every method, on the same samples.
 5. **Results** (:mod:`aria.experiment_report`): ``table.md``, ``results.json``,
    ``success_vs_iteration.png`` in ``results_dir``.
 
-The policy generates through a vLLM server started per model (``engine: vllm``; on CPU the
-faster engine, ``benchmarks/generation_engines.py``) or in process (``engine: local``). A model's
-server evaluates it and collects the next iteration's games, and is stopped before training needs
-the cores. One progress line per stage, with the time it took and the ETA of what is left (from
+The policy generates through a vLLM server (``engine: vllm``; on CPU the faster engine,
+``benchmarks/generation_engines.py``) or in process (``engine: local``). The stages that play run
+one after the other, so one server plays them all, its weights reloaded in place for the next
+model of the same architecture (:func:`aria.llm.served.reload_weights`; a start costs 25-50 s on 2
+CPU cores), and it is stopped before every stage that does not play: training needs the cores, and
+an idle CPU server's threads spin. One progress line per stage, with the time it took and the ETA of what is left (from
 the times of finished stages, kept in ``run_dir/stage_times.json``).
 """
 from __future__ import annotations

@@ -381,7 +381,8 @@ def render_summary(results: dict[str, Any]) -> str:
             continue
         p, m = r.get("against_parent"), r.get("movement")
         gain = "–" if p is None else f"{points(p['difference'])} ({points(p['difference_ci95'][0])} to {points(p['difference_ci95'][1])})"
-        detects = "–" if (p or {}).get("detectable_difference") is None else f"{100 * p['detectable_difference']:.1f} points"
+        detects = "–" if p is None else "no gain at 80% power" if p.get("detectable_difference") is None else \
+            f"{100 * p['detectable_difference']:.1f} points"  # too few discordant pairs for any
         name = r["method"] + (f" (seed {r['seed']})" if len({a["seed"] for a in results["arms"]}) > 1 else "") + \
             (f", iteration {r['iteration']}" if max(a["iteration"] for a in results["arms"]) > 1 else "")
         moved = "not measured" if m is None else ("yes" if m["moved"] else "**no**")

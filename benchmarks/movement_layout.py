@@ -62,7 +62,7 @@ def main() -> None:
         return
     if args.run_dir is None:
         parser.error("--run-dir is needed (or --render REPORT)")
-    cfg = read_json(args.run_dir / "experiment.json")
+    cfg = {**read_json(args.run_dir / "experiment.json"), "run_dir": str(args.run_dir)}  # recorded relative to where it ran
     lay = Layout(cfg)
     parent, child = lay.model("", 0, 0), lay.model(args.arm, 0, 1)
     samples = held_out_steps(cfg, lay)

@@ -155,15 +155,47 @@ def serve_load(base_url: str, name: str, requests: int = 32, in_flight: int = 16
     return time.perf_counter() - start
 
 
-def run_serving(way: str, setting: str, policy: str | None, model: str, repeats: int) -> list[dict]:
-    """One server under ``policy`` (None: the script's choice), timed ``repeats`` times (after a warm-up)."""
+def tree_cpu_seconds(pid: int) -> float:
+    """CPU seconds used so far by a process and every process below it (Linux /proc)."""
+    from aria.llm.served import process_tree
+
+    total = 0
+    for member in process_tree(pid):
+        try:
+            fields = Path(f"/proc/{member}/stat").read_text().rsplit(")", 1)[1].split()
+            total += int(fields[11]) + int(fields[12])  # utime, stime
+        except (OSError, IndexError, ValueError):
+            pass
+    return total / os.sysconf("SC_CLK_TCK")
+
+
+def idle_cores(pid: int, pause_s: float = 3.0, window_s: float = 10.0) -> float:
+    """Cores a server keeps busy with no request in flight: its CPU time over ``window_s`` seconds,
+    from ``pause_s`` after its last reply."""
+    time.sleep(pause_s)
+    before = tree_cpu_seconds(pid)
+    time.sleep(window_s)
+    return round((tree_cpu_seconds(pid) - before) / window_s, 2)
+
+
+#: The server's OpenMP wait settings compared (``--serve-settings``): environment variables, None = the script's choice.
+SERVE_SETTINGS = {"old": ("OMP_WAIT_POLICY=ACTIVE", {"OMP_WAIT_POLICY": "ACTIVE"}),
+                  "passive": ("OMP_WAIT_POLICY=PASSIVE", {"OMP_WAIT_POLICY": "PASSIVE"}),
+                  "spin": ("GOMP_SPINCOUNT=3000000", {"GOMP_SPINCOUNT": "3000000"}),
+                  "new": ("the wait chosen by scripts/serve_vllm.sh at start", None)}
+SERVE_HEADERS = {"old": "old: spinning (`OMP_WAIT_POLICY=ACTIVE`)", "passive": "always sleeping (`PASSIVE`)",
+                 "spin": "spinning a while (`GOMP_SPINCOUNT=3000000`)", "new": "new: chosen at start"}
+
+
+def run_serving(way: str, setting: str, policy: dict | None, model: str, repeats: int) -> list[dict]:
+    """One server under the environment ``policy`` (None: the script's choice), timed ``repeats``
+    times (after a warm-up); then the cores it keeps busy while idle."""
     from aria.llm.embedded import resolve_model_path
     from aria.llm.served import free_port, start_server, stop_server
 
     competitor = subprocess.Popen(BUSY_LOOP) if way == "serve_busy_thread" else None
-    saved = os.environ.pop("OMP_WAIT_POLICY", None)
-    if policy:
-        os.environ["OMP_WAIT_POLICY"] = policy
+    saved = {key: os.environ.pop(key, None) for key in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")}
+    os.environ.update(policy or {})
     info = None
     try:
         if competitor:
@@ -171,34 +203,44 @@ def run_serving(way: str, setting: str, policy: str | None, model: str, repeats:
         info = start_server(resolve_model_path(model), "policy", free_port())
         environ = dict(item.split(b"=", 1) for item in Path(f"/proc/{info['PID']}/environ").read_bytes().split(b"\0") if b"=" in item)
         chosen = environ.get(b"OMP_WAIT_POLICY", b"(unset)").decode()  # what the server runs under
+        if b"GOMP_SPINCOUNT" in environ:
+            chosen += f", GOMP_SPINCOUNT={environ[b'GOMP_SPINCOUNT'].decode()}"
         serve_load(info["BASE_URL"], info["MODEL_NAME"])  # warm-up
         results = [{"seconds": round(serve_load(info["BASE_URL"], info["MODEL_NAME"]), 2), "omp_wait_policy": chosen}
                    for _ in range(repeats)]
+        idle = idle_cores(int(info["PID"])) if way == "serve_alone" else None
+        for result in results:
+            result["idle_cores"] = idle
     finally:
         if info:
             stop_server(info["PID"])
         if competitor:
             competitor.kill()
             competitor.wait()
-        os.environ.pop("OMP_WAIT_POLICY", None)
-        if saved is not None:
-            os.environ["OMP_WAIT_POLICY"] = saved
+        for key, value in saved.items():
+            os.environ.pop(key, None)
+            if value is not None:
+                os.environ[key] = value
     for result in results:
         print(json.dumps({"setting": setting, "way": way, **result}), flush=True)
     return results
 
 
 def render_serving(report: dict) -> str:
+    names = list(report["summary"])
     lines = [f"{label(report['machine'])}; {report['job']['load']}; median seconds", "",
-             "| way | old: spinning (`OMP_WAIT_POLICY=ACTIVE`) | always sleeping (`PASSIVE`) | new: chosen at start |",
-             "|---|---|---|---|"]
+             "| way | " + " | ".join(SERVE_HEADERS[name] for name in names) + " |", "|---" * (len(names) + 1) + "|"]
     for way, name_of_way in (("serve_alone", "alone"), ("serve_busy_thread", "beside a busy thread")):
         cells = []
-        for name in ("old", "passive", "new"):
+        for name in names:
             row = report["summary"][name].get(way)
             ratio = f", {row['x_alone']:.1f}x alone" if row and "x_alone" in row else ""
             cells.append(f"{row['median_s']:.1f} s ({row['omp_wait_policy']}){ratio}" if row else "–")
         lines.append(f"| {name_of_way} | " + " | ".join(cells) + " |")
+    if any("idle_cores" in report["summary"][name].get("serve_alone", {}) for name in names):
+        lines.append("| idle, 3-13 s after its last reply: cores busy | " + " | ".join(
+            f"{report['summary'][name]['serve_alone']['idle_cores']:.2f}" if "serve_alone" in report["summary"][name] else "–"
+            for name in names) + " |")
     return "\n".join(lines) + "\n"
 
 
@@ -212,6 +254,8 @@ def main() -> None:
     parser.add_argument("--ways", nargs="+", default=["alone", "busy_thread", "second_job"])
     parser.add_argument("--settings", nargs="+", default=["old", "new"], choices=["old", "new", "passive"],
                         help="training: passive = the old count with sleeping threads (OMP_WAIT_POLICY=PASSIVE)")
+    parser.add_argument("--serve-settings", nargs="+", default=["old", "passive", "new"], choices=list(SERVE_SETTINGS),
+                        help="serving: the server's OpenMP wait settings to compare")
     parser.add_argument("--out", type=Path, default=REPO_ROOT / "benchmarks/results/shared_cpu.json")
     parser.add_argument("--render", type=Path, help="print the docs' table of this report and exit")
     args = parser.parse_args()
@@ -223,13 +267,12 @@ def main() -> None:
     if serving and len(serving) != len(args.ways):
         sys.exit("--ways: the training ways and the serving ways run in separate calls (separate reports)")
     if serving:
-        settings = {"old": "OMP_WAIT_POLICY=ACTIVE", "passive": "OMP_WAIT_POLICY=PASSIVE",
-                    "new": "OMP_WAIT_POLICY chosen by scripts/serve_vllm.sh at start"}
-        policies = {"old": "ACTIVE", "passive": "PASSIVE", "new": None}
-        results = {name: {way: run_serving(way, name, policies[name], args.model, args.repeats)
+        settings = {name: SERVE_SETTINGS[name][0] for name in args.serve_settings}
+        results = {name: {way: run_serving(way, name, SERVE_SETTINGS[name][1], args.model, args.repeats)
                           for way in args.ways} for name in settings}
         summary = {name: {way: {"median_s": statistics.median(r["seconds"] for r in runs),
                                 "omp_wait_policy": runs[0]["omp_wait_policy"],
+                                **({"idle_cores": runs[0]["idle_cores"]} if runs[0].get("idle_cores") is not None else {}),
                                 **({"x_alone": round(statistics.median(r["seconds"] for r in runs)
                                                      / statistics.median(r["seconds"] for r in ways["serve_alone"]), 2)}
                                    if way != "serve_alone" and "serve_alone" in ways else {})}

@@ -131,7 +131,7 @@ def test_the_summary_gives_each_arm_its_gain_over_its_start_and_where_and_how_lo
     assert "| warm start | 5 / 20 (11.2–46.9%) | – | – | – | – |" in summary
     assert f"| aria | 9 / 20 (25.8–65.8%) | +20.0 ({100 * test['difference_ci95'][0]:+.1f} to " \
            f"{100 * test['difference_ci95'][1]:+.1f}) | 30.0 points | 0.041 | yes |" in summary
-    assert "| no_aggregation | 5 / 20 (11.2–46.9%) | +0.0 " in summary and "| – | 0.002 | **no** |" in summary
+    assert "| no_aggregation | 5 / 20 (11.2–46.9%) | +0.0 " in summary and "| no gain at 80% power | 0.002 | **no** |" in summary
     assert "aria against no_aggregation, paired on 20 targets: +20.0 points" in summary
     assert summary.rstrip().endswith("uninformative: the policy did not move.")
     results["run"]["resumed"] = True
