@@ -48,8 +48,10 @@ def vllm_server(tmp_path_factory):
     (``policy_dtype: float32``)."""
     model = trained_copy(tmp_path_factory.mktemp("trained"))
     log = tmp_path_factory.mktemp("vllm") / "server.log"
+    # reloadable (vLLM's development endpoints) for the reload test, as the experiment runner starts its servers
     started = subprocess.run(["bash", str(REPO / "scripts/serve_vllm.sh"), str(model), str(free_port())], capture_output=True,
-                             text=True, env={**os.environ, "VLLM_LOG": str(log), "VLLM_DTYPE": "float32"}, timeout=1200)
+                             text=True, env={**os.environ, "VLLM_LOG": str(log), "VLLM_DTYPE": "float32",
+                                             "VLLM_SERVER_DEV_MODE": "1"}, timeout=1200)
     assert started.returncode == 0, started.stderr[-3000:]
     assert "--dtype float32" in started.stderr, started.stderr[-1000:]
     info = dict(line.split("=", 1) for line in started.stdout.split())
@@ -142,33 +144,31 @@ def test_a_lora_adapter_served_on_its_base_is_the_trained_model(tmp_path):
     assert float((served_base - base_lp).abs().mean()) < 1e-4
 
 
-def test_weights_reloaded_into_a_running_server_are_served_and_its_prefix_cache_forgets_the_old(tmp_path):
+def test_weights_reloaded_into_a_running_server_are_served_and_its_prefix_cache_forgets_the_old(vllm_server):
     """One server for several models of one architecture (``reload_weights``, as the experiment
     runner serves its arms one after the other): after a reload the served log-probabilities are
     the new model's (transformers, float32) within 1e-4 a token on average, more than ten times
     closer than the old model's, on the very prompt the server had cached under the old weights;
-    reloading the first model brings its own values back."""
+    reloading the first model brings its own values back (and leaves the module's server as it was)."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from aria.llm.served import reload_weights, start_server, stop_server
+    from aria.llm.served import reload_weights
 
-    base, trained = embedded_model_dir(), trained_copy(tmp_path / "trained")
+    trained, base, url, name = vllm_server["model"], embedded_model_dir(), vllm_server["BASE_URL"], vllm_server["MODEL_NAME"]
     ids = game_step_ids(AutoTokenizer.from_pretrained(base))
     expected = {folder: transformers_logprobs(AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32), ids)
                 for folder in (base, trained)}
-    info = start_server(base, "policy", free_port(), tmp_path / "server.log", dtype="float32", reloadable=True)
+    first = served_logprobs(url, name, ids)
     try:
-        first = served_logprobs(info["BASE_URL"], "policy", ids)
-        reload_weights(info["BASE_URL"], trained)
-        after = served_logprobs(info["BASE_URL"], "policy", ids)
-        reload_weights(info["BASE_URL"], base)
-        back = served_logprobs(info["BASE_URL"], "policy", ids)
+        reload_weights(url, base)
+        after = served_logprobs(url, name, ids)
     finally:
-        stop_server(info["PID"])
-    error = float((after - expected[trained]).abs().mean())
-    assert float((first - expected[base]).abs().mean()) < 1e-4 and error < 1e-4, error
-    assert float((after - expected[base]).abs().mean()) > 10 * max(error, 1e-5)
+        reload_weights(url, trained)
+    back = served_logprobs(url, name, ids)
+    error = float((after - expected[base]).abs().mean())
+    assert float((first - expected[trained]).abs().mean()) < 1e-4 and error < 1e-4, error
+    assert float((after - expected[trained]).abs().mean()) > 10 * max(error, 1e-5)
     assert float((back - first).abs().max()) < 1e-5
 
 
