@@ -179,12 +179,12 @@ def idle_cores(pid: int, pause_s: float = 3.0, window_s: float = 10.0) -> float:
 
 
 #: The server's OpenMP wait settings compared (``--serve-settings``): environment variables, None = the script's choice.
-SERVE_SETTINGS = {"old": ("OMP_WAIT_POLICY=ACTIVE", {"OMP_WAIT_POLICY": "ACTIVE"}),
+SERVE_SETTINGS = {"old": ("OMP_WAIT_POLICY=ACTIVE", {"OMP_WAIT_POLICY": "ACTIVE", "GOMP_SPINCOUNT": "30000000000"}),  # libgomp's own count for ACTIVE
                   "passive": ("OMP_WAIT_POLICY=PASSIVE", {"OMP_WAIT_POLICY": "PASSIVE"}),
-                  "spin": ("GOMP_SPINCOUNT=3000000", {"GOMP_SPINCOUNT": "3000000"}),
+                  "spin": ("GOMP_SPINCOUNT=3000000, the wait chosen by scripts/serve_vllm.sh at start", {"GOMP_SPINCOUNT": "3000000"}),
                   "new": ("the wait chosen by scripts/serve_vllm.sh at start", None)}
 SERVE_HEADERS = {"old": "old: spinning (`OMP_WAIT_POLICY=ACTIVE`)", "passive": "always sleeping (`PASSIVE`)",
-                 "spin": "spinning a while (`GOMP_SPINCOUNT=3000000`)", "new": "new: chosen at start"}
+                 "spin": "chosen at start, spinning 3M turns at most (`GOMP_SPINCOUNT=3000000`)", "new": "new: chosen at start"}
 
 
 def run_serving(way: str, setting: str, policy: dict | None, model: str, repeats: int) -> list[dict]:

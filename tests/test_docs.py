@@ -97,7 +97,7 @@ def benchmark_module(name: str):
 
 @pytest.mark.parametrize(("script", "report"), [("shared_cpu", "shared_cpu.json"), ("shared_cpu", "shared_cpu_serving.json"),
                                                    ("shared_cpu", "shared_cpu_passive.json"), ("lora_serving", "lora_serving.json"),
-                                                   ("movement_layout", "movement_layout.json")])
+                                                   ("movement_layout", "movement_layout.json"), ("shared_cpu", "shared_cpu_idle.json")])
 def test_benchmark_tables_in_the_docs_are_rendered_from_the_committed_reports(script, report):
     """docs/benchmarks.md holds each table as the benchmark's own ``render`` writes it from its JSON."""
     from aria.io import read_json

