@@ -460,7 +460,7 @@ def movement_stage(cfg: dict, lay: Layout, parent: Path, child: Path, out: Path,
     result = movement(parent, child, steps, key["served_dtype"], max_steps=m["steps"], seed=0, source=str(lay.evaluation("", 0, 0)))
     atomic_write_json(out, {"key": key, **result, "seconds": time.perf_counter() - start})
     w = result["weights"]
-    echo(f"[experiment] {child.parent.name} moved from {parent.name}: token KL {result['token_kl']:.4g}, "
+    echo(f"[experiment] {recorded_path(cfg, child)} against {recorded_path(cfg, parent)}: token KL {result['token_kl']:.4g}, "
          f"{100 * w['share']:.2f}% of weights changed at {w['dtype']}")
     return out
 
