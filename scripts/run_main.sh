@@ -3,7 +3,7 @@
 # (config/experiment/small.yaml): a warm start by behaviour cloning on the scripted expert's
 # games, then one iteration of ARIA and of its ablation (no aggregation) from it on ArCHer's
 # Twenty Questions subset, each evaluated on the same seeded targets and measured for how far it
-# moved, and the table (results/experiments/small/table.md). About 10 minutes on 2 CPU cores after
+# moved, and the table (results/experiments/small/table.md). About 13 minutes on 2 AVX512-BF16 cores after
 # the install (README, "What the main job shows"); a second run reuses finished stages. Hydra
 # overrides are passed on, e.g.
 #   bash scripts/run_main.sh eval.games=100 collect.games=48
