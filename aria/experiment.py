@@ -160,7 +160,8 @@ def same_architecture(a: Path, b: Path) -> bool:
             return None
         return {k: v for k, v in read_json(path).items() if k not in ("_name_or_path", "transformers_version", "torch_dtype", "dtype")}
 
-    return config(a) is not None and config(a) == config(b)
+    first = config(a)
+    return first is not None and first == config(b)
 
 
 class GamesFailed(RuntimeError):
@@ -742,8 +743,8 @@ def _run(cfg: dict, root: Path, echo: Printer) -> Path:
     try:
         for n, stage in enumerate(stages, 1):
             if stage.kind not in PLAYS:
-                # An idle CPU server still holds both cores: its OpenMP threads spin (OMP_WAIT_POLICY=ACTIVE,
-                # chosen on a free CPU), and a movement stage beside one ran 3x slower.
+                # Training and movement need the cores and the memory (a GPU's too); an idle CPU server whose
+                # threads spun without end (before serve_vllm.sh capped the spin) made a movement stage 3x slower.
                 generator.stop()
             seconds = timed_stage(stage, times, times_path)
             if seconds > 10:  # a stage that did work (a skipped one freed nothing, and a gc pass costs 0.2 s and more)

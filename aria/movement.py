@@ -90,15 +90,20 @@ def _action_distributions(model, batch: dict[str, torch.Tensor]) -> tuple[torch.
             torch.nonzero(mask)[:, 0])
 
 
+def steps_by_game(games: Sequence) -> dict:
+    """Each game (of ``games[i]``, step i's game) and the indices of its steps, in order."""
+    steps: dict = {}
+    for i, game in enumerate(games):
+        steps.setdefault(game, []).append(i)
+    return steps
+
+
 def _batches(encoded: Sequence, games: Sequence | None, batch_size: int) -> list[tuple[list[int], str]]:
     """The steps in micro-batches and their layout: with ``games`` (each step's game), one game's
-    steps a prefix tree (its history computed once: about 10x fewer tokens than rows on Twenty
-    Questions); without, ``batch_size`` padded rows of like length."""
+    steps a prefix tree (its history computed once: about 6x fewer tokens than rows on Twenty
+    Questions, benchmarks/movement_layout.py); without, ``batch_size`` padded rows of like length."""
     if games is not None:
-        order: dict = {}
-        for i, game in enumerate(games):
-            order.setdefault(game, []).append(i)
-        return [(rows, "prefix_tree") for rows in order.values()]
+        return [(rows, "prefix_tree") for rows in steps_by_game(games).values()]
     order = sorted(range(len(encoded)), key=lambda i: len(encoded[i].input_ids))  # little padding
     return [(order[start:start + batch_size], "padded") for start in range(0, len(order), batch_size)]
 
@@ -152,9 +157,7 @@ def whole_games(games: Sequence, won: Sequence[bool], at_least: int, seed: int =
     while both are left, until at least ``at_least`` steps: whole games share their history in a
     prefix tree, and won steps are rare at a weak start (one of 32 random steps at 15% success),
     where the change on won steps is what training should raise most."""
-    steps: dict = {}
-    for i, game in enumerate(games):
-        steps.setdefault(game, []).append(i)
+    steps = steps_by_game(games)
     rng = random.Random(seed)
     piles = [[g for g in steps if bool(won[steps[g][0]]) is outcome] for outcome in (True, False)]
     for pile in piles:

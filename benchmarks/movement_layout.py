@@ -46,7 +46,7 @@ def render(report: dict) -> str:
 def main() -> None:
     from aria.experiment import held_out_steps
     from aria.experiment_layout import Layout
-    from aria.movement import compare_policies, whole_games
+    from aria.movement import compare_policies, steps_by_game, whole_games
     from aria.packing import collate_tree, sample_groups
     from aria.policy import Encoding, load_policy
 
@@ -74,11 +74,10 @@ def main() -> None:
     encoding = Encoding.saved_in(child, Encoding())
     encoded = [encoding.encode(tokenizer, s["observation"], s["action"]) for s in steps]
     won = [s["success"] for s in steps]
-    by_game: dict = {}
-    for i, g in enumerate(games):
-        by_game.setdefault(g, []).append(encoded[i])
+    by_game = steps_by_game(games)
     computed = {"padded": sum(len(e.input_ids) for e in encoded),  # a lower bound: padding not counted
-                "prefix_tree": sum(int(collate_tree(members, tokenizer.pad_token_id)["tree_tokens"]) for members in by_game.values())}
+                "prefix_tree": sum(int(collate_tree([encoded[i] for i in rows], tokenizer.pad_token_id)["tree_tokens"])
+                                   for rows in by_game.values())}
     report = {"command": "python benchmarks/movement_layout.py " + " ".join(sys.argv[1:]), "machine": describe(),
               "threads": torch.get_num_threads(), "parent": str(parent), "child": str(child),
               "steps": len(steps), "games": len(by_game), "ways": {}}
