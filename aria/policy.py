@@ -12,9 +12,10 @@ per sample. ``tests/test_policy.py`` checks a padded batch against one sample at
 """
 from __future__ import annotations
 
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any, Iterator, Mapping, Sequence
 
 import torch
 
@@ -184,7 +185,8 @@ HEADS = ("causal_lm", "score")
 
 
 def load_model(model_path: str, head: str = "causal_lm", dtype: str = "float32", lora: dict[str, Any] | None = None,
-               gradient_checkpointing: bool = False, require_head: bool = False, setting: str = "model.path"):
+               gradient_checkpointing: bool = False, require_head: bool = False, setting: str = "model.path",
+               head_follows: bool = False):
     """Tokenizer and model from a local folder (``"embedded"`` = SmolLM2-135M-Instruct).
 
     ``head="causal_lm"``: the policy. ``head="score"``: a one-output sequence-classification
@@ -194,6 +196,8 @@ def load_model(model_path: str, head: str = "causal_lm", dtype: str = "float32",
     ``require_head`` (score only): the folder must hold every weight, the score head included
     (a trained reward model, for scoring); a causal-LM folder is refused instead of scored by a
     random head. ``setting``: where ``model_path`` came from, named when it is no model folder.
+    A new score head is said in one line, unless ``head_follows`` (the base of a LoRA reward
+    model, whose adapter brings the trained head).
     """
     from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification, AutoTokenizer
 
@@ -217,22 +221,59 @@ def load_model(model_path: str, head: str = "causal_lm", dtype: str = "float32",
     if head == "causal_lm":
         model = AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, dtype))
     else:
-        model, info = AutoModelForSequenceClassification.from_pretrained(path, num_labels=1, dtype=getattr(torch, dtype),
-                                                                         output_loading_info=True)
-        if require_head and info["missing_keys"]:
-            missing = sorted(info["missing_keys"])
+        from transformers.utils import logging as hf_logging
+
+        # transformers logs a many-line "LOAD REPORT" (ANSI colours included) for the head a causal-LM
+        # folder lacks, also while it loads the base under a LoRA reward model whose adapter then
+        # brings the trained head; what is missing in the end is said here in one line instead
+        verbosity = hf_logging.get_verbosity()
+        hf_logging.set_verbosity_error()
+        try:
+            model, info = AutoModelForSequenceClassification.from_pretrained(path, num_labels=1, dtype=getattr(torch, dtype),
+                                                                             output_loading_info=True)
+        finally:
+            hf_logging.set_verbosity(verbosity)
+        missing = sorted(info["missing_keys"])
+        if require_head and missing:
             raise ValueError(f"the model folder has no trained score head (missing {missing[:3]}): a causal-LM folder? "
                              "Score with a reward model trained by scripts/train_rm.py")
+        new_head = all(key.startswith("score.") for key in missing)
+        if missing and not (new_head and head_follows):
+            print(f"[model] {model_path}: " + ("a new score head, randomly initialised (to be trained)" if new_head else
+                  f"weights not in the folder, randomly initialised: {', '.join(missing[:5])}"
+                  f"{' ...' if len(missing) > 5 else ''}"))
         model.config.pad_token_id = tokenizer.pad_token_id
     if gradient_checkpointing:
         model.gradient_checkpointing_enable()
     if lora:
         from peft import LoraConfig, get_peft_model
 
-        model = get_peft_model(model, LoraConfig(r=lora["r"], lora_alpha=lora["alpha"], lora_dropout=lora["dropout"],
-                                                 target_modules=list(lora["target_modules"]),
-                                                 task_type="CAUSAL_LM" if head == "causal_lm" else "SEQ_CLS"))
+        with peft_quietly():
+            model = get_peft_model(model, LoraConfig(r=lora["r"], lora_alpha=lora["alpha"], lora_dropout=lora["dropout"],
+                                                     target_modules=list(lora["target_modules"]),
+                                                     task_type="CAUSAL_LM" if head == "causal_lm" else "SEQ_CLS"))
     return tokenizer, model
+
+
+def cache_keyword(model) -> str:
+    """The keyword a model's forward takes its KV cache under: ``cache`` in the transformers
+    releases that renamed it (``past_key_values`` then warns on every call, and goes in 5.40),
+    ``past_key_values`` before them. A peft wrapper passes it on to the model it wraps."""
+    import inspect
+
+    inner = model.get_base_model() if hasattr(model, "get_base_model") else model
+    return "cache" if "cache" in inspect.signature(type(inner).forward).parameters else "past_key_values"
+
+
+@contextmanager
+def peft_quietly() -> Iterator[None]:
+    """peft reads transformers' deprecated ``is_gradient_checkpointing`` whenever it wraps a model,
+    a FutureWarning on every start that is peft's to change, not ours: silenced around peft's calls only."""
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)
+        yield
 
 
 def load_policy(model_path: str, dtype: str = "float32", lora: dict[str, Any] | None = None, gradient_checkpointing: bool = False,
@@ -252,6 +293,7 @@ def merge_lora(adapter_dir: Path, out_dir: Path, base: str | None = None, dtype:
 
     from aria.io import atomic_folder
     from aria.llm.embedded import resolve_model_path
+    from aria.llm.merge_record import write_merge_record
 
     config_path = adapter_dir / "adapter_config.json"
     if not config_path.is_file():
@@ -264,11 +306,13 @@ def merge_lora(adapter_dir: Path, out_dir: Path, base: str | None = None, dtype:
         where = "--base" if base else f"{config_path}: base_model_name_or_path"
         raise ConfigError(f"{where}: {named!r} is no model folder (give the adapter's base model folder with --base)")
     model = AutoModelForCausalLM.from_pretrained(base_path, dtype=getattr(torch, dtype))
-    merged = PeftModel.from_pretrained(model, adapter_dir).merge_and_unload()
+    with peft_quietly():
+        merged = PeftModel.from_pretrained(model, adapter_dir).merge_and_unload()
     tokenizer = AutoTokenizer.from_pretrained(adapter_dir if (adapter_dir / "tokenizer_config.json").is_file() else base_path)
     with atomic_folder(out_dir) as tmp:
         merged.save_pretrained(tmp, safe_serialization=True)
         tokenizer.save_pretrained(tmp)
         if (adapter_dir / ENCODING_FILE).is_file():
             shutil.copy2(adapter_dir / ENCODING_FILE, tmp / ENCODING_FILE)
+        write_merge_record(tmp, adapter_dir, base_path, dtype)  # so that a later training of the adapter is noticed
     return out_dir

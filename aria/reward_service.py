@@ -93,11 +93,14 @@ def load_scoring_model(model_dir: str | Path, dtype: str = "float32", device: st
     if config_path.is_file():
         from peft import PeftModel
 
+        from aria.policy import peft_quietly
+
         if not _adapter_has_head(model_dir):
             raise ValueError("the adapter holds no trained score head (saved without modules_to_save?)")
         base = json.loads(config_path.read_text())["base_model_name_or_path"]
-        tokenizer, model = load_reward_model(base, dtype, setting=f"{config_path}: base_model_name_or_path")
-        model = PeftModel.from_pretrained(model, model_dir).merge_and_unload()
+        tokenizer, model = load_reward_model(base, dtype, setting=f"{config_path}: base_model_name_or_path", head_follows=True)
+        with peft_quietly():
+            model = PeftModel.from_pretrained(model, model_dir).merge_and_unload()
         from transformers import AutoTokenizer
 
         if (model_dir / "tokenizer_config.json").is_file():

@@ -22,6 +22,7 @@ them check them against their classes' parameters (``aria.registry.check_options
 from __future__ import annotations
 
 import math
+from pathlib import PurePath
 from dataclasses import dataclass, field, fields, is_dataclass
 from typing import Any, Dict, List, Mapping, Optional, get_args, get_origin, get_type_hints
 
@@ -29,6 +30,10 @@ from omegaconf import MISSING, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from aria.io import ConfigError
+
+#: Where a trainer computes (``device``): ``auto`` a GPU when one is visible, else the CPU.
+DEVICES = ("auto", "cpu", "cuda")
+
 
 class Required(ValueError):
     """A value a preset leaves to the command line (``${required:setting,example}``)."""
@@ -42,6 +47,19 @@ def _required(setting: str, example: str = "...") -> Any:
 # value: experiment=paper_single would train the embedded model); ``${required:...}`` refuses
 # instead, when the config is resolved (:func:`validated`).
 OmegaConf.register_new_resolver("required", _required, replace=True)
+
+
+def data_name(train_file: str) -> str:
+    """What a training file is called in its run's default output folder: its folder's name for a
+    pipeline file called ``train.json`` (``outputs/intention/twenty_questions/train.json`` ->
+    ``twenty_questions``), else its own name without the suffix (``data/my_games.json`` -> ``my_games``)."""
+    path = PurePath(str(train_file))
+    return (path.parent.name if path.stem == "train" and path.parent.name else path.stem) or "data"
+
+
+# Default output folders are named by what made them (``outputs/offline/cpu/aria/twenty_questions``),
+# so that two methods or two collections trained one after the other never share a ``final/``.
+OmegaConf.register_new_resolver("data_name", data_name, replace=True)
 
 
 def bounded(*, ge: float | None = None, gt: float | None = None, le: float | None = None, lt: float | None = None,
@@ -201,7 +219,7 @@ class GradVarianceSettings:
 class TrainerSettings:
     """config/reinforce_llm.yaml: the offline trainer (and scripts/grad_variance.py)."""
     seed: int = bounded(ge=0)
-    device: str = MISSING
+    device: str = bounded(one_of=DEVICES)
     output_dir: str = MISSING
     scale_name: str = MISSING
     model: ModelSettings = field(default_factory=ModelSettings)
@@ -312,6 +330,7 @@ class OnlineTrainerSettings(TrainerSettings):
 class CriticDataSettings:
     train_file: str = MISSING
     eval_fraction: float = bounded(ge=0, lt=1)
+    max_samples: Optional[int] = bounded(ge=1)
 
 
 @dataclass
@@ -335,7 +354,7 @@ class CriticLoggingSettings:
 class CriticTrainerSettings:
     """config/critic.yaml: ArCHer's critic (aria.trainers.archer)."""
     seed: int = bounded(ge=0)
-    device: str = MISSING
+    device: str = bounded(one_of=DEVICES)
     output_dir: str = MISSING
     out: str = MISSING
     data: CriticDataSettings = field(default_factory=CriticDataSettings)

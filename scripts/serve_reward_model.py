@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Serve a trained reward model over HTTP for online ARIA (``reward_model.serve.name=http``).
 
-    ARIA_REWARD_TOKEN=... python scripts/serve_reward_model.py outputs/reward_model/cpu/final --port 8100 \\
+    ARIA_REWARD_TOKEN=... python scripts/serve_reward_model.py outputs/reward_model/cpu/twenty_questions/final --port 8100 \\
         --load-root outputs [--device cuda:7]
 
 Routes (aria/reward_service.py): GET /health, POST /score {"samples": [{"observation", "action"}]},

@@ -2,7 +2,7 @@
 """Train ArCHer's utterance-level critic on a training set; write each step's advantage (aria/trainers/archer.py).
 
     python scripts/train_critic.py data.train_file=outputs/intention/twenty_questions/train.json
-    python scripts/run_offline.py method=archer data.train_file=outputs/critic/train.json   # the actor
+    python scripts/run_offline.py method=archer data.train_file=outputs/critic/twenty_questions/train.json   # the actor
     accelerate launch --config_file config/accelerate/cpu_2proc.yaml scripts/train_critic.py ...
 
 Re-running the same command resumes from the newest checkpoint in output_dir. Bad training data

@@ -8,7 +8,8 @@
 #   TRAIN_FILE         the aggregated-reward training set, pipeline step 4's train.json
 #                      [outputs/intention/twenty_questions/train.json]
 #   MODEL_PATH         a Hugging Face model folder; "embedded" = SmolLM2-135M-Instruct [embedded]
-#   OUTPUT_DIR         checkpoints/, final/, metrics.jsonl, eval.json [outputs/reward_model/cpu]
+#   OUTPUT_DIR         checkpoints/, final/, metrics.jsonl, eval.json [the config's: outputs/reward_model/cpu/<data>,
+#                      <data> the training file's folder, e.g. twenty_questions]
 #   LORA               true = LoRA adapter (head trained in full), false = full fine-tuning [false]
 #   LR                 learning rate [2e-5]; EPOCHS [3]
 #   MICRO_BATCH        samples per forward pass per process [8]
@@ -27,7 +28,6 @@ PYTHON=${PYTHON:-python3}
 args=(
   "data.train_file=${TRAIN_FILE:-outputs/intention/twenty_questions/train.json}"
   "model.path=${MODEL_PATH:-embedded}"
-  "output_dir=${OUTPUT_DIR:-outputs/reward_model/cpu}"
   "model.lora.enabled=${LORA:-false}"
   "train.lr=${LR:-2e-5}"
   "train.epochs=${EPOCHS:-3}"
@@ -37,6 +37,7 @@ args=(
   "data.eval_fraction=${EVAL_FRACTION:-0.1}"
   "seed=${SEED:-0}"
 )
+if [ -n "${OUTPUT_DIR:-}" ]; then args+=("output_dir=$OUTPUT_DIR"); fi
 if [ -n "${ACCELERATE_CONFIG:-}" ]; then
   exec accelerate launch --config_file "$ACCELERATE_CONFIG" --num_processes "${NUM_PROCESSES:-1}" \
     scripts/train_rm.py "${args[@]}" "$@"

@@ -145,3 +145,11 @@ def test_a_kept_encoding_does_not_depend_on_the_texts_beside_it(tiny_sentence_mo
             encodings.append(critic.encode(company)[company.index(short)])
     assert all(torch.equal(encodings[0], e) for e in encodings[1:]), [float((encodings[0] - e).abs().max()) for e in encodings]
     assert batches == [[short], [short], [long], [long], [short]], batches
+
+
+def test_a_cut_longer_than_the_encoder_reads_is_refused_in_one_line(tiny_sentence_model_dir):
+    """The tiny encoder has 256 positions: 512 would fail as a shape error in the first batch."""
+    from aria.io import ConfigError
+
+    with pytest.raises(ConfigError, match="critic.max_tokens: 512 is more than the encoder's 256 positions"):
+        DoubleCritic(str(tiny_sentence_model_dir), hidden=8, max_tokens=512)

@@ -3,7 +3,9 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -180,7 +182,7 @@ def test_length_bucketing_reduces_padding():
     ([{"observation": "o", "action": "a", "reward": 1.0}, {"observation": "o", "action": "a", "reward": float("nan")}],
      "sample 1.reward"),
     ([{"observation": "o", "action": "a", "reward": 1.0}, {"observation": "o", "action": "  ", "reward": 1.0}],
-     "sample 1.action"),
+     "sample 1.action"),  # with data.append_eos=false (below) an empty reply has no token to train
     ([{"observation": 3, "action": "a", "reward": 1.0}], "sample 0.observation"),
 ])
 def test_bad_training_data_is_rejected_before_training(tmp_path, data, field):
@@ -190,7 +192,7 @@ def test_bad_training_data_is_rejected_before_training(tmp_path, data, field):
     train_file = tmp_path / "train.json"
     train_file.write_text(json.dumps(data))  # json writes NaN for float("nan")
     done = run_script(REPO / "scripts/run_offline.py", f"data.train_file={train_file}", "model.path=/nonexistent/model",
-                      f"output_dir={tmp_path / 'out'}", cwd=tmp_path)
+                      f"output_dir={tmp_path / 'out'}", "data.append_eos=false", cwd=tmp_path)
     assert done.returncode == 2, done.stderr
     last = done.stderr.strip().splitlines()[-1]
     assert last.startswith("error:") and str(train_file) in last
@@ -483,3 +485,104 @@ def test_the_clipped_loss_keeps_negative_weights_bounded_and_resumes(tmp_path, t
     got = load_file(str(tmp_path / "cut" / "out" / "checkpoints" / "step-24" / "trainable.safetensors"))
     for name in expected:
         torch.testing.assert_close(got[name], expected[name], rtol=1e-5, atol=1e-6)
+
+
+def test_a_launch_whose_processes_form_no_group_is_refused():
+    """Two processes that each count one (accelerate without a process group) would each train
+    on all the data: refused in one line naming both counts. One process, or a formed group, passes."""
+    from aria.io import ConfigError
+    from aria.trainers.engine import check_one_group
+
+    with pytest.raises(ConfigError, match="started 2 processes, but they did not form one group .accelerate counts 1."):
+        check_one_group(1, {"WORLD_SIZE": "2"})
+    check_one_group(2, {"WORLD_SIZE": "2"})
+    check_one_group(1, {})
+
+
+def test_device_is_one_of_the_known_and_cuda_needs_a_gpu(tmp_path, tiny_model_dir, monkeypatch):
+    """``device=bogus`` is a settings error before any work; ``device=cuda`` without a GPU is
+    refused instead of training on the CPU; ``auto`` on a CPU-only machine trains on the CPU as
+    ``cpu`` does (and so joins a CPU launch's processes)."""
+    from aria.io import ConfigError
+    from aria.trainers.engine import use_cpu
+
+    with pytest.raises(ConfigError, match="device: .*one of auto, cpu, cuda"):
+        OfflineTrainer(config(tmp_path, tiny_model_dir, samples(4), "device=bogus"))
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)  # this machine has no GPU either way
+    with pytest.raises(ConfigError, match="device=cuda: this process sees no CUDA device"):
+        use_cpu("cuda")
+    assert use_cpu("auto") and use_cpu("cpu")
+
+
+def test_an_empty_reply_is_trained_on_as_the_end_of_turn_the_policy_played(tmp_path, tiny_model_dir):
+    """A policy that ended its turn at once played a step the pipeline keeps (step 4 wrote it):
+    with the end-of-turn token appended (the default) that token is its action, and a reward
+    moves its log-probability as any other's."""
+    data = [{"observation": "Is it alive?", "action": "", "reward": 1.0}]
+    before = final_logprob(tiny_model_dir, tiny_model_dir, data[0])
+    cfg = config(tmp_path, tiny_model_dir, data, "train.epochs=1", "train.micro_batch_size=1",
+                 "train.gradient_accumulation_steps=1", "train.lr=0.01", "train.optimizer=adam")
+    OfflineTrainer(cfg).train()
+    assert final_logprob(tiny_model_dir, tmp_path / "out" / "final", data[0]) - before > 1e-3
+
+
+def test_a_run_never_replaces_the_final_model_of_another(tmp_path, tiny_model_dir, capsys):
+    """A second run into an output_dir whose final/ another method made is refused in one line
+    before it trains (the README's order once replaced ARIA's adapter with ArCHer's); the same
+    run again is not refused, and an attempt that stopped before its first checkpoint leaves no
+    metric lines for the next to append to. A merge of the adapter is named stale once the
+    adapter is trained again."""
+    from aria.io import ResumeMismatch
+    from aria.llm.merge_record import stale_merge
+    from aria.policy import merge_lora
+
+    data = samples(8)
+    common = ("train.epochs=1", "train.micro_batch_size=4", "train.gradient_accumulation_steps=1", "train.save_freq=100")
+    OfflineTrainer(config(tmp_path, tiny_model_dir, data, *common)).train()
+    out = tmp_path / "out"
+    merged = merge_lora(out / "final", out / "merged")
+    assert stale_merge(merged) is None
+    with pytest.raises(ResumeMismatch, match=r"final holds the model of another run \(method was 'aria', now 'bc'"):
+        OfflineTrainer(config(tmp_path, tiny_model_dir, data, *common, "method=bc")).train()
+    (out / "metrics.jsonl").write_text('{"step": 1}\n{"step": 2}\n{"step": 3}\n')  # an attempt without a checkpoint
+    capsys.readouterr()
+    OfflineTrainer(config(tmp_path, tiny_model_dir, data, *common)).train()  # the same run again: the same adapter
+    steps = [json.loads(line)["step"] for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert steps == [1, 2]
+    assert stale_merge(merged) is None and "note:" not in capsys.readouterr().out
+    shutil.rmtree(out / "final")  # as the refusal says, to train here under other settings
+    OfflineTrainer(config(tmp_path, tiny_model_dir, data, *common, "train.lr=1e-2")).train()
+    assert f"[train] note: {merged} was merged from an earlier adapter" in capsys.readouterr().out
+    assert "re-run python scripts/merge_lora.py" in stale_merge(merged)
+
+
+def test_a_set_smaller_than_one_accumulated_step_trains_one_step_an_epoch(tmp_path, tiny_model_dir, capsys):
+    """``data.max_samples`` small enough that an epoch holds fewer micro-batches than
+    ``gradient_accumulation_steps``: one optimizer step over all of them, said in one line."""
+    cfg = config(tmp_path, tiny_model_dir, samples(6), "train.epochs=2", "train.micro_batch_size=2",
+                 "train.gradient_accumulation_steps=8", "train.packing=padded")
+    result = OfflineTrainer(cfg).train()
+    assert result["steps"] == 2
+    assert ("[train] 3 micro-batches an epoch make no step of gradient_accumulation_steps=8 on 1 process(es): "
+            "accumulating over 3, one optimizer step an epoch") in capsys.readouterr().out
+
+
+def test_serving_a_stale_merge_is_refused_before_any_server_starts(tmp_path):
+    """``scripts/serve_vllm.sh`` on a merge whose adapter was trained again since: one line,
+    exit 2, no server (the check reads two small files); ``ARIA_SERVE_STALE=1`` lets it through."""
+    from aria.llm.merge_record import write_merge_record
+
+    adapter, merged = tmp_path / "final", tmp_path / "merged"
+    adapter.mkdir()
+    merged.mkdir()
+    (adapter / "adapter_config.json").write_text("{}")
+    (adapter / "adapter_model.safetensors").write_bytes(b"first training")
+    write_merge_record(merged, adapter, tmp_path / "base", "float32")
+    (adapter / "adapter_model.safetensors").write_bytes(b"second training")
+    env = {**os.environ, "VLLM_START_TIMEOUT": "1"}
+    done = subprocess.run(["bash", str(REPO / "scripts/serve_vllm.sh"), str(merged), "1"], capture_output=True, text=True,
+                          env=env, timeout=60)
+    assert done.returncode == 2
+    assert done.stderr.strip().splitlines()[-1] == (
+        f"error: {merged} was merged from an earlier adapter in {adapter} (trained again since): re-run python "
+        f"scripts/merge_lora.py {adapter} {merged} (ARIA_SERVE_STALE=1 serves it anyway)")

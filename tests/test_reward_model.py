@@ -299,3 +299,22 @@ def test_the_scorer_checks_prefix_trees_on_its_model_and_falls_back(tmp_path, ti
     assert checked.score(samples) == pytest.approx(padded.score(samples), abs=1e-6)
     with pytest.raises(ValueError):
         InProcessScorer(None, packing="sorted")
+
+
+def test_a_lora_reward_model_is_scored_with_its_trained_head_and_no_load_report(tmp_path, tiny_model_dir, capfd):
+    """Loading a LoRA reward model loads its base first, which has no score head; the adapter
+    then brings the trained one. The scoring model's head is the adapter's, transformers' many-line
+    load report is not printed, and a new head is said in one line only where one is trained."""
+    from aria.reward_service import load_scoring_model
+
+    cfg = config(tmp_path, tiny_model_dir, toy_set(8), "train.epochs=1", "train.micro_batch_size=4",
+                 "train.gradient_accumulation_steps=1", "train.lr=3e-3", "data.eval_fraction=0", "model.lora.enabled=true")
+    RewardModelTrainer(cfg).train()
+    trained = capfd.readouterr()
+    assert "a new score head, randomly initialised (to be trained)" in trained.out
+    final = tmp_path / "out" / "final"
+    saved = {k: v for k, v in load_file(str(final / "adapter_model.safetensors")).items() if "score" in k and "lora_" not in k}
+    _, model = load_scoring_model(final)
+    loaded = capfd.readouterr()
+    assert len(saved) == 1 and torch.equal(next(iter(saved.values())), model.score.weight)
+    assert "LOAD REPORT" not in trained.err + loaded.err + loaded.out and "new score head" not in loaded.out

@@ -37,6 +37,7 @@ from transformers import (
 from aria.io import ConfigError, model_digest
 from aria.llm.base import Completion, Message, OutputFormat
 from aria.llm.embedded import resolve_model_path
+from aria.policy import cache_keyword
 
 log = logging.getLogger(__name__)
 
@@ -252,8 +253,9 @@ class LocalChatModel:
         rows = torch.arange(batch, device=self.device)  # batch row -> original row
         replies: list[list[int]] = [[] for _ in range(batch)]
         cached = past.get_seq_length()  # the pre-filled prefix; only the positions after it are encoded
+        with_cache = {cache_keyword(self.model): past}
         logits = self.model(input_ids=input_ids[:, cached:], attention_mask=attention_mask, position_ids=position_ids[:, cached:],
-                            past_key_values=past, use_cache=True, logits_to_keep=1).logits[:, -1, :]
+                            use_cache=True, logits_to_keep=1, **with_cache).logits[:, -1, :]
         full_layers = [(layer.keys, layer.values) for layer in past.layers]
         next_position = position_ids[:, -1:] + 1
         done = torch.zeros(batch, dtype=torch.bool, device=self.device)
@@ -288,7 +290,7 @@ class LocalChatModel:
                     layer.keys = layer.keys.index_select(0, keep)
                     layer.values = layer.values.index_select(0, keep)
             logits = self.model(input_ids=tokens.unsqueeze(1), attention_mask=attention_mask, position_ids=next_position,
-                                past_key_values=past, use_cache=True).logits[:, -1, :]
+                                use_cache=True, **with_cache).logits[:, -1, :]
             next_position = next_position + 1
         for layer, (keys, values) in zip(past.layers, full_layers):
             layer.keys, layer.values = keys, values

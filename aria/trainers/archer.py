@@ -37,12 +37,13 @@ import torch
 from aria.data import read_training_set
 from aria.io import DataError, atomic_folder, atomic_write_json, atomic_write_json_rows, json_digest
 from aria.settings import CriticTrainerSettings, validated
-from aria.trainers.checkpoint import (begin_checkpoint, finish_checkpoint, latest_checkpoint, load_state,
-                                      read_trainer_state, resume_position, resume_settings, save_state)
+from aria.trainers.checkpoint import (RUN_RECORD, begin_checkpoint, finish_checkpoint, latest_checkpoint, load_state,
+                                      read_trainer_state, resume_position, resume_settings, run_record, save_state,
+                                      start_fresh)
 from aria.trainers.critic import (V_TARGETS, DoubleCritic, advantages, critic_loss, polyak_update, q_targets,
                                   transitions, v_targets)
-from aria.trainers.engine import (TrainState, accumulate_step, build_optimizer, check_train_settings, make_accelerator,
-                                  run_epochs)
+from aria.trainers.engine import (TrainState, accumulate_step, build_optimizer, check_train_settings, fit_accumulation,
+                                  make_accelerator, run_epochs)
 from aria.trainers.offline import _plain_batches, batches_for_process
 from aria.trainers.methods import FIELD_TYPES
 from aria.trainers.reward_model import held_out_split
@@ -125,6 +126,11 @@ class CriticTrainer:
         self.eval_index = [i for i, s in enumerate(self.steps) if s["game_id"] in held]
         if not self.train_index:
             raise DataError(self.train_path, None, None, "no steps left for training after the held-out split")
+        limit = cfg["data"]["max_samples"]
+        if limit and limit < len(self.train_index):  # a seeded subset of the transitions, in file order; each
+            # still bootstraps from its own next history, which is encoded whether it is trained on or not
+            keep = np.sort(np.random.default_rng(cfg["seed"]).choice(len(self.train_index), size=limit, replace=False))
+            self.train_index = [self.train_index[i] for i in keep]
 
         self.output_dir = Path(cfg["output_dir"])
         self.accelerator = make_accelerator(cfg, self.output_dir)
@@ -137,6 +143,7 @@ class CriticTrainer:
         self.target = copy.deepcopy(critic).requires_grad_(False).eval()
         if not c["train_encoder"]:  # heads only: one encoding of each text, shared with the target copy
             self.target.freeze_encoder(critic.freeze_encoder())
+        fit_accumulation(self.accelerator, t, -(-len(self.train_index) // t["micro_batch_size"]), "critic")
         world, accumulation = self.accelerator.num_processes, t["gradient_accumulation_steps"]
         self.micro_per_epoch = len(self._epoch_batches(0))
         self.steps_per_epoch = self.micro_per_epoch // accumulation
@@ -295,6 +302,7 @@ class CriticTrainer:
     def resume(self) -> Path | None:
         checkpoint = latest_checkpoint(self.output_dir)
         if checkpoint is None:
+            start_fresh(self.output_dir, self.accelerator, resume_settings(self.cfg, self.micro_per_epoch), self.data_digest)
             return None
         state = read_trainer_state(checkpoint, self.accelerator, self.data_digest, self.total_steps,
                                    resume_settings(self.cfg, self.micro_per_epoch))
@@ -318,6 +326,8 @@ class CriticTrainer:
                 atomic_write_json(tmp / "critic.json", {"encoder": c["encoder"], "hidden": c["hidden"],
                                                         "max_tokens": c["max_tokens"], "steps": self.state.step,
                                                         "train_file": str(self.train_path), **diagnostics})
+                atomic_write_json(tmp / RUN_RECORD, run_record(resume_settings(self.cfg, self.micro_per_epoch),
+                                                               self.data_digest))
         acc.wait_for_everyone()
         return out
 

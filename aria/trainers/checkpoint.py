@@ -246,6 +246,34 @@ def check_resume_settings(checkpoint: Path, state: dict, settings: dict | None) 
                                  f"or delete {checkpoint.parent} to start over")
 
 
+#: Beside a trainer's final model: the settings and data digest of the run that made it.
+RUN_RECORD = "aria_run.json"
+
+
+def run_record(settings: dict, data_digest: str) -> dict:
+    """What :data:`RUN_RECORD` holds: :func:`resume_settings` and the data digest of the run."""
+    return {"settings": settings, "data_digest": data_digest}
+
+
+def start_fresh(output_dir: Path, accelerator, settings: dict, data_digest: str) -> None:
+    """Before a run with no checkpoint to resume: refuse (one line) an ``output_dir`` whose
+    ``final/`` another run made, under other settings or on other data, which this run would
+    replace without a word; and drop the metric lines of an earlier attempt that stopped before
+    its first checkpoint (the steps restart at 1)."""
+    record = output_dir / "final" / RUN_RECORD
+    if record.is_file():
+        made = json.loads(record.read_text(encoding="utf-8"))
+        changed = differences(made["settings"], settings)
+        if made["data_digest"] != data_digest:
+            changed = [*changed, "the samples or their weights differ"]
+        if changed:
+            raise ResumeMismatch(f"{output_dir / 'final'} holds the model of another run ({'; '.join(changed[:3])}"
+                                 f"{'; ...' if len(changed) > 3 else ''}): use another output_dir, or delete "
+                                 f"{output_dir / 'final'} to train here")
+    if accelerator.is_main_process:
+        trim_metrics(output_dir / "metrics.jsonl", lambda line: False)
+
+
 def resume_position(checkpoint: Path, accelerator, state: dict, output_dir: Path, micro_per_epoch: int, who: str):
     """After the weights: every process's random state back and the metric lines of the steps
     that will be redone dropped; returns the :class:`~aria.trainers.engine.TrainState` to go on

@@ -124,6 +124,12 @@ class DoubleCritic(torch.nn.Module):
             # mean pooling reads the hidden states; an unused pooler would get no gradient, which
             # multi-process training (DDP) refuses
             self.encoder.pooler = None
+        context = getattr(self.encoder.config, "max_position_embeddings", None)
+        if context is not None and max_tokens > context:  # else a shape error inside the encoder's first batch
+            from aria.io import ConfigError
+
+            raise ConfigError(f"critic.max_tokens: {max_tokens} is more than the encoder's {context} positions "
+                              f"({encoder_path}); set critic.max_tokens={context} or less")
         self.max_tokens = max_tokens
         width = self.encoder.config.hidden_size
         hidden = hidden or width

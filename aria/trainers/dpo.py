@@ -40,6 +40,7 @@ class TrajectoryDPOTrainer(OfflineTrainer):
     losses = {"dpo": dpo_loss}
     loss_name = "dpo"
     unit = "pairs"
+    name = "trajectory dpo"
 
     def __init__(self, cfg: dict, on_step=None):
         super().__init__(cfg, on_step)

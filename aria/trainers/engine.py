@@ -9,6 +9,7 @@ Checkpoints and resume are :mod:`aria.trainers.checkpoint`.
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Mapping
@@ -17,6 +18,8 @@ import torch
 
 from aria import threads
 from aria.io import atomic_folder, atomic_write_json
+from aria.llm.merge_record import stale_merges_of
+from aria.trainers.checkpoint import RUN_RECORD
 
 #: Optimizers by name (config ``train.optimizer``).
 OPTIMIZERS: dict[str, type[torch.optim.Optimizer]] = {"adamw": torch.optim.AdamW, "adam": torch.optim.Adam}
@@ -81,11 +84,51 @@ def make_accelerator(cfg: dict, project_dir: Path | None = None, log_with: str |
     from accelerate import Accelerator
 
     t = cfg["train"]
+    on_cpu = use_cpu(cfg.get("device", "auto"))
     threads.configure(t["threads"])
-    return Accelerator(gradient_accumulation_steps=t["gradient_accumulation_steps"],
-                       mixed_precision=resolve_mixed_precision(t["mixed_precision"]),
-                       cpu=cfg.get("device") == "cpu", step_scheduler_with_optimizer=False,
-                       log_with=log_with or None, project_dir=str(project_dir) if project_dir else None)
+    acc = Accelerator(gradient_accumulation_steps=t["gradient_accumulation_steps"],
+                      mixed_precision=resolve_mixed_precision(t["mixed_precision"]),
+                      cpu=on_cpu, step_scheduler_with_optimizer=False,
+                      log_with=log_with or None, project_dir=str(project_dir) if project_dir else None)
+    check_one_group(acc.num_processes)
+    return acc
+
+
+def use_cpu(device: str) -> bool:
+    """Whether ``device`` (config ``device``) trains on the CPU: ``cpu``, or ``auto`` on a machine
+    without a GPU. Saying so to accelerate matters beyond placement: only then does it join the
+    processes of a CPU launch (``config/accelerate/cpu_2proc.yaml``) into one gloo group."""
+    from aria.io import ConfigError
+
+    if device == "cuda" and not torch.cuda.is_available():
+        raise ConfigError("device=cuda: this process sees no CUDA device (torch.cuda.is_available() is false); "
+                          "use device=auto or device=cpu")
+    return device == "cpu" or not torch.cuda.is_available()
+
+
+def check_one_group(num_processes: int, environ: Mapping[str, str] | None = None) -> None:
+    """Refuse a launch whose processes did not join one group: each would train on all of the
+    data, as many times over as there are processes, and write the same output folder."""
+    from aria.io import ConfigError
+
+    launched = int((os.environ if environ is None else environ).get("WORLD_SIZE", "1") or 1)
+    if launched > 1 and num_processes != launched:
+        raise ConfigError(f"this launch started {launched} processes, but they did not form one group (accelerate "
+                          f"counts {num_processes}): each would train on all of the data; check the accelerate config "
+                          "and the device setting")
+
+
+def fit_accumulation(acc, t: dict, micro_batches: int, who: str) -> None:
+    """Where an epoch's ``micro_batches`` give each process fewer than ``train.gradient_accumulation_steps``
+    (a small ``data.max_samples``), accumulate over all of them: one optimizer step an epoch, said in
+    one line, instead of no step at all. A run with at least one full step is left as it is."""
+    per_process = micro_batches // acc.num_processes
+    if 0 < per_process < t["gradient_accumulation_steps"]:
+        if acc.is_main_process:
+            print(f"[{who}] {micro_batches} micro-batches an epoch make no step of gradient_accumulation_steps="
+                  f"{t['gradient_accumulation_steps']} on {acc.num_processes} process(es): accumulating over "
+                  f"{per_process}, one optimizer step an epoch")
+        t["gradient_accumulation_steps"] = acc.gradient_accumulation_steps = per_process
 
 
 def warmup_steps(t: dict, total_steps: int) -> int:
@@ -159,10 +202,13 @@ def run_epochs(acc, state: TrainState, epochs: int, epoch_batches: Callable[[int
         bar.close()
 
 
-def save_final_model(acc, model, tokenizer, out: Path, encoding, info: dict, state_dict: dict | None = None) -> Path:
+def save_final_model(acc, model, tokenizer, out: Path, encoding, info: dict, state_dict: dict | None = None,
+                     run: dict | None = None) -> Path:
     """``out/``: the unwrapped model (adapter or full) and tokenizer in Hugging Face format, the
-    :class:`aria.policy.Encoding` its samples were encoded with and ``aria_training.json``
-    (``info``), whole or not at all (:func:`aria.io.atomic_folder`); every process calls it."""
+    :class:`aria.policy.Encoding` its samples were encoded with, ``aria_training.json`` (``info``)
+    and the run's record (``run``, :func:`aria.trainers.checkpoint.run_record`: a later run into
+    the same folder under other settings is refused), whole or not at all
+    (:func:`aria.io.atomic_folder`); every process calls it."""
     acc.wait_for_everyone()
     if acc.is_main_process:
         with atomic_folder(out) as tmp:
@@ -170,5 +216,9 @@ def save_final_model(acc, model, tokenizer, out: Path, encoding, info: dict, sta
             tokenizer.save_pretrained(tmp)
             encoding.save(tmp)
             atomic_write_json(tmp / "aria_training.json", info)
+            if run is not None:
+                atomic_write_json(tmp / RUN_RECORD, run)
+        for why in stale_merges_of(out):  # a merge of the adapter this run has just replaced
+            print(f"[train] note: {why}")
     acc.wait_for_everyone()
     return out

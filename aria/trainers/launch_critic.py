@@ -24,11 +24,16 @@ def run(cfg) -> dict:
         result = trainer.train()
     if trainer.accelerator.is_main_process:
         held_out = (f"; held out ({result['eval_steps']} steps): TD error (MSE) {result['eval_td_mse']:.4f}, won above "
-                    f"lost {result['eval_ranking_accuracy']} (same turn: {result['eval_ranking_accuracy_same_turn']})"
+                    f"lost {ranked(result['eval_ranking_accuracy'])} (same turn: {ranked(result['eval_ranking_accuracy_same_turn'])})"
                     ) if "eval_td_mse" in result else ""
         print(f"[critic] {result['steps']} steps; critic in {result['final']}; advantages in {result['train_file']}"
               f"{held_out}")
     return result
+
+
+def ranked(accuracy: float | None) -> str:
+    """A ranking accuracy as printed; None where the held-out games hold no won-lost pair to rank."""
+    return "n/a (no won and lost step to compare)" if accuracy is None else f"{accuracy}"
 
 
 @hydra.main(config_path=None, config_name="critic", version_base="1.3")

@@ -53,24 +53,32 @@ from aria.io import DataError, atomic_write_json, json_digest
 from aria.secrets import redact
 from aria.settings import TrainerSettings, validated
 from aria.trainers.checkpoint import (begin_checkpoint, finish_checkpoint, latest_checkpoint, load_plain_state,
-                                      load_state, read_trainer_state, resume_position, resume_settings, save_plain_state, save_state)
+                                      load_state, read_trainer_state, resume_position, resume_settings, run_record,
+                                      save_plain_state, save_state, start_fresh)
 from aria.packing import attention_break_even, game_ordered_batches, packing_stats, sample_groups
 from aria.policy import EncodedSample, Encoding, action_logprobs, action_token_logprobs, collate_as, load_model
 from aria.trainers.engine import (OPTIMIZERS, TrainState, accumulate_step, build_optimizer,  # noqa: F401
-                                  check_lr_scheduler, check_train_settings, make_accelerator, resolve_mixed_precision,
-                                  run_epochs, save_final_model)
+                                  check_lr_scheduler, check_train_settings, fit_accumulation, make_accelerator,
+                                  resolve_mixed_precision, run_epochs, save_final_model)
 from aria.trainers.losses import LOSSES, TOKEN_LOSSES, reinforce_loss  # noqa: F401  (re-exported)
 from aria.trainers.methods import METHODS, get_method, method_weights
 
 
 # ---- data ------------------------------------------------------------------------------------------
-def check_samples(samples: list[dict], path: str) -> None:
-    """Reject what cannot be trained on, before any training starts (file and sample index named)."""
+def check_samples(samples: list[dict], path: str, empty_actions: bool = False) -> None:
+    """Reject what cannot be trained on, before any training starts (file and sample index named).
+
+    An empty reply is a step the policy played (it ended its turn at once; the game went on),
+    and the pipeline keeps it. With ``empty_actions`` (the policy trainer when the end-of-turn
+    token is appended, so the action is that token; the reward model, which reads the score at
+    the sequence's last token) it is trained on as played; otherwise it has no token to train
+    and is refused."""
     if not samples:
         raise DataError(path, None, None, "the training set is empty")
     for i, sample in enumerate(samples):
-        if not sample["action"].strip():
-            raise DataError(path, None, f"sample {i}.action", "empty action")
+        if not empty_actions and not sample["action"].strip():
+            raise DataError(path, None, f"sample {i}.action", "empty action: with data.append_eos=false it has no "
+                            "token to train (append_eos=true trains the end-of-turn token the policy ended it with)")
 
 
 def length_bucketed_batches(lengths: list[int], batch_size: int, seed: int, epoch: int,
@@ -124,6 +132,8 @@ class OfflineTrainer:
     settings: type = TrainerSettings
     #: what one unit of data (an entry of a micro-batch) is called in messages
     unit = "samples"
+    #: the progress bar's name
+    name = "reinforce"
 
     def __init__(self, cfg: dict, on_step: Callable[[int], None] | None = None):
         from accelerate.utils import set_seed
@@ -161,6 +171,7 @@ class OfflineTrainer:
             + ([["loss", loss_name, self.loss_options]] if self.token_loss else [])
         self.data_digest = json_digest(fingerprint, sort_keys=False)
 
+        fit_accumulation(self.accelerator, t, len(self._all_batches(0)), "train")
         world, accumulation = self.accelerator.num_processes, t["gradient_accumulation_steps"]
         self.micro_per_epoch = len(self._epoch_batches(0))
         self.steps_per_epoch = self.micro_per_epoch // accumulation
@@ -232,7 +243,7 @@ class OfflineTrainer:
         missing field names the file."""
         from aria.io import ConfigError
 
-        check_samples(samples, self.train_path)
+        check_samples(samples, self.train_path, empty_actions=self.cfg["data"]["append_eos"])
         name = self.cfg["method"]
         if name not in METHODS:
             raise ConfigError(f"method: unknown {name!r} (known: {', '.join(sorted(METHODS))})")
@@ -335,17 +346,20 @@ class OfflineTrainer:
         return {}
 
     # ---- the data order ----
-    def _epoch_batches(self, epoch: int) -> list[list[int]]:
+    def _all_batches(self, epoch: int) -> list[list[int]]:
+        """Every micro-batch of ``epoch``, before the processes split them."""
         t = self.cfg["train"]
         lengths = self.unit_lengths()
         if t["packing"] == "prefix_tree":
-            batches = game_ordered_batches(self.unit_groups(), t["micro_batch_size"], self.cfg["seed"], epoch)
-        elif t["length_bucketing"]:
-            batches = length_bucketed_batches(lengths, t["micro_batch_size"], self.cfg["seed"], epoch, t["bucket_batches"])
-        else:
-            batches = _plain_batches(len(lengths), t["micro_batch_size"], self.cfg["seed"], epoch)
-        return batches_for_process(batches, self.accelerator.process_index, self.accelerator.num_processes,
-                                   t["gradient_accumulation_steps"])
+            return game_ordered_batches(self.unit_groups(), t["micro_batch_size"], self.cfg["seed"], epoch)
+        if t["length_bucketing"]:
+            return length_bucketed_batches(lengths, t["micro_batch_size"], self.cfg["seed"], epoch, t["bucket_batches"])
+        return _plain_batches(len(lengths), t["micro_batch_size"], self.cfg["seed"], epoch)
+
+    def _epoch_batches(self, epoch: int) -> list[list[int]]:
+        """This process's micro-batches of ``epoch``."""
+        return batches_for_process(self._all_batches(epoch), self.accelerator.process_index, self.accelerator.num_processes,
+                                   self.cfg["train"]["gradient_accumulation_steps"])
 
     # ---- the loop ----
     def train(self) -> dict:
@@ -359,7 +373,7 @@ class OfflineTrainer:
             acc.init_trackers(log_cfg.get("run_name") or "aria_offline", config=_flat(redact(self.cfg)))
         metrics_path = self.output_dir / "metrics.jsonl"
         bar = tqdm(total=self.total_steps, initial=self.state.step, disable=not acc.is_local_main_process,
-                   desc="reinforce", dynamic_ncols=True)
+                   desc=self.name, dynamic_ncols=True)
         self.model.train()
         window, last = _new_window(), {}
 
@@ -455,6 +469,7 @@ class OfflineTrainer:
     def resume(self) -> Path | None:
         checkpoint = latest_checkpoint(self.output_dir)
         if checkpoint is None:
+            start_fresh(self.output_dir, self.accelerator, resume_settings(self.cfg, self.micro_per_epoch), self.data_digest)
             return None
         state = read_trainer_state(checkpoint, self.accelerator, self.data_digest, self.total_steps,
                                    resume_settings(self.cfg, self.micro_per_epoch))
@@ -471,7 +486,8 @@ class OfflineTrainer:
         acc.wait_for_everyone()
         state_dict = acc.get_state_dict(self.model) if self._deepspeed else None  # every rank takes part in gathering
         return save_final_model(acc, self.model, self.tokenizer, self.output_dir / "final", self.encoding,
-                                {"steps": self.state.step, "train_file": str(self.train_path), "config": self.cfg}, state_dict)
+                                {"steps": self.state.step, "train_file": str(self.train_path), "config": self.cfg}, state_dict,
+                                run_record(resume_settings(self.cfg, self.micro_per_epoch), self.data_digest))
 
 
 def _new_window() -> dict:

@@ -66,8 +66,8 @@ from aria.policy import Encoding, action_logprobs, collate_as, load_policy
 from aria.resources import compose_config, config_dir
 from aria.settings import OnlineTrainerSettings, validated
 from aria.trainers.checkpoint import (begin_checkpoint, check_resume_settings, finish_checkpoint, latest_checkpoint,
-                                      load_plain_state, resume_settings,
-                                      load_rng_state, save_plain_state, set_rng_state, trim_metrics)
+                                      load_plain_state, load_rng_state, resume_settings, run_record, save_plain_state,
+                                      set_rng_state, start_fresh, trim_metrics)
 from aria.trainers.losses import ADVANTAGES, LOSSES, TOKEN_LOSSES, rm_score, rm_score_centered  # noqa: F401  (re-exported)
 from aria.trainers.engine import (accumulate_step, build_optimizer, check_train_settings, make_accelerator,
                                   save_final_model)
@@ -476,7 +476,8 @@ class OnlineTrainer:
 
     def resume(self) -> Path | None:
         checkpoint = latest_checkpoint(self.output_dir)
-        if checkpoint is None:
+        if checkpoint is None:  # the online loop's data is its own rollouts: the settings say what made it
+            start_fresh(self.output_dir, self.accelerator, resume_settings(self.cfg), "")
             return None
         saved = read_json(checkpoint / "trainer_state.json")
         if saved["world_size"] != self.accelerator.num_processes or saved["total_steps"] != self.total_steps:
@@ -503,7 +504,8 @@ class OnlineTrainer:
     def save_final(self) -> Path:
         return save_final_model(self.accelerator, self.model, self.tokenizer, self.output_dir / "final", self.encoding,
                                 {"iterations": self.state.iteration, "steps": self.state.step,
-                                 "reward_model": self.state.rm_path, "config": self.cfg})
+                                 "reward_model": self.state.rm_path, "config": self.cfg},
+                                run=run_record(resume_settings(self.cfg), ""))
 
 
 def _stats(prefix: str, values: np.ndarray) -> dict:

@@ -32,7 +32,7 @@ import torch
 from aria.io import DataError, atomic_write_json
 from aria.packing import (PrefixTreePack, is_tree_batch, prefix_tree_packs, score_position,  # noqa: F401  (re-exported)
                           tree_scores)
-from aria.policy import EncodedSample, collate, load_model
+from aria.policy import EncodedSample, cache_keyword, collate, load_model
 from aria.settings import RewardModelTrainerSettings
 from aria.trainers.losses import RM_LOSSES, mse_loss, mse_weights, weighted_mse_loss  # noqa: F401  (re-exported)
 from aria.trainers.offline import OfflineTrainer, check_samples
@@ -58,9 +58,10 @@ def held_out_split(samples: Sequence[dict], fraction: float, seed: int) -> tuple
 
 # ---- the model ------------------------------------------------------------------------------------
 def load_reward_model(model_path: str, dtype: str = "float32", lora: dict[str, Any] | None = None,
-                      gradient_checkpointing: bool = False, require_head: bool = False, setting: str = "model.path"):
+                      gradient_checkpointing: bool = False, require_head: bool = False, setting: str = "model.path",
+                      head_follows: bool = False):
     """:func:`aria.policy.load_model` with the one-output score head."""
-    return load_model(model_path, "score", dtype, lora, gradient_checkpointing, require_head, setting)
+    return load_model(model_path, "score", dtype, lora, gradient_checkpointing, require_head, setting, head_follows)
 
 
 def reward_scores(model, batch: dict[str, torch.Tensor]) -> torch.Tensor:
@@ -103,8 +104,8 @@ def score_prefix_trees(model, encoded: Sequence[EncodedSample], max_tokens: int 
             mask = torch.zeros((len(pack.input_ids) - t, len(pack.input_ids)), dtype=dtype)
             mask.masked_fill_(~torch.from_numpy(pack.attends[t:]), torch.finfo(dtype).min)
             branches = backbone(input_ids=ids[:, t:], position_ids=torch.from_numpy(pack.positions[t:]).to(device)[None],
-                                attention_mask=mask[None, None].to(device), past_key_values=trunk.past_key_values,
-                                use_cache=True)
+                                attention_mask=mask[None, None].to(device), use_cache=True,
+                                **{cache_keyword(backbone): trunk.past_key_values})
             hidden = torch.cat([hidden, branches.last_hidden_state], dim=1)
         nodes = [path[score_position(encoded[i].input_ids, pad_id)] for i, path in zip(pack.samples.tolist(), pack.paths)]
         out[pack.samples] = model.score(hidden[0, torch.tensor(nodes, device=device)])[:, 0].float().cpu().numpy()
@@ -152,13 +153,14 @@ class RewardModelTrainer(OfflineTrainer):
 
     losses = RM_LOSSES
     settings = RewardModelTrainerSettings
+    name = "reward model"
 
     head = "score"
     target_field = "reward"
 
     def select_samples(self, samples: list[dict]) -> list[dict]:
         """The steps with an aggregated reward (kept by the aggregation), less a held-out split."""
-        check_samples(samples, self.train_path)
+        check_samples(samples, self.train_path, empty_actions=True)
         samples = [s for s in samples if s["reward"] is not None]
         if not samples:
             raise DataError(self.train_path, None, None, "no sample has an aggregated reward (none was kept)")
