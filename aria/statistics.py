@@ -58,10 +58,13 @@ def percent(x: float | None) -> str:
     return "n/a" if x is None else f"{100 * x:.1f}"
 
 
-def summarize_games(records: Sequence[dict]) -> dict:
+def summarize_games(records: Sequence[dict], invalid_answer: str | None = None) -> dict:
     """Statistics of one environment's transcripts (schema-v1 single-agent records).
 
     Failed games (requests that kept failing) are counted and listed, never scored as losses.
+    Two shares of turns say how a reply went wrong: ``invalid_question_share``, replies no
+    question could be read from; ``invalid_answer_share``, turns the oracle answered with the
+    game's ``invalid_answer`` ("Invalid Question.": not a yes/no question), when it is given.
     """
     finished = [r for r in records if r["status"] == "finished"]
     failed = [r["game_id"] for r in records if r["status"] != "finished"]
@@ -75,6 +78,8 @@ def summarize_games(records: Sequence[dict]) -> dict:
         "success_rate_ci95": [low, high],
         "mean_turns": turns / len(finished) if finished else None,
         "invalid_question_share": invalid / turns if turns else None,
+        **({"invalid_answer_share": sum(1 for r in finished for t in r["turns"] if t.get("observation") == invalid_answer) / turns
+            if turns else None} if invalid_answer is not None else {}),
     }
 
 

@@ -56,6 +56,13 @@ def test_summary_counts_by_hand():
     s = summarize_games(records)
     assert (s["games"], s["finished"], s["failed"], s["failed_game_ids"], s["successes"]) == (3, 2, 1, ["c"], 1)
     assert s["success_rate"] == 0.5 and s["mean_turns"] == 2.0 and s["invalid_question_share"] == 0.25
+    assert "invalid_answer_share" not in s  # not asked: the game's invalid answer was not given
+    # a question that was read but is no yes/no question: answered invalid, yet not unreadable
+    odd = {"action": "Question: Which colour?", "question": "Which colour?", "observation": "Invalid Question.", "reward": -1.0}
+    records[1]["turns"].append(odd)
+    records[1]["num_turns"] = 2
+    s = summarize_games(records, invalid_answer="Invalid Question.")
+    assert s["invalid_question_share"] == 1 / 5 and s["invalid_answer_share"] == 2 / 5
     assert s["success_rate_ci95"] == pytest.approx(list(wilson_interval(1, 2)))
     # nothing finished: rates are undefined, not zero
     s = summarize_games(records[2:])
@@ -76,7 +83,7 @@ def test_summary_tables_by_hand(tmp_path):
                 "deal_rate": deals, "mean_payoff_share": share, "unusable_reply_share": unusable}
 
     a = {"model": "base", "base_url": "http://h/v1", "oracle": "kb", "seed": 3, "environments": {
-        "twenty_questions": single(4, 1, 0.0456, 0.6994, 17.5, 0.125, failed=1),
+        "twenty_questions": {**single(4, 1, 0.0456, 0.6994, 17.5, 0.125, failed=1), "invalid_answer_share": 0.4},
         "bargaining": {"kind": "two_player", "opponent": "scripted", "as_alice": seat(2, 1.0, 0.3424, 1.0, 0.0, 1.0, 0.6, 0.0),
                        "as_bob": seat(2, 0.0, 0.0, 0.6576, 0.5, 0.5, None, None),
                        "overall": seat(4, 0.5, 0.15, 0.85, 0.25, 0.75, 0.55, 0.1)}}}
@@ -85,9 +92,9 @@ def test_summary_tables_by_hand(tmp_path):
     write_summary(tmp_path / "b", b)
     assert (tmp_path / "a" / "summary.md").read_text() == "\n".join([
         "# base", "", "Endpoint: http://h/v1; oracle: kb; seed 3", "",
-        "| environment | games | success % | 95% CI | mean turns | invalid questions % | failed |",
-        "|---|---|---|---|---|---|---|",
-        "| twenty_questions | 4 | 25.0 | 4.6-69.9 | 17.50 | 12.5 | 1 |",
+        "| environment | games | success % | 95% CI | mean turns | unreadable replies % | answered invalid % | failed |",
+        "|---|---|---|---|---|---|---|---|",
+        "| twenty_questions | 4 | 25.0 | 4.6-69.9 | 17.50 | 12.5 | 40.0 | 1 |",
         "", "Two-player games against scripted:", "",
         "| environment | policy plays | games | win % | 95% CI | ties % | deals % | mean payoff share | unusable replies % | failed |",
         "|---|---|---|---|---|---|---|---|---|---|",
@@ -96,9 +103,9 @@ def test_summary_tables_by_hand(tmp_path):
         "| bargaining | overall | 4 | 50.0 | 15.0-85.0 | 25.0 | 75.0 | 0.550 | 10.0 | 0 |", ""])
     assert (tmp_path / "b" / "summary.md").read_text() == "\n".join([
         "# trained", "", "Endpoint: ?; oracle: ?; seed None", "",
-        "| environment | games | success % | 95% CI | mean turns | invalid questions % | failed |",
-        "|---|---|---|---|---|---|---|",
-        "| guess_my_city | 0 | n/a | 0.0-100.0 | n/a | n/a | 0 |", ""])
+        "| environment | games | success % | 95% CI | mean turns | unreadable replies % | answered invalid % | failed |",
+        "|---|---|---|---|---|---|---|---|",
+        "| guess_my_city | 0 | n/a | 0.0-100.0 | n/a | n/a | n/a | 0 |", ""])
     assert compare_table([tmp_path / "a", tmp_path / "b"]) == "\n".join([
         "| model | twenty_questions success % (95% CI) | bargaining win % (95% CI) | guess_my_city success % (95% CI) |",
         "|---|---|---|---|",

@@ -162,14 +162,15 @@ class QuestionFamily:
     def summary_table(self, summary, envs):
         from aria.statistics import percent
 
-        lines = ["| environment | games | success % | 95% CI | mean turns | invalid questions % | failed |",
-                 "|---|---|---|---|---|---|---|"]
+        lines = ["| environment | games | success % | 95% CI | mean turns | unreadable replies % | answered invalid % | failed |",
+                 "|---|---|---|---|---|---|---|---|"]
         for env in envs:
             s = summary["environments"][env]
             low, high = s["success_rate_ci95"]
             turns = "n/a" if s["mean_turns"] is None else f"{s['mean_turns']:.2f}"
             lines.append(f"| {env} | {s['finished']} | {percent(s['success_rate'])} | {percent(low)}-{percent(high)} | "
-                         f"{turns} | {percent(s['invalid_question_share'])} | {s['failed']} |")
+                         f"{turns} | {percent(s['invalid_question_share'])} | {percent(s.get('invalid_answer_share'))} | "
+                         f"{s['failed']} |")
         return lines
 
     def evaluate_served(self, cfg, game_cfg, policy, out, batch_size):
@@ -190,7 +191,8 @@ class QuestionFamily:
                          num_games=cfg["num_games"], seed=cfg["seed"], batch_size=batch_size, progress=cfg["progress"],
                          force_new=cfg["force_new"], reply_format=reply_format(game_cfg))
         print(f"[eval] {game_cfg['name']}: {run.line()}")
-        return {**summarize_games(list(read_trajectories(transcripts))), "generation": generation_cost(policy, tokens, seconds),
+        return {**summarize_games(list(read_trajectories(transcripts)), game_cfg["invalid_answer"]),
+                "generation": generation_cost(policy, tokens, seconds),
                 "structured_output": structured_output(game_cfg, self.kind)}  # what was used
 
 

@@ -116,9 +116,12 @@ class EndpointChatModel:
         # What produced a game (recorded beside resumable transcripts; no key).
         self.settings = {"engine": "endpoint", "base_url": base_url, **self._options}
         self._pool = ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="endpoint")
-        # What generation cost so far: reply tokens as the server counts them, wall seconds in generate.
+        # What generation cost so far: reply tokens as the server counts them, and the wall seconds
+        # during which at least one generate call was in flight (games call it from their own
+        # threads at once: a sum over calls counted the same second once per game).
         self.generated_tokens, self.generation_seconds = 0, 0.0
         self._usage_lock = threading.Lock()
+        self._in_flight, self._busy_since = 0, 0.0
 
     def _sampling_options(
         self,
@@ -146,10 +149,17 @@ class EndpointChatModel:
             formats = [None] * len(conversations)
         if len(formats) != len(conversations):
             raise ValueError(f"{len(formats)} formats for {len(conversations)} conversations")
-        start = time.perf_counter()
-        completions = list(self._pool.map(self._complete, conversations, formats))
-        self.generation_seconds += time.perf_counter() - start
-        return completions
+        with self._usage_lock:
+            if self._in_flight == 0:
+                self._busy_since = time.perf_counter()
+            self._in_flight += 1
+        try:
+            return list(self._pool.map(self._complete, conversations, formats))
+        finally:
+            with self._usage_lock:
+                self._in_flight -= 1
+                if self._in_flight == 0:
+                    self.generation_seconds += time.perf_counter() - self._busy_since
 
     def release(self, key: str) -> None:
         """Nothing to forget: the endpoint keeps no per-game state on this side."""
