@@ -54,8 +54,9 @@ CHATML = (
 )
 
 
-def build_tiny_chat_model(folder: Path, seed: int = 0) -> Path:
-    """Save a tiny random Llama + tokenizer to ``folder`` and return it."""
+def build_tiny_chat_model(folder: Path, seed: int = 0, hidden_size: int = 32, heads: int = 4) -> Path:
+    """Save a tiny random Llama + tokenizer to ``folder`` and return it. vLLM's CPU attention
+    takes head sizes from 32 up: ``hidden_size=128, heads=2`` is a tiny model it can serve."""
     import torch
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
@@ -79,8 +80,8 @@ def build_tiny_chat_model(folder: Path, seed: int = 0) -> Path:
     tokenizer.chat_template = CHATML
     torch.manual_seed(seed)
     config = LlamaConfig(
-        vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=4096,
+        vocab_size=len(tokenizer), hidden_size=hidden_size, intermediate_size=2 * hidden_size, num_hidden_layers=2,
+        num_attention_heads=heads, num_key_value_heads=max(heads // 2, 1), max_position_embeddings=4096,
         # Large random weights make replies depend on the whole context (positions, cache
         # contents), so exactness tests catch a misplaced cache row or position.
         initializer_range=0.5,
