@@ -225,7 +225,7 @@ def test_interrupted_evaluation_resumes_without_duplicates(tmp_path):
         # Wilson's upper bound for 0 of 4 is z²/(4 + z²) = 3.8415/7.8415.
         assert summary == {"games": 4, "finished": 4, "failed": 0, "failed_game_ids": [], "successes": 0,
                            "success_rate": 0.0, "success_rate_ci95": [0.0, pytest.approx(0.48990, abs=1e-5)],
-                           "mean_turns": 20.0, "invalid_question_share": 0.0}
+                           "mean_turns": 20.0, "invalid_question_share": 0.0, "invalid_answer_share": 0.0}
         table = subprocess.run(["bash", str(REPO / "evaluation/eval.sh"), "compare", str(out), str(out)],
                                capture_output=True, text=True, check=True).stdout
         assert table == compare_table([out, out]) and table.count("| test-model |") == 2 and "0.0 (0.0-49.0), n=4" in table

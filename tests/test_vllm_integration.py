@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from aria.games.base import load_game_config
 from aria.statistics import summarize_games
 from aria.llm.embedded import embedded_model_dir
 from aria.trajectories import read_trajectories
@@ -191,7 +192,7 @@ def test_eval_sh_against_a_real_vllm_server(tmp_path, vllm_server):
         cost = s.pop("generation")  # the server's count of reply tokens, and the time they took
         assert s.pop("structured_output") == "none"  # the setting the games were played under
         assert cost["tokens"] >= sum(r["num_turns"] for r in records) and cost["tokens_per_s"] > 0
-        assert s == summarize_games(records)
+        assert s == summarize_games(records, load_game_config(env_name)["invalid_answer"])
         assert s["successes"] == sum(r["success"] for r in records)
         assert s["finished"] + s["failed"] == 3 and s["failed"] == 0
         assert all(1 <= r["num_turns"] <= 3 and all(t["action"] for t in r["turns"]) for r in records)

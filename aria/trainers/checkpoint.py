@@ -27,6 +27,7 @@ import numpy as np
 import torch
 
 from aria.io import ResumeMismatch, atomic_write_json, atomic_write_text, differences, model_digest, replace_folder
+from aria.trainers.engine import RUN_RECORD, TrainState
 
 _META_KEY = "aria_state"
 
@@ -246,10 +247,6 @@ def check_resume_settings(checkpoint: Path, state: dict, settings: dict | None) 
                                  f"or delete {checkpoint.parent} to start over")
 
 
-#: Beside a trainer's final model: the settings and data digest of the run that made it.
-RUN_RECORD = "aria_run.json"
-
-
 def run_record(settings: dict, data_digest: str) -> dict:
     """What :data:`RUN_RECORD` holds: :func:`resume_settings` and the data digest of the run."""
     return {"settings": settings, "data_digest": data_digest}
@@ -278,8 +275,6 @@ def resume_position(checkpoint: Path, accelerator, state: dict, output_dir: Path
     """After the weights: every process's random state back and the metric lines of the steps
     that will be redone dropped; returns the :class:`~aria.trainers.engine.TrainState` to go on
     from (the next epoch when the checkpoint was saved at the very end of one)."""
-    from aria.trainers.engine import TrainState
-
     set_rng_state(load_rng_state(checkpoint, accelerator.process_index))
     position = TrainState(step=state["step"], epoch=state["epoch"], micro=state["micro"])
     if accelerator.is_main_process:

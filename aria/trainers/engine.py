@@ -19,7 +19,6 @@ import torch
 from aria import threads
 from aria.io import atomic_folder, atomic_write_json
 from aria.llm.merge_record import stale_merges_of
-from aria.trainers.checkpoint import RUN_RECORD
 
 #: Optimizers by name (config ``train.optimizer``).
 OPTIMIZERS: dict[str, type[torch.optim.Optimizer]] = {"adamw": torch.optim.AdamW, "adam": torch.optim.Adam}
@@ -200,6 +199,11 @@ def run_epochs(acc, state: TrainState, epochs: int, epoch_batches: Callable[[int
             state.micro = 0
     finally:
         bar.close()
+
+
+#: Beside a trainer's final model: the settings and data digest of the run that made it
+#: (:func:`aria.trainers.checkpoint.run_record`; a later run into the folder is checked against it).
+RUN_RECORD = "aria_run.json"
 
 
 def save_final_model(acc, model, tokenizer, out: Path, encoding, info: dict, state_dict: dict | None = None,
