@@ -19,8 +19,9 @@ backpropagation through a shared node adds up what each sample through it sends 
 A micro-batch is one padded batch of such trees (:func:`collate_tree`): a sample that shares
 less than half its tokens with the samples before it starts a tree of its own
 (:data:`MIN_SHARED`), because a tree's attention is dense, so merging samples that share little
-costs more than it saves. A left-truncated prompt (longer than ``max_prompt_tokens``) starts
-inside the history and shares nothing, so it is a tree of its own; :func:`packing_stats` counts them.
+costs more than it saves. Prompts are whole, as played (:mod:`aria.policy`); a prompt cut on the
+left (``data.over_long=cut_left``, the release's 512) starts inside the history and shares
+nothing, so it is a tree of its own; :func:`packing_stats` counts them.
 Small trees share a row of the batch, side by side (:func:`tree_rows`): a row is as long as the
 largest tree anyway, and a tree sees only its own nodes.
 
@@ -31,10 +32,11 @@ share per token, and attention over each token's row: :func:`layout_cost`) and
 :func:`aria.policy.collate_as` lays such a micro-batch out in padded rows. The two layouts give
 the same values, so the choice changes time and memory only.
 
-What stays as it was: a micro-batch is the same number of samples, its loss the same mean, the
-accumulation and schedule the same. What changes is which samples share a micro-batch:
-:func:`game_ordered_batches` keeps each game's steps next to each other (sharing happens only
-inside one forward pass), where the padded layout sorts samples by length.
+Which samples share a micro-batch: :func:`game_ordered_batches` puts each game whole in one
+(sharing happens only inside one forward pass, so a game split over two micro-batches would
+compute its history twice), where the padded layout sorts samples by length. Micro-batches then
+hold ``micro_batch_size`` samples on average, not each; the loss of each is scaled to that
+nominal size (:func:`nominal_scale`), so every sample weighs what it weighs in rows.
 """
 from __future__ import annotations
 
@@ -387,12 +389,18 @@ def score_head(model) -> torch.nn.Module:
 
 # ---- which samples share a micro-batch -------------------------------------------------------------
 def game_ordered_batches(groups: Sequence[Hashable], batch_size: int, seed: int, epoch: int) -> list[list[int]]:
-    """Micro-batches of ``batch_size`` sample indices in which each game's steps stay together.
+    """Micro-batches of whole games, ``batch_size`` sample indices each on average.
 
     ``groups[i]`` is sample i's game. The games are put in a seeded order (deterministic in
     (seed, epoch), so a resumed run sees the same batches), each game's samples follow in file
-    order, and the run is cut every ``batch_size`` samples: a micro-batch holds the consecutive
-    steps of one or two games, which share their history in the micro-batch's tree."""
+    order, and the run is cut at the game boundary nearest each multiple of ``batch_size`` (a tie
+    goes to the earlier boundary). So every game lies whole in one micro-batch, one prefix tree:
+    its history is computed once an epoch, and an epoch computes about the sum of the games' own
+    trees (:func:`games_floor`), where cutting every ``batch_size`` samples computed a game split
+    over two micro-batches twice. An epoch has about as many micro-batches as rows would (fewer
+    where games are longer than ``batch_size``), and the trainer scales each micro-batch's mean
+    loss by its size over ``batch_size`` (:func:`nominal_scale`), so every sample weighs the same
+    in every optimizer step whatever the size of its micro-batch."""
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
     members: dict[Hashable, list[int]] = {}
@@ -401,7 +409,27 @@ def game_ordered_batches(groups: Sequence[Hashable], batch_size: int, seed: int,
     games = list(members)
     order = np.random.default_rng([seed, epoch, 1]).permutation(len(games))
     flat = [i for g in order for i in members[games[g]]]
-    return [flat[j : j + batch_size] for j in range(0, len(flat), batch_size)]
+    ends = np.cumsum([len(members[games[g]]) for g in order])  # where each game ends in the run
+    cuts = {int(ends[np.argmin(np.abs(ends - target))]) for target in range(batch_size, len(flat), batch_size)}
+    cuts = sorted(cuts | {len(flat)})
+    return [flat[a:b] for a, b in zip([0, *cuts[:-1]], cuts)]
+
+
+def nominal_scale(batch: Sequence[int], batch_size: int) -> float:
+    """What a micro-batch's mean loss is multiplied by so that it counts as its samples' share of a
+    ``batch_size`` micro-batch (:func:`game_ordered_batches` makes micro-batches of varying sizes):
+    every sample then weighs 1 / (batch_size × accumulation × processes) in its optimizer step, as
+    in micro-batches of equal size."""
+    return len(batch) / batch_size
+
+
+def games_floor(sequences: Sequence[Sequence[int]], groups: Sequence[Hashable]) -> int:
+    """The tokens an epoch must compute at least: each game's steps as one prefix tree, its history
+    once (:func:`tree_tokens` of each game's sequences, summed)."""
+    members: dict[Hashable, list[int]] = {}
+    for i, g in enumerate(groups):
+        members.setdefault(g, []).append(i)
+    return sum(tree_tokens([sequences[i] for i in game]) for game in members.values())
 
 
 def sample_groups(samples: Sequence[dict]) -> list[Hashable]:

@@ -2,9 +2,14 @@
 
 ``docs/method.md`` §5. A sample ``(observation, action)`` becomes one sequence::
 
-    [chat-templated prompt, truncated on the left to max_prompt_tokens] [action tokens] [eos]
+    [chat-templated prompt, whole] [action tokens] [eos]
 
-with the action tokens directly after the prompt. A batch pads sequences on the right only, so
+with the action tokens directly after the prompt. The prompt is the one the policy played with,
+whole: a prompt longer than the cutoff (``data.max_prompt_tokens``, the paper's 4096, capped at
+the model's context) is refused by name (:class:`PromptTooLong`, then file and sample in the
+trainer's one line), never cut silently. The release cut every prompt on the left to 512 tokens,
+dropping the system prompt and the game's rules from long histories; that stays available as
+``data.max_prompt_tokens=512 data.over_long=cut_left`` (``docs/method.md`` §7). A batch pads sequences on the right only, so
 no padding ever sits between a prompt and its action (the original left-padded prompt and
 action separately and concatenated them, which put pad tokens in between). Log-probabilities are
 ``log_softmax`` of the logits (not ``log(softmax)``), taken only at action positions, and summed
@@ -13,7 +18,7 @@ per sample. ``tests/test_policy.py`` checks a padded batch against one sample at
 from __future__ import annotations
 
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any, Iterator, Mapping, Sequence
 
@@ -24,7 +29,7 @@ import torch
 class EncodedSample:
     input_ids: list[int]  # prompt then action
     prompt_len: int
-    truncated: bool = False  # the prompt was cut on the left to max_prompt_tokens
+    truncated: bool = False  # the prompt was cut on the left to max_prompt_tokens (over_long=cut_left)
 
     @property
     def action_len(self) -> int:
@@ -46,11 +51,39 @@ def action_ids(tokenizer, action: str, append_eos: bool = True) -> list[int]:
     return ids
 
 
+#: What a prompt longer than the cutoff gets (config ``data.over_long``): ``refuse``, named with its
+#: length (the policy played it whole, so a cut would train on an input it never saw), or
+#: ``cut_left``, its last ``max_prompt_tokens`` tokens (the release's behaviour, and the online
+#: actor's, whose policy plays with the same cut).
+OVER_LONG = ("refuse", "cut_left")
+
+
+class PromptTooLong(ValueError):
+    """A prompt longer than the cutoff under ``over_long=refuse``; the trainer names its file and sample."""
+
+    def __init__(self, length: int, limit: int, what: str = "prompt"):
+        self.length, self.limit = length, limit
+        super().__init__(f"its {what} is {length} tokens, over the cutoff of {limit}")
+
+
 def encode_sample(tokenizer, observation: str, action: str, max_prompt_tokens: int, append_eos: bool = True,
-                  system_prompt: str | None = None) -> EncodedSample:
+                  system_prompt: str | None = None, over_long: str = "refuse", context: int | None = None) -> EncodedSample:
+    """Prompt then action, as the policy played them. ``context``: the model's positions; a
+    sample that does not fit them whole is refused whatever ``over_long`` says."""
     whole = full_prompt_ids(tokenizer, observation, system_prompt)
+    if len(whole) > max_prompt_tokens and over_long == "refuse":
+        raise PromptTooLong(len(whole), max_prompt_tokens)
     prompt = whole[-max_prompt_tokens:]
-    return EncodedSample(prompt + action_ids(tokenizer, action, append_eos), len(prompt), len(whole) > len(prompt))
+    sample = EncodedSample(prompt + action_ids(tokenizer, action, append_eos), len(prompt), len(whole) > len(prompt))
+    if context is not None and len(sample.input_ids) > context:
+        raise PromptTooLong(len(sample.input_ids), context, "prompt with its action")
+    return sample
+
+
+def model_context(model) -> int | None:
+    """The positions the model was built for (``max_position_embeddings``), through any wrapper; None if unsaid."""
+    config = getattr(model, "config", None) or getattr(getattr(model, "module", None), "config", None)
+    return getattr(config, "max_position_embeddings", None)
 
 
 #: The file beside every trained model that says how its samples were encoded.
@@ -60,23 +93,34 @@ ENCODING_FILE = "aria_encoding.json"
 @dataclass(frozen=True)
 class Encoding:
     """How a sample (observation, action) becomes tokens: the ``data`` section's
-    ``max_prompt_tokens``, ``append_eos`` and ``system_prompt``.
+    ``max_prompt_tokens``, ``over_long``, ``append_eos`` and ``system_prompt``.
 
     Every trainer encodes with one of these and saves it beside the model it writes
     (:data:`ENCODING_FILE`), and every scorer reads it back, so a model is scored exactly as it
     was trained (a reward model trained without the end-of-turn token must not see one).
     """
 
-    max_prompt_tokens: int = 512
+    max_prompt_tokens: int = 4096  # the paper's cutoff (Table 4)
     append_eos: bool = True
     system_prompt: str | None = None
+    over_long: str = "refuse"  # OVER_LONG
+    context: int | None = None  # the model's positions (model_context), when known
 
     @classmethod
     def from_config(cls, data: Mapping[str, Any]) -> "Encoding":
-        return cls(int(data["max_prompt_tokens"]), bool(data.get("append_eos", True)), data.get("system_prompt"))
+        return cls(int(data["max_prompt_tokens"]), bool(data.get("append_eos", True)), data.get("system_prompt"),
+                   data.get("over_long", "refuse"))
+
+    def for_model(self, model) -> "Encoding":
+        """This encoding with the cutoff capped at the model's context, which it records."""
+        context = model_context(model)
+        if context is None:
+            return self
+        return replace(self, max_prompt_tokens=min(self.max_prompt_tokens, context), context=context)
 
     def encode(self, tokenizer, observation: str, action: str) -> EncodedSample:
-        return encode_sample(tokenizer, observation, action, self.max_prompt_tokens, self.append_eos, self.system_prompt)
+        return encode_sample(tokenizer, observation, action, self.max_prompt_tokens, self.append_eos, self.system_prompt,
+                             self.over_long, self.context)
 
     def save(self, folder: Path) -> None:
         from aria.io import atomic_write_json
@@ -94,13 +138,20 @@ class Encoding:
         if not path.is_file():
             return default
         saved = read_json(path)
-        if not isinstance(saved, dict) or set(saved) != {"max_prompt_tokens", "append_eos", "system_prompt"} \
-                or not isinstance(saved["max_prompt_tokens"], int) or isinstance(saved["max_prompt_tokens"], bool) \
-                or saved["max_prompt_tokens"] < 1 or not isinstance(saved["append_eos"], bool) \
-                or not isinstance(saved["system_prompt"], (str, type(None))):
-            raise DataError(path, None, None, "expected {max_prompt_tokens: int >= 1, append_eos: bool, "
-                            "system_prompt: string or null}")
-        return cls(**saved)
+        # a model saved before over_long and context were recorded was trained on prompts cut on the left
+        old_keys, keys = {"max_prompt_tokens", "append_eos", "system_prompt"}, set(saved) if isinstance(saved, dict) else set()
+        if not isinstance(saved, dict) or keys not in (old_keys, old_keys | {"over_long", "context"}) \
+                or not _whole_number(saved["max_prompt_tokens"]) or saved["max_prompt_tokens"] < 1 \
+                or not isinstance(saved["append_eos"], bool) or not isinstance(saved["system_prompt"], (str, type(None))) \
+                or saved.get("over_long", "cut_left") not in OVER_LONG \
+                or not (saved.get("context") is None or _whole_number(saved["context"]) and saved["context"] >= 1):
+            raise DataError(path, None, None, "expected {max_prompt_tokens: int >= 1, append_eos: bool, system_prompt: "
+                            f"string or null, over_long: {' | '.join(OVER_LONG)}, context: int >= 1 or null}}")
+        return cls(**{"over_long": "cut_left", **saved})
+
+
+def _whole_number(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def collate(samples: Sequence[EncodedSample], pad_id: int) -> dict[str, torch.Tensor]:

@@ -177,12 +177,17 @@ class InProcessScorer:
             self.load(model_dir)
 
     def load(self, model_dir: str | Path) -> None:
+        from dataclasses import replace
+
         from aria.policy import Encoding
 
         self.tokenizer, self.model = load_scoring_model(model_dir, self.dtype, self.device)
         # Samples are encoded as the model was trained (its saved encoding); a folder written
-        # before encodings were saved gets the reward-model trainer's defaults of that time.
-        self.encoding = Encoding.saved_in(Path(model_dir), Encoding(self.max_prompt_tokens, append_eos=False))
+        # before encodings were saved gets the reward-model trainer's defaults of that time. A
+        # prompt over the cutoff is cut on the left, not refused: it scores a policy's steps, and a
+        # policy plays a prompt longer than its own cutoff cut there too.
+        saved = Encoding.saved_in(Path(model_dir), Encoding(self.max_prompt_tokens, append_eos=False, over_long="cut_left"))
+        self.encoding = replace(saved, over_long="cut_left")
         self.model_dir = str(model_dir)
         self.prefix_trees = self.packing == "prefix_tree" and self._prefix_trees_score_alike()
 

@@ -61,7 +61,7 @@ def layout(args, way: str) -> list[str]:
     micro, accumulation = ((args.padded_micro, args.padded_accumulation) if way == "padded"
                            else (args.packed_micro, args.packed_accumulation))
     return [f"train.packing={way}", f"train.micro_batch_size={micro}", f"train.gradient_accumulation_steps={accumulation}",
-            f"train.mixed_precision={args.mixed_precision}"]
+            f"train.mixed_precision={args.mixed_precision}", *args.overrides]
 
 
 def offline_config(trainer: str, train_file: str, model: str, out: Path, overrides: list[str], device: str = "cpu") -> dict:
@@ -80,7 +80,8 @@ def tokens_of(trainer) -> dict:
     if trainer.packing == "prefix_tree":
         stats = trainer.packing_stats(batches)
         return {"tokens": stats["computed_tokens"], "cells": stats["tree_cells"], "row_tokens": stats["row_tokens"],
-                "tree_tokens": stats["tree_tokens"], "micro_batches_in_rows": stats["micro_batches_in_rows"],
+                "tree_tokens": stats["tree_tokens"], "games_floor": stats.get("games_floor"),
+                "micro_batches_in_rows": stats["micro_batches_in_rows"],
                 "micro_batches": len(batches), "truncated_prompts": stats["truncated_prompts"]}
     rows = [[len(trainer.encoded[i].input_ids) for i in b] for b in batches]
     real = sum(sum(r) for r in rows)
@@ -207,7 +208,7 @@ def run_child(args, extra: list[str]) -> dict:
                            "--padded-micro", str(args.padded_micro), "--padded-accumulation", str(args.padded_accumulation),
                            "--packed-micro", str(args.packed_micro), "--packed-accumulation", str(args.packed_accumulation),
                            "--online-game", args.online_game, "--online-rollouts", str(args.online_rollouts),
-                           "--online-updates", str(args.online_updates)],
+                           "--online-updates", str(args.online_updates), "--overrides", *args.overrides],
                           capture_output=True, text=True)
     if done.returncode != 0:
         raise RuntimeError(f"run failed: {extra}\n{done.stderr[-3000:]}")
@@ -238,6 +239,11 @@ def main(argv=None) -> int:
     parser.add_argument("--padded-accumulation", type=int, default=2)
     parser.add_argument("--packed-micro", type=int, default=16)
     parser.add_argument("--packed-accumulation", type=int, default=1)
+    parser.add_argument("--ways", nargs="+", default=list(WAYS), choices=WAYS,
+                        help="the layouts timed (the check compares both on the first micro-batches anyway)")
+    parser.add_argument("--overrides", nargs="*", default=[],
+                        help="settings for every run of both ways, e.g. the release's cut: data.max_prompt_tokens=512 "
+                        "data.over_long=cut_left (the default trains whole prompts, as played)")
     parser.add_argument("--out", default="benchmarks/results/training_packing.json")
     # one run in a child process
     parser.add_argument("--one", action="store_true", help=argparse.SUPPRESS)
@@ -280,9 +286,9 @@ def main(argv=None) -> int:
     for name, trainer in plan:
         model = models.get(name, args.model)
         key = f"{name}/{trainer}"
-        runs = result["runs"].setdefault(key, {way: [] for way in WAYS})
+        runs = result["runs"].setdefault(key, {way: [] for way in args.ways})
         for _ in range(args.repeats):
-            for way in WAYS:
+            for way in args.ways:
                 if len(runs[way]) < args.repeats:
                     runs[way].append(run_child(args, ["--trainer", trainer, "--train-file", sets[name], "--model", model,
                                                       "--way", way]))
@@ -310,27 +316,33 @@ def main(argv=None) -> int:
 
     summary = {}
     for key, runs in result["runs"].items():
-        if not all(runs[w] for w in WAYS):
+        ways = [w for w in WAYS if runs.get(w)]  # --ways may have timed one layout only
+        if not ways:
             continue
         field = "update_seconds" if key == "online" else "seconds"
-        median = {w: statistics.median(r[field] for r in runs[w]) for w in WAYS}
-        row = {f"{w}_{field}": round(median[w], 2) for w in WAYS}
-        row["time_ratio"] = round(median["padded"] / median["prefix_tree"], 2)
+        median = {w: statistics.median(r[field] for r in runs[w]) for w in ways}
+        row = {f"{w}_{field}": round(median[w], 2) for w in ways}
+        if len(ways) == len(WAYS):
+            row["time_ratio"] = round(median["padded"] / median["prefix_tree"], 2)
         if key == "online":
-            scores = {w: statistics.median(r["score_seconds"] for r in runs[w]) for w in WAYS}
-            row.update({f"{w}_score_seconds": round(scores[w], 2) for w in WAYS})
+            scores = {w: statistics.median(r["score_seconds"] for r in runs[w]) for w in ways}
+            row.update({f"{w}_score_seconds": round(scores[w], 2) for w in ways})
         else:
-            row.update({"padded_tokens": runs["padded"][0]["tokens"], "padded_cells": runs["padded"][0]["cells"],
-                        "tree_tokens": runs["prefix_tree"][0]["tokens"],
-                        "row_tokens": runs["prefix_tree"][0]["row_tokens"],  # the same samples, one row each
-                        "token_ratio": round(runs["prefix_tree"][0]["row_tokens"] / runs["prefix_tree"][0]["tokens"], 2),
-                        "micro_batches_in_rows": runs["prefix_tree"][0].get("micro_batches_in_rows"),
-                        "micro_batches": runs["prefix_tree"][0].get("micro_batches"),
-                        "truncated_prompts": runs["prefix_tree"][0]["truncated_prompts"],
-                        "samples": runs["prefix_tree"][0]["samples"]})
-        row.update({f"{w}_peak_rss_mb": max(r["peak_rss_mb"] for r in runs[w]) for w in WAYS})
-        if all("peak_gpu_mb" in r for w in WAYS for r in runs[w]):
-            row.update({f"{w}_peak_gpu_mb": max(r["peak_gpu_mb"] for r in runs[w]) for w in WAYS})
+            if "padded" in ways:
+                row.update({"padded_tokens": runs["padded"][0]["tokens"], "padded_cells": runs["padded"][0]["cells"]})
+            if "prefix_tree" in ways:
+                tree = runs["prefix_tree"][0]
+                row.update({"tree_tokens": tree["tokens"],
+                            "games_floor": tree.get("games_floor"),  # each game's tree, its history once
+                            "token_ratio": round(tree["row_tokens"] / tree["tokens"], 2),
+                            "micro_batches_in_rows": tree.get("micro_batches_in_rows"),
+                            "micro_batches": tree.get("micro_batches")})
+            some = runs[ways[-1]][0]
+            row.update({"row_tokens": some["row_tokens"],  # the same samples, one row each
+                        "truncated_prompts": some["truncated_prompts"], "samples": some["samples"]})
+        row.update({f"{w}_peak_rss_mb": max(r["peak_rss_mb"] for r in runs[w]) for w in ways})
+        if all("peak_gpu_mb" in r for w in ways for r in runs[w]):
+            row.update({f"{w}_peak_gpu_mb": max(r["peak_gpu_mb"] for r in runs[w]) for w in ways})
         summary[key] = row
     result["summary"] = summary
     save()

@@ -122,18 +122,8 @@ def test_score_position_reads_what_a_padded_row_reads():
     assert score_position([5, 6, 2], pad_id=None) == 2
 
 
-def test_game_ordered_batches_keep_games_together_and_cover_every_sample():
-    groups = ["a"] * 5 + ["b"] * 3 + ["c"] * 4
-    batches = game_ordered_batches(groups, 4, seed=0, epoch=0)
-    flat = [i for b in batches for i in b]
-    assert sorted(flat) == list(range(12)) and all(len(b) == 4 for b in batches)
-    runs = [groups[i] for i in flat]
-    assert sum(a != b for a, b in zip(runs, runs[1:])) == 2  # three games, each one contiguous run
-    for game in "abc":  # each game's steps in file order
-        steps = [i for i in flat if groups[i] == game]
-        assert steps == sorted(steps)
-    assert batches == game_ordered_batches(groups, 4, seed=0, epoch=0)
-    assert any(game_ordered_batches(groups, 4, seed=0, epoch=e) != batches for e in range(1, 6))
+def test_sample_groups_are_games_and_roles():
+    """(Micro-batches of whole games: tests/test_whole_histories.py.)"""
     assert sample_groups([{"game_id": "g", "role": "alice"}, {"game_id": "g", "role": "bob"}, {}]) == \
         [("g", "alice"), ("g", "bob"), ("#", 2)]
 
@@ -184,7 +174,9 @@ def original_two_player_game() -> list[dict]:
 
 
 def encode_all(tokenizer, samples, max_prompt_tokens=2048, append_eos=True):
-    return [Encoding(max_prompt_tokens, append_eos).encode(tokenizer, s["observation"], s["action"]) for s in samples]
+    # cut_left: the layouts of prompts cut on the left (data.over_long=cut_left) are tested too
+    return [Encoding(max_prompt_tokens, append_eos, over_long="cut_left").encode(tokenizer, s["observation"], s["action"])
+            for s in samples]
 
 
 def cases(tokenizer, played):

@@ -49,11 +49,17 @@ def test_layout_prompt_then_action_then_right_padding(tiny_model_dir):
     assert padded_fraction(encoded) == 1 - sum(len(e.input_ids) for e in encoded) / (width * len(encoded))
 
 
-def test_prompt_is_truncated_on_the_left(tiny_model_dir):
+def test_over_long_prompt_is_refused_or_cut_on_the_left_as_asked(tiny_model_dir):
+    import pytest
+
+    from aria.policy import PromptTooLong
+
     tokenizer, _ = load_policy(str(tiny_model_dir))
     full = encode_sample(tokenizer, SAMPLES[2][0], "Yes", max_prompt_tokens=10_000)
-    cut = encode_sample(tokenizer, SAMPLES[2][0], "Yes", max_prompt_tokens=12)
-    assert cut.prompt_len == 12
+    with pytest.raises(PromptTooLong, match=f"its prompt is {full.prompt_len} tokens, over the cutoff of 12"):
+        encode_sample(tokenizer, SAMPLES[2][0], "Yes", max_prompt_tokens=12)
+    cut = encode_sample(tokenizer, SAMPLES[2][0], "Yes", max_prompt_tokens=12, over_long="cut_left")
+    assert cut.prompt_len == 12 and cut.truncated and not full.truncated
     assert cut.input_ids == full.input_ids[full.prompt_len - 12 :]
 
 

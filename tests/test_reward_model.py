@@ -156,15 +156,17 @@ def test_the_scorer_encodes_as_the_model_was_trained(tmp_path, tiny_model_dir):
 
     cfg = config(tmp_path, tiny_model_dir, toy_set(8), "train.epochs=1", "train.micro_batch_size=4",
                  "train.gradient_accumulation_steps=1", "train.lr=3e-3", "data.eval_fraction=0", "train.save_freq=1000",
-                 "data.append_eos=true", "data.system_prompt=You judge questions.", "data.max_prompt_tokens=64")
+                 "data.append_eos=true", "data.system_prompt=You judge questions.", "data.max_prompt_tokens=64",
+                 "data.over_long=cut_left")
     RewardModelTrainer(cfg).train()
     final = tmp_path / "out" / "final"
     assert json.loads((final / ENCODING_FILE).read_text()) == {"max_prompt_tokens": 64, "append_eos": True,
-                                                               "system_prompt": "You judge questions."}
+                                                               "system_prompt": "You judge questions.",
+                                                               "over_long": "cut_left", "context": 4096}
     samples = toy_set(3)
     got = InProcessScorer(final, max_prompt_tokens=512).score(samples)
     tokenizer, model = load_reward_model(str(final))
-    trained_as = Encoding(64, True, "You judge questions.")
+    trained_as = Encoding(64, True, "You judge questions.", "cut_left")
     expected = score_encoded(model, [trained_as.encode(tokenizer, s["observation"], s["action"]) for s in samples],
                              tokenizer.pad_token_id)
     defaults = score_encoded(model, [Encoding(512, False).encode(tokenizer, s["observation"], s["action"]) for s in samples],

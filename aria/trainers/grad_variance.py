@@ -44,7 +44,7 @@ import torch
 
 from aria.data import read_training_set
 from aria.io import DataError, atomic_write_bytes
-from aria.policy import action_logprobs, collate, encode_sample, load_policy
+from aria.policy import Encoding, PromptTooLong, action_logprobs, collate, load_policy
 from aria.trainers.methods import method_weights
 
 
@@ -166,10 +166,14 @@ def gradient_variance(cfg: dict, max_samples: int = 256, seed: int = 0, methods:
     squares = {k: 0.0 for k in kinds}
     kept_grads = torch.zeros((len(chosen), n_params), dtype=torch.float32) if bootstrap else None
     start = time.perf_counter()
+    encoding = Encoding.from_config(d).for_model(model)  # the prompts as the policy played them (aria.policy)
     for row, i in enumerate(chosen):
         s = samples[i]
-        batch = collate([encode_sample(tokenizer, s["observation"], s["action"], d["max_prompt_tokens"], d["append_eos"],
-                                       d.get("system_prompt"))], tokenizer.pad_token_id)
+        try:
+            batch = collate([encoding.encode(tokenizer, s["observation"], s["action"])], tokenizer.pad_token_id)
+        except PromptTooLong as too_long:
+            raise DataError(d["train_file"], None, f"sample {i}.observation", f"{too_long} (data.max_prompt_tokens; "
+                            "data.over_long=cut_left cuts it on the left as the release did)") from None
         model.zero_grad(set_to_none=True)
         action_logprobs(model, batch)[0].backward()
         g = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1).double() for p in params])

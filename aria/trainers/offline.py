@@ -5,13 +5,13 @@ micro-batches, split across processes -> for each micro-batch the per-sample act
 loss of :data:`aria.trainers.losses.LOSSES` -> accumulate, clip, step, schedule -> log, checkpoint,
 resume.
 
-How a micro-batch is laid out (``train.packing``): ``prefix_tree`` (default) keeps each game's
-steps together (:func:`aria.packing.game_ordered_batches`) and merges a micro-batch's samples
-into prefix trees, so a game's history is computed once for all its steps in the batch
-(:mod:`aria.packing`; the same log-probs, loss and gradient as padded rows, to float rounding,
-tested); ``padded`` puts every sample on its own right-padded row, in length-bucketed batches.
-Sharing happens only inside one micro-batch, so packed runs want ``micro_batch_size`` about a
-game's length (its memory grows with the tree's tokens, not with the samples times the prompt).
+How a micro-batch is laid out (``train.packing``): ``prefix_tree`` (default) puts each game
+whole in one micro-batch (:func:`aria.packing.game_ordered_batches`: ``micro_batch_size``
+samples on average, each micro-batch's loss scaled to that size) and merges its samples into
+prefix trees, so a game's history is computed once an epoch (:mod:`aria.packing`; the same
+log-probs, loss and gradient as padded rows, to float rounding, tested); ``padded`` puts every
+sample on its own right-padded row, in length-bucketed batches. A micro-batch's memory grows
+with its trees' tokens (about its games' own lengths), not with the samples times the prompt.
 
 The loss (the original's ``reinforce`` objective, paper §3.5):
 
@@ -55,8 +55,8 @@ from aria.settings import TrainerSettings, validated
 from aria.trainers.checkpoint import (begin_checkpoint, finish_checkpoint, latest_checkpoint, load_plain_state,
                                       load_state, read_trainer_state, resume_position, resume_settings, run_record,
                                       save_plain_state, save_state, start_fresh)
-from aria.packing import attention_break_even, game_ordered_batches, packing_stats, sample_groups
-from aria.policy import EncodedSample, Encoding, action_logprobs, action_token_logprobs, collate_as, load_model
+from aria.packing import attention_break_even, game_ordered_batches, games_floor, nominal_scale, packing_stats, sample_groups
+from aria.policy import EncodedSample, Encoding, PromptTooLong, action_logprobs, action_token_logprobs, collate_as, load_model
 from aria.trainers.engine import (OPTIMIZERS, TrainState, accumulate_step, build_optimizer,  # noqa: F401
                                   check_lr_scheduler, check_train_settings, fit_accumulation, make_accelerator,
                                   resolve_mixed_precision, run_epochs, save_final_model)
@@ -145,7 +145,8 @@ class OfflineTrainer:
         # Data: read and check everything before the scheduler's name (its check imports peft,
         # about 5 s on 2 cores), the accelerator and the model; a bad file is one line in seconds.
         self.train_path = cfg["data"]["train_file"]
-        self.samples = self.select_samples(read_training_set(self.train_path))
+        self.file_samples = read_training_set(self.train_path)
+        self.samples = self.select_samples(self.file_samples)
         check_lr_scheduler(t)
 
         self.output_dir = Path(cfg["output_dir"])
@@ -153,11 +154,11 @@ class OfflineTrainer:
         self.on_step = on_step  # called after every optimizer step (tests use it to interrupt a run)
         set_seed(cfg["seed"])
 
-        self.encoding = Encoding.from_config(cfg["data"])
         m = cfg["model"]
         self.tokenizer, model = load_model(m["path"], self.head, m["dtype"],
                                            m["lora"] if m["lora"]["enabled"] else None, m["gradient_checkpointing"])
-        self.encoded: list[EncodedSample] = [self.encode(s) for s in self.samples]
+        self.encoding = Encoding.from_config(cfg["data"]).for_model(model)  # the cutoff capped at the model's context
+        self.encoded: list[EncodedSample] = self.encode_all(self.samples)
         self.rewards = torch.tensor([float(s[self.target_field]) for s in self.samples])
         self.packing = t["packing"]
         self.break_even = attention_break_even(model)  # which micro-batches are cheaper in rows (aria.packing)
@@ -167,7 +168,9 @@ class OfflineTrainer:
         self.token_loss = loss_name in TOKEN_LOSSES  # reads each action token against the start model
         # What a checkpoint was trained on: resuming on other data (or in another order, or
         # under a loss with a reference) would silently mix two runs.
-        fingerprint = self.fingerprint() + ([["packing", self.packing]] if self.packing != "padded" else []) \
+        # (whole games a micro-batch since the cutoff became the paper's: a checkpoint of micro-batches cut
+        # every micro_batch_size samples is not continued under the new ones)
+        fingerprint = self.fingerprint() + ([["packing", self.packing, "whole_games"]] if self.packing != "padded" else []) \
             + ([["loss", loss_name, self.loss_options]] if self.token_loss else [])
         self.data_digest = json_digest(fingerprint, sort_keys=False)
 
@@ -204,9 +207,9 @@ class OfflineTrainer:
         if self.accelerator.is_main_process and self.packing == "prefix_tree":
             stats = self.packing_stats(self._epoch_batches(0))
             print(f"[train] prefix-tree packing: {stats['row_tokens']} tokens in rows -> {stats['tree_tokens']} in trees per "
-                  f"epoch on this process ({stats['saving']}x fewer); {stats['truncated_prompts']} left-truncated prompts "
-                  f"(a tree of their own each); {stats['micro_batches_in_rows']} micro-batches cheaper in rows, "
-                  f"{stats['computed_tokens']} tokens computed")
+                  f"epoch on this process ({stats['saving']}x fewer" + (f"; the games' own length, each history once: "
+                  f"{stats['games_floor']}" if "games_floor" in stats else "") + f"); {stats['truncated_prompts']} left-truncated prompts (a tree of their own "
+                  f"each); {stats['micro_batches_in_rows']} micro-batches cheaper in rows, {stats['computed_tokens']} tokens computed")
 
     def warn_negative_weights(self) -> None:
         """One line when some samples would be trained with a negative weight (an SFT-marked −1
@@ -263,6 +266,28 @@ class OfflineTrainer:
     def encode(self, sample: dict) -> EncodedSample:
         return self.encoding.encode(self.tokenizer, sample["observation"], sample["action"])
 
+    def encode_all(self, samples: list[dict]) -> list[EncodedSample]:
+        """Every sample encoded as the policy played it, before the first step: a prompt over the
+        cutoff is named with its file, its place in the file and its length (``data.over_long``),
+        and the longest prompt is said in one line, beside the cutoff."""
+        encoded = []
+        for sample in samples:
+            try:
+                encoded.append(self.encode(sample))
+            except PromptTooLong as too_long:
+                e = self.encoding
+                where = next((i for i, s in enumerate(self.file_samples) if s["observation"] == sample["observation"]
+                              and s["action"] == sample["action"]), None)
+                raise DataError(self.train_path, None, f"sample {where}.observation", f"{too_long}: the policy played it "
+                                f"whole, so it is not cut (data.max_prompt_tokens={self.cfg['data']['max_prompt_tokens']}, "
+                                f"the model's context {e.context}); raise data.max_prompt_tokens up to the context, or set "
+                                "data.over_long=cut_left to cut it on the left as the release did") from None
+        if self.accelerator.is_main_process and encoded:
+            cut = sum(e.truncated for e in encoded)
+            print(f"[train] prompts: the longest {max(e.prompt_len for e in encoded)} tokens, cutoff "
+                  f"{self.encoding.max_prompt_tokens} ({self.encoding.over_long}" + (f": {cut} cut on the left)" if cut else ")"))
+        return encoded
+
     def unit_lengths(self) -> list[int]:
         """Tokens of each unit of data (here a sample): batches group similar lengths."""
         return [len(e.input_ids) for e in self.encoded]
@@ -278,8 +303,12 @@ class OfflineTrainer:
                                                                           self.break_even).items()}
 
     def packing_stats(self, batches: list[list[int]]) -> dict:
-        """Tokens in rows against tokens in trees for ``batches`` of units (:func:`aria.packing.packing_stats`)."""
-        return packing_stats(self.encoded, batches, self.break_even)
+        """Tokens in rows against tokens in trees for ``batches`` of units (:func:`aria.packing.packing_stats`),
+        and the floor: the samples' games, each one tree (:func:`aria.packing.games_floor`)."""
+        mine = sorted({i for b in batches for i in b})
+        groups = sample_groups(self.samples)
+        floor = games_floor([self.encoded[i].input_ids for i in mine], [groups[i] for i in mine])
+        return {**packing_stats(self.encoded, batches, self.break_even), "games_floor": floor}
 
     def fingerprint(self) -> list:
         """What the data digest is taken of: a checkpoint resumes only on the same data."""
@@ -385,11 +414,13 @@ class OfflineTrainer:
 
         def micro_step(indices: list[int]) -> None:
             batch = self.make_batch(indices)
+            # whole games make micro-batches of varying sizes: each counts as its share of a nominal one
+            scale = nominal_scale(indices, t["micro_batch_size"]) if self.packing == "prefix_tree" else 1.0
             loss, grad_norm = accumulate_step(acc, self.model, self.optimizer, self.scheduler,
-                                              lambda: self.micro_loss(batch, indices), t["max_grad_norm"])
+                                              lambda: self.micro_loss(batch, indices) * scale, t["max_grad_norm"])
             if grad_norm is not None:
                 window["grad_norm"] = grad_norm
-            window["loss"] += float(loss.detach())
+            window["loss"] += float(loss.detach()) / scale  # the micro-batch's mean loss, as logged before
             window["micro"] += 1
             for key, value in self.token_stats.items():
                 window[key] = window.get(key, 0.0) + value

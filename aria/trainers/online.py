@@ -194,9 +194,12 @@ class OnlineTrainer:
             self.games[name] = (game_cfg, build_game(game_cfg), build_oracle(cfg["oracle"], game_cfg))
 
         m = cfg["model"]
-        self.encoding = Encoding.from_config(cfg["data"])
         self.tokenizer, model = load_policy(m["path"], m["dtype"], m["lora"] if m["lora"]["enabled"] else None,
                                             m["gradient_checkpointing"])
+        # The actor trains on the prompts its rollouts were played with: the policy cuts a prompt
+        # longer than rollout.max_prompt_tokens on the left, so training cuts it there too.
+        self.encoding = Encoding.from_config({**cfg["data"], "max_prompt_tokens": cfg["rollout"]["max_prompt_tokens"],
+                                              "over_long": "cut_left"})
         self.total_steps = o["iterations"] * o["actor_updates"]
         optimizer, self.scheduler = build_optimizer(model, t, self.total_steps)
         self.break_even = attention_break_even(model)  # which micro-batches are cheaper in rows (aria.packing)
@@ -348,7 +351,8 @@ class OnlineTrainer:
                                                 "--config-dir", str(config_dir()), "--config-name", "reward_model"])
         command += [f"data.train_file={Path(train_file).resolve()}", f"model.path={start}",
                     f"output_dir={Path(out_dir).resolve()}", f"seed={self.cfg['seed']}",
-                    f"data.max_prompt_tokens={rm['max_prompt_tokens']}", *rm["train_overrides"]]
+                    f"data.max_prompt_tokens={rm['max_prompt_tokens']}", "data.over_long=cut_left",  # as the rollouts were played
+                    *rm["train_overrides"]]
         log_path = out_dir.parent / "train_rm.log"
         out_dir.parent.mkdir(parents=True, exist_ok=True)
         with open(log_path, "w", encoding="utf-8") as log_file:

@@ -170,6 +170,13 @@ class RewardModelTrainer(OfflineTrainer):
             raise DataError(self.train_path, None, None, "no samples left for training after the held-out split")
         return self.subset(train)
 
+    def encode_all(self, samples: list[dict]) -> list:
+        """The training samples and the held-out ones, encoded before the first step (an over-long
+        held-out prompt is named now, not after the last step)."""
+        encoded = super().encode_all(samples + self.eval_samples)
+        self.eval_encoded = encoded[len(samples):]
+        return encoded[:len(samples)]
+
     def micro_loss(self, batch: dict[str, torch.Tensor], indices: list[int]) -> torch.Tensor:
         score = reward_scores(self.model, batch)
         return self.loss_fn(score, self.rewards[indices].to(score.device), **self.loss_options)
@@ -178,7 +185,7 @@ class RewardModelTrainer(OfflineTrainer):
         """Loss and correlations on the held-out split (every process scores it; rank 0 writes)."""
         if not self.eval_samples:
             return {}
-        encoded = [self.encode(s) for s in self.eval_samples]
+        encoded = self.eval_encoded
         target = np.array([float(s["reward"]) for s in self.eval_samples])
         score = score_encoded(self.model, encoded, self.tokenizer.pad_token_id, self.cfg["train"]["micro_batch_size"],
                               self.accelerator.device, packing=self.packing)
