@@ -52,7 +52,7 @@ import time
 from pathlib import Path
 
 from aria.io import atomic_write_json, read_json
-from aria.llm.hardware import describe
+from aria.llm.hardware import describe, label
 
 WAYS = ("padded", "prefix_tree")
 
@@ -213,6 +213,35 @@ def run_child(args, extra: list[str]) -> dict:
     if done.returncode != 0:
         raise RuntimeError(f"run failed: {extra}\n{done.stderr[-3000:]}")
     return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def render_cutoffs(before: dict, after: dict, key: str = "gmc/reinforce") -> str:
+    """The table of docs/benchmarks.md "Whole histories": the preset before (prompts cut on the left at
+    512, as the release; rows and trees, micro-batches cut every 16 samples) against whole histories in
+    trees of whole games, from the two reports (the same samples, the same machine)."""
+    if before["machine"]["cpu_model"] != after["machine"]["cpu_model"]:
+        raise ValueError("the two reports come from different machines")
+    rows = [("prompts cut at 512, rows (before)", before, "padded"), ("prompts cut at 512, trees (the preset before)", before, "prefix_tree"),
+            ("whole prompts, trees of whole games (now)", after, "prefix_tree")]
+    lines = [f"{label(after['machine'])}; {after['runs'][key]['prefix_tree'][0]['samples']} steps of the same games, one epoch, "
+             f"training in {'float32' if after['settings']['mixed_precision'] == 'no' else after['settings']['mixed_precision']}, "
+             f"{after['settings']['repeats']} runs a way", "",
+             "| prompts, layout | prompts cut | tokens computed | seconds an epoch (median) | peak memory |", "|---|---|---|---|---|"]
+    for name, report, way in rows:
+        runs = report["runs"][key][way]
+        first = runs[0]
+        lines.append(f"| {name} | {first['truncated_prompts']} | {first['tokens']:,} | "
+                     f"{statistics.median(r['seconds'] for r in runs):.1f} | {max(r['peak_rss_mb'] for r in runs) / 1024:.1f} GB |")
+    now = statistics.median(r["seconds"] for r in after["runs"][key]["prefix_tree"])
+    then = statistics.median(r["seconds"] for r in before["runs"][key]["prefix_tree"])
+    tree, check = after["runs"][key]["prefix_tree"][0], after["checks"].get(key)
+    lines += ["", f"Whole histories in trees against the preset before: {then / now:.2f}x less time an epoch; "
+              f"{tree['tokens']:,} tokens computed against the games' own length of {tree['games_floor']:,} "
+              f"(each game's tree, its history once) and {tree['row_tokens']:,} in rows of whole prompts" +
+              (f"; trees against rows on whole prompts, first {check['micro_batches']} micro-batches: loss "
+               f"{check['loss_rel']:.1e}, gradient norm {check['grad_norm_rel']:.1e} apart (relative)." if check else
+               "; no check of trees against rows in this report (see the text).")]
+    return "\n".join(lines) + "\n"
 
 
 def main(argv=None) -> int:

@@ -106,6 +106,16 @@ def test_benchmark_tables_in_the_docs_are_rendered_from_the_committed_reports(sc
     assert benchmark_module(script).render(read_json(REPO / "benchmarks" / "results" / report)) in page
 
 
+def test_the_whole_history_table_is_rendered_from_its_two_committed_reports():
+    """The Guess My City cutoff comparison: the preset before (its code's run) and whole histories now."""
+    from aria.io import read_json
+
+    results = REPO / "benchmarks" / "results"
+    table = benchmark_module("training_packing").render_cutoffs(read_json(results / "whole_histories_gmc_before.json"),
+                                                                read_json(results / "whole_histories_gmc.json"))
+    assert table in (REPO / "docs" / "benchmarks.md").read_text(encoding="utf-8")
+
+
 def test_the_main_job_in_the_readme_and_the_docs_is_rendered_from_its_committed_results():
     """The README's "What the main job shows" and docs/experiments.md's stage times are the report's
     own renderings of the main job's committed results.json, not figures typed in."""
