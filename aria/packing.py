@@ -40,6 +40,7 @@ nominal size (:func:`nominal_scale`), so every sample weighs what it weighs in r
 """
 from __future__ import annotations
 
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Hashable, Sequence
 
@@ -344,12 +345,94 @@ def model_mask(model, mask: torch.Tensor) -> torch.Tensor:
                      f"{implementation!r}: set train.packing=padded")
 
 
+# ---- attention whose cost follows the tree ---------------------------------------------------------
+#: How a tree's attention is computed (environment ``ARIA_TREE_ATTENTION``): ``trunk`` (default):
+#: the leading causal part of the micro-batch (the first tree's trunk, a plain causal sequence)
+#: by SDPA's causal kernel, which skips the scores above the diagonal, and the other nodes (the
+#: branches) against every key under the mask; or ``dense``: every node against every node under
+#: the mask. The same values (tested); docs/benchmarks.md "Whole histories" measures the two.
+TREE_ATTENTIONS = ("trunk", "dense")
+
+
+def tree_attention_way() -> str:
+    import os
+
+    way = os.environ.get("ARIA_TREE_ATTENTION", "trunk")
+    if way not in TREE_ATTENTIONS:
+        raise ValueError(f"ARIA_TREE_ATTENTION: unknown {way!r} (known: {', '.join(TREE_ATTENTIONS)})")
+    return way
+
+
+def causal_prefix(mask: torch.Tensor) -> int:
+    """How many leading nodes of a boolean [K, 1, N, N] mask attend causally, in every row of the
+    batch: node i to exactly nodes 0..i. In a tree laid out by :func:`collate_tree` that is the
+    first tree's trunk (its longest sample, in order)."""
+    n = mask.shape[-1]
+    causal = torch.ones(n, n, dtype=torch.bool, device=mask.device).tril()
+    rows_alike = (mask[:, 0] == causal).all(dim=0).all(dim=-1)  # [N]: node i attends causally in every row
+    return int(rows_alike.long().cumprod(0).sum())
+
+
+def tree_trunk_attention(module, query, key, value, attention_mask, dropout=0.0, scaling=None, is_causal=None, **kwargs):
+    """Scaled dot-product attention of a tree in two calls of transformers' own SDPA function (so
+    heads, grouped keys and scaling are as in ``sdpa``): the causal prefix (:func:`causal_prefix`)
+    with the causal kernel and no mask, the rest of the nodes against all keys under the mask. The
+    scores the first call skips are the ones the mask removes, so the output equals dense SDPA's."""
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    n = query.shape[2]
+    trunk = causal_prefix(attention_mask) if attention_mask is not None and attention_mask.dtype == torch.bool \
+        and key.shape[2] == n else 0
+    if trunk < 2:
+        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
+                                      is_causal=is_causal, **kwargs)
+    head, _ = sdpa_attention_forward(module, query[:, :, :trunk], key[:, :, :trunk], value[:, :, :trunk], None,
+                                     dropout=dropout, scaling=scaling, is_causal=True, **kwargs)
+    if trunk == n:
+        return head, None
+    rest, _ = sdpa_attention_forward(module, query[:, :, trunk:], key, value, attention_mask[:, :, trunk:],
+                                     dropout=dropout, scaling=scaling, is_causal=False, **kwargs)
+    return torch.cat([head, rest], dim=1), None  # [B, N, heads, dim]
+
+
+@contextmanager
+def tree_attention(model):
+    """The model's attention as :func:`tree_trunk_attention` for the forward passes inside, where the
+    model runs ``sdpa`` and the way is ``trunk``; else as it is. Backward calls no attention of its
+    own (gradient checkpointing's recomputation runs plain SDPA: the same values)."""
+    config = getattr(model, "config", None) or getattr(getattr(model, "module", None), "config", None)
+    if config is None or getattr(config, "_attn_implementation", None) != "sdpa" or tree_attention_way() != "trunk":
+        yield
+        return
+    from transformers import AttentionInterface
+
+    AttentionInterface.register("aria_tree_trunk", tree_trunk_attention)
+    configs = list({id(c): c for c in _configs_of(model)}.values())
+    for c in configs:
+        c._attn_implementation = "aria_tree_trunk"
+    try:
+        yield
+    finally:
+        for c in configs:
+            c._attn_implementation = "sdpa"
+
+
+def _configs_of(model):
+    """Every config a module of ``model`` reads its attention implementation from (peft and other
+    wrappers keep the inner model's; some models give sub-modules configs of their own)."""
+    for module in model.modules():
+        config = getattr(module, "config", None)
+        if config is not None and hasattr(config, "_attn_implementation"):
+            yield config
+
+
 def tree_action_logits(model, batch: dict[str, torch.Tensor]) -> torch.Tensor:
     """The next-token logits that predict every action token, [M, V] in float32, in the order of
     :func:`collate_tree` (each sample's tokens in action order; the samples in tree order)."""
-    logits = model(input_ids=batch["input_ids"], position_ids=batch["position_ids"],
-                   attention_mask=model_mask(model, batch["attention_mask"]),
-                   logits_to_keep=batch["logit_nodes"]).logits
+    mask = model_mask(model, batch["attention_mask"])
+    with tree_attention(model):
+        logits = model(input_ids=batch["input_ids"], position_ids=batch["position_ids"], attention_mask=mask,
+                       logits_to_keep=batch["logit_nodes"]).logits
     return logits.reshape(-1, logits.shape[-1])[batch["target_rows"]].float()  # the kept nodes, in row-major order
 
 
@@ -370,8 +453,9 @@ def tree_scores(model, batch: dict[str, torch.Tensor]) -> torch.Tensor:
     seen: list[torch.Tensor] = []
     handle = head.register_forward_hook(lambda module, args, output: seen.append(output))
     try:
-        model(input_ids=batch["input_ids"], position_ids=batch["position_ids"],
-              attention_mask=model_mask(model, batch["attention_mask"]))
+        mask = model_mask(model, batch["attention_mask"])
+        with tree_attention(model):
+            model(input_ids=batch["input_ids"], position_ids=batch["position_ids"], attention_mask=mask)
     finally:
         handle.remove()
     return seen[-1].reshape(-1)[batch["score_nodes"]].float()

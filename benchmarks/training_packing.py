@@ -97,7 +97,10 @@ def one_offline(args) -> dict:
     out = Path(tempfile.mkdtemp(prefix="training_packing-"))
     cfg = offline_config(args.trainer, args.train_file, args.model, out, layout(args, args.way), args.device)
     trainer = (RewardModelTrainer if args.trainer == "reward_model" else trainer_for(cfg))(cfg)
-    row = {"samples": len(trainer.samples), "steps": trainer.total_steps, **tokens_of(trainer)}
+    from aria.packing import tree_attention_way
+
+    row = {"samples": len(trainer.samples), "steps": trainer.total_steps, **tokens_of(trainer),
+           "tree_attention": tree_attention_way()}  # ARIA_TREE_ATTENTION (aria.packing)
     start = time.perf_counter()
     trainer.train()
     row["seconds"] = round(time.perf_counter() - start, 2)
@@ -215,14 +218,17 @@ def run_child(args, extra: list[str]) -> dict:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-def render_cutoffs(before: dict, after: dict, key: str = "gmc/reinforce") -> str:
+def render_cutoffs(before: dict, after: dict, dense: dict | None = None, key: str = "gmc/reinforce") -> str:
     """The table of docs/benchmarks.md "Whole histories": the preset before (prompts cut on the left at
     512, as the release; rows and trees, micro-batches cut every 16 samples) against whole histories in
-    trees of whole games, from the two reports (the same samples, the same machine)."""
-    if before["machine"]["cpu_model"] != after["machine"]["cpu_model"]:
-        raise ValueError("the two reports come from different machines")
+    trees of whole games, from the reports (the same samples, the same machine); ``dense``: the same
+    as ``after`` with every tree's attention dense (``ARIA_TREE_ATTENTION=dense``)."""
+    if len({r["machine"]["cpu_model"] for r in (before, after, dense) if r}) > 1:
+        raise ValueError("the reports come from different machines")
     rows = [("prompts cut at 512, rows (before)", before, "padded"), ("prompts cut at 512, trees (the preset before)", before, "prefix_tree"),
-            ("whole prompts, trees of whole games (now)", after, "prefix_tree")]
+            *([("whole prompts, trees of whole games, dense attention", dense, "prefix_tree")] if dense else []),
+            ("whole prompts, trees of whole games, trunk on the causal kernel (now)" if dense else
+             "whole prompts, trees of whole games (now)", after, "prefix_tree")]
     lines = [f"{label(after['machine'])}; {after['runs'][key]['prefix_tree'][0]['samples']} steps of the same games, one epoch, "
              f"training in {'float32' if after['settings']['mixed_precision'] == 'no' else after['settings']['mixed_precision']}, "
              f"{after['settings']['repeats']} runs a way", "",

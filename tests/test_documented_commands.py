@@ -172,3 +172,5 @@ def test_no_run_of_the_recipe_replaced_another(recipe_run):
     assert (work / "outputs/critic/twenty_questions_subset/train.json").is_file()
     summary = json.loads((work / "results/eval/merged/summary.json").read_text())["environments"]
     assert summary["twenty_questions_subset"]["games"] == 16, summary
+    # no command left Hydra's own output folder (outputs/<date>/<time>/.hydra) beside what it wrote
+    assert not [str(p.relative_to(work)) for p in work.glob("outputs/*") if p.name[:1].isdigit()]

@@ -169,3 +169,44 @@ def test_every_game_lies_whole_in_one_micro_batch_of_about_the_nominal_size():
 def test_the_floor_is_each_games_tree():
     a1, a2, b1 = [1, 2, 3, 9], [1, 2, 3, 4, 5, 8], [1, 2, 7]
     assert games_floor([a1, a2, b1], ["a", "a", "b"]) == tree_tokens([a1, a2]) + 3 == 7 + 3
+
+
+def test_the_causal_prefix_is_the_first_trees_trunk():
+    """A trunk [1, 2, 3, 4] and a branch [1, 2, 9, 8] off its second node: nodes 0-3 attend
+    causally, the branch's nodes 4 and 5 do not; a second row shorter in its causal part sets it."""
+    from aria.packing import causal_prefix, prefix_tree
+
+    tree = prefix_tree([[1, 2, 3, 4], [1, 2, 9, 8]])
+    mask = torch.from_numpy(tree.attends)[None, None]
+    assert causal_prefix(mask) == 4
+    other = torch.ones(6, 6).tril().bool()
+    other[2, 0] = False  # node 2 of the second row does not see node 0
+    assert causal_prefix(torch.stack([mask[0], other[None]])) == 2
+    assert causal_prefix(torch.ones(1, 1, 5, 5).tril().bool()) == 5
+
+
+def test_trunk_attention_gives_dense_attentions_log_probs_and_gradient(tiny_model_dir, played_city_games, monkeypatch):
+    """Two whole Guess My City games in one micro-batch: with the trunk on the causal kernel (the
+    default) or every node against every node, the same action log-probs and gradient."""
+    from aria.packing import causal_prefix
+
+    _, samples = played_city_games
+    tokenizer, model = load_policy(str(tiny_model_dir))
+    encoded = [Encoding().encode(tokenizer, s["observation"], s["action"]) for s in samples]
+    batch = collate_tree(encoded, tokenizer.pad_token_id)
+    n = batch["input_ids"].shape[1]
+    assert 512 < causal_prefix(batch["attention_mask"]) < n  # a long trunk, and branches after it
+    weights = torch.tensor([s["reward"] for s in samples])
+    found = {}
+    for way in ("dense", "trunk"):
+        monkeypatch.setenv("ARIA_TREE_ATTENTION", way)
+        model.zero_grad()
+        logp = action_logprobs(model, batch)
+        (-(weights * logp).mean()).backward()
+        found[way] = (logp.detach(), torch.cat([p.grad.reshape(-1) for p in model.parameters() if p.grad is not None]))
+    assert model.config._attn_implementation == "sdpa"  # put back after the forward
+    torch.testing.assert_close(found["trunk"][0], found["dense"][0], rtol=1e-5, atol=1e-4)
+    assert float((found["trunk"][1] - found["dense"][1]).norm() / found["dense"][1].norm()) < 1e-4
+    monkeypatch.setenv("ARIA_TREE_ATTENTION", "sparse")
+    with pytest.raises(ValueError, match="ARIA_TREE_ATTENTION: unknown 'sparse'"):
+        action_logprobs(model, batch)
