@@ -47,6 +47,8 @@ from typing import Hashable, Sequence
 import numpy as np
 import torch
 
+from aria.policy import model_config
+
 
 @dataclass(frozen=True)
 class PrefixTreePack:
@@ -192,7 +194,7 @@ def attention_break_even(model) -> float | None:
     token per layer (scores and the weighted sum), so ``body weights / (2 · hidden · layers)``
     (SmolLM2-135M: about 3,070 tokens; an 8B Llama: about 27,000). None when the model's config
     does not say its hidden size and layers: then trees are always used."""
-    config = getattr(model, "config", None) or getattr(getattr(model, "module", None), "config", None)
+    config = model_config(model)
     hidden, layers = getattr(config, "hidden_size", None), getattr(config, "num_hidden_layers", None)
     if not hidden or not layers:
         return None
@@ -334,7 +336,7 @@ def model_mask(model, mask: torch.Tensor) -> torch.Tensor:
     """The tree's boolean mask as the model's attention takes it: as it is for ``sdpa`` (and
     ``flex_attention``), additive (0 or the dtype's minimum) for ``eager``; other kernels
     (FlashAttention) take no arbitrary mask, so prefix-tree packing refuses them."""
-    config = getattr(model, "config", None) or getattr(getattr(model, "module", None), "config", None)
+    config = model_config(model)
     implementation = getattr(config, "_attn_implementation", "sdpa") or "sdpa"
     if implementation in ("sdpa", "flex_attention"):
         return mask
@@ -373,17 +375,17 @@ def causal_prefix(mask: torch.Tensor) -> int:
     return int(rows_alike.long().cumprod(0).sum())
 
 
-def tree_trunk_attention(module, query, key, value, attention_mask, dropout=0.0, scaling=None, is_causal=None, **kwargs):
+def tree_trunk_attention(module, query, key, value, attention_mask, dropout=0.0, scaling=None, is_causal=None, *,
+                         trunk: int, **kwargs):
     """Scaled dot-product attention of a tree in two calls of transformers' own SDPA function (so
-    heads, grouped keys and scaling are as in ``sdpa``): the causal prefix (:func:`causal_prefix`)
-    with the causal kernel and no mask, the rest of the nodes against all keys under the mask. The
-    scores the first call skips are the ones the mask removes, so the output equals dense SDPA's."""
+    heads, grouped keys and scaling are as in ``sdpa``): the ``trunk`` leading nodes, which attend
+    causally (:func:`causal_prefix`), with the causal kernel and no mask, the rest of the nodes
+    against all keys under the mask. The scores the first call skips are the ones the mask
+    removes, so the output equals dense SDPA's."""
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
     n = query.shape[2]
-    trunk = causal_prefix(attention_mask) if attention_mask is not None and attention_mask.dtype == torch.bool \
-        and key.shape[2] == n else 0
-    if trunk < 2:
+    if trunk < 2 or key.shape[2] != n or attention_mask is None or attention_mask.shape[-1] != n:
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
                                       is_causal=is_causal, **kwargs)
     head, _ = sdpa_attention_forward(module, query[:, :, :trunk], key[:, :, :trunk], value[:, :, :trunk], None,
@@ -396,17 +398,21 @@ def tree_trunk_attention(module, query, key, value, attention_mask, dropout=0.0,
 
 
 @contextmanager
-def tree_attention(model):
-    """The model's attention as :func:`tree_trunk_attention` for the forward passes inside, where the
-    model runs ``sdpa`` and the way is ``trunk``; else as it is. Backward calls no attention of its
-    own (gradient checkpointing's recomputation runs plain SDPA: the same values)."""
-    config = getattr(model, "config", None) or getattr(getattr(model, "module", None), "config", None)
-    if config is None or getattr(config, "_attn_implementation", None) != "sdpa" or tree_attention_way() != "trunk":
+def tree_attention(model, mask: torch.Tensor):
+    """The model's attention as :func:`tree_trunk_attention` for the forward passes inside, over the
+    boolean tree ``mask`` (its causal prefix found once, not once a layer), where the model runs
+    ``sdpa`` and the way is ``trunk``; else as it is. Backward calls no attention of its own
+    (gradient checkpointing's recomputation runs plain SDPA: the same values)."""
+    from functools import partial
+
+    config = model_config(model)
+    if config is None or getattr(config, "_attn_implementation", None) != "sdpa" or tree_attention_way() != "trunk" \
+            or mask.dtype != torch.bool:
         yield
         return
     from transformers import AttentionInterface
 
-    AttentionInterface.register("aria_tree_trunk", tree_trunk_attention)
+    AttentionInterface.register("aria_tree_trunk", partial(tree_trunk_attention, trunk=causal_prefix(mask)))
     configs = list({id(c): c for c in _configs_of(model)}.values())
     for c in configs:
         c._attn_implementation = "aria_tree_trunk"
@@ -430,7 +436,7 @@ def tree_action_logits(model, batch: dict[str, torch.Tensor]) -> torch.Tensor:
     """The next-token logits that predict every action token, [M, V] in float32, in the order of
     :func:`collate_tree` (each sample's tokens in action order; the samples in tree order)."""
     mask = model_mask(model, batch["attention_mask"])
-    with tree_attention(model):
+    with tree_attention(model, mask):
         logits = model(input_ids=batch["input_ids"], position_ids=batch["position_ids"], attention_mask=mask,
                        logits_to_keep=batch["logit_nodes"]).logits
     return logits.reshape(-1, logits.shape[-1])[batch["target_rows"]].float()  # the kept nodes, in row-major order
@@ -454,7 +460,7 @@ def tree_scores(model, batch: dict[str, torch.Tensor]) -> torch.Tensor:
     handle = head.register_forward_hook(lambda module, args, output: seen.append(output))
     try:
         mask = model_mask(model, batch["attention_mask"])
-        with tree_attention(model):
+        with tree_attention(model, mask):
             model(input_ids=batch["input_ids"], position_ids=batch["position_ids"], attention_mask=mask)
     finally:
         handle.remove()

@@ -186,7 +186,7 @@ class InProcessScorer:
         # before encodings were saved gets the reward-model trainer's defaults of that time. A
         # prompt over the cutoff is cut on the left, not refused: it scores a policy's steps, and a
         # policy plays a prompt longer than its own cutoff cut there too.
-        saved = Encoding.saved_in(Path(model_dir), Encoding(self.max_prompt_tokens, append_eos=False, over_long="cut_left"))
+        saved = Encoding.saved_in(Path(model_dir), Encoding(self.max_prompt_tokens, append_eos=False))
         self.encoding = replace(saved, over_long="cut_left")
         self.model_dir = str(model_dir)
         self.prefix_trees = self.packing == "prefix_tree" and self._prefix_trees_score_alike()

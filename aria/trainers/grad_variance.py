@@ -165,15 +165,18 @@ def gradient_variance(cfg: dict, max_samples: int = 256, seed: int = 0, methods:
     sums = {k: torch.zeros(n_params, dtype=torch.float64) for k in kinds}
     squares = {k: 0.0 for k in kinds}
     kept_grads = torch.zeros((len(chosen), n_params), dtype=torch.float32) if bootstrap else None
-    start = time.perf_counter()
     encoding = Encoding.from_config(d).for_model(model)  # the prompts as the policy played them (aria.policy)
-    for row, i in enumerate(chosen):
-        s = samples[i]
+    encoded = {}
+    for i in chosen:  # all of them before the first gradient: an over-long prompt is refused at once
         try:
-            batch = collate([encoding.encode(tokenizer, s["observation"], s["action"])], tokenizer.pad_token_id)
+            encoded[i] = encoding.encode(tokenizer, samples[i]["observation"], samples[i]["action"])
         except PromptTooLong as too_long:
             raise DataError(d["train_file"], None, f"sample {i}.observation", f"{too_long} (data.max_prompt_tokens; "
                             "data.over_long=cut_left cuts it on the left as the release did)") from None
+    start = time.perf_counter()
+    for row, i in enumerate(chosen):
+        s = samples[i]
+        batch = collate([encoded[i]], tokenizer.pad_token_id)
         model.zero_grad(set_to_none=True)
         action_logprobs(model, batch)[0].backward()
         g = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1).double() for p in params])
