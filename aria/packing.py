@@ -47,8 +47,6 @@ from typing import Hashable, Sequence
 import numpy as np
 import torch
 
-from aria.policy import model_config
-
 
 @dataclass(frozen=True)
 class PrefixTreePack:
@@ -188,6 +186,11 @@ def tree_rows(sizes: Sequence[int]) -> list[list[int]]:
 
 
 # ---- which layout costs less ------------------------------------------------------------------------
+def model_config(model):
+    """The model's Hugging Face config, also through a DDP or DeepSpeed wrapper (``.module``); None if it has none."""
+    return getattr(model, "config", None) or getattr(getattr(model, "module", None), "config", None)
+
+
 def attention_break_even(model) -> float | None:
     """The context length at which a token's attention costs as much as its pass through the
     weights: 2 FLOPs per weight of the transformer body against 4 · hidden size FLOPs per earlier

@@ -80,13 +80,10 @@ def encode_sample(tokenizer, observation: str, action: str, max_prompt_tokens: i
     return sample
 
 
-def model_config(model):
-    """The model's Hugging Face config, also through a DDP or DeepSpeed wrapper (``.module``); None if it has none."""
-    return getattr(model, "config", None) or getattr(getattr(model, "module", None), "config", None)
-
-
 def model_context(model) -> int | None:
     """The positions the model was built for (``max_position_embeddings``), through any wrapper; None if unsaid."""
+    from aria.packing import model_config
+
     return getattr(model_config(model), "max_position_embeddings", None)
 
 
