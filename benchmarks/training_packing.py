@@ -201,6 +201,14 @@ def gpu_name() -> str | None:
     return torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
 
 
+class ChildFailed(RuntimeError):
+    """A run in its own process ended with ``returncode`` (-9: killed, on these machines for memory)."""
+
+    def __init__(self, extra: list[str], returncode: int, stderr: str):
+        super().__init__(f"run failed (exit {returncode}): {extra}\n{stderr[-3000:]}")
+        self.returncode = returncode
+
+
 def run_child(args, extra: list[str]) -> dict:
     """One run, or the check (``--check``), in a fresh process: a run's peak memory is its own,
     and the check's two layouts (15 GB on the Guess My City games) are not held by this process
@@ -214,7 +222,7 @@ def run_child(args, extra: list[str]) -> dict:
                            "--online-updates", str(args.online_updates), "--overrides", *args.overrides],
                           capture_output=True, text=True)
     if done.returncode != 0:
-        raise RuntimeError(f"run failed: {extra}\n{done.stderr[-3000:]}")
+        raise ChildFailed(extra, done.returncode, done.stderr)
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
@@ -245,7 +253,8 @@ def render_cutoffs(before: dict, after: dict, dense: dict | None = None, key: st
               f"{tree['tokens']:,} tokens computed against the games' own length of {tree['games_floor']:,} "
               f"(each game's tree, its history once) and {tree['row_tokens']:,} in rows of whole prompts" +
               (f"; trees against rows on whole prompts, first {check['micro_batches']} micro-batches: loss "
-               f"{check['loss_rel']:.1e}, gradient norm {check['grad_norm_rel']:.1e} apart (relative)." if check else
+               f"{check['loss_rel']:.1e}, gradient norm {check['grad_norm_rel']:.1e} apart (relative)." if check and "failed" not in check else
+               f"; the check of trees against rows ended with exit {check['failed']} (-9: killed for memory; see the text)." if check else
                "; no check of trees against rows in this report (see the text).")]
     return "\n".join(lines) + "\n"
 
@@ -330,8 +339,11 @@ def main(argv=None) -> int:
                     print(key, way, json.dumps(runs[way][-1]), flush=True)
                     save()
         if key not in result["checks"]:
-            result["checks"][key] = run_child(args, ["--check", "--trainer", trainer, "--train-file", sets[name],
-                                                     "--model", model])
+            try:
+                result["checks"][key] = run_child(args, ["--check", "--trainer", trainer, "--train-file", sets[name],
+                                                         "--model", model])
+            except ChildFailed as failed:  # the timings stay; the report says the check did not finish
+                result["checks"][key] = {"failed": failed.returncode}
             print(key, "check", json.dumps(result["checks"][key]), flush=True)
             save()
 
