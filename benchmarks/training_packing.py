@@ -144,6 +144,7 @@ def check(args, trainer_name: str, train_file: str, model: str) -> dict:
     cfg = offline_config(trainer_name, train_file, model, out, layout(args, "prefix_tree"), args.device)
     trainer = (RewardModelTrainer if trainer_name == "reward_model" else trainer_for(cfg))(cfg)
     worst = {"loss_abs": 0.0, "loss_rel": 0.0, "grad_norm_rel": 0.0}
+    zero = 0  # micro-batches whose loss and gradient are 0 in both layouts (every weight 0): they check nothing
     for indices in trainer._epoch_batches(0)[: args.check_batches]:
         found = []
         for way in WAYS:
@@ -154,10 +155,11 @@ def check(args, trainer_name: str, train_file: str, model: str) -> dict:
             norm = torch.sqrt(sum((p.grad.double() ** 2).sum() for p in trainer.model.parameters() if p.grad is not None))
             found.append((float(loss), float(norm)))
         (loss_a, norm_a), (loss_b, norm_b) = found
+        zero += loss_a == loss_b == norm_a == norm_b == 0.0
         worst["loss_abs"] = max(worst["loss_abs"], abs(loss_a - loss_b))
         worst["loss_rel"] = max(worst["loss_rel"], abs(loss_a - loss_b) / max(abs(loss_a), 1e-12))
         worst["grad_norm_rel"] = max(worst["grad_norm_rel"], abs(norm_a - norm_b) / max(norm_a, 1e-12))
-    return {"micro_batches": min(args.check_batches, len(trainer._epoch_batches(0))),
+    return {"micro_batches": min(args.check_batches, len(trainer._epoch_batches(0))), "zero_micro_batches": zero,
             **{k: float(f"{v:.3g}") for k, v in worst.items()}}
 
 
@@ -226,19 +228,23 @@ def run_child(args, extra: list[str]) -> dict:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-def render_cutoffs(before: dict, after: dict, dense: dict | None = None, key: str = "gmc/reinforce") -> str:
+def render_cutoffs(before: dict, after: dict, dense: dict | None = None, bf16: dict | None = None,
+                   key: str = "gmc/reinforce") -> str:
     """The table of docs/benchmarks.md "Whole histories": the preset before (prompts cut on the left at
     512, as the release; rows and trees, micro-batches cut every 16 samples) against whole histories in
     trees of whole games, from the reports (the same samples, the same machine); ``dense``: the same
-    as ``after`` with every tree's attention dense (``ARIA_TREE_ATTENTION=dense``)."""
-    if len({r["machine"]["cpu_model"] for r in (before, after, dense) if r}) > 1:
+    as ``after`` with every tree's attention dense (``ARIA_TREE_ATTENTION=dense``); ``bf16``: the same
+    as ``after`` under bfloat16 autocast (``--mixed-precision bf16``), a row of its own."""
+    if len({r["machine"]["cpu_model"] for r in (before, after, dense, bf16) if r}) > 1:
         raise ValueError("the reports come from different machines")
     rows = [("prompts cut at 512, rows (before)", before, "padded"), ("prompts cut at 512, trees (the preset before)", before, "prefix_tree"),
             *([("whole prompts, trees of whole games, dense attention", dense, "prefix_tree")] if dense else []),
             ("whole prompts, trees of whole games, trunk on the causal kernel (now)" if dense else
-             "whole prompts, trees of whole games (now)", after, "prefix_tree")]
+             "whole prompts, trees of whole games (now)", after, "prefix_tree"),
+            *([("the same, in bfloat16 (train.mixed_precision=auto on this CPU)", bf16, "prefix_tree")] if bf16 else [])]
     lines = [f"{label(after['machine'])}; {after['runs'][key]['prefix_tree'][0]['samples']} steps of the same games, one epoch, "
-             f"training in {'float32' if after['settings']['mixed_precision'] == 'no' else after['settings']['mixed_precision']}, "
+             f"training in {'float32' if after['settings']['mixed_precision'] == 'no' else after['settings']['mixed_precision']}"
+             f"{' unless the row says' if bf16 else ''}, "
              f"{after['settings']['repeats']} runs a way", "",
              "| prompts, layout | prompts cut | tokens computed | seconds an epoch (median) | peak memory |", "|---|---|---|---|---|"]
     for name, report, way in rows:
@@ -253,7 +259,9 @@ def render_cutoffs(before: dict, after: dict, dense: dict | None = None, key: st
               f"{tree['tokens']:,} tokens computed against the games' own length of {tree['games_floor']:,} "
               f"(each game's tree, its history once) and {tree['row_tokens']:,} in rows of whole prompts" +
               (f"; trees against rows on whole prompts, first {check['micro_batches']} micro-batches: loss "
-               f"{check['loss_rel']:.1e}, gradient norm {check['grad_norm_rel']:.1e} apart (relative)." if check and "failed" not in check else
+               f"{check['loss_rel']:.1e}, gradient norm {check['grad_norm_rel']:.1e} apart (relative)"
+               f"{'; every one of them with loss and gradient 0, so it checked nothing' if check.get('zero_micro_batches') == check['micro_batches'] else ''}."
+               if check and "failed" not in check else
                f"; the check of trees against rows ended with exit {check['failed']} (-9: killed for memory; see the text)." if check else
                "; no check of trees against rows in this report (see the text).")]
     return "\n".join(lines) + "\n"

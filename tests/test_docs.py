@@ -113,8 +113,32 @@ def test_the_whole_history_table_is_rendered_from_its_two_committed_reports():
     results = REPO / "benchmarks" / "results"
     table = benchmark_module("training_packing").render_cutoffs(read_json(results / "whole_histories_gmc_before.json"),
                                                                 read_json(results / "whole_histories_gmc.json"),
-                                                                read_json(results / "whole_histories_gmc_dense.json"))
+                                                                read_json(results / "whole_histories_gmc_dense.json"),
+                                                                read_json(results / "whole_histories_gmc_bf16.json"))
     assert table in (REPO / "docs" / "benchmarks.md").read_text(encoding="utf-8")
+
+
+def test_the_whole_history_table_says_when_its_check_did_not_check():
+    """A check killed for memory, or one whose micro-batches all had loss and gradient 0 (every reward 0),
+    is said as such under the table, never shown as agreement."""
+    import copy
+
+    from aria.io import read_json
+
+    results = REPO / "benchmarks" / "results"
+    before, after = read_json(results / "whole_histories_gmc_before.json"), read_json(results / "whole_histories_gmc.json")
+    render = benchmark_module("training_packing").render_cutoffs
+
+    def with_check(check):
+        report = copy.deepcopy(after)
+        report["checks"]["gmc/reinforce"] = check
+        return render(before, report)
+
+    assert "ended with exit -9" in with_check({"failed": -9})
+    agreed = {"micro_batches": 2, "loss_abs": 0.0, "loss_rel": 0.0, "grad_norm_rel": 0.0}
+    assert "checked nothing" in with_check({**agreed, "zero_micro_batches": 2})
+    assert "checked nothing" not in with_check({**agreed, "zero_micro_batches": 1})
+    assert "loss 0.0e+00, gradient norm 0.0e+00 apart" in with_check({**agreed, "zero_micro_batches": 0})
 
 
 def test_the_main_job_in_the_readme_and_the_docs_is_rendered_from_its_committed_results():
