@@ -191,8 +191,8 @@ def collate_as(samples: Sequence[EncodedSample], pad_id: int, packing: str = "pa
 def action_logprobs(model, batch: dict[str, torch.Tensor]) -> torch.Tensor:
     """Σ over action tokens of log π(token | everything before it), per sample: shape [B].
 
-    Padded rows (:func:`collate`): only the last positions that predict some action token go
-    through the LM head (``logits_to_keep``), and ``log_softmax`` runs only at action positions.
+    Padded rows (:func:`collate`): only the positions that predict an action token go through the
+    LM head (``logits_to_keep`` as a boolean mask) and ``log_softmax``.
     A prefix tree (:func:`aria.packing.collate_tree`): one pass over the tree
     (:func:`aria.packing.tree_action_token_logprobs`), the same values up to float rounding.
     """
@@ -215,15 +215,16 @@ def action_token_logprobs(model, batch: dict[str, torch.Tensor]) -> tuple[torch.
         order = torch.sort(sample, stable=True).indices  # trees hold their samples out of order
         return picked[order], sample[order]
     input_ids, action_mask = batch["input_ids"], batch["action_mask"]
-    width = input_ids.shape[1]
-    first_action = int(batch["prompt_len"].min())
-    keep = width - first_action + 1  # logits at positions first_action-1 .. width-1
-    logits = model(input_ids=input_ids, attention_mask=batch["attention_mask"], logits_to_keep=keep).logits
-    predicted = logits[:, :-1]  # position j predicts token j + 1
-    targets = input_ids[:, first_action:]
-    mask = action_mask[:, first_action:]
-    picked = torch.log_softmax(predicted[mask].float(), dim=-1).gather(-1, targets[mask].unsqueeze(-1)).squeeze(-1)
-    return picked, torch.nonzero(mask)[:, 0]  # row-major: by sample, then by position
+    # Logits only where they predict an action token (position j predicts token j + 1), as a
+    # boolean [B, L] mask: the model returns them flattened in row-major order, the order of the
+    # action tokens. (Keeping every position from the shortest prompt on held 8 GB of logits for
+    # a micro-batch of one Guess My City game's whole prompts.)
+    predicts = torch.zeros_like(action_mask)
+    predicts[:, :-1] = action_mask[:, 1:]
+    logits = model(input_ids=input_ids, attention_mask=batch["attention_mask"], logits_to_keep=predicts).logits
+    rows = logits.reshape(-1, logits.shape[-1]).float()  # [M, V]
+    picked = torch.log_softmax(rows, dim=-1).gather(-1, input_ids[action_mask].unsqueeze(-1)).squeeze(-1)
+    return picked, torch.nonzero(action_mask)[:, 0]  # row-major: by sample, then by position
 
 
 def padded_fraction(samples: Sequence[EncodedSample]) -> float:

@@ -36,6 +36,24 @@ def test_batched_logprobs_equal_one_sample_at_a_time(tiny_model_dir):
     assert (batched < 0).all()
 
 
+def test_padded_rows_send_only_the_positions_that_predict_an_action_token_through_the_head(tiny_model_dir):
+    """The LM head sees one row per action token, not every position from the shortest prompt on
+    (whole Guess My City prompts in rows made that 8 GB of logits)."""
+    tokenizer, model = load_policy(str(tiny_model_dir))
+    encoded = [encode_sample(tokenizer, o, a, max_prompt_tokens=512) for o, a in SAMPLES]
+    batch = collate(encoded, tokenizer.pad_token_id)
+    seen = []
+    hook = model.get_output_embeddings().register_forward_hook(lambda module, args, out: seen.append(args[0].shape))
+    try:
+        with torch.no_grad():
+            action_logprobs(model, batch)
+    finally:
+        hook.remove()
+    action_tokens = sum(e.action_len for e in encoded)
+    assert action_tokens < len(encoded) * (batch["input_ids"].shape[1] - min(e.prompt_len for e in encoded))
+    assert [s[:-1] for s in seen] == [torch.Size([action_tokens])]
+
+
 def test_layout_prompt_then_action_then_right_padding(tiny_model_dir):
     tokenizer, _ = load_policy(str(tiny_model_dir))
     encoded = [encode_sample(tokenizer, o, a, max_prompt_tokens=512) for o, a in SAMPLES]
