@@ -228,20 +228,29 @@ def run_child(args, extra: list[str]) -> dict:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-def render_cutoffs(before: dict, after: dict, dense: dict | None = None, bf16: dict | None = None,
-                   key: str = "gmc/reinforce") -> str:
+#: How each row of the whole-history table names its tree attention (aria.packing.TREE_ATTENTIONS)
+ATTENTION_LABELS = {"dense": "every node against every node",
+                    "trunk": "the trunk on the causal kernel, the branches against every node",
+                    "blocks": "the trunk on the causal kernel, the branches in blocks"}
+
+
+def render_cutoffs(before: dict, after: dict, *others: dict, key: str = "gmc/reinforce") -> str:
     """The table of docs/benchmarks.md "Whole histories": the preset before (prompts cut on the left at
     512, as the release; rows and trees, micro-batches cut every 16 samples) against whole histories in
-    trees of whole games, from the reports (the same samples, the same machine); ``dense``: the same
-    as ``after`` with every tree's attention dense (``ARIA_TREE_ATTENTION=dense``); ``bf16``: the same
-    as ``after`` under bfloat16 autocast (``--mixed-precision bf16``), a row of its own."""
-    if len({r["machine"]["cpu_model"] for r in (before, after, dense, bf16) if r}) > 1:
+    trees of whole games, from the reports (the same samples, the same machine): ``others`` (other
+    tree attentions, ``ARIA_TREE_ATTENTION``, or another precision, ``--mixed-precision``), then
+    ``after``, the default, each row named from its report."""
+    if len({r["machine"]["cpu_model"] for r in (before, after, *others)}) > 1:
         raise ValueError("the reports come from different machines")
+
+    def whole(report: dict) -> str:
+        precision = report["settings"]["mixed_precision"]
+        return (f"whole prompts, trees of whole games, {ATTENTION_LABELS[report['runs'][key]['prefix_tree'][0]['tree_attention']]}"
+                f"{'' if precision == 'no' else f', in {precision}'}")
+
     rows = [("prompts cut at 512, rows (before)", before, "padded"), ("prompts cut at 512, trees (the preset before)", before, "prefix_tree"),
-            *([("whole prompts, trees of whole games, dense attention", dense, "prefix_tree")] if dense else []),
-            ("whole prompts, trees of whole games, trunk on the causal kernel (now)" if dense else
-             "whole prompts, trees of whole games (now)", after, "prefix_tree"),
-            *([("the same, in bfloat16 (train.mixed_precision=auto on this CPU)", bf16, "prefix_tree")] if bf16 else [])]
+            *[(whole(r), r, "prefix_tree") for r in others], (whole(after), after, "prefix_tree")]
+    bf16 = any(r["settings"]["mixed_precision"] != after["settings"]["mixed_precision"] for r in others)
     lines = [f"{label(after['machine'])}; {after['runs'][key]['prefix_tree'][0]['samples']} steps of the same games, one epoch, "
              f"training in {'float32' if after['settings']['mixed_precision'] == 'no' else after['settings']['mixed_precision']}"
              f"{' unless the row says' if bf16 else ''}, "
@@ -255,7 +264,8 @@ def render_cutoffs(before: dict, after: dict, dense: dict | None = None, bf16: d
     now = statistics.median(r["seconds"] for r in after["runs"][key]["prefix_tree"])
     then = statistics.median(r["seconds"] for r in before["runs"][key]["prefix_tree"])
     tree, check = after["runs"][key]["prefix_tree"][0], after["checks"].get(key)
-    lines += ["", f"Whole histories in trees against the preset before: {then / now:.2f}x less time an epoch; "
+    lines += ["", f"Whole histories in trees ({ATTENTION_LABELS[tree['tree_attention']]}) against the preset before: "
+              f"{then / now:.2f}x less time an epoch; "
               f"{tree['tokens']:,} tokens computed against the games' own length of {tree['games_floor']:,} "
               f"(each game's tree, its history once) and {tree['row_tokens']:,} in rows of whole prompts" +
               (f"; trees against rows on whole prompts, first {check['micro_batches']} micro-batches: loss "

@@ -185,6 +185,30 @@ def test_the_causal_prefix_is_the_first_trees_trunk():
     assert causal_prefix(torch.ones(1, 1, 5, 5).tril().bool()) == 5
 
 
+def test_branches_are_blocks_that_see_their_part_of_the_trunk_and_themselves():
+    """Samples [1, 2, 3, 4, 7, 6] (the longest: the trunk, nodes 0-5), [1, 2, 3, 4, 5] (node 6, off
+    node 3) and [1, 2, 9, 8] (nodes 7-8, off node 1): node 6 sees the trunk's first 4 nodes, nodes
+    7-8 its first 2 and each other; every key a node sees lies in its block's span, and a second
+    tree in the row is a block that sees no trunk."""
+    from aria.packing import branch_blocks, causal_prefix, prefix_tree
+
+    tree = prefix_tree([[1, 2, 3, 4, 5], [1, 2, 9, 8], [1, 2, 3, 4, 7, 6]])
+    mask = torch.from_numpy(tree.attends)[None, None]
+    trunk = causal_prefix(mask)
+    assert trunk == 6 and mask.shape[-1] == 9
+    assert branch_blocks(mask, trunk) == [(6, 7, 4), (7, 9, 2)]
+    for a, b, p in branch_blocks(mask, trunk):
+        sees = mask[0, 0, a:b]
+        assert not sees[:, p:a].any() and not sees[:, b:].any() and sees[:, :p].any()
+    # a second tree beside the first in one row: its nodes see only each other
+    other = prefix_tree([[5, 6, 7]])
+    row = torch.zeros(1, 1, 12, 12, dtype=torch.bool)
+    row[0, 0, :9, :9], row[0, 0, 9:, 9:] = mask[0, 0], torch.from_numpy(other.attends)
+    assert branch_blocks(row, causal_prefix(row)) == [(6, 7, 4), (7, 9, 2), (9, 12, 0)]
+    # no saving where the rest is one block that sees the whole trunk
+    assert branch_blocks(torch.ones(1, 1, 4, 4).tril().bool(), 2) is None
+
+
 def test_trunk_attention_gives_dense_attentions_log_probs_and_gradient(tiny_model_dir, played_city_games, monkeypatch):
     """Two whole Guess My City games in one micro-batch: with the trunk on the causal kernel (the
     default) or every node against every node, the same action log-probs and gradient."""
@@ -198,15 +222,16 @@ def test_trunk_attention_gives_dense_attentions_log_probs_and_gradient(tiny_mode
     assert 512 < causal_prefix(batch["attention_mask"]) < n  # a long trunk, and branches after it
     weights = torch.tensor([s["reward"] for s in samples])
     found = {}
-    for way in ("dense", "trunk"):
+    for way in ("dense", "trunk", "blocks"):
         monkeypatch.setenv("ARIA_TREE_ATTENTION", way)
         model.zero_grad()
         logp = action_logprobs(model, batch)
         (-(weights * logp).mean()).backward()
         found[way] = (logp.detach(), torch.cat([p.grad.reshape(-1) for p in model.parameters() if p.grad is not None]))
     assert model.config._attn_implementation == "sdpa"  # put back after the forward
-    torch.testing.assert_close(found["trunk"][0], found["dense"][0], rtol=1e-5, atol=1e-4)
-    assert float((found["trunk"][1] - found["dense"][1]).norm() / found["dense"][1].norm()) < 1e-4
+    for way in ("trunk", "blocks"):
+        torch.testing.assert_close(found[way][0], found["dense"][0], rtol=1e-5, atol=1e-4)
+        assert float((found[way][1] - found["dense"][1]).norm() / found["dense"][1].norm()) < 1e-4
     monkeypatch.setenv("ARIA_TREE_ATTENTION", "sparse")
     with pytest.raises(ValueError, match="ARIA_TREE_ATTENTION: unknown 'sparse'"):
         action_logprobs(model, batch)
