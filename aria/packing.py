@@ -355,8 +355,9 @@ def model_mask(model, mask: torch.Tensor) -> torch.Tensor:
 #: the leading causal part of the micro-batch (the first tree's trunk, a plain causal sequence)
 #: by SDPA's causal kernel, which skips the scores above the diagonal, and the other nodes (the
 #: branches) in blocks, each against the part of the trunk it sees and its own nodes only
-#: (:func:`branch_blocks`); ``trunk``: the same trunk, the branches against every key under the
-#: mask; ``dense``: every node against every node under the mask. The same values (tested);
+#: (:func:`branch_blocks`; in float32 only, see :func:`tree_trunk_attention`); ``trunk``: the same
+#: trunk, the branches against every key under the mask; ``dense``: every node against every node
+#: under the mask. The same values (tested);
 #: docs/benchmarks.md "Whole histories" measures the three.
 TREE_ATTENTIONS = ("blocks", "trunk", "dense")
 #: At most this many blocks a forward (adjacent blocks are merged beyond it): each is an SDPA call a layer.
@@ -428,6 +429,10 @@ def tree_trunk_attention(module, query, key, value, attention_mask, dropout=0.0,
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
                                       is_causal=is_causal, **kwargs)
     parts = [sdpa(query[:, :, :trunk], key[:, :, :trunk], value[:, :, :trunk], None, causal=True)]
+    if query.dtype != torch.float32:
+        # Measured on an AVX512-BF16 CPU (docs/benchmarks.md "Whole histories"): in bfloat16 the
+        # blocks' masked calls lost to one masked call (91 s an epoch against 82), in float32 they won.
+        blocks = None
     if blocks is None:
         parts.append(sdpa(query[:, :, trunk:], key, value, attention_mask[:, :, trunk:]))
     for a, b, p in blocks or []:

@@ -114,6 +114,8 @@ def test_the_whole_history_table_is_rendered_from_its_two_committed_reports():
     table = benchmark_module("training_packing").render_cutoffs(read_json(results / "whole_histories_gmc_before.json"),
                                                                 read_json(results / "whole_histories_gmc.json"),
                                                                 read_json(results / "whole_histories_gmc_dense.json"),
+                                                                read_json(results / "whole_histories_gmc_trunk.json"),
+                                                                read_json(results / "whole_histories_gmc_trunk_bf16.json"),
                                                                 read_json(results / "whole_histories_gmc_bf16.json"))
     assert table in (REPO / "docs" / "benchmarks.md").read_text(encoding="utf-8")
 
