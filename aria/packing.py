@@ -40,8 +40,10 @@ nominal size (:func:`nominal_scale`), so every sample weighs what it weighs in r
 """
 from __future__ import annotations
 
+import os
 from contextlib import contextmanager
 from dataclasses import dataclass
+from functools import cache, partial
 from typing import Hashable, Sequence
 
 import numpy as np
@@ -365,8 +367,6 @@ MAX_BLOCKS = 64
 
 
 def tree_attention_way() -> str:
-    import os
-
     way = os.environ.get("ARIA_TREE_ATTENTION", "blocks")
     if way not in TREE_ATTENTIONS:
         raise ValueError(f"ARIA_TREE_ATTENTION: unknown {way!r} (known: {', '.join(TREE_ATTENTIONS)})")
@@ -412,13 +412,14 @@ def branch_blocks(mask: torch.Tensor, trunk: int) -> list[tuple[int, int, int]] 
 
 
 def tree_trunk_attention(module, query, key, value, attention_mask, dropout=0.0, scaling=None, is_causal=None, *,
-                         trunk: int, blocks: list[tuple[int, int, int]] | None = None, **kwargs):
+                         trunk: int, find_blocks=None, **kwargs):
     """Scaled dot-product attention of a tree in calls of transformers' own SDPA function (so
     heads, grouped keys and scaling are as in ``sdpa``): the ``trunk`` leading nodes, which attend
     causally (:func:`causal_prefix`), with the causal kernel and no mask; the rest of the nodes
-    under the mask, in ``blocks`` (:func:`branch_blocks`) against the keys each block sees, or
-    (``None``) all of them against all keys. The scores left out are ones the mask removes, so
-    the output equals dense SDPA's."""
+    under the mask, in the blocks ``find_blocks()`` gives (:func:`branch_blocks`, found at the
+    first float32 layer and kept) against the keys each block sees, or all of them against all
+    keys (no ``find_blocks``, its ``None``, or another dtype). The scores left out are ones the
+    mask removes, so the output equals dense SDPA's."""
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
     def sdpa(q, k, v, m, causal=False):
@@ -429,10 +430,14 @@ def tree_trunk_attention(module, query, key, value, attention_mask, dropout=0.0,
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
                                       is_causal=is_causal, **kwargs)
     parts = [sdpa(query[:, :, :trunk], key[:, :, :trunk], value[:, :, :trunk], None, causal=True)]
-    if query.dtype != torch.float32:
-        # Measured on an AVX512-BF16 CPU (docs/benchmarks.md "Whole histories"): in bfloat16 the
-        # blocks' masked calls lost to one masked call (91 s an epoch against 82), in float32 they won.
-        blocks = None
+    # Measured on an AVX512-BF16 CPU (docs/benchmarks.md "Whole histories"): in bfloat16 the
+    # blocks' masked calls lost to one masked call (91 s an epoch against 82), in float32 they won.
+    # Under autocast (accelerate's mixed precision wraps the forward) SDPA computes in the autocast
+    # dtype although the query arrives in float32 (Llama's rotary embedding promotes it), so the
+    # dtype is read here, in the layer, and the blocks found at the first layer that uses them.
+    device = query.device.type
+    dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else query.dtype
+    blocks = find_blocks() if find_blocks is not None and dtype == torch.float32 else None
     if blocks is None:
         parts.append(sdpa(query[:, :, trunk:], key, value, attention_mask[:, :, trunk:]))
     for a, b, p in blocks or []:
@@ -452,8 +457,6 @@ def tree_attention(model, mask: torch.Tensor):
     boolean tree ``mask`` (its causal prefix and blocks found once, not once a layer), where the
     model runs ``sdpa`` and the way is not ``dense``; else as it is. Backward calls no attention of its own
     (gradient checkpointing's recomputation runs plain SDPA: the same values)."""
-    from functools import partial
-
     config = model_config(model)
     way = tree_attention_way()
     if config is None or getattr(config, "_attn_implementation", None) != "sdpa" or way == "dense" \
@@ -463,8 +466,8 @@ def tree_attention(model, mask: torch.Tensor):
     from transformers import AttentionInterface
 
     trunk = causal_prefix(mask)
-    blocks = branch_blocks(mask, trunk) if way == "blocks" else None
-    AttentionInterface.register("aria_tree_trunk", partial(tree_trunk_attention, trunk=trunk, blocks=blocks))
+    find_blocks = cache(partial(branch_blocks, mask, trunk)) if way == "blocks" else None
+    AttentionInterface.register("aria_tree_trunk", partial(tree_trunk_attention, trunk=trunk, find_blocks=find_blocks))
     configs = list({id(c): c for c in _configs_of(model)}.values())
     for c in configs:
         c._attn_implementation = "aria_tree_trunk"

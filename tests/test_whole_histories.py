@@ -235,3 +235,42 @@ def test_trunk_attention_gives_dense_attentions_log_probs_and_gradient(tiny_mode
     monkeypatch.setenv("ARIA_TREE_ATTENTION", "sparse")
     with pytest.raises(ValueError, match="ARIA_TREE_ATTENTION: unknown 'sparse'"):
         action_logprobs(model, batch)
+
+
+def test_a_node_that_sees_a_later_node_gets_no_blocks():
+    """Blocks assume parents come first; a layout where a branch node sees a node after it (not one
+    :func:`collate_tree` makes, but a mask from elsewhere) falls back to one masked call."""
+    from aria.packing import branch_blocks
+
+    mask = torch.ones(1, 1, 8, 8).tril().bool()
+    mask[0, 0, 4:, 2:4] = False  # nodes 4-7: a branch off node 1 ...
+    assert branch_blocks(mask, 4) is not None
+    mask[0, 0, 5, 6] = True  # ... whose node 5 sees node 6
+    assert branch_blocks(mask, 4) is None
+
+
+def test_blocks_are_found_once_a_forward_and_only_for_float32_attention(tiny_model_dir, played_city_games, monkeypatch):
+    """In float32 the blocks are found once a forward (not once a layer); under bfloat16 autocast
+    (as accelerate's mixed precision runs the forward) they are not found at all, the branches take
+    one masked call, and the log-probs are dense attention's within bfloat16's rounding."""
+    import aria.packing
+
+    _, samples = played_city_games
+    tokenizer, model = load_policy(str(tiny_model_dir))
+    assert model.config.num_hidden_layers > 1
+    encoded = [Encoding().encode(tokenizer, s["observation"], s["action"]) for s in samples]
+    batch = collate_tree(encoded, tokenizer.pad_token_id)
+    calls = []
+    find = aria.packing.branch_blocks
+    monkeypatch.setattr(aria.packing, "branch_blocks", lambda *a: calls.append(1) or find(*a))
+    found = {}
+    for way, dtype in [("dense", torch.float32), ("blocks", torch.float32), ("dense", torch.bfloat16),
+                       ("blocks", torch.bfloat16)]:
+        monkeypatch.setenv("ARIA_TREE_ATTENTION", way)
+        calls.clear()
+        with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16, enabled=dtype == torch.bfloat16):
+            found[way, dtype] = action_logprobs(model, batch).float()
+        assert len(calls) == (1 if (way, dtype) == ("blocks", torch.float32) else 0), (way, dtype)
+    torch.testing.assert_close(found["blocks", torch.float32], found["dense", torch.float32], rtol=1e-5, atol=1e-4)
+    torch.testing.assert_close(found["blocks", torch.bfloat16], found["dense", torch.bfloat16], rtol=0.02, atol=0.05)
+    assert not torch.equal(found["blocks", torch.bfloat16], found["blocks", torch.float32])  # autocast did apply
