@@ -21,7 +21,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from aria.statistics import ALPHA, POWER, mcnemar, percent, sensitivity, wilson_interval
+from aria.statistics import ALPHA, POWER, mcnemar, percent, pool_runs, sensitivity, wilson_interval
 from aria.io import atomic_save_figure, atomic_write_json, atomic_write_text, read_json
 
 def paired_arms(cfg: dict) -> tuple[str, str] | None:
@@ -62,10 +62,25 @@ def planned_power(cfg: dict, power: float = POWER, alpha: float = ALPHA) -> str:
     for first, second in tested_pairs(cfg)[1 if paired_arms(cfg) else 0:]:
         both = [s for s in seeds_of(cfg, first) if s in seeds_of(cfg, second)]
         line += f"; also {first} against {second} over {len(both)} seed(s): {detects(len(both))}"
+    if paired_arms(cfg) is not None:
+        line += f"; over training runs (the method): {runs_detect(len(both), games_of(cfg, cfg['eval']) * seats, cfg, power, alpha)}"
     others = sorted({len(seeds_of(cfg, m)) for m in cfg["methods"]})
     against = "; ".join(f"over {n} seed(s) {detects(n)}" for n in others)
     return (f"{line}; each arm against its parent: {against}; with {100 * power:.0f}% power at the {100 * alpha:g}% level "
             f"and a discordant share of {share} (report.discordant_share)")
+
+
+def runs_detect(runs: int, pairs: int, cfg: dict, power: float = POWER, alpha: float = ALPHA) -> str:
+    """What the method-level test of ``runs`` training runs an arm detects, at the between-run
+    spread in ``report.between_run_sd``."""
+    from aria.power import runs_detectable_difference
+
+    sd, share = cfg["report"]["between_run_sd"], cfg["report"]["discordant_share"]
+    if runs < 2:
+        return "one run an arm gives no method-level test"
+    found = runs_detectable_difference(runs, pairs, share, sd ** 2, power, alpha)
+    return (f"{runs} runs of {pairs} pairs detect " + (f"{100 * found:.1f} points" if found is not None else "no difference")
+            + f" at a between-run spread of {100 * sd:.1f} points (report.between_run_sd)")
 
 
 def outcomes(path: Path, family, expected: set[str]) -> dict[str, dict] | None:
@@ -145,21 +160,27 @@ def collect_results(cfg: dict) -> dict[str, Any]:
         seeds = [s for s in cfg["seeds"] if (first, s, it) in evaluations and (second, s, it) in evaluations]
         if not seeds:
             continue
-        a, b = [], []
+        a, b, per_seed = [], [], []
         for s in seeds:
             ids = sorted(set(evaluations[(first, s, it)]) & set(evaluations[(second, s, it)]))
-            a += [bool(evaluations[(first, s, it)][i]["success"]) for i in ids]
-            b += [bool(evaluations[(second, s, it)][i]["success"]) for i in ids]
+            a_s = [bool(evaluations[(first, s, it)][i]["success"]) for i in ids]
+            b_s = [bool(evaluations[(second, s, it)][i]["success"]) for i in ids]
+            per_seed.append({"seed": s, **mcnemar(a_s, b_s)})
+            a, b = a + a_s, b + b_s
         tests.append({"first": first, "second": second, "iteration": it, "seeds": seeds, **mcnemar(a, b)})
         tests[-1].update(sensitivity(tests[-1]))
+        # Each seed is a training run of both arms (its own collection): the unit of a claim about the method.
+        tests[-1]["runs"] = {**pool_runs(per_seed), "per_seed": [
+            {k: r[k] for k in ("seed", "pairs", "first_only", "second_only", "difference", "difference_ci95", "p_value")}
+            for r in per_seed]}
         # Comparing arms that did not both move measures the evaluation's noise, not the methods.
         verdicts = {(r["method"], r["seed"]): r.get("movement", {}).get("moved") for r in arms
                     if r["iteration"] == it and r["method"] in (first, second) and r["seed"] in seeds}
         still = sorted(f"{m} seed {s}" for (m, s), moved in verdicts.items() if moved is False)
         unknown = sorted(f"{m} seed {s}" for (m, s), moved in verdicts.items() if moved is None)
         tests[-1]["not_moved"], tests[-1]["movement_unknown"] = still, unknown
-        tests[-1]["verdict"] = ("uninformative: the policy did not move" if still
-                                else "significant" if tests[-1]["p_value"] < ALPHA else "not significant")
+        tests[-1]["verdict_on"] = cfg["report"]["verdict_on"]
+        tests[-1]["verdict"] = verdict(tests[-1], still)
     variance = {}
     for seed in cfg["seeds"]:
         path = lay.shared(seed) / "grad_variance.json"
@@ -189,6 +210,23 @@ def collect_results(cfg: dict) -> dict[str, Any]:
             "eval_games": n_eval, "eval_seed": cfg["eval"]["seed"], "movement_rule": rule, "preflight": preflight,
             "outcome_keys": keys, "arms": arms, "pooled": pooled, "paired_tests": tests, "gradient_variance": variance,
             "intention_recovery": recovery, "behaviour": behaviour}
+
+
+#: What a paired test's verdict reads (``report.verdict_on``): the method-level test over the seeds'
+#: training runs, or the exact McNemar test of all pairs pooled (two fixed models a seed).
+VERDICTS = ("runs", "pairs")
+
+
+def verdict(test: dict[str, Any], not_moved: list[str]) -> str:
+    """The verdict of one paired test under the rule ``test["verdict_on"]`` (fixed before the run)."""
+    if not_moved:
+        return "uninformative: the policy did not move"
+    if test["verdict_on"] == "pairs":
+        return "significant" if test["p_value"] < ALPHA else "not significant"
+    method = test["runs"]["random_effects"]
+    if method is None:
+        return "no verdict on the method: one training run an arm"
+    return "significant" if method["p_value"] < ALPHA else "not significant"
 
 
 def preflight_row_name(row: dict) -> str:
@@ -307,6 +345,7 @@ def render_table(results: dict[str, Any]) -> str:
                   f"{100 * t['difference']:+.1f} points (95% CI {100 * t['difference_ci95'][0]:+.1f} to "
                   f"{100 * t['difference_ci95'][1]:+.1f}); exact McNemar p = {t['p_value']:.3g}: "
                   + f"**{'significant' if significant else 'not significant'}** at the {100 * ALPHA:g}% level."]
+        lines += runs_lines(t)
         if t.get("not_moved"):
             lines.append(f"**Uninformative: the policy did not move** (by the movement rule above: "
                          f"{', '.join(t['not_moved'])}), so this test measures the evaluation's noise, not the methods.")
@@ -355,6 +394,32 @@ def render_table(results: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def runs_lines(t: dict[str, Any]) -> list[str]:
+    """A paired test over training runs (``t["runs"]``, :func:`aria.statistics.pool_runs`) and the
+    verdict its rule reads; nothing for results written before runs were pooled."""
+    r = t.get("runs")
+    if not r:
+        return []
+    pts = lambda x: f"{100 * x:+.1f}"  # noqa: E731
+    per = "; ".join(f"seed {x['seed']} {pts(x['difference'])} ({pts(x['difference_ci95'][0])} to "
+                    f"{pts(x['difference_ci95'][1])}, p = {x['p_value']:.2g})" for x in r["per_seed"])
+    lines = [f"**Over training runs** (each seed trains both arms on its own collection; a claim about the method "
+             f"pools runs, not games), per seed: {per}."]
+    re, h = r["random_effects"], r["heterogeneity"]
+    if re is None:
+        lines.append("One training run an arm: no interval for the method (the between-run variance cannot be "
+                     "estimated from one run); the test above compares two trained models.")
+    else:
+        lines.append(f"Runs as a random effect: {pts(re['difference'])} points (95% CI {pts(re['ci95'][0])} to "
+                     f"{pts(re['ci95'][1])}, Hartung-Knapp, t with {re['df']} df, p = {re['p_value']:.2g}; "
+                     f"DerSimonian-Laird's normal interval {pts(re['ci95_normal'][0])} to {pts(re['ci95_normal'][1])}); "
+                     f"between-run spread τ = {100 * h['tau2'] ** 0.5:.1f} points, I² = {100 * h['i2']:.0f}% "
+                     f"(Q = {h['q']:.2f}, p = {h['p_value']:.2g}); the stratified exact test of the pooled pairs "
+                     f"p = {r['pairs_pooled']['p_value']:.2g}.")
+    lines.append(f"Verdict (report.verdict_on = {t['verdict_on']}, fixed before the run): **{t['verdict']}**.")
+    return lines
+
+
 def minutes(seconds: float) -> str:
     seconds = int(round(seconds))
     return f"{seconds // 60} min {seconds % 60:02d} s"
@@ -392,7 +457,12 @@ def render_summary(results: dict[str, Any]) -> str:
         verdict = t.get("verdict", "significant" if t["p_value"] < ALPHA else "not significant")
         lines += ["", f"{t['first']} against {t['second']}, paired on {t['pairs']} targets: {points(t['difference'])} points "
                   f"(95% CI {points(t['difference_ci95'][0])} to {points(t['difference_ci95'][1])}), exact McNemar "
-                  f"p = {t['p_value']:.2g}: {verdict}."]
+                  f"p = {t['p_value']:.2g}" + (f": {verdict}." if "runs" not in t else ".")]
+        if "runs" in t:
+            re = t["runs"]["random_effects"]
+            lines.append("Over training runs: " + ("one run an arm, no interval for the method" if re is None else
+                         f"{points(re['difference'])} points (95% CI {points(re['ci95'][0])} to {points(re['ci95'][1])}, "
+                         f"{t['runs']['runs']} runs, p = {re['p_value']:.2g})") + f"; verdict ({t['verdict_on']}): {verdict}.")
     return "\n".join(lines) + "\n"
 
 

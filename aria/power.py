@@ -20,6 +20,8 @@ little); :func:`pairs_needed` scans up to the first n that reaches it.
 """
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 
@@ -98,3 +100,58 @@ def detectable_difference(n: int, d: float, power: float = 0.8, alpha: float = 0
         else:
             lo = mid
     return hi
+
+
+# ---- training runs as the unit -------------------------------------------------------------------
+# A claim about a method pools training runs (aria.statistics.pool_runs): run i's true difference is
+# delta + u_i with u_i ~ N(0, tau2), the between-run variance, and its n pairs estimate it with the
+# within-run variance (d - delta^2)/n. Each run's difference then is about N(delta, s2) with
+# s2 = tau2 + (d - delta^2)/n, and the method-level (Hartung-Knapp) statistic over R runs of equal
+# size is Student's t with R - 1 degrees of freedom, noncentral by delta / sqrt(s2 / R) (exactly so
+# for normal run differences of equal variance; tests/test_power.py checks it against a simulation
+# of runs that differ, won and lost games and all).
+
+def runs_power(runs: int, pairs: int, d: float, delta: float, tau2: float, alpha: float = 0.05) -> float:
+    """The power of the method-level test of a design of ``runs`` training runs an arm, each
+    evaluated on ``pairs`` paired games, at discordant share ``d``, true difference ``delta`` and
+    between-run variance ``tau2``; 0 for one run (no method-level test)."""
+    from scipy.stats import nct, t as student
+
+    _check(d, alpha, n=pairs)
+    if tau2 < 0 or not math.isfinite(tau2):
+        raise ValueError(f"the between-run variance must be >= 0, got {tau2}")
+    if runs < 2 or pairs == 0:
+        return 0.0
+    s2 = tau2 + max(d - delta ** 2, 0.0) / pairs
+    ncp = abs(delta) / math.sqrt(s2 / runs) if s2 > 0 else math.inf
+    crit = float(student.ppf(1 - alpha / 2, runs - 1))
+    # The wrong-sided tail is below P(T < 0) = Phi(-ncp): under 3e-7 past ncp 5, where scipy's
+    # noncentral t can return NaN for it.
+    wrong_side = float(nct.cdf(-crit, runs - 1, ncp)) if ncp < 5 else 0.0
+    return float(nct.sf(crit, runs - 1, ncp)) + wrong_side if math.isfinite(ncp) else 1.0
+
+
+def runs_needed(pairs: int, d: float, delta: float, tau2: float, power: float = 0.8, alpha: float = 0.05,
+                limit: int = 1000) -> int | None:
+    """The fewest training runs an arm (``pairs`` paired games each) whose method-level test
+    reaches ``power`` for a true difference ``delta``; None when ``limit`` runs do not."""
+    _check(d, alpha, power, pairs)
+    for runs in range(2, limit + 1):
+        if runs_power(runs, pairs, d, delta, tau2, alpha) >= power:
+            return runs
+    return None
+
+
+def runs_detectable_difference(runs: int, pairs: int, d: float, tau2: float, power: float = 0.8,
+                               alpha: float = 0.05) -> float | None:
+    """The smallest true difference the method-level test of ``runs`` runs x ``pairs`` pairs
+    detects with ``power`` (to 1e-4, by bisection: the power grows with the difference); None
+    when not even a difference of ``d`` is."""
+    _check(d, alpha, power, pairs)
+    if runs_power(runs, pairs, d, d, tau2, alpha) < power:
+        return None
+    low, high = 0.0, d
+    while high - low > 1e-4:
+        mid = (low + high) / 2
+        low, high = (low, mid) if runs_power(runs, pairs, d, mid, tau2, alpha) >= power else (mid, high)
+    return high

@@ -424,6 +424,8 @@ class ReportSettings:
     paired: Optional[List[str]] = MISSING
     more_pairs: List[List[str]] = MISSING
     discordant_share: float = bounded(gt=0, le=1)
+    verdict_on: str = bounded(one_of=("runs", "pairs"))  # aria.experiment_report.VERDICTS
+    between_run_sd: float = bounded(ge=0, le=1)
     preflight_ks: List[int] = bounded(each={"ge": 2})
     movement: MovementSettings = field(default_factory=MovementSettings)
 

@@ -105,6 +105,30 @@ def test_the_table_shows_the_arithmetic_and_says_whether_it_is_significant():
     assert "**not significant**" in render_table(results)
 
 
+def test_the_verdict_reads_the_rule_fixed_before_the_run():
+    """Two seeds whose pairs pooled as one run are significant (34 against 8) while the runs disagree:
+    under verdict_on=pairs the verdict is the McNemar test's, under runs the method-level
+    (Hartung-Knapp, 1 df) interval's, which spans 0; one run gives no method-level verdict."""
+    from aria.experiment_report import runs_lines, verdict
+    from aria.statistics import pool_runs
+
+    seeds = [mcnemar([True] * 30 + [False] * 70, [False] * 100), mcnemar([True] * 4 + [False] * 96, [False] * 4 + [True] * 8 + [False] * 88)]
+    pooled = mcnemar([True] * 30 + [False] * 70 + [True] * 4 + [False] * 96,
+                     [False] * 100 + [False] * 4 + [True] * 8 + [False] * 88)
+    assert (pooled["first_only"], pooled["second_only"]) == (34, 8) and pooled["p_value"] < 0.001
+    test = {**pooled, "runs": {**pool_runs(seeds), "per_seed": [{"seed": i, **s} for i, s in enumerate(seeds)]}}
+    assert verdict({**test, "verdict_on": "pairs"}, []) == "significant"
+    method = test["runs"]["random_effects"]
+    assert method["ci95"][0] < 0 < method["ci95"][1] and verdict({**test, "verdict_on": "runs"}, []) == "not significant"
+    assert verdict({**test, "verdict_on": "runs"}, ["aria seed 1"]) == "uninformative: the policy did not move"
+    one = {**seeds[0], "runs": {**pool_runs(seeds[:1]), "per_seed": [{"seed": 0, **seeds[0]}]}, "verdict_on": "runs"}
+    assert verdict(one, []) == "no verdict on the method: one training run an arm"
+    lines = runs_lines({**test, "verdict_on": "runs", "verdict": "not significant"})
+    assert lines[0].startswith("**Over training runs**") and "seed 0 +30.0 (" in lines[0] and "seed 1 -4.0 (" in lines[0]
+    assert f"Runs as a random effect: +{100 * method['difference']:.1f} points" in lines[1] and "t with 1 df" in lines[1]
+    assert lines[2] == "Verdict (report.verdict_on = runs, fixed before the run): **not significant**."
+
+
 def test_the_summary_gives_each_arm_its_gain_over_its_start_and_where_and_how_long_it_ran():
     from aria.experiment_report import render_stage_times, render_summary
 
@@ -245,6 +269,11 @@ def test_the_runner_resumes_at_every_stage_to_the_same_table(tmp_path, tiny_expe
     for t in results["paired_tests"]:
         redone = mcnemar(arm[(t["first"], 0, t["iteration"])], arm[(t["second"], 0, t["iteration"])])
         assert all(t[k] == v for k, v in redone.items()), (t, redone)
+        # one seed is one training run an arm: its pairs, and no interval for the method
+        assert t["runs"]["runs"] == 1 and t["runs"]["random_effects"] is None and t["verdict_on"] == "runs"
+        assert [(r["seed"], r["first_only"], r["second_only"]) for r in t["runs"]["per_seed"]] == \
+            [(0, t["first_only"], t["second_only"])]
+        assert t["verdict"] in ("uninformative: the policy did not move", "no verdict on the method: one training run an arm")
     assert results["intention_recovery"]["steps"] > 0 and len(results["intention_recovery"]["ari"]) >= 1
     assert set(results["gradient_variance"]["0"]["methods"]) == {"aria", "no_aggregation"}
     assert (out / "success_vs_iteration.png").stat().st_size > 0

@@ -7,7 +7,7 @@ import pytest
 
 from aria.experiment_report import render_table
 from aria.statistics import mcnemar, sensitivity
-from aria.power import critical_counts, detectable_difference, mcnemar_power, pairs_needed
+from aria.power import critical_counts, detectable_difference, mcnemar_power, pairs_needed, runs_detectable_difference
 
 
 def test_the_rejection_region_is_scipys_exact_test():
@@ -102,9 +102,18 @@ def test_the_runner_says_first_what_its_pairs_can_detect():
     cfg = compose_config("experiment", ["eval.games=200", "seeds=[0,1]", "report.discordant_share=0.355"])
     line = planned_power(cfg)
     found = detectable_difference(400, 0.355)
+    runs = runs_detectable_difference(2, 200, 0.355, cfg["report"]["between_run_sd"] ** 2)
+    assert runs is None  # two runs (t with 1 df) detect nothing at Twenty Questions' spread
     assert line.startswith("the paired test (aria against no_aggregation) has 200 pairs a seed and iteration over 2 seed(s): "
-                           f"400 pairs detect {100 * found:.1f} points; each arm against its parent: over 2 seed(s) 400 pairs "
+                           f"400 pairs detect {100 * found:.1f} points; over training runs (the method): 2 runs of 200 pairs "
+                           "detect no difference at a between-run spread of 2.7 points (report.between_run_sd); "
+                           f"each arm against its parent: over 2 seed(s) 400 pairs "
                            f"detect {100 * found:.1f} points; with 80% power at the 5% level"), line
+    six = compose_config("experiment", ["eval.games=600", "seeds=[0,1,2,3,4,5]"])
+    assert f"6 runs of 600 pairs detect {100 * runs_detectable_difference(6, 600, 0.355, 0.027 ** 2):.1f} points" \
+        in planned_power(six)
+    one = compose_config("experiment", ["seeds=[0]"])
+    assert "over training runs (the method): one run an arm gives no method-level test" in planned_power(one)
     # an arm outside the paired test on fewer seeds: its own detectable difference
     fewer = {**cfg, "methods": ["aria", "no_aggregation", "bc"], "seeds_by_method": {"bc": [1]}}
     assert f"over 1 seed(s) 200 pairs detect {100 * detectable_difference(200, 0.355):.1f} points; over 2 seed(s)" in planned_power(fewer)
@@ -113,3 +122,158 @@ def test_the_runner_says_first_what_its_pairs_can_detect():
     assert "has 192 pairs a seed and iteration (both seats) over 1 seed(s): 192 pairs detect" in planned_power(barg)  # 48 configurations x 2 games x 2 seats
     with pytest.raises(ConfigError, match=r"report.discordant_share: expected a finite number > 0 and <= 1, got 0"):
         check_settings({**cfg, "report": {**cfg["report"], "discordant_share": 0}})
+
+
+# ---- training runs as the unit (aria.statistics.pool_runs, aria.power.runs_power) --------------------
+
+def _runs(*table):
+    return [{"first_only": b, "second_only": c, "pairs": n} for b, c, n in table]
+
+
+def test_runs_pooled_by_hand_on_a_three_run_table():
+    """Three runs of 100 pairs, (b, c) = (30, 10), (25, 15), (12, 18); every figure below is the
+    module doc's formula worked by hand (Agresti-Min variances over m = n + 2 = 102)."""
+    from scipy.stats import binomtest, t as student
+
+    from aria.statistics import pool_runs
+
+    out = pool_runs(_runs((30, 10, 100), (25, 15, 100), (12, 18, 100)))
+    d = [0.2, 0.1, -0.06]
+    v = [(41 - 20 ** 2 / 102) / 102 ** 2, (41 - 10 ** 2 / 102) / 102 ** 2, (31 - 6 ** 2 / 102) / 102 ** 2]
+    assert v == pytest.approx([0.0035638631, 0.0038465598, 0.0029456996])
+    assert [r["difference"] for r in out["per_run"]] == pytest.approx(d)
+    assert [r["variance"] for r in out["per_run"]] == pytest.approx(v)
+    # pairs pooled: (67 - 43) / 300; the stratified exact test is 67 of 110 against Binomial(110, 1/2)
+    assert out["pairs_pooled"]["difference"] == pytest.approx(24 / 300)
+    assert out["pairs_pooled"]["p_value"] == pytest.approx(0.0278508881)
+    assert out["pairs_pooled"]["p_value"] == pytest.approx(binomtest(67, 110, 0.5).pvalue)
+    # heterogeneity: w = 1/v = 280.594, 259.973, 339.478; fixed mean 0.0701640; Q = Σw(d - 0.0701640)²
+    w = [1 / x for x in v]
+    fixed = sum(a * b for a, b in zip(w, d)) / sum(w)
+    assert fixed == pytest.approx(0.0701639890)
+    h = out["heterogeneity"]
+    assert h["q"] == pytest.approx(10.7131738741) and h["df"] == 2
+    assert h["i2"] == pytest.approx((10.7131738741 - 2) / 10.7131738741)
+    # tau² = (Q - 2) / (Σw - Σw²/Σw) = 8.71317 / 582.82799
+    assert h["tau2"] == pytest.approx(8.7131738741 / 582.8279861557)
+    # random effects: w* = 1/(v + tau²); mu = 0.0782988; q = Σw*(d - mu)²/2 = 0.946929; se = sqrt(q/Σw*)
+    re = out["random_effects"]
+    assert re["difference"] == pytest.approx(0.0782987904)
+    se = 0.0761969150
+    t2 = student.ppf(0.975, 2)
+    assert t2 == pytest.approx(4.3026527297)
+    assert re["ci95"] == pytest.approx([0.0782987904 - t2 * se, 0.0782987904 + t2 * se])
+    assert re["p_value"] == pytest.approx(0.4121778742)
+    assert re["ci95_normal"] == pytest.approx([0.0782987904 - 1.959963985 * 0.0783030521,
+                                               0.0782987904 + 1.959963985 * 0.0783030521])
+
+
+def test_one_run_has_no_method_level_interval_and_equal_runs_no_point_interval():
+    from aria.statistics import pool_runs
+
+    one = pool_runs(_runs((30, 10, 100)))
+    assert one["random_effects"] is None and "between-run variance" in one["why_not"]
+    assert one["pairs_pooled"]["difference"] == pytest.approx(0.2)
+    same = pool_runs(_runs((5, 3, 100), (5, 3, 100)))["random_effects"]
+    assert same["ci95"][1] - same["ci95"][0] > 0.1  # not a point: the normal standard error, times t(1)
+    with pytest.raises(ValueError, match="at least one run"):
+        pool_runs([])
+
+
+def test_the_twenty_questions_collections_pooled_as_the_audit_found():
+    """The three committed Twenty Questions comparisons of aria against no_aggregation (the powered
+    run's seeds 0 and 1, the grouping run's seed 0), pooled: the figures issue 73's independent
+    recomputation gave, from the committed outcomes."""
+    import json
+    from pathlib import Path
+
+    from aria.statistics import pool_runs
+
+    root = Path(__file__).resolve().parents[1] / "results" / "experiments"
+    arms = json.loads((root / "powered" / "outcomes.json").read_text())["arms"]
+    runs = []
+    for seed in (0, 1):
+        first = arms[f"aria, seed {seed}, iteration 1"]["outcomes"]
+        second = arms[f"no_aggregation, seed {seed}, iteration 1"]["outcomes"]
+        runs.append(mcnemar([first[k][0] for k in sorted(first)], [second[k][0] for k in sorted(first)]))
+    grouping = json.loads((root / "grouping" / "results.json").read_text())
+    order = {a["method"]: a["won"] for a in grouping["arms"] if a["iteration"] == 1}
+    runs.append(mcnemar([w == "1" for w in order["aria"]], [w == "1" for w in order["no_aggregation"]]))
+    assert [(r["first_only"], r["second_only"]) for r in runs] == [(104, 126), (128, 129), (96, 142)]
+    out = pool_runs(runs)
+    assert [round(100 * r["difference"], 1) for r in out["per_run"]] == [-3.7, -0.2, -7.7]
+    pairs = out["pairs_pooled"]
+    assert [round(100 * x, 1) for x in (pairs["difference"], *pairs["ci95"])] == [-3.8, -6.8, -0.9]
+    assert round(pairs["p_value"], 3) == 0.012
+    re = out["random_effects"]
+    assert [round(100 * x, 1) for x in (re["difference"], *re["ci95_normal"])] == [-3.9, -8.1, 0.3]
+    assert round(re["p_value_normal"], 2) == 0.07 and round(out["heterogeneity"]["i2"], 2) == 0.52
+    assert re["ci95"][0] < -0.13 and re["ci95"][1] > 0.05  # at 3 runs the t interval is what the method can claim
+    # the spread the presets plan with (report.between_run_sd) is this one
+    from aria.resources import compose_config
+
+    assert compose_config("experiment", [])["report"]["between_run_sd"] == round(out["heterogeneity"]["tau2"] ** 0.5, 3)
+
+
+def _simulate(runs, pairs, d, delta, tau2, reps, rng):
+    """Designs of ``runs`` training runs, each with its own true difference delta + N(0, tau2) and
+    ``pairs`` paired games (a pair discordant with probability d), scored by pool_runs."""
+    from aria.statistics import pool_runs
+
+    found = {"hksj": 0, "normal": 0, "pairs": 0, "covered_hksj": 0, "covered_normal": 0}
+    for _ in range(reps):
+        table = []
+        for _ in range(runs):
+            true = float(np.clip(delta + rng.normal(0, np.sqrt(tau2)), -d, d))
+            b, c, _ = rng.multinomial(pairs, [(d + true) / 2, (d - true) / 2, 1 - d])
+            table.append((int(b), int(c), pairs))
+        out = pool_runs(_runs(*table))
+        re = out["random_effects"]
+        found["hksj"] += re["p_value"] < 0.05
+        found["normal"] += re["p_value_normal"] < 0.05
+        found["pairs"] += out["pairs_pooled"]["p_value"] < 0.05
+        found["covered_hksj"] += re["ci95"][0] <= delta <= re["ci95"][1]
+        found["covered_normal"] += re["ci95_normal"][0] <= delta <= re["ci95_normal"][1]
+    return {k: v / reps for k, v in found.items()}
+
+
+def test_the_designs_power_agrees_with_a_simulation_of_runs_that_differ():
+    """At Twenty Questions' measured between-run variance (tau² = 0.0007, about 2.7 points) the
+    design's power is the simulated rejection rate of the method-level test; with no true
+    difference that test keeps its 5% while pooling pairs as one run rejects about three times as
+    often and the normal (DerSimonian-Laird) interval covers about 90%."""
+    from aria.power import runs_power
+
+    rng = np.random.default_rng(7)
+    reps = 1000  # Monte Carlo standard error of a rate near 0.5: 0.016
+    for runs, delta in ((3, 0.05), (6, 0.05)):
+        found = _simulate(runs, 600, 0.4, delta, 0.0007, reps, rng)
+        assert abs(found["hksj"] - runs_power(runs, 600, 0.4, delta, 0.0007)) < 0.05, (runs, found)
+    null = _simulate(4, 600, 0.4, 0.0, 0.0007, reps, rng)
+    assert runs_power(4, 600, 0.4, 0.0, 0.0007) == pytest.approx(0.05)
+    assert null["hksj"] < 0.075 and null["covered_hksj"] > 0.925
+    assert null["pairs"] > 0.10 and null["covered_normal"] < 0.93
+
+
+def test_the_detectable_difference_over_runs_is_where_the_power_reaches_80_percent():
+    from aria.power import runs_power
+
+    found = runs_detectable_difference(6, 600, 0.355, 0.0007)
+    assert runs_power(6, 600, 0.355, found, 0.0007) >= 0.8 > runs_power(6, 600, 0.355, found - 2e-4, 0.0007)
+    assert runs_detectable_difference(8, 600, 0.355, 0.0007) < found < runs_detectable_difference(6, 600, 0.355, 0.002)
+
+
+def test_runs_needed_grows_with_the_between_run_variance():
+    from aria.power import runs_needed, runs_power
+
+    assert runs_power(1, 600, 0.4, 0.05, 0.0) == 0.0
+    fixed = runs_needed(600, 0.4, 0.05, 0.0)
+    spread = runs_needed(600, 0.4, 0.05, 0.0007)
+    assert fixed < spread and runs_power(spread, 600, 0.4, 0.05, 0.0007) >= 0.8
+    assert runs_power(spread - 1, 600, 0.4, 0.05, 0.0007) < 0.8
+    assert runs_needed(600, 0.4, 0.0, 0.0007, limit=20) is None  # no difference is never detected with 80%
+    for runs in (2, 3, 6, 20):  # a number, growing with the difference (scipy's noncentral t gives NaN in a tail)
+        found = [runs_power(runs, 600, 0.355, x, 0.0007) for x in np.linspace(0, 0.355, 200)]
+        assert all(np.isfinite(found)) and all(b >= a - 1e-12 for a, b in zip(found, found[1:])), runs
+    with pytest.raises(ValueError, match="between-run variance"):
+        runs_power(3, 600, 0.4, 0.05, -1.0)
