@@ -205,7 +205,7 @@ def collect_results(cfg: dict) -> dict[str, Any]:
                     against = behaviour_at_chosen_k(where.parent / "selection.json")
                     if against:
                         behaviour[name] = against
-    rule = {k: cfg["report"]["movement"][k] for k in ("min_token_kl", "min_weight_share")}
+    rule = {k: cfg["report"]["movement"][k] for k in ("min_token_kl", "kl_from", "min_weight_share", "min_kept_share")}
     return {"name": cfg["name"], "game": cfg["game"]["name"], "two_player": two_player, "opponent": opponent,
             "eval_games": n_eval, "eval_seed": cfg["eval"]["seed"], "movement_rule": rule, "preflight": preflight,
             "outcome_keys": keys, "arms": arms, "pooled": pooled, "paired_tests": tests, "gradient_variance": variance,
@@ -271,9 +271,48 @@ def moved_from_parent(cfg: dict, lay, evaluations: dict, method: str, seed: int,
     if path.is_file():
         m, rule = read_json(path), cfg["report"]["movement"]
         m.pop("key", None)
-        m["moved"] = m["token_kl"] >= rule["min_token_kl"] and m["weights"]["share"] >= rule["min_weight_share"]
+        m["moved"] = moved(m, rule)
         out["movement"] = m
     return out
+
+
+def moved(m: dict[str, Any], rule: dict[str, Any]) -> bool | None:
+    """``report.movement``'s verdict on one arm's measures (:mod:`aria.movement`): its token KL (the
+    mean, or the lower end of its interval) reaches ``min_token_kl``, and its weights changed at the
+    served precision by ``min_weight_share`` of all and ``min_kept_share`` of those its update
+    changed in float32. None where the rule asks for what the measures lack (a movement file
+    written before the KL had an interval)."""
+    if rule["kl_from"] == "lower_bound":
+        if "token_kl_ci95" not in m:
+            return None
+        kl = m["token_kl_ci95"][0]
+    else:
+        kl = m["token_kl"]
+    kept = kept_share(m["weights"])
+    if kept is None and rule["min_kept_share"] > 0:
+        return None
+    return kl >= rule["min_token_kl"] and m["weights"]["share"] >= rule["min_weight_share"] and \
+        (kept or 0.0) >= rule["min_kept_share"]
+
+
+def kept_share(weights: dict[str, Any]) -> float | None:
+    """Of the elements an update changed in float32, the share still changed at the served
+    precision (:func:`aria.movement.weight_change_share`); None where the file has no counts."""
+    if "kept_share" in weights:
+        return weights["kept_share"]
+    if "changed" not in weights or "changed_float32" not in weights:
+        return None
+    return weights["changed"] / weights["changed_float32"] if weights["changed_float32"] else 0.0
+
+
+def movement_rule_text(rule: dict[str, Any]) -> str:
+    """The movement rule in a sentence (results written before its interval and kept share say less)."""
+    kl = ("the lower end of its KL's 95% interval (over games)" if rule.get("kl_from") == "lower_bound" else "its KL")
+    kept = (f", and at least {percent(rule['min_kept_share'])}% of the elements its update changed in float32 still "
+            "differ there" if rule.get("min_kept_share") else "")
+    return (f"An arm moved when {kl} is at least {rule.get('min_token_kl')}, at least "
+            f"{percent(rule.get('min_weight_share'))}% of its weights changed at the served precision{kept} "
+            "(report.movement, fixed before the run).")
 
 
 def render_table(results: dict[str, Any]) -> str:
@@ -320,9 +359,8 @@ def render_table(results: dict[str, Any]) -> str:
                   f"{moved[0]['movement']['steps']} held-out steps of the iteration-0 evaluation games: mean per-token "
                   "KL, mean change of the action's log-probability on steps of won and of lost games, the share of "
                   "weights that differ at the precision the model is served in, success against the parent "
-                  "on the same targets, and the difference those pairs detect with 80% power at their discordant share. An arm moved when its KL is at least "
-                  f"{rule.get('min_token_kl')} and at least {percent(rule.get('min_weight_share'))}% of its weights "
-                  "changed (report.movement, fixed before the run).", "",
+                  "on the same targets, and the difference those pairs detect with 80% power at their discordant share. "
+                  + movement_rule_text(rule), "",
                   "| method | seed | iteration | token KL | Δ log-prob won / lost | weights changed | success vs parent (95% CI) "
                   "| its pairs detect | moved |",
                   "|---|---|---|---|---|---|---|---|---|"]
@@ -333,9 +371,13 @@ def render_table(results: dict[str, Any]) -> str:
                   f"{100 * p['difference_ci95'][1]:+.1f})")
             found = (p or {}).get("detectable_difference")  # at 80% power, at the discordant share these pairs had
             detects = "–" if found is None else f"{100 * found:.1f} points"
-            lines.append(f"| {r['method']} | {r['seed']} | {r['iteration']} | {m['token_kl']:.4g} | {delta} | "
-                         f"{100 * m['weights']['share']:.2f}% at {m['weights']['dtype']} | {vs} | {detects} | "
-                         f"{'yes' if m['moved'] else '**no**'} |")
+            kl = f"{m['token_kl']:.4g}" + (f" ({m['token_kl_ci95'][0]:.4g}–{m['token_kl_ci95'][1]:.4g})"
+                                           if "token_kl_ci95" in m else "")
+            kept = kept_share(m["weights"])
+            lines.append(f"| {r['method']} | {r['seed']} | {r['iteration']} | {kl} | {delta} | "
+                         f"{100 * m['weights']['share']:.2f}% at {m['weights']['dtype']}"
+                         + ("" if kept is None else f" ({100 * kept:.0f}% of float32's)")
+                         + f" | {vs} | {detects} | {'not measured' if m['moved'] is None else 'yes' if m['moved'] else '**no**'} |")
     for t in results["paired_tests"]:
         significant = t["p_value"] < ALPHA
         lines += ["", f"**Paired test, iteration {t['iteration']}** ({t['first']} against {t['second']}, "

@@ -7,13 +7,19 @@ its methods. Three measures, on the same steps for every arm:
 * **Token KL**: the mean, over the action tokens of held-out steps (teacher-forced: the prompt the
   policy saw and the action it took), of KL(child || parent) between the two models' whole
   next-token distributions at that position. It is 0 exactly when both predict the same
-  distribution at every one of those positions.
+  distribution at every one of those positions. Its 95% interval treats the games as the sample
+  (the tokens of one game are alike): the ratio estimator's standard error
+  sqrt(G/(G−1) · Σ_g (K_g − KL·T_g)²) / Σ_g T_g over the G games' KL sums K_g and token counts T_g
+  (each step its own cluster where steps name no game).
 * **Log-prob change**: the mean over steps of log π_child(action | prompt) − log π_parent(action |
   prompt), the action's tokens summed, separately for steps of won and of lost games. Training
   that rewards winning should raise the first more than the second.
 * **Weight change share**: the share of weight elements whose value differs from the parent's
   once both are cast to the precision the model is served in. An update smaller than that
-  precision's step is rounded away by the server (bfloat16 keeps 8 significant bits).
+  precision's step is rounded away by the server (bfloat16 keeps 8 significant bits). A merged
+  LoRA update changes every element of the projections it adapts however small it is, so the share
+  alone cannot fail for it; the *kept share* (elements changed at the served precision over those
+  changed in float32) can: it is what of the update the server plays.
 
 The prompts are encoded as the child was trained (:class:`aria.policy.Encoding`, saved beside
 it), in float32; the steps of one game are one prefix tree (:mod:`aria.packing`: the same values
@@ -72,7 +78,8 @@ def weight_change_share(parent: Path, child: Path, dtype: str = "float32") -> di
         changed_float32 += int((before.float() != after.float()).sum())
         changed += int((before.to(DTYPES[dtype]) != after.to(DTYPES[dtype])).sum())
     return {"dtype": dtype, "elements": elements, "changed": changed, "share": changed / elements,
-            "changed_float32": changed_float32, "share_float32": changed_float32 / elements}
+            "changed_float32": changed_float32, "share_float32": changed_float32 / elements,
+            "kept_share": changed / changed_float32 if changed_float32 else 0.0}
 
 
 @torch.no_grad()
@@ -126,6 +133,8 @@ def compare_policies(parent, child, encoded: Sequence, won: Sequence[bool], pad_
         raise ValueError("no steps to compare the models on")
     kl_sum, tokens = 0.0, 0
     change = torch.zeros(len(encoded), dtype=torch.float64)
+    kl_step = torch.zeros(len(encoded), dtype=torch.float64)  # each step's KL summed over its tokens
+    tokens_step = torch.zeros(len(encoded), dtype=torch.float64)
     for rows, layout in _batches(encoded, games, batch_size):
         steps = [encoded[i] for i in rows]
         batch = collate_tree(steps, pad_id) if layout == "prefix_tree" else collate(steps, pad_id)
@@ -139,17 +148,38 @@ def compare_policies(parent, child, encoded: Sequence, won: Sequence[bool], pad_
                 raise ConfigError(f"{name}: its log-probabilities are NaN on step {first} of the sample (weights that "
                                   "hold NaN or inf, a diverged training?), so its movement cannot be measured")
         # p · (log p − log q), with 0 where p underflows to 0 (and log q may be −inf too)
-        kl_sum += float(torch.where(ours > -torch.inf, ours.exp() * (ours - theirs), 0.0).sum(dtype=torch.float64))
+        kl_token = torch.where(ours > -torch.inf, ours.exp() * (ours - theirs), 0.0).sum(dim=-1, dtype=torch.float64)
+        kl_sum += float(kl_token.sum())
         tokens += len(targets)
         picked = (ours - theirs).gather(-1, targets.unsqueeze(-1)).squeeze(-1).double()
         change.index_add_(0, torch.tensor(rows)[row], picked)
+        kl_step.index_add_(0, torch.tensor(rows)[row], kl_token)
+        tokens_step.index_add_(0, torch.tensor(rows)[row], torch.ones(len(row), dtype=torch.float64))
     if tokens == 0:
         raise ValueError("the steps hold no action token to compare the models on")
     won_t = torch.tensor([bool(w) for w in won])
     mean = lambda x: float(x.mean()) if len(x) else None  # noqa: E731
     return {"steps": len(encoded), "tokens": tokens, "token_kl": kl_sum / tokens,
+            "token_kl_ci95": ratio_interval(kl_step, tokens_step, games),
             "logprob_change": mean(change), "logprob_change_won": mean(change[won_t]),
             "logprob_change_lost": mean(change[~won_t]), "steps_won": int(won_t.sum())}
+
+
+def ratio_interval(sums: torch.Tensor, counts: torch.Tensor, games: Sequence | None, z: float = 1.959963984540054) -> list[float]:
+    """The 95% interval of Σ sums / Σ counts with the games (``games[i]``: step i's; each step alone
+    without) as the sample (module doc); the lower end clipped at 0, as a KL is; [mean, mean] for a
+    single game, whose spread is unknown."""
+    keys = games if games is not None else range(len(sums))
+    order = {g: i for i, g in enumerate(dict.fromkeys(keys))}
+    index = torch.tensor([order[g] for g in keys])
+    k = torch.zeros(len(order), dtype=torch.float64).index_add_(0, index, sums.double())
+    t = torch.zeros(len(order), dtype=torch.float64).index_add_(0, index, counts.double())
+    mean = float(k.sum() / t.sum())
+    g = len(order)
+    if g < 2:
+        return [mean, mean]
+    se = float(((k - mean * t) ** 2).sum() * g / (g - 1)) ** 0.5 / float(t.sum())
+    return [max(0.0, mean - z * se), mean + z * se]
 
 
 def whole_games(games: Sequence, won: Sequence[bool], at_least: int, seed: int = 0) -> list[int]:

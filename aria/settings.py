@@ -416,7 +416,9 @@ class MovementSettings:
     enabled: bool = MISSING
     steps: int = bounded(ge=1)
     min_token_kl: float = bounded(ge=0, why="nats")
+    kl_from: str = bounded(one_of=("lower_bound", "estimate"))  # what min_token_kl is held against
     min_weight_share: float = bounded(ge=0, le=1)
+    min_kept_share: float = bounded(ge=0, le=1)
 
 
 @dataclass

@@ -173,16 +173,19 @@ def test_the_movement_verdict_by_hand(tmp_path):
     from aria.experiment_report import moved_from_parent
 
     cfg = {"run_dir": str(tmp_path), "game": {"name": "twenty_questions_subset"}, "variants": {},
-           "report": {"movement": {"min_token_kl": 0.01, "min_weight_share": 0.001}}}
+           "report": {"movement": {"min_token_kl": 0.01, "kl_from": "estimate", "min_weight_share": 0.001,
+                                   "min_kept_share": 0.0}}}
     lay = Layout(cfg)
     parent = {f"g{i}": {"success": i < 3, "turns": 5} for i in range(10)}   # won 3
     child = {f"g{i}": {"success": i < 5, "turns": 5} for i in range(10)}    # won 5: +2 pairs, none lost
     evaluations = {("aria", 0, 0): parent, ("aria", 0, 1): child}
 
-    def measured(kl: float, share: float) -> dict:
+    def measured(kl: float, share: float, low: float | None = None, kept: float = 1.0) -> dict:
         lay.movement("aria", 0, 1).parent.mkdir(parents=True, exist_ok=True)
+        weights = {"dtype": "bfloat16", "share": share, "changed": round(1000 * kept), "changed_float32": 1000}
         atomic_write_json(lay.movement("aria", 0, 1), {"key": {}, "steps": 8, "token_kl": kl, "logprob_change_won": 0.2,
-                                                       "logprob_change_lost": -0.1, "weights": {"dtype": "bfloat16", "share": share}})
+                                                       "logprob_change_lost": -0.1, "weights": weights,
+                                                       **({} if low is None else {"token_kl_ci95": [low, 2 * kl - low]})})
         return moved_from_parent(cfg, lay, evaluations, "aria", 0, 1)
 
     # b = 2 pairs only the child won, c = 0: difference 2/10; Agresti-Min centre 2/12, se = sqrt(3 − 4/12)/12,
@@ -196,6 +199,13 @@ def test_the_movement_verdict_by_hand(tmp_path):
     assert measured(0.0099, 0.5)["movement"]["moved"] is False      # the behaviour barely changed
     assert measured(0.5, 0.0009)["movement"]["moved"] is False      # the served weights are the parent's
     assert "key" not in measured(0.5, 0.5)["movement"]
+    # the rule of new presets: the KL's lower end, and the update kept at the served precision
+    cfg["report"]["movement"].update(kl_from="lower_bound", min_kept_share=0.5)
+    assert measured(0.03, 0.5, low=0.012)["movement"]["moved"] is True
+    assert measured(0.03, 0.5, low=0.004)["movement"]["moved"] is False   # a mean above 0.01, an interval not
+    assert measured(0.03, 0.5, low=0.012, kept=0.125)["movement"]["moved"] is False  # bfloat16 rounded the update away
+    assert measured(0.03, 0.5)["movement"]["moved"] is None               # measured before the KL had an interval
+    cfg["report"]["movement"].update(kl_from="estimate", min_kept_share=0.0)
 
     results = {"name": "t", "game": "twenty_questions_subset", "eval_games": 10, "eval_seed": 7,
                "movement_rule": cfg["report"]["movement"], "gradient_variance": {}, "intention_recovery": None,
@@ -205,9 +215,17 @@ def test_the_movement_verdict_by_hand(tmp_path):
                "paired_tests": [{"first": "aria", "second": "no_aggregation", "iteration": 1, "seeds": [0],
                                  **mcnemar([True] * 5 + [False] * 5, [False] * 10), "not_moved": ["aria seed 0"]}]}
     table = render_table(results)
-    assert "| aria | 0 | 1 | 0.0099 | +0.200 / -0.100 | 50.00% at bfloat16 | +20.0 (-10.0 to +43.3) | – | **no** |" in table
+    assert "| aria | 0 | 1 | 0.0099 | +0.200 / -0.100 | 50.00% at bfloat16 (100% of float32's) | +20.0 (-10.0 to +43.3) | – | **no** |" in table
     assert "**Uninformative: the policy did not move** (by the movement rule above: aria seed 0)" in table
-    assert "An arm moved when its KL is at least 0.01 and at least 0.1% of its weights changed" in table
+    assert "An arm moved when its KL is at least 0.01, at least 0.1% of its weights changed at the served precision " \
+           "(report.movement" in table
+    results["movement_rule"] = {**cfg["report"]["movement"], "kl_from": "lower_bound", "min_kept_share": 0.5}
+    results["arms"][0].update(measured(0.03, 0.5, low=0.012))
+    table = render_table(results)
+    assert "| aria | 0 | 1 | 0.03 (0.012–0.048) |" in table
+    assert "An arm moved when the lower end of its KL's 95% interval (over games) is at least 0.01, at least 0.1% of its " \
+           "weights changed at the served precision, and at least 50.0% of the elements its update changed in float32 " \
+           "still differ there" in table
 
 
 # ---- the runner, end to end on tiny models -------------------------------------------------------------
@@ -286,7 +304,12 @@ def test_the_runner_resumes_at_every_stage_to_the_same_table(tmp_path, tiny_expe
     dtype = experiment.served_dtype(tiny_experiment(straight_root))
     assert all(r["movement"]["token_kl"] >= 0 and r["movement"]["weights"]["dtype"] == dtype
                and isinstance(r["movement"]["moved"], bool) and r["against_parent"]["pairs"] == 4 for r in trained)
-    assert "**Did training move the policy?**" in table and table.count(f"% at {dtype} |") == 4
+    assert "**Did training move the policy?**" in table and table.count(f"% at {dtype} (") == 4
+    # the KL's interval over games holds the mean (the rule reads its lower end)
+    assert all(r["movement"]["token_kl_ci95"][0] <= r["movement"]["token_kl"] <= r["movement"]["token_kl_ci95"][1]
+               for r in trained)
+    assert results["movement_rule"] == {k: tiny_experiment(straight_root)["report"]["movement"][k]
+                                        for k in ("min_token_kl", "kl_from", "min_weight_share", "min_kept_share")}
     # the pre-flight of every collection: the chosen k (10, 20 and 40 are above this run's k_max of 6)
     # and the game's behavioural intentions (twenty_questions_subset has an offline oracle)
     assert list(results["preflight"]) == ["seed 0, iteration 1 (shared)", "seed 0, aria, iteration 2",

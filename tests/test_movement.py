@@ -36,6 +36,7 @@ def test_weight_change_share_by_hand(tmp_path, tiny_model_dir):
     bf16 = weight_change_share(tmp_path / "parent", tmp_path / "child", "bfloat16")
     assert (f32["elements"], f32["changed"], bf16["changed"], bf16["changed_float32"]) == (elements, 2, 1, 2)
     assert bf16["share"] == pytest.approx(1 / elements) and bf16["share_float32"] == pytest.approx(2 / elements)
+    assert bf16["kept_share"] == 0.5 and f32["kept_share"] == 1.0  # half the update survives bfloat16
     assert weight_change_share(tmp_path / "parent", tmp_path / "parent", "bfloat16")["changed"] == 0
     with pytest.raises(ValueError, match="dtype: unknown 'int8'"):
         weight_change_share(tmp_path / "parent", tmp_path / "child", "int8")
@@ -91,6 +92,19 @@ GAME = ["Let's play a game of Twenty Questions. History: none. Ask your next que
         "Let's play a game of Twenty Questions. History: Is it alive? No. Is it metal? Yes. Ask your next question."]
 
 
+def test_the_kl_interval_takes_games_as_the_sample_by_hand():
+    """Three games: KL sums 1, 2, 6 over 10, 10, 20 tokens; KL = 9/40 = 0.225; residuals
+    K_g - 0.225 T_g = -1.25, -0.25, 1.5; SE = sqrt(3/2 * (1.5625 + 0.0625 + 2.25)) / 40."""
+    from aria.movement import ratio_interval
+
+    sums, counts = torch.tensor([0.5, 0.5, 2.0, 6.0]), torch.tensor([4.0, 6.0, 10.0, 20.0])
+    se = (1.5 * 3.875) ** 0.5 / 40
+    low, high = ratio_interval(sums, counts, ["a", "a", "b", "c"])
+    assert (low, high) == pytest.approx([0.225 - 1.959964 * se, 0.225 + 1.959964 * se])
+    assert ratio_interval(sums, counts, ["a"] * 4) == [0.225, 0.225]  # one game: no spread to estimate
+    assert ratio_interval(torch.tensor([0.0, 0.0, 3.0]), torch.ones(3), None)[0] == 0.0  # clipped, as a KL
+
+
 @torch.no_grad()
 def test_whole_games_in_prefix_trees_equal_the_brute_force(tmp_path, tiny_model_dir):
     """Two games of three steps sharing their history, each computed as one prefix tree: the same
@@ -104,6 +118,8 @@ def test_whole_games_in_prefix_trees_equal_the_brute_force(tmp_path, tiny_model_
     found = compare_policies(parent, child, encoded, won, tokenizer.pad_token_id, games=games)
     kl, changes = brute_force(parent, child, encoded)
     assert found["token_kl"] > 0.01 and found["token_kl"] == pytest.approx(kl, rel=1e-5)
+    low, high = found["token_kl_ci95"]
+    assert low < found["token_kl"] < high  # two games: an interval around the mean
     assert found["logprob_change_won"] == pytest.approx(sum(changes[:3]) / 3, abs=1e-4)
     assert found["logprob_change_lost"] == pytest.approx(sum(changes[3:]) / 3, abs=1e-4)
     with pytest.raises(ValueError, match="6 steps but 6 outcomes and 5 games"):
