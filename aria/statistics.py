@@ -19,7 +19,7 @@
   trained models; a second training run of the same arm differs by about as much as the effects
   in question, so a claim about a *method* pools the per-run differences d_i = (b_i − c_i)/n_i,
   each with its within-run variance v_i (the Agresti-Min variance above, never 0). Pairs pooled
-  as if from one run: Σ(b−c)/Σn with its Wald interval and the stratified exact test (Σb against
+  as if from one run: Σ(b−c)/Σn with its Agresti-Min interval and the stratified exact test (Σb against
   Binomial(Σb + Σc, 1/2): the conditional test of a common effect, each run a stratum).
   Heterogeneity: Cochran's Q = Σ w_i (d_i − d̄)² with w_i = 1/v_i, its χ²(k−1) p-value, and
   I² = max(0, (Q − (k−1))/Q). The random-effects (method-level) difference takes the
@@ -211,8 +211,7 @@ def pool_runs(runs: Sequence[Mapping[str, int]], alpha: float = ALPHA) -> dict[s
     d, v = (np.array(x) for x in zip(*(run_difference(*map(int, r)) for r in zip(bs, cs, ns))))
     b, c, n, k = bs.sum(), cs.sum(), ns.sum(), len(runs)
     z = float(norm.ppf(1 - alpha / 2))
-    se = math.sqrt(max(b + c - (b - c) ** 2 / n, 0.0)) / n
-    pairs = {"difference": float((b - c) / n), "ci95": [float((b - c) / n - z * se), float((b - c) / n + z * se)],
+    pairs = {"difference": float((b - c) / n), "ci95": paired_difference_interval(int(b), int(c), int(n), z),
              "p_value": float(binomtest(int(b), int(b + c), 0.5).pvalue) if b + c else 1.0}
     out: dict[str, Any] = {"runs": k, "per_run": [{"difference": float(x), "variance": float(y)} for x, y in zip(d, v)],
                            "pairs_pooled": pairs}

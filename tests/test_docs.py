@@ -153,3 +153,36 @@ def test_the_main_job_in_the_readme_and_the_docs_is_rendered_from_its_committed_
     assert results["name"] == "small" and results["run"]["wall_seconds"] is not None and not results["run"]["resumed"]
     assert render_summary(results) in (REPO / "README.md").read_text(encoding="utf-8")
     assert render_stage_times(results) in (REPO / "docs" / "experiments.md").read_text(encoding="utf-8")
+
+
+def test_rendered_blocks_are_their_committed_runs_rendering(tmp_path):
+    """Every table of README and docs/ between "rendered" markers is aria/results_tables.py's rendering
+    of the committed runs; a figure typed over one (here the lost folder's -1.7 for the powered run's
+    seed 0, whose committed outcomes give -3.7) is named with its file and block."""
+    from aria.results_tables import DOCUMENTS, render, stale_blocks
+
+    assert stale_blocks() == [], "python scripts/render_docs.py rewrites them"
+    readme = (REPO / "README.md").read_text(encoding="utf-8")
+    assert "<!-- rendered: aggregation -->" in readme and "| 2 | −3.7, −0.2 |" in readme
+    for name in DOCUMENTS:
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text((REPO / name).read_text(encoding="utf-8"), encoding="utf-8")
+    (tmp_path / "README.md").write_text(readme.replace("| 2 | −3.7, −0.2 |", "| 2 | −1.7, −0.2 |"), encoding="utf-8")
+    assert stale_blocks(tmp_path) == ["README.md: aggregation"]
+    with pytest.raises(ValueError, match="x.md: unknown rendered block 'nope'"):
+        render("<!-- rendered: nope -->\n<!-- /rendered: nope -->", "x.md")
+
+
+def test_render_docs_check_exits_1_on_a_stale_block_and_rendering_mends_it(tmp_path):
+    import sys
+
+    script = [sys.executable, str(REPO / "scripts" / "render_docs.py")]
+    done = subprocess.run([*script, "--check"], capture_output=True, text=True)
+    assert done.returncode == 0 and done.stdout == "", done.stdout + done.stderr
+    for name in ("README.md", "docs/experiments.md"):
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text((REPO / name).read_text(encoding="utf-8").replace("| 311 |", "| 312 |"), encoding="utf-8")
+    done = subprocess.run([*script, "--check", "--root", str(tmp_path)], capture_output=True, text=True)
+    assert done.returncode == 1 and done.stdout == "stale: README.md: grouping (python scripts/render_docs.py rewrites it)\n"
+    subprocess.run([*script, "--root", str(tmp_path)], check=True, capture_output=True)
+    assert (tmp_path / "README.md").read_text(encoding="utf-8") == (REPO / "README.md").read_text(encoding="utf-8")

@@ -1,0 +1,206 @@
+"""Tables of README and docs/ rendered from committed runs, so that the text cannot drift from the data.
+
+A Markdown file holds a rendered block between two markers::
+
+    <!-- rendered: aggregation -->
+    ...
+    <!-- /rendered: aggregation -->
+
+and :data:`BLOCKS` names the function that writes each block from the committed files under
+``results/experiments/`` (each run's ``results.json``, and ``outcomes.json`` where a run's
+results predate the per-game outcomes). ``python scripts/render_docs.py`` rewrites every block in
+place; ``--check`` (and ``tests/test_docs.py``) fails naming the file and block whose text is not
+its rendering. A figure typed into a block is overwritten; one typed outside a block is not
+checked, so results belong in blocks.
+"""
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any, Callable
+
+from aria.io import read_json
+from aria.power import runs_detectable_difference, runs_needed
+from aria.statistics import mcnemar, pool_runs
+
+REPO = Path(__file__).resolve().parents[1]
+RESULTS = REPO / "results" / "experiments"
+#: The Markdown files that may hold rendered blocks.
+DOCUMENTS = ("README.md", "docs/experiments.md")
+MARK = re.compile(r"<!-- rendered: (?P<name>[\w-]+) -->\n(?P<body>.*?)<!-- /rendered: (?P=name) -->", re.S)
+
+
+def seed_tests(folder: str, first: str, second: str, iteration: int = 1) -> list[dict[str, Any]]:
+    """One paired test a seed (a training run of both arms) of a committed run: from the arms'
+    ``won`` strings of ``results.json`` (games in ``outcome_keys`` order), else from its
+    ``outcomes.json`` (keyed by game)."""
+    results = read_json(RESULTS / folder / "results.json")
+    won = {(a["method"], a["seed"]): a["won"] for a in results["arms"] if a["iteration"] == iteration and "won" in a}
+    seeds = sorted({s for m, s in won if m == first} & {s for m, s in won if m == second})
+    if seeds:
+        return [{"seed": s, **mcnemar([c == "1" for c in won[(first, s)]], [c == "1" for c in won[(second, s)]])}
+                for s in seeds]
+    arms = read_json(RESULTS / folder / "outcomes.json")["arms"]
+    tests = []
+    for seed in sorted({a["seed"] for a in results["arms"]}):
+        a, b = (arms.get(f"{m}, seed {seed}, iteration {iteration}") for m in (first, second))
+        if a and b:
+            keys = sorted(set(a["outcomes"]) & set(b["outcomes"]))
+            tests.append({"seed": seed, **mcnemar([bool(a["outcomes"][k][0]) for k in keys],
+                                                  [bool(b["outcomes"][k][0]) for k in keys])})
+    return tests
+
+
+def _points(x: float) -> str:
+    return f"{100 * x:+.1f}".replace("-", "−")
+
+
+def _interval(pair: list[float]) -> str:
+    return f"{_points(pair[0])} to {_points(pair[1])}"
+
+
+def _row(label: str, tests: list[dict[str, Any]], verdict: str) -> str:
+    pooled = pool_runs(tests)
+    pairs, method = pooled["pairs_pooled"], pooled["random_effects"]
+    per_run = ", ".join(_points(t["difference"]) for t in tests)
+    n = sum(t["pairs"] for t in tests)
+    p = lambda x: f"{x:.2g}"  # noqa: E731
+    if method is None:
+        method_cell, spread = "– (one run)", "–"
+    else:
+        method_cell = f"{_points(method['difference'])} ({_interval(method['ci95'])}), p = {p(method['p_value'])}"
+        spread = f"{100 * pooled['heterogeneity']['tau2'] ** 0.5:.1f}"
+    return (f"| {label} | {len(tests)} | {per_run} | {_points(pairs['difference'])} ({_interval(pairs['ci95'])}), "
+            f"{n:,} pairs, p = {p(pairs['p_value'])} | {method_cell} | {spread} | {verdict} |")
+
+
+def aggregation() -> str:
+    """ARIA against its ablation, every committed comparison: per training run, the pairs pooled as
+    one run (two fixed models a seed), and the method over runs (aria.statistics.pool_runs)."""
+    lines = ["| game, run | training runs | ARIA − ablation per run, points | pairs pooled (95% CI), stratified exact p "
+             "| over runs: the method (95% CI, Hartung-Knapp) | between-run spread τ, points | verdict of the rule fixed before the run |",
+             "|---|---|---|---|---|---|---|"]
+    powered, grouping = seed_tests("powered", "aria", "no_aggregation"), seed_tests("grouping", "aria", "no_aggregation")
+    bargaining = seed_tests("bargaining_powered", "aria", "no_aggregation")
+    verdict = lambda folder: read_json(RESULTS / folder / "results.json")["paired_tests"][0]["verdict"]  # noqa: E731
+    lines.append(_row("Twenty Questions, [`powered`](results/experiments/powered/table.md)", powered, verdict("powered")))
+    lines.append(_row("Twenty Questions, [`grouping`](results/experiments/grouping/table.md)", grouping, verdict("grouping")))
+    lines.append(_row("Twenty Questions, the three runs above pooled (after the fact; code 84 commits apart)",
+                      powered + grouping, "– (no rule was fixed for it)"))
+    lines.append(_row("Bargaining, [`bargaining_powered`](results/experiments/bargaining_powered/table.md)", bargaining,
+                      verdict("bargaining_powered")))
+    three = pool_runs(powered + grouping)
+    tau2 = three["heterogeneity"]["tau2"]
+    share = sum(t["first_only"] + t["second_only"] for t in powered + grouping) / sum(t["pairs"] for t in powered + grouping)
+    needed = runs_needed(600, share, 0.05, tau2)
+    footer = (f"\nAt the spread the three Twenty Questions runs show (τ = {100 * tau2 ** 0.5:.1f} points) and their "
+              f"discordant share ({100 * share:.0f}%), the method-level test of 2 runs of 600 pairs an arm detects "
+              + _detects(2, share, tau2) + f", 3 runs {_detects(3, share, tau2)}; 5 points need {needed} runs an arm "
+              "(80% power, 5% level; aria/power.py).\n")
+    gmc = RESULTS / "powered_gmc" / "results.json"
+    if gmc.is_file():
+        lines.append(_row("Guess My City, [`powered_gmc`](results/experiments/powered_gmc/table.md)",
+                          seed_tests("powered_gmc", "aria", "no_aggregation"), verdict("powered_gmc")))
+    else:
+        lines.append("| Guess My City, `powered_gmc` | not finished | | | | | |")
+    return "\n".join(lines) + "\n" + footer
+
+
+def _detects(runs: int, share: float, tau2: float) -> str:
+    found = runs_detectable_difference(runs, 600, share, tau2)
+    return "no difference at all" if found is None else f"{100 * found:.1f} points"
+
+
+#: The committed comparisons of ARIA against its ablation: (game, folder) in the order shown.
+COMPARISONS = (("Twenty Questions", "powered"), ("Twenty Questions", "grouping"), ("Bargaining", "bargaining_powered"),
+               ("Guess My City", "powered_gmc"))
+
+
+def arms() -> str:
+    """The two arms of each committed comparison: success over the seeds, each seed's gain over
+    the model it started from (paired), token KL and the movement verdict of its preset's rule."""
+    lines = ["| game, run | arm | won / games | gain over its start per seed, points (95% CI) | token KL per seed | moved |",
+             "|---|---|---|---|---|---|"]
+    for game, folder in COMPARISONS:
+        path = RESULTS / folder / "results.json"
+        if not path.is_file():
+            continue
+        results = read_json(path)
+        for row in results["pooled"]:
+            if row["iteration"] == 0:
+                lines.append(f"| {game}, `{folder}` | {row['method']} | {row['wins']} / {row['games']} "
+                             f"({100 * row['success']:.1f}%) | – | – | – |")
+        for method in ("aria", "no_aggregation"):
+            total = next(r for r in results["pooled"] if r["method"] == method and r["iteration"] == 1)
+            seeds = [a for a in results["arms"] if a["method"] == method and a["iteration"] == 1]
+            gains = "; ".join(f"{_points(a['against_parent']['difference'])} ({_interval(a['against_parent']['difference_ci95'])})"
+                              for a in seeds)
+            kl = ", ".join(f"{a['movement']['token_kl']:.3f}" for a in seeds)
+            moved = ", ".join("yes" if a["movement"]["moved"] else "**no**" for a in seeds)
+            lines.append(f"| | `{method}` | {total['wins']} / {total['games']} ({100 * total['success']:.1f}%) | {gains} | "
+                         f"{kl} | {moved} |")
+    return "\n".join(lines) + "\n"
+
+
+def holm(p_values: list[float], alpha: float = 0.05) -> list[bool]:
+    """Holm's step-down rejections of ``p_values`` at family-wise level ``alpha``, in their order."""
+    order = sorted(range(len(p_values)), key=lambda i: p_values[i])
+    rejected = [False] * len(p_values)
+    for rank, i in enumerate(order):
+        if p_values[i] > alpha / (len(p_values) - rank):
+            break
+        rejected[i] = True
+    return rejected
+
+
+def grouping() -> str:
+    """The grouping run's arms (one collection, seed 0): success, the planned paired tests against
+    ``no_aggregation`` (bold where Holm's correction over the run's planned tests keeps them), and
+    how much of the games' outcome each scheme's weights keep (grouping_schemes_s0_outcome.json)."""
+    results = read_json(RESULTS / "grouping" / "results.json")
+    schemes = read_json(RESULTS / "grouping" / "grouping_schemes_s0_outcome.json")["schemes"]
+    tests = results["paired_tests"]
+    kept = dict(zip(((t["first"], t["second"]) for t in tests), holm([t["p_value"] for t in tests])))
+    won = {r["method"]: r for r in results["pooled"] if r["iteration"] == 1}
+    label = {"no_aggregation": "`no_aggregation` (R_t)", "aria_behavioural": "`aria_behavioural` (exact partition)",
+             "aria": "`aria` (clusters, k = {k})", "aria_window2": "`aria_window2` (last 2 turns)"}
+    k = "/".join(map(str, sorted(set(read_json(RESULTS / "grouping" / "grouping_schemes_s0_outcome.json")["chosen_k"].values()))))
+    lines = [f"| arm | won of {results['eval_games']} | vs `no_aggregation` (95% CI), exact McNemar p | corr(weight, game won) "
+             "| weight on a winning guess |", "|---|---|---|---|---|"]
+    for method in ("no_aggregation", "aria_behavioural", "aria", "aria_window2"):
+        test = next((t for t in tests if (t["first"], t["second"]) == (method, "no_aggregation")), None)
+        versus = "–" if test is None else (f"{_points(test['difference'])} ({_interval(test['difference_ci95'])}), "
+                                           f"{test['p_value']:.2g}")
+        if test is not None and kept[(method, "no_aggregation")]:
+            versus = f"**{versus}**"
+        scheme = schemes[method]
+        lines.append(f"| {label[method].format(k=k)} | {won[method]['wins']} | {versus} | {scheme['outcome_correlation']:.3f} "
+                     f"| {scheme['won_last_step']:.2f} |")
+    return "\n".join(lines) + "\n"
+
+
+#: Every block a document may hold, by name.
+BLOCKS: dict[str, Callable[[], str]] = {"aggregation": aggregation, "arms": arms, "grouping": grouping}
+
+
+def render(text: str, source: str = "") -> str:
+    """``text`` with every block rendered anew; an unknown block name is an error naming ``source``."""
+    def fill(match: re.Match) -> str:
+        name = match["name"]
+        if name not in BLOCKS:
+            raise ValueError(f"{source}: unknown rendered block {name!r} (known: {', '.join(BLOCKS)})")
+        return f"<!-- rendered: {name} -->\n{BLOCKS[name]()}<!-- /rendered: {name} -->"
+    return MARK.sub(fill, text)
+
+
+def stale_blocks(root: Path = REPO) -> list[str]:
+    """``file: block`` for every block whose committed text is not its rendering."""
+    stale = []
+    for name in DOCUMENTS:
+        text = (root / name).read_text(encoding="utf-8")
+        fresh = render(text, name)
+        if fresh != text:
+            found = {m["name"]: m["body"] for m in MARK.finditer(text)}
+            stale += [f"{name}: {block}" for block, body in ((m["name"], m["body"]) for m in MARK.finditer(fresh))
+                      if found.get(block) != body]
+    return stale
