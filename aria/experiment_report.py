@@ -59,11 +59,10 @@ def planned_power(cfg: dict, power: float = POWER, alpha: float = ALPHA) -> str:
         first, second = paired_arms(cfg)
         both = [s for s in seeds_of(cfg, first) if s in seeds_of(cfg, second)]
         line = f"the paired test ({first} against {second}) has {per_seed} over {len(both)} seed(s): {detects(len(both))}"
+        line += f"; over training runs (the method): {runs_detect(len(both), games_of(cfg, cfg['eval']) * seats, cfg, power, alpha)}"
     for first, second in tested_pairs(cfg)[1 if paired_arms(cfg) else 0:]:
         both = [s for s in seeds_of(cfg, first) if s in seeds_of(cfg, second)]
         line += f"; also {first} against {second} over {len(both)} seed(s): {detects(len(both))}"
-    if paired_arms(cfg) is not None:
-        line += f"; over training runs (the method): {runs_detect(len(both), games_of(cfg, cfg['eval']) * seats, cfg, power, alpha)}"
     others = sorted({len(seeds_of(cfg, m)) for m in cfg["methods"]})
     against = "; ".join(f"over {n} seed(s) {detects(n)}" for n in others)
     return (f"{line}; each arm against its parent: {against}; with {100 * power:.0f}% power at the {100 * alpha:g}% level "

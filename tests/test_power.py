@@ -277,3 +277,18 @@ def test_runs_needed_grows_with_the_between_run_variance():
         assert all(np.isfinite(found)) and all(b >= a - 1e-12 for a, b in zip(found, found[1:])), runs
     with pytest.raises(ValueError, match="between-run variance"):
         runs_power(3, 600, 0.4, 0.05, -1.0)
+
+
+def test_the_replicated_presets_plan_is_what_the_power_calculation_gives():
+    """config/experiment/replicated.yaml's header: 7 runs of 600 pairs detect 4.8 points at the
+    measured spread and share, 5 points need 7 runs, 6 runs detect 5.4."""
+    from aria.power import runs_needed
+    from aria.resources import compose_config
+
+    cfg = compose_config("experiment", ["experiment=replicated"])
+    report, pairs = cfg["report"], cfg["eval"]["games"]
+    tau2, share = report["between_run_sd"] ** 2, report["discordant_share"]
+    assert len(cfg["seeds"]) == 7 == runs_needed(pairs, share, 0.05, tau2)
+    assert round(100 * runs_detectable_difference(7, pairs, share, tau2), 1) == 4.8
+    assert round(100 * runs_detectable_difference(6, pairs, share, tau2), 1) == 5.4
+    assert report["verdict_on"] == "runs" and report["movement"]["kl_from"] == "lower_bound"
