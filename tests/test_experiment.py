@@ -687,6 +687,39 @@ def test_methods_may_run_fewer_iterations_than_the_others(tmp_path):
     assert "seed 1 · bc · iteration 1: evaluate" in names and not any(n.startswith("seed 0 · bc") for n in names)
 
 
+def test_negotiation_over_two_training_runs_reports_the_method_level_interval(tmp_path, tiny_model_dir,
+                                                                              tiny_sentence_model_dir):
+    """experiment=negotiation on a tiny model and two seeds: self-play, training and the scripted
+    negotiator in both seats; the paired test of each seed (a training run) pooled over runs in
+    results.json and table.md, the verdict read from the method level as the preset fixes."""
+    from aria.statistics import pool_runs
+
+    cfg = compose_config("experiment", [
+        "experiment=negotiation", f"run_dir={tmp_path / 'run'}", f"results_dir={tmp_path / 'results'}",
+        f"base_model={tiny_model_dir}", "engine=local", "seeds=[0,1]",
+        "collect.config_set=smoke", "collect.games_per_config=3", "collect.max_tokens=200", "collect.batch_size=4",
+        "eval.config_set=smoke", "eval.games_per_config=3", "eval.max_tokens=200", "eval.batch_size=4",
+        f"intention_overrides=['embedder.model={tiny_sentence_model_dir}','clustering.k_max=4']",
+        "train_overrides=['train.mixed_precision=no','train.epochs=1','train.micro_batch_size=4',"
+        "'train.gradient_accumulation_steps=1','train.save_freq=2']",
+        "grad_variance.enabled=false", "report.movement.steps=8",
+    ])
+    out = experiment.run(cfg, [].append)
+    results = json.loads((out / "results.json").read_text())
+    assert results["game"] == "negotiation"
+    test, = results["paired_tests"]
+    runs = test["runs"]
+    assert [r["seed"] for r in runs["per_seed"]] == [0, 1] and all(r["pairs"] == 6 for r in runs["per_seed"])
+    assert runs["runs"] == 2 and runs["random_effects"]["df"] == 1
+    assert runs["random_effects"] == pool_runs(runs["per_seed"])["random_effects"]
+    assert test["verdict_on"] == "runs"
+    moved = {(a["method"], a["seed"]): a["movement"]["moved"] for a in results["arms"] if a["iteration"] == 1}
+    expected = ("uninformative: the policy did not move" if not all(moved.values()) else
+                "significant" if runs["random_effects"]["p_value"] < 0.05 else "not significant")
+    assert test["verdict"] == expected
+    assert "**Over training runs**" in (out / "table.md").read_text()
+
+
 def test_a_two_player_experiment_runs_self_play_and_evaluates_against_the_opponent(tmp_path, tiny_model_dir,
                                                                                    tiny_sentence_model_dir):
     """experiment=bargaining on a tiny model: constrained self-play, steps 1-4, training, and the
