@@ -314,21 +314,32 @@ def movement_rule_text(rule: dict[str, Any]) -> str:
             "(report.movement, fixed before the run).")
 
 
+def measure_of(results: dict[str, Any]) -> str:
+    return "win %" if results.get("two_player") else "success %"
+
+
 def render_table(results: dict[str, Any]) -> str:
-    """``table.md`` (module doc)."""
+    """``table.md`` (module doc): its sections in order, each a function of ``results`` that docs
+    render too (aria/results_tables.py)."""
     if results.get("two_player"):
         opponent = ", ".join(f"{k} {v}" for k, v in results["opponent"].items())
         lines = [f"# {results['name']}: win rate on {results['game']} against the opponent ({opponent})", "",
                  f"{results['eval_games']} evaluation games per arm, seed and seat, the same configurations for every "
                  f"arm; a win is a higher payoff than the opponent's; turns are the policy's own; rows pool the seeds.", ""]
-        measure = "win %"
     else:
         lines = [f"# {results['name']}: success on {results['game']}", "",
                  f"{results['eval_games']} evaluation games per arm and seed, the same seeded targets for every arm "
                  f"(evaluation seed {results['eval_seed']}); rows pool the seeds.", ""]
-        measure = "success %"
-    lines += [f"| method | iteration | seeds | {measure} | 95% CI (Wilson) | wins / games | mean turns |",
-              "|---|---|---|---|---|---|---|"]
+    lines += pooled_lines(results) + preflight_lines(results) + movement_lines(results) + paired_lines(results) \
+        + gradient_lines(results) + behaviour_lines(results) + recovery_lines(results)
+    return "\n".join(lines) + "\n"
+
+
+def pooled_lines(results: dict[str, Any]) -> list[str]:
+    """Success of every arm, the seeds pooled, then per seed."""
+    measure = measure_of(results)
+    lines = [f"| method | iteration | seeds | {measure} | 95% CI (Wilson) | wins / games | mean turns |",
+             "|---|---|---|---|---|---|---|"]
     for r in results["pooled"]:
         lines.append(f"| {r['method']} | {r['iteration']} | {r['seeds']} | {percent(r['success'])} | "
                      f"{percent(r['ci95'][0])}–{percent(r['ci95'][1])} | {r['wins']} / {r['games']} | {r['mean_turns']:.2f} |")
@@ -338,6 +349,12 @@ def render_table(results: dict[str, Any]) -> str:
             if r["iteration"] > 0:
                 lines.append(f"| {r['method']} | {r['seed']} | {r['iteration']} | {percent(r['success'])} | "
                              f"{percent(r['ci95'][0])}–{percent(r['ci95'][1])} | {r['mean_turns']:.2f} |")
+    return lines
+
+
+def preflight_lines(results: dict[str, Any]) -> list[str]:
+    """The pre-flight of every collection: how many steps share their intention key."""
+    lines: list[str] = []
     if results.get("preflight"):
         lines += ["", "**Pre-flight: can aggregation change anything?** Measured on each collection after labelling, "
                   "before training: the share of steps whose intention key (history and action) another step of the "
@@ -351,6 +368,12 @@ def render_table(results: dict[str, Any]) -> str:
                 ratio = "–" if r["variance_ratio"] is None else f"{r['variance_ratio']:.3f}"
                 mean = "–" if r["mean_abs_change"] is None else f"{r['mean_abs_change']:.4f}"
                 lines.append(f"| {name} ({found['steps']} steps) | {k} | {percent(r['shared'])}% | {turns} | {mean} | {ratio} |")
+    return lines
+
+
+def movement_lines(results: dict[str, Any]) -> list[str]:
+    """Each trained arm against the model it started from, with the movement verdict."""
+    lines: list[str] = []
     moved = [r for r in results["arms"] if r.get("movement")]
     if moved:
         rule = results.get("movement_rule") or {}
@@ -377,6 +400,12 @@ def render_table(results: dict[str, Any]) -> str:
                          f"{100 * m['weights']['share']:.2f}% at {m['weights']['dtype']}"
                          + ("" if kept is None else f" ({100 * kept:.0f}% of float32's)")
                          + f" | {vs} | {detects} | {'not measured' if m['moved'] is None else 'yes' if m['moved'] else '**no**'} |")
+    return lines
+
+
+def paired_lines(results: dict[str, Any]) -> list[str]:
+    """The paired tests between arms, over pairs and over training runs."""
+    lines: list[str] = []
     for t in results["paired_tests"]:
         significant = t["p_value"] < ALPHA
         lines += ["", f"**Paired test, iteration {t['iteration']}** ({t['first']} against {t['second']}, "
@@ -399,6 +428,12 @@ def render_table(results: dict[str, Any]) -> str:
                          + (f"detect a difference of {100 * found:.1f} points or more with {100 * t['power']:.0f}% power "
                             f"(aria/power.py)." if found is not None
                             else f"are too few for any difference to reach {100 * t['power']:.0f}% power."))
+    return lines
+
+
+def gradient_lines(results: dict[str, Any]) -> list[str]:
+    """Reward variance and the per-sample gradient's covariance of each weighting, per seed."""
+    lines: list[str] = []
     for seed, v in results["gradient_variance"].items():
         # in self-play every game is two players' games, each won or not
         games = (f"{v['games']} players' games (both seats of {v['games'] // 2} self-play games), {v['games_won']} won"
@@ -410,6 +445,12 @@ def render_table(results: dict[str, Any]) -> str:
             snr = v.get(f"snr_{kind}")
             lines.append(f"| {kind} | {v[f'reward_variance_{kind}']:.4g} | {v[f'trace_cov_{kind}']:.4g} | "
                          f"{'–' if snr is None else f'{snr:.4g}'} |")
+    return lines
+
+
+def behaviour_lines(results: dict[str, Any]) -> list[str]:
+    """The clusters against the behavioural intentions."""
+    lines: list[str] = []
     if results.get("behaviour"):
         lines += ["", "**The clusters against the behavioural intentions** (utterances alike when the game's offline "
                   "oracle answers them alike for every target; docs/method.md §4): ARI and NMI of the steps' labels "
@@ -422,6 +463,12 @@ def render_table(results: dict[str, Any]) -> str:
                 lines.append(f"| {name} ({b['steps']} steps) | {b['intentions']} | {k} ({label}) | {found['ari']:.3f} | "
                              f"{found['nmi']:.3f} | {found['bias_squared']:.4g} | {found['variance_within']:.4g} | "
                              f"{found['mse']:.4g} |")
+    return lines
+
+
+def recovery_lines(results: dict[str, Any]) -> list[str]:
+    """Intention recovery on the expert's games."""
+    lines: list[str] = []
     rec = results.get("intention_recovery")
     if rec and rec.get("ari"):
         ks, chosen = rec["ks"], rec["chosen_k"]
@@ -432,7 +479,7 @@ def render_table(results: dict[str, Any]) -> str:
                   f"intentions; adjusted Rand index and NMI of the labels against them): chosen k = {k}"
                   + (f", ARI {rec['ari'][at]:.3f}, NMI {rec['nmi'][at]:.3f}" if at is not None else "")
                   + f"; best ARI {rec['ari'][best]:.3f} (NMI {rec['nmi'][best]:.3f}) at k = {ks[best]}."]
-    return "\n".join(lines) + "\n"
+    return lines
 
 
 def runs_lines(t: dict[str, Any]) -> list[str]:

@@ -8,7 +8,8 @@ A Markdown file holds a rendered block between two markers::
 
 and :data:`BLOCKS` names the function that writes each block from the committed files under
 ``results/experiments/`` (each run's ``results.json``, and ``outcomes.json`` where a run's
-results predate the per-game outcomes). ``python scripts/render_docs.py`` rewrites every block in
+results predate the per-game outcomes). A block ``SECTION:FOLDER`` is one section of a run's own
+table (:data:`SECTIONS`, the functions that write ``table.md``) from ``FOLDER``'s results.json. ``python scripts/render_docs.py`` rewrites every block in
 place; ``--check`` (and ``tests/test_docs.py``) fails naming the file and block whose text is not
 its rendering. A figure typed into a block is overwritten; one typed outside a block is not
 checked, so results belong in blocks.
@@ -19,6 +20,7 @@ import re
 from pathlib import Path
 from typing import Any, Callable
 
+from aria import experiment_report as report
 from aria.io import read_json
 from aria.power import runs_detectable_difference, runs_needed
 from aria.statistics import mcnemar, pool_runs
@@ -27,7 +29,7 @@ REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "results" / "experiments"
 #: The Markdown files that may hold rendered blocks.
 DOCUMENTS = ("README.md", "docs/experiments.md")
-MARK = re.compile(r"<!-- rendered: (?P<name>[\w-]+) -->\n(?P<body>.*?)<!-- /rendered: (?P=name) -->", re.S)
+MARK = re.compile(r"<!-- rendered: (?P<name>[\w:-]+) -->\n(?P<body>.*?)<!-- /rendered: (?P=name) -->", re.S)
 
 
 def seed_tests(folder: str, first: str, second: str, iteration: int = 1) -> list[dict[str, Any]]:
@@ -183,13 +185,30 @@ def grouping() -> str:
 BLOCKS: dict[str, Callable[[], str]] = {"aggregation": aggregation, "arms": arms, "grouping": grouping}
 
 
+#: The sections of a run's table a document may show, ``SECTION:FOLDER``.
+SECTIONS: dict[str, Callable[[dict], list[str]]] = {
+    "pooled": report.pooled_lines, "preflight": report.preflight_lines, "movement": report.movement_lines,
+    "paired": report.paired_lines}
+
+
+def block(name: str, source: str = "") -> str:
+    """The text of block ``name``: a named block, or a section of a committed run's table."""
+    if name in BLOCKS:
+        return BLOCKS[name]()
+    section, _, folder = name.partition(":")
+    if section in SECTIONS and folder and (RESULTS / folder / "results.json").is_file():
+        lines = SECTIONS[section](read_json(RESULTS / folder / "results.json"))
+        while lines and lines[0] == "":
+            lines = lines[1:]
+        return "\n".join(lines) + "\n"
+    raise ValueError(f"{source}: unknown rendered block {name!r} (known: {', '.join(BLOCKS)}, or "
+                     f"{'|'.join(SECTIONS)}:FOLDER of results/experiments/)")
+
+
 def render(text: str, source: str = "") -> str:
     """``text`` with every block rendered anew; an unknown block name is an error naming ``source``."""
     def fill(match: re.Match) -> str:
-        name = match["name"]
-        if name not in BLOCKS:
-            raise ValueError(f"{source}: unknown rendered block {name!r} (known: {', '.join(BLOCKS)})")
-        return f"<!-- rendered: {name} -->\n{BLOCKS[name]()}<!-- /rendered: {name} -->"
+        return f"<!-- rendered: {match['name']} -->\n{block(match['name'], source)}<!-- /rendered: {match['name']} -->"
     return MARK.sub(fill, text)
 
 
