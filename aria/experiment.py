@@ -44,10 +44,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from aria.experiment_layout import Layout, games_of, intention_overrides_of, iterations_of, method_of, seeds_of, train_overrides_of
+from aria.experiment_layout import COPY_MARK, Layout, games_of, intention_overrides_of, iterations_of, method_of, seeds_of, train_overrides_of
 from aria.games.family import checked_game, family_of
 from aria.io import ConfigError, atomic_folder, atomic_write_json, check_writable, file_digest, hold_folder, json_digest, read_json
 from aria.llm.embedded import resolve_model_path
+from aria.llm.merge_record import MERGE_FILE
 from aria.resources import check_overrides, compose_config
 from aria.secrets import redact
 from aria.settings import ExperimentSettings, validated
@@ -380,6 +381,8 @@ def train(cfg: dict, method: str, train_file: Path, start_model: Path, out_dir: 
             final = Path(trainer_for(config)(config).train()["final"])
         finally:  # accelerate keeps one state per process: the next training may set other precision
             AcceleratorState._reset_state(reset_partial_state=True)
+    if model.is_dir() and not (model / MERGE_FILE).is_file():
+        shutil.rmtree(model)  # the run's own folder (an ArCHer warm-up's policy), which merge_lora would refuse to replace
     merge_lora(final, model)
     echo(f"[experiment] trained {method} from {start_model.name} -> {model}")
     return model
@@ -734,6 +737,7 @@ def _run(cfg: dict, root: Path, echo: Printer) -> Path:
 
     echo(f"[experiment] {planned_power(cfg)}")
     _check_run_dir(cfg, root)
+    (root / COPY_MARK).unlink(missing_ok=True)  # a copy resumed is a run of its own: no later copy may replace it
     atomic_write_json(root / "experiment.json", cfg)
     times_path = root / "stage_times.json"
     times: dict[str, dict] = read_json(times_path) if times_path.is_file() else {}

@@ -5,10 +5,12 @@ which reads what the runner wrote.
 """
 from __future__ import annotations
 
+import json
+import shutil
 from pathlib import Path
 
 from aria.games.family import family_of
-from aria.io import ConfigError
+from aria.io import ConfigError, atomic_folder, check_output_folder
 
 
 # ---- where things live ------------------------------------------------------------------------------
@@ -112,13 +114,26 @@ def copy_without_weights(run_dir: Path, dest: Path) -> int:
     needs a model (a stage not finished, the warm start as every arm's parent) trains it again,
     from the same marker and data. ``dest`` is replaced whole, so a copy cut short never mixes
     with an older one."""
-    import shutil
-
-    from aria.io import atomic_folder
-
     run_dir, dest = Path(run_dir), Path(dest)
     if not (run_dir / "experiment.json").is_file():
         raise ConfigError(f"{run_dir}: not an experiment's run folder (no experiment.json)")
+    # Only an earlier copy of this same run may be replaced: never the run, another run, or a folder of other files.
+    check_output_folder(dest, [run_dir], "copy of this run", lambda out: is_copy_of(out, run_dir))
     with atomic_folder(dest) as tmp:
         shutil.copytree(run_dir, tmp, dirs_exist_ok=True, ignore=shutil.ignore_patterns(*WEIGHTS_AND_LOGS))
+        (tmp / COPY_MARK).write_text(json.dumps({"copied_from": str(run_dir.resolve())}) + "\n", encoding="utf-8")
     return sum(f.stat().st_size for f in dest.rglob("*") if f.is_file())
+
+
+#: Written into a copy by :func:`copy_without_weights`: a later copy may replace it, never a run.
+COPY_MARK = ".copy_of_run.json"
+
+
+def is_copy_of(folder: Path, run_dir: Path) -> bool:
+    """Whether ``folder`` is a copy :func:`copy_without_weights` made of the run in ``run_dir``: its
+    mark, and the run's own experiment.json."""
+    try:
+        return (folder / COPY_MARK).is_file() and \
+            (folder / "experiment.json").read_bytes() == (Path(run_dir) / "experiment.json").read_bytes()
+    except OSError:
+        return False

@@ -21,7 +21,7 @@ import tempfile
 import time
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator, Sequence
 
 from aria.secrets import redact, redact_text
 
@@ -205,6 +205,29 @@ def replace_folder(new: Path, out: Path, keep_old_as: Path | None = None) -> Pat
     if not keep_old_as:
         shutil.rmtree(aside, ignore_errors=True)
     return out
+
+
+def check_output_folder(dest: str | os.PathLike, sources: Sequence[str | os.PathLike], what: str,
+                        previous: Callable[[Path], bool], setting: str = "") -> None:
+    """Refuse, in one line before any work, an output folder that replacing would destroy
+    something: one of ``sources`` itself, a folder inside one (or holding one), a file, or a
+    folder that holds anything but a previous ``what`` (``previous(dest)`` says whether it is
+    one: the same command's earlier output, which it may replace)."""
+    name = f"{setting}: " if setting else ""
+    out = Path(dest).resolve()
+    for source in sources:
+        src = Path(source).resolve()
+        if out == src:
+            raise ConfigError(f"{name}{dest} is {source} itself: the {what} would replace what it is made from")
+        if src in out.parents:
+            raise ConfigError(f"{name}{dest} lies inside {source}, what the {what} is made from: choose a folder outside it")
+        if out in src.parents:
+            raise ConfigError(f"{name}{dest} holds {source}, what the {what} is made from: replacing it would delete that")
+    if out.exists() and not out.is_dir():
+        raise ConfigError(f"{name}{dest} is a file, not a folder")
+    if out.is_dir() and any(out.iterdir()) and not previous(out):
+        raise ConfigError(f"{name}{dest} holds files that are not a previous {what}: it is not replaced "
+                          "(remove it yourself, or choose an empty or new folder)")
 
 
 @contextmanager

@@ -344,9 +344,9 @@ def merge_lora(adapter_dir: Path, out_dir: Path, base: str | None = None, dtype:
     from peft import PeftModel
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from aria.io import atomic_folder
+    from aria.io import atomic_folder, check_output_folder
     from aria.llm.embedded import resolve_model_path
-    from aria.llm.merge_record import write_merge_record
+    from aria.llm.merge_record import MERGE_FILE, write_merge_record
 
     config_path = adapter_dir / "adapter_config.json"
     if not config_path.is_file():
@@ -358,6 +358,8 @@ def merge_lora(adapter_dir: Path, out_dir: Path, base: str | None = None, dtype:
 
         where = "--base" if base else f"{config_path}: base_model_name_or_path"
         raise ConfigError(f"{where}: {named!r} is no model folder (give the adapter's base model folder with --base)")
+    # Before the models load: the output may replace an earlier merge, never the adapter, the base, or other files.
+    check_output_folder(out_dir, [adapter_dir, base_path], "merged model", lambda out: (out / MERGE_FILE).is_file(), "OUT_DIR")
     model = AutoModelForCausalLM.from_pretrained(base_path, dtype=getattr(torch, dtype))
     with peft_quietly():
         merged = PeftModel.from_pretrained(model, adapter_dir).merge_and_unload()

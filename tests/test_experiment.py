@@ -389,13 +389,48 @@ def test_a_copied_run_dir_resumes_and_its_tables_follow_the_settings(tmp_path, t
     assert all(r["games"] == 2 and r["mean_turns"] <= 2 for r in results["pooled"])
 
 
+def test_a_copy_replaces_only_an_earlier_copy_of_the_same_run(tmp_path):
+    """scripts/copy_run.py's destination: a new folder, or an earlier copy of this run; the run
+    itself, a folder inside it or holding it, another run (or the run a copy came from) and a
+    folder of other files are refused in one line and left whole (before: each was replaced, a
+    run folder shrank to its markers)."""
+    import subprocess
+    import sys
+
+    from aria.experiment_layout import copy_without_weights
+
+    def run_folder(path, name):
+        (path / "s0" / "aria" / "it1" / "model").mkdir(parents=True)
+        (path / "s0" / "aria" / "it1" / "model" / "model.safetensors").write_bytes(b"weights")
+        (path / "experiment.json").write_text(json.dumps({"name": name}))
+        return path
+
+    run, other = run_folder(tmp_path / "run", "powered"), run_folder(tmp_path / "other", "small")
+    (tmp_path / "notes").mkdir()
+    (tmp_path / "notes" / "mine.txt").write_text("mine")
+    copy_without_weights(run, tmp_path / "copy")
+    assert not (tmp_path / "copy" / "s0" / "aria" / "it1" / "model").exists()
+    copy_without_weights(run, tmp_path / "copy")  # an earlier copy of the same run: replaced
+    script = Path(__file__).resolve().parents[1] / "scripts" / "copy_run.py"
+    for src, dest, message in [(run, run, "is .*run itself"), (run, run / "s0", "lies inside"),
+                               (run / "s0" / "..", tmp_path, "holds"), (run, other, "not a previous copy of this run"),
+                               (tmp_path / "copy", run, "not a previous copy of this run"),
+                               (run, tmp_path / "notes", "not a previous copy of this run")]:
+        done = subprocess.run([sys.executable, str(script), str(src), str(dest)], capture_output=True, text=True)
+        assert done.returncode == 2 and len(done.stderr.strip().splitlines()) == 1, done.stderr
+        assert re.search(message, done.stderr), (message, done.stderr)
+    for folder in (run, other):
+        assert (folder / "s0" / "aria" / "it1" / "model" / "model.safetensors").read_bytes() == b"weights"
+    assert (tmp_path / "notes" / "mine.txt").read_text() == "mine" and not list(run.glob("**/*.tmp"))
+
+
 def test_a_run_folder_copied_without_its_weights_reports_and_resumes_without_training_finished_arms(
         tmp_path, tiny_experiment, straight_run):
     """A long run carried to another machine as its games, labels, markers and evaluations only
     (scripts/copy_run.py): the last iteration's arms, evaluated and measured, are not trained again;
     a model something still reads is (iteration 1's, the next iteration's start; the warm start, the
     parent); an arm whose movement is gone trains again and measures it."""
-    from aria.experiment_layout import copy_without_weights
+    from aria.experiment_layout import COPY_MARK, copy_without_weights
 
     straight_root, out, _ = straight_run
     size = copy_without_weights(straight_root / "run", tmp_path / "run")
@@ -411,6 +446,7 @@ def test_a_run_folder_copied_without_its_weights_reports_and_resumes_without_tra
     assert (resumed / "table.md").read_text().replace(str(tmp_path), "") == \
         (out / "table.md").read_text().replace(str(straight_root), "")
 
+    assert not (copied / COPY_MARK).exists()  # resumed, the copy is a run of its own: no copy may replace it now
     (copied / "s0" / "aria" / "it2" / "movement.json").unlink()
     lines = []
     experiment.run(tiny_experiment(tmp_path), lines.append)

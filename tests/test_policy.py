@@ -115,9 +115,36 @@ def test_merge_lora_writes_a_plain_model_with_the_adapters_log_probs(tiny_model_
     with pytest.raises(ConfigError, match=r"^--base: '/no/model' is no model folder"):
         merge_lora(tmp_path / "adapter", tmp_path / "again", base="/no/model")
     (tmp_path / "a_file").write_text("keep me")  # a file where the folder goes is refused, not moved aside
-    with pytest.raises(FileExistsError, match="a file, not a folder"):
+    with pytest.raises(ConfigError, match="a_file is a file, not a folder"):
         merge_lora(tmp_path / "adapter", tmp_path / "a_file", base=str(tiny_model_dir))
     assert (tmp_path / "a_file").read_text() == "keep me" and not (tmp_path / "a_file.tmp").exists()
+
+
+def test_merge_lora_never_replaces_its_adapter_its_base_or_other_files(tiny_model_dir, tmp_path):
+    """The merge's output may replace an earlier merge only: the adapter itself, a folder inside it,
+    the base model, or a folder of other files are refused in one line before any model loads, and
+    left as they were (before: ADAPTER ADAPTER replaced the adapter with the merged model)."""
+    import pytest
+
+    from aria.io import ConfigError, model_digest
+    from aria.policy import merge_lora
+
+    lora = {"r": 4, "alpha": 8, "dropout": 0.0, "target_modules": ["q_proj", "v_proj"]}
+    _, model = load_policy(str(tiny_model_dir), lora=lora)
+    adapter = tmp_path / "adapter"
+    model.save_pretrained(adapter)
+    before = model_digest(adapter)
+    (tmp_path / "notes").mkdir()
+    (tmp_path / "notes" / "results.txt").write_text("mine")
+    for out, message in [(adapter, "is .*adapter itself"), (adapter / "merged", "lies inside .*adapter"),
+                         (tiny_model_dir, "is .* itself"), (tmp_path, "holds .*adapter"),
+                         (tmp_path / "notes", "holds files that are not a previous merged model")]:
+        with pytest.raises(ConfigError, match=f"^OUT_DIR: .*{message}"):
+            merge_lora(adapter, out, base=str(tiny_model_dir))
+    assert model_digest(adapter) == before and (adapter / "adapter_config.json").is_file()
+    assert (tmp_path / "notes" / "results.txt").read_text() == "mine" and not (adapter / "merged").exists()
+    merge_lora(adapter, tmp_path / "merged", base=str(tiny_model_dir))
+    merge_lora(adapter, tmp_path / "merged", base=str(tiny_model_dir))  # an earlier merge is replaced
 
 
 def test_a_saved_encoding_is_read_back_and_a_bad_one_is_named(tmp_path):
