@@ -172,14 +172,15 @@ def run_step(step: Callable[[dict, Callable[[str], None]], Any], cfg) -> None:
     :mod:`aria.intention.pipeline`): bad input prints one line and exits with status 2; Ctrl-C says
     what was kept (the embedding cache and the k sweep save as they go) and exits 130."""
     from aria.games.family import checked_game
-    from aria.io import DataError
+    from aria.io import DataError, hold_folder
     from aria.settings import load
 
     try:
         with command(kept=lambda: f"the saved progress in {cfg.run_dir}"):
             settings = load("intention", cfg)
             settings["game"] = checked_game(settings["game"])
-            step(settings, print)
+            with hold_folder(settings["run_dir"], "run_dir"):  # one step at a time writes a run_dir's files
+                step(settings, print)
     except (DataError, FileNotFoundError, ValueError) as err:  # the settings checks of the steps
         print(f"error: {err}", file=sys.stderr)
         sys.exit(2)

@@ -103,7 +103,7 @@ def games_of(cfg: dict, section: dict) -> int:
 # their checkpoints), any other trainer's checkpoints (ArCHer's critic), servers' logs and the run's
 # lock. What stays (games, labels, training markers, evaluations, movement, stage times, a critic's
 # final heads and advantages) is what the report reads and what tells a resumed run which stages are done.
-WEIGHTS_AND_LOGS = ("model", "train", "checkpoints", "*.log", ".lock")
+WEIGHTS_AND_LOGS = ("model", "train", "checkpoints", "*.log", ".lock", "*.lock")
 
 
 def copy_without_weights(run_dir: Path, dest: Path) -> int:

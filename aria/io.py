@@ -93,38 +93,69 @@ def check_writable(folder: str | os.PathLike) -> Path:
 
 
 class InUse(RuntimeError):
-    """Another process holds the folder this command writes (:func:`hold_folder`)."""
+    """Another process holds the output this command writes (:func:`hold_output`)."""
+
+
+#: The locks this process holds: lock file -> [descriptor, holds]. Held again by the same process
+#: (a trainer run twice in one process, a writer opened again), a lock is counted, not refused.
+_HELD: dict[str, list[int]] = {}
+
+
+def hold_output(output: str | os.PathLike, what: str = "", is_file: bool = False) -> Path:
+    """Hold ``output`` (a folder, or with ``is_file`` a file's name) for this process, or raise :class:`InUse` at
+    once naming the process that holds it; :func:`release_output` lets it go, the end of the
+    process in any case.
+
+    Two commands resuming into the same output would interleave and duplicate its games, metrics
+    or checkpoints, so every resumable output has one writer: an exclusive ``flock`` on
+    ``folder/.lock`` (a folder) or ``<file>.lock`` (a file). The kernel releases it when the process
+    ends, however it ends (SIGKILL included): a lock is never left behind to be removed by hand.
+    The file holds the holder's PID and start time only, never its command line (which may hold
+    a key)."""
+    import fcntl
+
+    output = Path(output)
+    if is_file:  # a file: its lock beside it
+        output.parent.mkdir(parents=True, exist_ok=True)
+        path = output.with_name(output.name + ".lock")
+    else:
+        output.mkdir(parents=True, exist_ok=True)
+        path = output / ".lock"
+    key = str(path.resolve())
+    if key in _HELD:
+        _HELD[key][1] += 1
+        return path
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = os.pread(fd, 200, 0).decode(errors="replace").strip() or "another process"
+        os.close(fd)
+        raise InUse(f"{what + ': ' if what else ''}{output} is in use by {holder}: wait for it to end (or stop it), "
+                    f"or give this one another output") from None
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, f"process {os.getpid()} (started {time.strftime('%Y-%m-%d %H:%M:%S')})\n".encode(), 0)
+    _HELD[key] = [fd, 1]
+    return path
+
+
+def release_output(lock: Path) -> None:
+    """Let go of a hold :func:`hold_output` took (it returned ``lock``), once every hold is released."""
+    key = str(Path(lock).resolve())
+    if key in _HELD:
+        _HELD[key][1] -= 1
+        if _HELD[key][1] == 0:
+            os.close(_HELD.pop(key)[0])
 
 
 @contextmanager
-def hold_folder(folder: str | os.PathLike) -> Iterator[None]:
-    """Hold ``folder`` for this process while the block runs, or raise :class:`InUse` at once,
-    naming the process that holds it.
-
-    Two runs appending to the same files would interleave and duplicate their games, so a run
-    takes an exclusive ``flock`` on ``folder/.lock``. The kernel releases it when the process
-    ends, however it ends (SIGKILL included): a lock is never left behind to be removed by hand.
-    The file holds the holder's PID and start time only, never its command line (which may hold
-    a key).
-    """
-    import fcntl
-
-    folder = Path(folder)
-    folder.mkdir(parents=True, exist_ok=True)
-    path = folder / ".lock"
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+def hold_folder(folder: str | os.PathLike, what: str = "") -> Iterator[None]:
+    """:func:`hold_output` of ``folder`` while the block runs."""
+    lock = hold_output(folder, what)
     try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            holder = os.pread(fd, 200, 0).decode(errors="replace").strip() or "another process"
-            raise InUse(f"{folder} is in use by {holder}: wait for that run to end (or stop it), "
-                        f"or give this one another folder") from None
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, f"process {os.getpid()} (started {time.strftime('%Y-%m-%d %H:%M:%S')})\n".encode(), 0)
         yield
     finally:
-        os.close(fd)  # releases the lock
+        release_output(lock)
 
 
 def atomic_write_text(path: str | os.PathLike, text: str) -> None:

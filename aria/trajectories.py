@@ -52,7 +52,7 @@ import os
 from pathlib import Path
 from typing import Any, Iterator
 
-from aria.io import DataError, ResumeMismatch, atomic_write_json, atomic_write_jsonl, differences, find_non_finite, is_finite_number, iter_jsonl, read_json, require
+from aria.io import DataError, ResumeMismatch, hold_output, release_output, atomic_write_json, atomic_write_jsonl, differences, find_non_finite, is_finite_number, iter_jsonl, read_json, require
 from aria.secrets import redact, redact_text
 
 SCHEMA_VERSION = 1
@@ -317,6 +317,7 @@ class TrajectoryWriter:
         self.done: dict[str, dict] = {}
         self.moved_to: Path | None = None
         self._handle = None
+        self._lock: Path | None = None
 
     @property
     def producer_path(self) -> Path:
@@ -348,6 +349,15 @@ class TrajectoryWriter:
 
     def open(self) -> "TrajectoryWriter":
         self.path.parent.mkdir(parents=True, exist_ok=True)
+        # one writer a file: a second command on it would write every game again (InUse, one line)
+        self._lock = hold_output(self.path, "out", is_file=True)
+        try:
+            return self._open()
+        except BaseException:
+            self.close()
+            raise
+
+    def _open(self) -> "TrajectoryWriter":
         self._check_producer()
         if self.path.exists():
             records = list(read_trajectories(self.path, allow_partial_last_line=True))
@@ -372,6 +382,9 @@ class TrajectoryWriter:
         if self._handle is not None:
             self._handle.close()
             self._handle = None
+        if self._lock is not None:
+            release_output(self._lock)
+            self._lock = None
 
     def __enter__(self) -> "TrajectoryWriter":
         return self.open()

@@ -133,7 +133,7 @@ class CriticTrainer:
             self.train_index = [self.train_index[i] for i in keep]
 
         self.output_dir = Path(cfg["output_dir"])
-        self.accelerator = make_accelerator(cfg, self.output_dir)
+        self.accelerator = make_accelerator(cfg, self.output_dir, output_dir=self.output_dir)
         self.on_step = on_step  # called after every optimizer step (tests use it to interrupt a run)
         set_seed(cfg["seed"])
         critic = DoubleCritic(c["encoder"], c["hidden"], c["max_tokens"])

@@ -17,7 +17,7 @@ from typing import Callable, Mapping
 import torch
 
 from aria import threads
-from aria.io import atomic_folder, atomic_write_json
+from aria.io import atomic_folder, atomic_write_json, hold_output
 from aria.llm.merge_record import stale_merges_of
 
 #: Optimizers by name (config ``train.optimizer``).
@@ -73,9 +73,12 @@ def resolve_mixed_precision(value: str) -> str:
     return "bf16" if native_bf16("cpu") else "no"
 
 
-def make_accelerator(cfg: dict, project_dir: Path | None = None, log_with: str | None = None):
+def make_accelerator(cfg: dict, project_dir: Path | None = None, log_with: str | None = None,
+                     output_dir: Path | None = None):
     """The run's :class:`accelerate.Accelerator`: accumulation, mixed precision and device from
-    ``cfg``, and the process's training threads (``train.threads``, :mod:`aria.threads`).
+    ``cfg``, and the process's training threads (``train.threads``, :mod:`aria.threads`). The main
+    process holds ``output_dir`` (:func:`aria.io.hold_output`): a second training into the same
+    folder is refused in one line, where both would have written its checkpoints and metrics.
 
     The scheduler is stepped by hand once per optimizer step (``step_scheduler_with_optimizer=False``):
     accelerate's wrapper would step it once per process, while the trainers count per-process steps.
@@ -90,6 +93,8 @@ def make_accelerator(cfg: dict, project_dir: Path | None = None, log_with: str |
                       cpu=on_cpu, step_scheduler_with_optimizer=False,
                       log_with=log_with or None, project_dir=str(project_dir) if project_dir else None)
     check_one_group(acc.num_processes)
+    if output_dir is not None and acc.is_main_process:
+        hold_output(output_dir, "output_dir")
     return acc
 
 

@@ -150,7 +150,7 @@ class OfflineTrainer:
         check_lr_scheduler(t)
 
         self.output_dir = Path(cfg["output_dir"])
-        self.accelerator = make_accelerator(cfg, self.output_dir, cfg["logging"]["report_to"])
+        self.accelerator = make_accelerator(cfg, self.output_dir, cfg["logging"]["report_to"], output_dir=self.output_dir)
         self.on_step = on_step  # called after every optimizer step (tests use it to interrupt a run)
         set_seed(cfg["seed"])
 

@@ -175,7 +175,7 @@ class OnlineTrainer:
         self.cfg, self.on_iteration = cfg, on_iteration
         t, o = cfg["train"], cfg["online"]
         self.output_dir = Path(cfg["output_dir"])
-        self.accelerator = make_accelerator(cfg)
+        self.accelerator = make_accelerator(cfg, output_dir=self.output_dir)
         set_seed(cfg["seed"])
         self.advantage = ADVANTAGES[o["advantage"]]
         self.loss_fn = LOSSES[cfg["loss"]["name"]]

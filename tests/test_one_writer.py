@@ -1,0 +1,92 @@
+"""One writer for every resumable output (aria.io.hold_output): a collection's or evaluation's games
+file, a trainer's output_dir, a pipeline run_dir. A second command on an output another process
+holds stops in one line (exit 2) naming that process, and writes nothing; before, two collections
+into one file both exited 0 with every game written twice, and two trainings into one output_dir
+wrote every metrics row twice. The holder here is a real second process."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from contextlib import contextmanager
+from pathlib import Path
+
+from in_process import run_script
+
+REPO = Path(__file__).resolve().parents[1]
+HOLD = ("import sys, time; from aria.io import hold_output; "
+        "hold_output(sys.argv[1], is_file=sys.argv[2] == 'file'); print('held', flush=True); time.sleep(300)")
+
+
+@contextmanager
+def held(path: Path, kind: str):
+    """``path`` held by another process until the block ends; yields its PID."""
+    holder = subprocess.Popen([sys.executable, "-c", HOLD, str(path), kind], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline() == "held\n"
+        yield holder.pid
+    finally:
+        holder.kill()
+        holder.wait()
+
+
+def one_line(done) -> str:
+    assert done.returncode == 2, (done.returncode, done.stderr[-2000:])
+    assert "Traceback" not in done.stderr
+    lines = [line for line in done.stderr.strip().splitlines() if line.strip()]
+    return lines[-1]
+
+
+def test_a_second_collection_into_one_games_file_is_refused(tmp_path):
+    from aria.trajectories import read_trajectories
+
+    out = tmp_path / "games.jsonl"
+    common = [REPO / "scripts/collect_games.py", "game=twenty_questions_subset", "num_games=2", "progress=false",
+              "policy=scripted", f"out={out}"]
+    with held(out, "file") as pid:
+        line = one_line(run_script(*common))
+        assert f"out: {out} is in use by process {pid} " in line, line
+        assert not out.exists() or not out.read_text().strip()
+    assert run_script(*common).returncode == 0  # the holder gone: it plays
+    assert run_script(*common).returncode == 0  # and again: it resumes, nothing doubled
+    assert sorted(r["game_id"] for r in read_trajectories(out)) == sorted({r["game_id"] for r in read_trajectories(out)})
+    assert len(list(read_trajectories(out))) == 2
+
+
+def test_a_second_training_into_one_output_dir_is_refused_before_the_model_loads(tmp_path):
+    train = tmp_path / "train.json"
+    train.write_text(json.dumps([{"observation": "o", "action": "a", "reward": 1.0}]))
+    out = tmp_path / "off"
+    with held(out, "folder") as pid:
+        # model.path names no model: the refusal comes before any model is read
+        line = one_line(run_script(REPO / "scripts/run_offline.py", "--config-name", "reinforce_llm",
+                                   f"data.train_file={train}", f"output_dir={out}", "model.path=/no/model"))
+    assert f"output_dir: {out} is in use by process {pid} " in line, line
+    assert sorted(p.name for p in out.iterdir()) == [".lock"]
+
+
+def test_a_second_pipeline_step_on_one_run_dir_is_refused(tmp_path):
+    games = tmp_path / "games.jsonl"
+    run_dir = tmp_path / "intention"
+    assert run_script(REPO / "scripts/collect_games.py", "game=twenty_questions_subset", "num_games=1",
+                      "progress=false", "policy=scripted", f"out={games}").returncode == 0
+    with held(run_dir, "folder") as pid:
+        line = one_line(run_script(REPO / "reward_aggregation/1_embed_and_cluster.py", f"input={games}",
+                                   f"run_dir={run_dir}"))
+    assert f"run_dir: {run_dir} is in use by process {pid} " in line, line
+    assert sorted(p.name for p in run_dir.iterdir()) == [".lock"]
+
+
+def test_a_process_may_hold_its_own_output_again_and_lets_it_go_when_done(tmp_path):
+    """In one process (the experiment runner trains and plays many times) a hold is counted, and a
+    released output can be taken by another process."""
+    from aria.io import hold_output, release_output
+
+    first = hold_output(tmp_path / "out")
+    second = hold_output(tmp_path / "out")
+    assert first == second == tmp_path / "out" / ".lock"
+    release_output(first)
+    probe = [sys.executable, "-c", HOLD.replace("time.sleep(300)", "pass"), str(tmp_path / "out"), "folder"]
+    assert subprocess.run(probe, capture_output=True).returncode != 0  # still held once
+    release_output(second)
+    assert subprocess.run(probe, capture_output=True, text=True).stdout == "held\n"
