@@ -9,10 +9,12 @@ prompts work the same way):
 * :meth:`GameKind.play_turn`: one turn of every live game, batched (one policy call per player);
 * :meth:`GameKind.record`: the finished game's schema-v1 record (:mod:`aria.trajectories`);
 * :meth:`GameKind.release`: forget the players' per-game state (prompt caches);
-* :meth:`GameKind.tally`: the kind's own counts for the summary (successes, deals, wins).
+* :meth:`GameKind.tally`: the kind's own counts for the summary (successes, deals, wins);
+* :meth:`GameKind.check`: whether a record found in the output file is its job's game by the rules.
 
 The loop, :func:`run_games`: jobs whose game id is already in the output file are skipped
-(resume); up to ``batch_size`` games are live at once; each finished game is written as one
+(resume), once every record there is checked to be one of this run's games as its rules play it
+(a file of other games, or one edited by hand, is refused naming its line); up to ``batch_size`` games are live at once; each finished game is written as one
 complete line, released, and its slot refilled from the queue. The output file is never
 continued under other settings (``producer``, :class:`~aria.trajectories.TrajectoryWriter`).
 It plays in one of two ways, by what the players are (:attr:`GameKind.independent`):
@@ -67,6 +69,11 @@ class GameKind(Protocol):
     def release(self, game: LiveGame) -> None: ...
 
     def tally(self, record: dict, counts: Counter) -> None: ...
+
+    def check(self, record: dict, job: Any) -> str | None:
+        """Why a finished ``record`` found in the output is not the game ``job`` played by the
+        rules (another target or configuration, an outcome its turns do not give); None if it is."""
+        ...
 
     def describe(self, counts: Counter, finished: int) -> str:
         """The kind's counts in words, for :meth:`PlaySummary.line`."""
@@ -130,6 +137,11 @@ def run_games(
     if len(set(ids)) != len(ids):
         raise ValueError("game ids must be unique")
     writer = TrajectoryWriter(out_path, producer=producer, force_new=force_new).open()
+    try:
+        check_resumed(kind, dict(jobs), writer)
+    except BaseException:
+        writer.close()
+        raise
     todo = [(gid, job) for gid, job in jobs if gid not in writer.done]
     summary = PlaySummary(total=len(jobs), already_done=len(jobs) - len(todo), _describe=kind.describe)
     bar = tqdm(total=len(jobs), initial=summary.already_done, unit="game", desc=kind.name, disable=not progress,
@@ -158,6 +170,22 @@ def run_games(
         bar.close()
         writer.close()
     return summary
+
+
+def check_resumed(kind: GameKind, jobs: dict[str, Any], writer: TrajectoryWriter) -> None:
+    """Every game the output already holds is one this run plays, and is that game by its rules
+    (:meth:`GameKind.check`): a resumed file continues only its own games, and counts none twice."""
+    from aria.io import ResumeMismatch
+
+    for gid, record in writer.done.items():
+        line = writer.lines.get(gid)
+        where = f"{writer.path}, line {line}" if line else str(writer.path)
+        if gid not in jobs:
+            raise ResumeMismatch(f"{where}: game {gid!r} is not one of the {len(jobs)} games this run plays: the file "
+                                 "holds other games; write to another file (or start over with force_new=true)")
+        if record["status"] == "finished" and (why := kind.check(record, jobs[gid])):
+            raise ResumeMismatch(f"{where}: game {gid!r} {why}: not continued (write to another file, or start "
+                                 "over with force_new=true)")
 
 
 def _in_step(kind: GameKind, todo: list, batch_size: int, summary: PlaySummary, finish: Callable, bar) -> None:

@@ -315,6 +315,7 @@ class TrajectoryWriter:
         self.producer = None if producer is None else json.loads(json.dumps(redact(producer)))
         self.force_new = force_new
         self.done: dict[str, dict] = {}
+        self.lines: dict[str, int] = {}  # each done game's line in the file
         self.moved_to: Path | None = None
         self._handle = None
         self._lock: Path | None = None
@@ -360,12 +361,14 @@ class TrajectoryWriter:
     def _open(self) -> "TrajectoryWriter":
         self._check_producer()
         if self.path.exists():
-            records = list(read_trajectories(self.path, allow_partial_last_line=True))
-            keep = [r for r in records if r["status"] == "finished" or not self.retry_failed]
+            numbered = list(iter_trajectories(self.path, allow_partial_last_line=True))
+            keep = [(n, r) for n, r in numbered if r["status"] == "finished" or not self.retry_failed]
             raw = self.path.read_bytes()
-            if len(keep) != len(records) or (raw and not raw.endswith(b"\n")):
-                atomic_write_jsonl(self.path, keep)  # drop failed games / a torn last line
-            self.done = {r["game_id"]: r for r in keep}
+            if len(keep) != len(numbered) or (raw and not raw.endswith(b"\n")):
+                atomic_write_jsonl(self.path, [r for _, r in keep])  # drop failed games / a torn last line
+                keep = [(i, r) for i, (_, r) in enumerate(keep, 1)]
+            self.lines = {r["game_id"]: n for n, r in keep}  # (the reader refuses a game id twice)
+            self.done = {r["game_id"]: r for _, r in keep}
         if self.producer is not None and not (self._has_games() and self.producer_path.is_file()):
             atomic_write_json(self.producer_path, {"file": self.path.name, "producer": self.producer})
         self._handle = open(self.path, "a", encoding="utf-8")

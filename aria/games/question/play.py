@@ -86,6 +86,24 @@ class QuestionGames:
     def tally(self, record: dict, counts: Counter) -> None:
         counts["successes"] += record["success"]
 
+    def check(self, record: dict, target: Target) -> str | None:
+        """A finished record is ``target``'s game by the rules: this game and target, won on its
+        last turn only and then, each turn's reward as the rules pay it, and over (won, or out of turns)."""
+        if record["game"] != self.game.name or record["target"] != target.name:
+            return f"is a game of {record['game']} with target {record['target']!r}, not this run's {target.name!r}"
+        won = [self.game.is_win(t.get("question"), target.name) for t in record["turns"]]
+        if any(won[:-1]):
+            return f"is won on turn {won.index(True) + 1} of {len(won)}: a won game ends there"
+        if record["success"] != (bool(won) and won[-1]):
+            return (f"says success {str(record['success']).lower()}, but its last question "
+                    f"{'names' if won and won[-1] else 'does not name'} the target")
+        for i, (turn, w) in enumerate(zip(record["turns"], won)):
+            if turn["reward"] != self.game.turn_reward(w):
+                return f"has reward {turn['reward']} on turn {i + 1}, where the rules pay {self.game.turn_reward(w)}"
+        if not record["success"] and len(won) != self.game.max_turns:
+            return f"is lost after {len(won)} turns, but a game ends lost only after {self.game.max_turns}"
+        return None
+
     def describe(self, counts: Counter, finished: int) -> str:
         return f"success {counts['successes']}/{finished} this run"
 

@@ -165,6 +165,21 @@ class TwoPlayerGames:
     def describe(self, counts: Counter, finished: int) -> str:
         return f"{counts['deals']} deals, wins alice {counts['wins_alice']} / bob {counts['wins_bob']} of {finished}"
 
+    def check(self, record: dict, config: GameConfig) -> str | None:
+        """A finished record is ``config``'s game: this game and configuration, and the winner and
+        rewards its payoffs give."""
+        meta = record.get("meta") or {}
+        if record["game"] != self.name or meta.get("config_id") != config.id or meta.get("config") != config_to_dict(config):
+            return f"is a game of {record['game']} in configuration {meta.get('config_id')!r}, not this run's {config.id!r}"
+        payoffs = meta.get("payoffs")
+        if not isinstance(payoffs, dict) or set(payoffs) != set(PLAYERS):
+            return "has no payoff for each player"
+        if meta.get("winner") != winner(payoffs):
+            return f"names the winner {meta.get('winner')!r}, but its payoffs make it {winner(payoffs)!r}"
+        if record["role_rewards"] != normalized_rewards(payoffs):
+            return "has rewards that are not its payoffs' shares"
+        return None
+
 
 #: The largest ``reply_schema`` options: a schema lists every offer of the grid (``offer_steps + 1``
 #: of them per turn), so a grid of millions would take minutes to build and compile into a
