@@ -83,6 +83,20 @@ def _on_sigterm(signum, frame):
     raise _Stopped()
 
 
+def protect_terminal(argv: list[str] | None = None) -> None:
+    """Redact, from everything this process prints, the secrets given on its command line
+    (:func:`aria.secrets.command_line_secrets`) and in its environment: Hydra's own messages (its
+    errors, "Error executing job with overrides: [...]", its "use +key=value" hints) repeat the
+    command line. Every command calls it first, before Hydra reads the command line."""
+    from aria.secrets import RedactingStream, command_line_secrets
+
+    secrets = command_line_secrets(sys.argv[1:] if argv is None else argv)
+    for name in ("stdout", "stderr"):
+        stream = getattr(sys, name)
+        if not isinstance(stream, RedactingStream):
+            setattr(sys, name, RedactingStream(stream, secrets))
+
+
 @contextmanager
 def command(kept: Callable[[], str] | None = None) -> Iterator[None]:
     """Run a command's body; ``kept`` says what a Ctrl-C leaves on disk ("12 games in out.jsonl")."""

@@ -81,3 +81,36 @@ def redact(obj: Any, secrets: list[str] | None = None) -> Any:
     if isinstance(obj, str):
         return redact_text(obj, secrets)
     return obj
+
+
+def command_line_secrets(argv: list[str]) -> list[str]:
+    """The values of secret-named settings on a command line (``oracle.api_key=sk-...``, ``+``/``++``
+    prefixed, inside an override list, or a list value ``[sk-...]``), each also without its quotes
+    and brackets: what a message echoing the command line must not show."""
+    found: set[str] = set()
+    for arg in argv:
+        for match in _OVERRIDE.finditer(arg):
+            if is_secret_key(match.group("name").rsplit(".", 1)[-1]):
+                found.add(match.group("value"))
+        name, sep, value = arg.lstrip("+").partition("=")
+        if sep and is_secret_key(name.rsplit(".", 1)[-1]):
+            found.add(value)
+            found.update(part.strip(" '\"[]") for part in value.strip("[]").split(","))
+    found = {v.strip("'\"") for v in found} | found
+    return sorted((v for v in found if v and v not in _PLACEHOLDERS and len(v) >= 4), key=len, reverse=True)
+
+
+class RedactingStream:
+    """A text stream whose every write is :func:`redact_text`-ed with ``secrets`` and the
+    environment's (a command's stdout and stderr: Hydra prints its errors and hints there,
+    the command line included, before any code of this project runs)."""
+
+    def __init__(self, stream, secrets: list[str]):
+        self._stream, self._secrets = stream, secrets
+
+    def write(self, text: str) -> int:
+        self._stream.write(redact_text(text, self._secrets + secret_values()))
+        return len(text)
+
+    def __getattr__(self, name: str):
+        return getattr(self._stream, name)

@@ -5,7 +5,7 @@
 """
 import hydra
 
-from aria.cli import run_step
+from aria.cli import protect_terminal, run_step
 from aria.intention.pipeline import step2_select_k
 
 
@@ -15,4 +15,5 @@ def main(cfg) -> None:
 
 
 if __name__ == "__main__":
+    protect_terminal()  # no secret of the command line reaches the terminal, Hydra's messages included
     main()

@@ -9,6 +9,7 @@ import sys
 
 from aria.evaluate import compare_table
 from aria.io import DataError
+from aria.cli import protect_terminal
 
 
 def main() -> None:
@@ -22,4 +23,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
+    protect_terminal()  # no secret of the command line reaches the terminal, Hydra's messages included
     main()

@@ -18,7 +18,7 @@ import sys
 
 import hydra
 
-from aria.cli import command
+from aria.cli import command, protect_terminal
 from aria.evaluate import evaluate_model
 
 
@@ -36,4 +36,5 @@ def main(cfg) -> None:
 
 
 if __name__ == "__main__":
+    protect_terminal()  # no secret of the command line reaches the terminal, Hydra's messages included
     main()

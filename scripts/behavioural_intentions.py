@@ -13,6 +13,7 @@ import json
 import sys
 import time
 from collections import Counter
+from aria.cli import protect_terminal
 
 
 def main() -> None:
@@ -56,4 +57,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
+    protect_terminal()  # no secret of the command line reaches the terminal, Hydra's messages included
     main()

@@ -10,7 +10,7 @@ import sys
 import hydra
 from omegaconf import DictConfig
 
-from aria.cli import command, games_in
+from aria.cli import command, games_in, protect_terminal
 from aria.games.family import collect_from_config
 
 
@@ -26,4 +26,5 @@ def main(cfg: DictConfig) -> None:
 
 
 if __name__ == "__main__":
+    protect_terminal()  # no secret of the command line reaches the terminal, Hydra's messages included
     main()

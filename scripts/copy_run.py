@@ -10,7 +10,7 @@ running starts over (its checkpoints stayed behind), and so does any model a sta
 """
 import argparse
 
-from aria.cli import command
+from aria.cli import command, protect_terminal
 from aria.experiment_layout import WEIGHTS_AND_LOGS, copy_without_weights
 
 
@@ -25,4 +25,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
+    protect_terminal()  # no secret of the command line reaches the terminal, Hydra's messages included
     main()

@@ -11,7 +11,7 @@ import json
 
 import hydra
 
-from aria.cli import command
+from aria.cli import command, protect_terminal
 from aria.io import atomic_write_json
 from aria.settings import load
 from aria.trainers.grad_variance import gradient_variance
@@ -29,4 +29,5 @@ def main(cfg) -> None:
 
 
 if __name__ == "__main__":
+    protect_terminal()  # no secret of the command line reaches the terminal, Hydra's messages included
     main()

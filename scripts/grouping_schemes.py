@@ -17,7 +17,7 @@ import sys
 import time
 from pathlib import Path
 
-from aria.cli import number
+from aria.cli import number, protect_terminal
 
 
 def main() -> None:
@@ -64,4 +64,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
+    protect_terminal()  # no secret of the command line reaches the terminal, Hydra's messages included
     main()

@@ -15,7 +15,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from aria.cli import command
+from aria.cli import command, protect_terminal
 from aria.games.base import known_games
 from aria.importers import IMPORTERS, SUCCESS_SOURCES, TWO_PLAYER_IMPORTERS, import_file, import_summary
 from aria.io import ConfigError
@@ -48,4 +48,5 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
+    protect_terminal()  # no secret of the command line reaches the terminal, Hydra's messages included
     sys.exit(main())

@@ -15,7 +15,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from aria.cli import command
+from aria.cli import command, protect_terminal
 from aria.policy import merge_lora
 
 
@@ -33,4 +33,5 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
+    protect_terminal()  # no secret of the command line reaches the terminal, Hydra's messages included
     sys.exit(main())

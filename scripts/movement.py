@@ -14,7 +14,7 @@ import argparse
 import json
 from pathlib import Path
 
-from aria.cli import command, number
+from aria.cli import command, number, protect_terminal
 from aria.io import DataError, atomic_write_json, read_json
 from aria.movement import DTYPES, movement
 
@@ -44,4 +44,5 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
+    protect_terminal()  # no secret of the command line reaches the terminal, Hydra's messages included
     raise SystemExit(main())

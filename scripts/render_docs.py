@@ -8,7 +8,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from aria.cli import command
+from aria.cli import command, protect_terminal
 from aria.io import atomic_write_text
 from aria.results_tables import DOCUMENTS, REPO, render, stale_blocks
 
@@ -33,4 +33,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
+    protect_terminal()  # no secret of the command line reaches the terminal, Hydra's messages included
     main()

@@ -13,6 +13,7 @@ prints one line naming the file, sample and field, before any training, and exit
 import hydra
 
 from aria.trainers.launch import run
+from aria.cli import protect_terminal
 
 
 @hydra.main(config_path="../config", config_name="reinforce_llm", version_base="1.3")
@@ -22,4 +23,5 @@ def main(cfg) -> None:
 
 
 if __name__ == "__main__":
+    protect_terminal()  # no secret of the command line reaches the terminal, Hydra's messages included
     main()

@@ -8,7 +8,7 @@ Re-running the same command resumes after the last checkpointed iteration.
 """
 
 import hydra
-from aria.cli import checkpoints_in, command
+from aria.cli import checkpoints_in, command, protect_terminal
 from aria.trainers.online import OnlineTrainer
 
 
@@ -22,4 +22,5 @@ def main(cfg) -> None:
 
 
 if __name__ == "__main__":
+    protect_terminal()  # no secret of the command line reaches the terminal, Hydra's messages included
     main()

@@ -27,6 +27,7 @@ import sys
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from aria.cli import protect_terminal
 
 REPO = Path(__file__).resolve().parent.parent
 #: The recipe: the README's section of this name, its first bash block.
@@ -174,4 +175,5 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
+    protect_terminal()  # no secret of the command line reaches the terminal, Hydra's messages included
     sys.exit(main())

@@ -18,7 +18,7 @@ import logging
 import os
 import sys
 
-from aria.cli import number, torch_device
+from aria.cli import number, protect_terminal, torch_device
 from aria.reward_service import InProcessScorer, make_server
 
 
@@ -67,4 +67,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
+    protect_terminal()  # no secret of the command line reaches the terminal, Hydra's messages included
     main()

@@ -164,3 +164,46 @@ def test_keys_given_to_the_experiment_runner_reach_no_file(tmp_path, tiny_model_
     assert (tmp_path / "run" / "experiment.json").is_file() and (tmp_path / "results" / "table.md").is_file()
     assert files_holding(tmp_path, [top, inner, train, *PLANTED_ENV.values()]) == []
     assert not [k for k in (top, inner, train, *PLANTED_ENV.values()) if k in done.stdout + done.stderr]
+
+
+KEY = "sk-typed-4e5f6a7b8c9d"
+
+
+@pytest.mark.parametrize("args, shown", [
+    # a mistyped group name: Hydra's "Could not override" and its "use +embeder.api_key=..." hint
+    (["reward_aggregation/1_embed_and_cluster.py", f"embeder.api_key={KEY}"], "Could not override 'embeder.api_key'"),
+    # a key inside the runner's override list, under a group that does not take it
+    (["scripts/run_experiment.py", "--config-name", "experiment", "run_dir=/tmp/none",
+      f"intention_overrides=['embedder.api_key={KEY}']"], "intention_overrides"),
+    # a key given as a list: refused without its value
+    (["reward_aggregation/1_embed_and_cluster.py", "embedder=openai", f"embedder.api_key=[{KEY}]",
+      "embedder.base_url=http://127.0.0.1:9/v1", "input=/no/games.jsonl"], ""),
+])
+def test_a_key_on_the_command_line_never_reaches_the_terminal(tmp_path, args, shown):
+    """Before: Hydra's error and hint lines, and the runner's one line that quotes Hydra, printed
+    the key (aria.cli.protect_terminal now redacts both streams of every command)."""
+    done = subprocess.run([sys.executable, *args], capture_output=True, text=True, cwd=REPO, timeout=300,
+                          env={**os.environ, "OPENAI_API_KEY": ""})
+    assert done.returncode != 0
+    assert KEY not in done.stdout + done.stderr, (done.stdout + done.stderr)[-2000:]
+    assert shown in done.stdout + done.stderr
+
+
+def test_a_key_given_as_a_list_is_refused_before_any_request():
+    from aria.io import ConfigError
+    from aria.llm.endpoint import _default_api_key
+
+    with pytest.raises(ConfigError, match="api_key: expected a string .*got a list") as found:
+        _default_api_key([KEY])
+    assert KEY not in str(found.value)
+
+
+def test_command_line_secrets_by_hand():
+    from aria.secrets import command_line_secrets
+
+    found = command_line_secrets(["oracle.api_key=sk-aaaa1111", "+policy.token='tok-bbbb2222'", "seed=3",
+                                  "intention_overrides=['embedder.api_key=sk-cccc3333','k=4']",
+                                  "embedder.api_key=[sk-dddd4444]", "policy.api_key=EMPTY"])
+    for key in ("sk-aaaa1111", "tok-bbbb2222", "sk-cccc3333", "sk-dddd4444"):
+        assert key in found
+    assert "EMPTY" not in found and "3" not in found and "4" not in found

@@ -32,7 +32,14 @@ def quiet_http_logs() -> None:
 
 
 def _default_api_key(api_key: str | None) -> str:
-    """``api_key`` if given, else ``$OPENAI_API_KEY``, else ``"EMPTY"`` (what vLLM accepts)."""
+    """``api_key`` if given, else ``$OPENAI_API_KEY``, else ``"EMPTY"`` (what vLLM accepts). A key
+    that is not a string (``api_key=[sk-...]`` reads as a list) is refused without its value, where
+    the client would have sent its text form."""
+    if api_key is not None and not isinstance(api_key, str):
+        from aria.io import ConfigError
+
+        raise ConfigError(f"api_key: expected a string (the key itself), got a {type(api_key).__name__}: "
+                          "give the key as a plain value, or in $OPENAI_API_KEY")
     if api_key is not None:
         return api_key
     return os.environ.get("OPENAI_API_KEY", "EMPTY")
