@@ -64,24 +64,27 @@ OmegaConf.register_new_resolver("data_name", data_name, replace=True)
 
 def bounded(*, ge: float | None = None, gt: float | None = None, le: float | None = None, lt: float | None = None,
             one_of: tuple | None = None, nonempty: bool = False, each: Mapping[str, float] | None = None,
-            why: str | None = None, default: Any = MISSING) -> Any:
+            length: int | None = None, why: str | None = None, default: Any = MISSING) -> Any:
     """A field whose value must also lie in a range (``ge`` <= v, ``gt`` < v, v <= ``le``,
-    v < ``lt``, finite), be ``one_of`` some names, be a ``nonempty`` list, or a list whose
-    ``each`` element obeys the rules given there (``{"ge": 0}``): what a type cannot say, checked
+    v < ``lt``, finite), be ``one_of`` some names, be a ``nonempty`` list, a list of ``length``
+    elements, or a list whose ``each`` element obeys the rules given there (``{"ge": 0}``): what a type cannot say, checked
     by :func:`validated` with the types, so a value that would train anyway, play the wrong seat
     or fail after the model loaded is one line before any work. ``null`` passes where the field is ``Optional``; ``why`` is said with the
     refusal (what a boundary value means: "0: no clipping")."""
     rules = {name: value for name, value in (("ge", ge), ("gt", gt), ("le", le), ("lt", lt), ("one_of", one_of),
-                                             ("nonempty", nonempty or None), ("each", each), ("why", why)) if value is not None}
+                                             ("nonempty", nonempty or None), ("length", length), ("each", each),
+                                             ("why", why)) if value is not None}
     return field(default=default, metadata={"bounds": rules})
 
 
 def out_of_bounds(value: Any, rules: Mapping[str, Any]) -> str | None:
     """What ``value`` should have been under ``rules``, or None where it is fine."""
     if "one_of" in rules:
-        return None if value in rules["one_of"] else f"one of {', '.join(map(str, rules['one_of']))}"
+        return None if value in rules["one_of"] else f"one of {', '.join('null' if v is None else str(v) for v in rules['one_of'])}"
     if "nonempty" in rules and not value:
         return "a non-empty list"
+    if "length" in rules and len(value) != rules["length"]:
+        return f"a list of {rules['length']} numbers"
     if "each" in rules:
         wanted = [out_of_bounds(v, rules["each"]) for v in value]
         return next((f"a list whose every element is {w}" for w in wanted if w), None)
@@ -179,7 +182,7 @@ class EngineTrainSettings:
     gradient_accumulation_steps: int = bounded(ge=1)
     lr: float = bounded(gt=0)
     optimizer: str = MISSING
-    betas: List[float] = bounded(each={"ge": 0, "lt": 1})
+    betas: List[float] = bounded(length=2, each={"ge": 0, "lt": 1})  # Adam's (beta1, beta2)
     eps: float = bounded(gt=0)
     weight_decay: float = bounded(ge=0)
     lr_scheduler: str = MISSING
@@ -203,7 +206,8 @@ class TrainSettings(EngineTrainSettings):
 @dataclass
 class LoggingSettings:
     log_every: int = bounded(ge=1)
-    report_to: Optional[str] = MISSING
+    report_to: Optional[str] = bounded(one_of=(None, "tensorboard", "wandb", "mlflow", "comet_ml", "aim", "clearml",
+                                               "dvclive", "swanlab", "trackio", "all"))  # accelerate's LoggerType
     run_name: Optional[str] = MISSING
     write_data_order: bool = MISSING
 

@@ -85,6 +85,10 @@ def test_nan_embeddings_are_refused_at_import_and_at_read(tmp_path):
     ("logging.log_every=0", "trainer settings: logging.log_every: expected an integer >= 1, got 0"),
     ("data.max_samples=0", "trainer settings: data.max_samples: expected an integer >= 1 (null: all), got 0"),
     ("data.max_prompt_tokens=0", "trainer settings: data.max_prompt_tokens: expected an integer >= 1, got 0"),
+    # before: a traceback at the first optimizer step, and after the model loaded
+    ("train.betas=[0.9]", "trainer settings: train.betas: expected a list of 2 numbers, got [0.9]"),
+    ("logging.report_to=bogus", "trainer settings: logging.report_to: expected one of null, tensorboard, wandb, mlflow, "
+                                "comet_ml, aim, clearml, dvclive, swanlab, trackio, all, got 'bogus'"),
 ])
 def test_impossible_training_settings_stop_before_the_model_loads(tmp_path, override, message):
     # model.path names no model: a check that came after loading would fail on the path instead.
