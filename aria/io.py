@@ -224,11 +224,16 @@ def atomic_save_figure(fig, path: str | os.PathLike, **savefig_kwargs) -> None:
 
 
 def replace_folder(new: Path, out: Path, keep_old_as: Path | None = None) -> Path:
-    """Put the finished folder ``new`` at ``out``. The old ``out`` is first moved aside (to
-    ``keep_old_as`` when given, else to ``<out>.old`` and then deleted), so ``out`` is at every
-    moment either the old folder or the new one, never half of each."""
+    """Put the finished folder ``new`` at ``out``, its files with the permissions of the umask. The
+    old ``out`` is first moved aside (to ``keep_old_as`` when given, else to ``<out>.old`` and then
+    deleted), so ``out`` is at every moment either the old folder or the new one, never half of each."""
     out = Path(out)
     aside = Path(keep_old_as) if keep_old_as else out.with_name(out.name + ".old")
+    # safetensors writes its files -rw------- whatever the umask: give them what any other output gets
+    mode = new_file_mode()
+    for file in Path(new).rglob("*"):
+        if file.is_file() and not file.is_symlink():
+            file.chmod(mode)
     if out.exists():
         shutil.rmtree(aside, ignore_errors=True)
         out.rename(aside)

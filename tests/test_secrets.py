@@ -61,6 +61,28 @@ def test_writers_redact_and_keep_the_umask(tmp_path, monkeypatch):
         os.umask(old)
 
 
+def test_saved_weights_get_the_umask_not_safetensors_0600(tmp_path, tiny_model_dir):
+    """A model folder written whole (aria.io.atomic_folder: merges, final models, the experiment's
+    models) and a checkpoint (replace_folder) hold weights readable as the umask allows (before:
+    every .safetensors -rw------- under umask 022, unlike every other output)."""
+    import torch
+    from safetensors.torch import save_file
+
+    from aria.io import atomic_folder
+    from aria.policy import load_policy
+
+    old = os.umask(0o022)
+    try:
+        _, model = load_policy(str(tiny_model_dir))
+        with atomic_folder(tmp_path / "model") as tmp:
+            model.save_pretrained(tmp)
+            save_file({"rng": torch.zeros(2)}, str(tmp / "rng_state_0.safetensors"))
+        modes = {p.name: stat.S_IMODE(p.stat().st_mode) for p in (tmp_path / "model").iterdir()}
+        assert modes["model.safetensors"] == modes["rng_state_0.safetensors"] == modes["config.json"] == 0o644, modes
+    finally:
+        os.umask(old)
+
+
 def files_holding(root: Path, needles: list[str]) -> list[str]:
     found = []
     for path in root.rglob("*"):
