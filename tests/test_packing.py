@@ -355,6 +355,33 @@ def test_packed_training_resumes_bit_identically(tmp_path, tiny_model_dir, playe
         OfflineTrainer(other).train()
 
 
+@pytest.mark.parametrize("damage", ["tensor file cut short", "torn trainer state"])
+def test_a_damaged_newest_checkpoint_falls_back_to_the_one_before(damage, tmp_path, tiny_model_dir, played_samples, capsys):
+    """Before: a traceback while loading the newest checkpoint, and no resume at all."""
+    from aria.trainers.offline import OfflineTrainer
+
+    common = ["train.epochs=1", "train.micro_batch_size=4", "train.gradient_accumulation_steps=1", "train.save_freq=1",
+              "train.keep_checkpoints=null", "method=no_aggregation"]
+
+    def crash(step):
+        if step == 2:
+            raise KeyboardInterrupt
+
+    cfg = trainer_config(tmp_path / "run", tiny_model_dir, played_samples, "reinforce_llm", *common)
+    with pytest.raises(KeyboardInterrupt):
+        OfflineTrainer(cfg, on_step=crash).train()
+    newest = tmp_path / "run" / "out" / "checkpoints" / "step-2"
+    if damage == "tensor file cut short":
+        weights = newest / "trainable.safetensors"
+        weights.write_bytes(weights.read_bytes()[:-64])
+    else:
+        (newest / "trainer_state.json").write_text('{"step": 2, "epo')
+    capsys.readouterr()
+    resumed = OfflineTrainer(cfg).train()
+    assert resumed["resumed_from"].endswith("step-1") and resumed["steps"] >= 3
+    assert f"[checkpoint] {newest} is damaged (" in capsys.readouterr().err
+
+
 @pytest.mark.subprocess
 def test_two_processes_train_packed_games(tmp_path, tiny_model_dir, played_samples):
     """``accelerate launch`` with two CPU processes (torchrun, gloo): the packed micro-batches are

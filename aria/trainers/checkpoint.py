@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 import random
 import shutil
+import sys
 from pathlib import Path
 from typing import Any, Callable
 
@@ -111,17 +112,41 @@ def set_rng_state(state: dict) -> None:
 
 # ---- checkpoint folders ----------------------------------------------------------------------
 def latest_checkpoint(output_dir: Path) -> Path | None:
-    """The newest complete checkpoint folder, or None. A folder of the old pickle format is refused."""
+    """The newest complete and intact checkpoint folder, or None. A damaged one (a file cut short
+    by a full disk, a state torn by a copy) is passed over for the one before, and said so on
+    stderr. A folder of the old pickle format is refused."""
     folder = output_dir / "checkpoints"
     done = [p for p in folder.glob("step-*") if not p.name.endswith(".tmp") and (p / "trainer_state.json").is_file()] \
         if folder.is_dir() else []
-    if not done:
-        return None
-    newest = max(done, key=lambda p: int(p.name.split("-")[1]))
-    if (newest / "optimizer.pt").is_file() or any(newest.glob("rng_state_*.pt")):
-        raise ValueError(f"{newest} holds pickle files (.pt) of an older version, which are not loaded (they could "
-                         f"run code): use a new output_dir, or delete {folder} to start over")
-    return newest
+    for newest in sorted(done, key=lambda p: int(p.name.split("-")[1]), reverse=True):
+        if (newest / "optimizer.pt").is_file() or any(newest.glob("rng_state_*.pt")):
+            raise ValueError(f"{newest} holds pickle files (.pt) of an older version, which are not loaded (they could "
+                             f"run code): use a new output_dir, or delete {folder} to start over")
+        if why := checkpoint_damage(newest):
+            print(f"[checkpoint] {newest} is damaged ({why}): not resumed from; trying the one before", file=sys.stderr)
+            continue
+        return newest
+    return None
+
+
+def checkpoint_damage(folder: Path) -> str | None:
+    """Why ``folder`` cannot be resumed from: a trainer state that is not whole JSON, or a tensor
+    file whose header or data is cut short; None when it is intact."""
+    from safetensors import safe_open
+
+    try:
+        state = json.loads((folder / "trainer_state.json").read_text(encoding="utf-8"))
+        if not isinstance(state, dict) or "step" not in state:
+            return "trainer_state.json holds no step"
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+        return f"trainer_state.json is not whole JSON: {err}"
+    for file in sorted(folder.rglob("*.safetensors")):
+        try:
+            with safe_open(str(file), "pt"):
+                pass
+        except Exception as err:  # noqa: BLE001 - safetensors' own error types differ between versions
+            return f"{file.relative_to(folder)}: {' '.join(str(err).split())[:160]}"
+    return None
 
 
 def begin_checkpoint(accelerator, output_dir: Path, step: int) -> tuple[Path, Path]:
