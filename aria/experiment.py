@@ -700,6 +700,8 @@ def run(cfg: dict, echo: Printer = print) -> Path:
     only the results of what is finished (:func:`report`)."""
     cfg = check_settings(cfg)
     root = Path(cfg["run_dir"])
+    if cfg["report_only"] and not (root / "experiment.json").is_file():  # before results_dir is made
+        raise ConfigError(f"run_dir: {root} holds no run (no experiment.json): report_only reports a run started before")
     check_writable(cfg["results_dir"])
     if cfg["report_only"]:
         return report(cfg, root, echo)

@@ -510,6 +510,7 @@ def test_report_only_tables_the_evaluated_arms_and_runs_nothing(tmp_path, tiny_e
     assert [t["iteration"] for t in results["paired_tests"]] == [1]
     with pytest.raises(ConfigError, match="holds no run"):
         experiment.run({**tiny_experiment(tmp_path / "none"), "report_only": True}, lines.append)
+    assert not (tmp_path / "none").exists()  # before: an empty results_dir was left behind
 
 
 def test_archer_trains_its_critic_each_iteration_and_its_actor_after_the_warm_up(tmp_path, tiny_experiment, straight_run,
