@@ -149,3 +149,34 @@ def test_a_background_run_survives_a_sigint_and_a_lost_server_and_a_killed_runne
     finally:
         kill_all(runner, server)
     assert "the vLLM server had ended" in said and "starting it again (1 of vllm.restarts=2)" in said, (said + err)[-3000:]
+
+
+def test_a_command_killed_while_its_server_starts_takes_the_server_with_it(tmp_path):
+    """SIGKILL of a collection whose vLLM server is still loading: the server's watcher stops it
+    within seconds. Before: a loading server ignored SIGTERM and outlived the command by 31 s (the
+    watcher's grace meant for a server with requests in flight)."""
+    import signal
+    import time
+
+    runner = subprocess.Popen(
+        [sys.executable, str(REPO / "scripts/collect_games.py"), "num_games=2", "game.max_turns=2",
+         f"out={tmp_path / 'games.jsonl'}", "progress=false"], cwd=tmp_path, stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, text=True, env={**os.environ, "ARIA_TEST_TAG": str(tmp_path)})
+    server: set[int] = set()
+    try:
+        deadline = time.monotonic() + 300
+        while not servers_started_by(str(tmp_path)):
+            assert runner.poll() is None, runner.communicate()[1][-3000:]
+            assert time.monotonic() < deadline, "no server was started"
+            time.sleep(0.2)
+        [api] = servers_started_by(str(tmp_path))
+        while len(descendants(api)) < 2:  # its engine process started: loading, not yet serving (20-40 s here)
+            assert time.monotonic() < deadline, "the server started no engine process"
+            time.sleep(0.2)
+        server = descendants(api)
+        assert not (tmp_path / "games.jsonl").is_file() or not (tmp_path / "games.jsonl").read_text().strip()
+        os.kill(runner.pid, signal.SIGKILL)
+        runner.communicate(timeout=60)
+        assert not wait_gone(server, 15), f"the server outlived its killed command: {alive(server)}"
+    finally:
+        kill_all(runner, server)

@@ -71,10 +71,10 @@ signal_server() { kill "-$1" -- "-$2" 2>/dev/null || kill "-$1" "$2" 2>/dev/null
 # A process that exists and is not a zombie (kill -0 succeeds on a zombie not yet reaped).
 running() { local state; state=$(sed 's/.*) //' "/proc/$1/stat" 2>/dev/null | cut -c1); [ -n "$state" ] && [ "$state" != Z ]; }
 
-stop_server() {  # SIGTERM, then SIGKILL after 30 s; returns once nothing of the server is left
-  local pid=$1
+stop_server() {  # SIGTERM, then SIGKILL after $2 s (30); returns once nothing of the server is left
+  local pid=$1 grace=${2:-30}
   signal_server TERM "$pid" || { echo "[serve] no process $pid" >&2; return 0; }
-  for _ in $(seq 1 30); do
+  for _ in $(seq 1 "$grace"); do
     signal_server 0 "$pid" || { echo "[serve] stopped $pid" >&2; return 0; }
     sleep 1
   done
@@ -166,7 +166,9 @@ echo "[serve] starting vLLM (pid $PID) for $MODEL_DIR as '$NAME' (${ARGS[*]}${OM
   while running "$PID" && { [ -z "${VLLM_PARENT_PID:-}" ] || running "$VLLM_PARENT_PID"; }; do
     sleep 1
   done
-  stop_server "$PID"
+  # Its owner or its API server is gone: no one waits for a reply, so 3 s of grace, not 30. (A server
+  # still loading ignores SIGTERM: it outlived a killed command by 31 s.)
+  stop_server "$PID" 3
 ) </dev/null >/dev/null 2>&1 &
 disown
 
