@@ -97,6 +97,49 @@ def protect_terminal(argv: list[str] | None = None) -> None:
             setattr(sys, name, RedactingStream(stream, secrets))
 
 
+def check_command_line(config_name: str, argv: list[str] | None = None) -> None:
+    """Compose the command's config (``config/<config_name>.yaml``, or the ``--config-name`` given)
+    from its command line as Hydra will, before Hydra does: an unknown option of a config group
+    (``experiment=nope``), a key the config lacks or an override Hydra cannot parse is one line,
+    exit 2 (Hydra's own message is 2-16 lines, exit 1). Hydra's flags (``--help``, ``--cfg``,
+    ``--multirun``, ...) are left to Hydra."""
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.errors import HydraException, MissingConfigException
+
+    from aria.resources import config_dir
+
+    args = sys.argv[1:] if argv is None else argv
+    name, overrides, i = config_name, [], 0
+    while i < len(args):
+        if args[i] in ("--config-name", "-cn") and i + 1 < len(args):
+            name, i = args[i + 1], i + 2
+            continue
+        if args[i].startswith("--config-name="):
+            name = args[i].split("=", 1)[1]
+        elif args[i].startswith("-"):
+            return
+        else:
+            overrides.append(args[i])
+        i += 1
+    GlobalHydra.instance().clear()
+    try:
+        with initialize_config_dir(config_dir=str(config_dir()), version_base="1.3"):
+            compose(config_name=name, overrides=overrides)
+    except MissingConfigException as err:
+        text = str(err)
+        first = text.splitlines()[0]
+        known = [line.strip() for line in text.split("Available options in", 1)[-1].split("Config search path")[0]
+                 .splitlines()[1:] if line.strip()] if "Available options in" in text else []
+        print(f"error: {first}" + (f" (known: {', '.join(known)})" if known else ""), file=sys.stderr)
+        sys.exit(EXIT_BAD_INPUT)
+    except HydraException as err:
+        print("error: " + "; ".join(line.strip() for line in str(err).splitlines()[:2] if line.strip()), file=sys.stderr)
+        sys.exit(EXIT_BAD_INPUT)
+    finally:
+        GlobalHydra.instance().clear()
+
+
 @contextmanager
 def command(kept: Callable[[], str] | None = None) -> Iterator[None]:
     """Run a command's body; ``kept`` says what a Ctrl-C leaves on disk ("12 games in out.jsonl")."""

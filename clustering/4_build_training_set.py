@@ -5,7 +5,7 @@
 """
 import hydra
 
-from aria.cli import protect_terminal, run_step
+from aria.cli import check_command_line, protect_terminal, run_step
 from aria.intention.pipeline import step4_build_training_set
 
 
@@ -16,4 +16,5 @@ def main(cfg) -> None:
 
 if __name__ == "__main__":
     protect_terminal()  # no secret of the command line reaches the terminal, Hydra's messages included
+    check_command_line("intention")  # an unknown option or key: one line, exit 2, before Hydra
     main()

@@ -18,7 +18,7 @@ import sys
 
 import hydra
 
-from aria.cli import command, protect_terminal
+from aria.cli import check_command_line, command, protect_terminal
 from aria.evaluate import evaluate_model
 
 
@@ -37,4 +37,5 @@ def main(cfg) -> None:
 
 if __name__ == "__main__":
     protect_terminal()  # no secret of the command line reaches the terminal, Hydra's messages included
+    check_command_line("eval")  # an unknown option or key: one line, exit 2, before Hydra
     main()

@@ -10,7 +10,7 @@ import sys
 import hydra
 from omegaconf import DictConfig
 
-from aria.cli import command, games_in, protect_terminal
+from aria.cli import check_command_line, command, games_in, protect_terminal
 from aria.games.family import collect_from_config
 
 
@@ -27,4 +27,5 @@ def main(cfg: DictConfig) -> None:
 
 if __name__ == "__main__":
     protect_terminal()  # no secret of the command line reaches the terminal, Hydra's messages included
+    check_command_line("collect")  # an unknown option or key: one line, exit 2, before Hydra
     main()

@@ -11,7 +11,7 @@ import json
 
 import hydra
 
-from aria.cli import command, protect_terminal
+from aria.cli import check_command_line, command, protect_terminal
 from aria.io import atomic_write_json
 from aria.settings import load
 from aria.trainers.grad_variance import gradient_variance
@@ -30,4 +30,5 @@ def main(cfg) -> None:
 
 if __name__ == "__main__":
     protect_terminal()  # no secret of the command line reaches the terminal, Hydra's messages included
+    check_command_line("reinforce_llm")  # an unknown option or key: one line, exit 2, before Hydra
     main()

@@ -9,7 +9,7 @@ Every stage resumes; results go to results/experiments/<name>/ (table.md, result
 import sys
 
 import hydra
-from aria.cli import command, protect_terminal
+from aria.cli import check_command_line, command, protect_terminal
 from aria.experiment import GamesFailed, run
 
 
@@ -26,4 +26,5 @@ def main(cfg) -> None:
 
 if __name__ == "__main__":
     protect_terminal()  # no secret of the command line reaches the terminal, Hydra's messages included
+    check_command_line("experiment")  # an unknown option or key: one line, exit 2, before Hydra
     main()

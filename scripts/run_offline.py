@@ -13,7 +13,7 @@ prints one line naming the file, sample and field, before any training, and exit
 import hydra
 
 from aria.trainers.launch import run
-from aria.cli import protect_terminal
+from aria.cli import check_command_line, protect_terminal
 
 
 @hydra.main(config_path="../config", config_name="reinforce_llm", version_base="1.3")
@@ -24,4 +24,5 @@ def main(cfg) -> None:
 
 if __name__ == "__main__":
     protect_terminal()  # no secret of the command line reaches the terminal, Hydra's messages included
+    check_command_line("reinforce_llm")  # an unknown option or key: one line, exit 2, before Hydra
     main()

@@ -8,7 +8,7 @@ Re-running the same command resumes after the last checkpointed iteration.
 """
 
 import hydra
-from aria.cli import checkpoints_in, command, protect_terminal
+from aria.cli import check_command_line, checkpoints_in, command, protect_terminal
 from aria.trainers.online import OnlineTrainer
 
 
@@ -23,4 +23,5 @@ def main(cfg) -> None:
 
 if __name__ == "__main__":
     protect_terminal()  # no secret of the command line reaches the terminal, Hydra's messages included
+    check_command_line("onlinereinforce_llm")  # an unknown option or key: one line, exit 2, before Hydra
     main()

@@ -12,7 +12,7 @@ prints one line naming the file, sample and field, before any model loads, and e
 import hydra
 
 from aria.trainers.launch_critic import run
-from aria.cli import protect_terminal
+from aria.cli import check_command_line, protect_terminal
 
 
 @hydra.main(config_path="../config", config_name="critic", version_base="1.3")
@@ -22,4 +22,5 @@ def main(cfg) -> None:
 
 if __name__ == "__main__":
     protect_terminal()  # no secret of the command line reaches the terminal, Hydra's messages included
+    check_command_line("critic")  # an unknown option or key: one line, exit 2, before Hydra
     main()

@@ -385,3 +385,19 @@ def test_a_read_only_run_or_results_folder_is_one_line_before_any_work(tmp_path,
     assert code == 2 and err.count("\n") == 1, err
     assert err.startswith(f"error: {read_only_dir / 'x'}: ") and "give a folder" in err, err
     assert not (tmp_path / "run").exists() or which == "results_dir" and not any((tmp_path / "run").iterdir())
+
+
+@pytest.mark.parametrize("script, args, message", [
+    ("scripts/run_experiment.py", ["--config-name", "experiment", "oracle=nope"],
+     "error: In 'experiment': Could not find 'oracle/nope' (known: flan_t5, knowledge_base, llm)"),
+    ("scripts/collect_games.py", ["game=nope"], "error: In 'collect': Could not find 'game/nope' (known: bargaining, "),
+    ("reward_aggregation/1_embed_and_cluster.py", ["embeder.model=x"], "error: Could not override 'embeder.model'."),
+    ("scripts/run_offline.py", ["--config-name", "reinforce_llm", "train.lr=="], "error: Error parsing override 'train.lr=='"),
+])
+def test_an_unknown_option_or_key_of_the_command_line_is_one_line(script, args, message):
+    """Before: Hydra's own message, 5 to 16 lines (the options one a line, its config search path),
+    and exit 1 (aria.cli.check_command_line composes the command line first)."""
+    done = run(script, *args)
+    assert done.returncode == 2, done.stderr[-2000:]
+    lines = [line for line in done.stderr.strip().splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith(message), done.stderr
