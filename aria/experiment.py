@@ -613,8 +613,10 @@ def check_settings(cfg: dict) -> dict:
     cfg["game"] = checked_game(cfg["game"])
     # what failed only when first used: the model after the expert's games, the launcher at the
     # first training (a report of finished stages needs neither)
-    if not cfg["report_only"] and not resolve_model_path(cfg["base_model"]).is_dir():
-        raise ConfigError(f"base_model: {cfg['base_model']!r} is no model folder (give a Hugging Face model folder, or embedded)")
+    if not cfg["report_only"]:  # a whole model: the stages merge adapters onto it and serve it
+        from aria.policy import model_folder  # (torch: not at the runner's start, which checks settings first)
+
+        model_folder(cfg["base_model"], "base_model", adapter=False)
     if not cfg["report_only"] and cfg["launcher"] and shutil.which((shlex.split(cfg["launcher"]) or [""])[0]) is None:
         raise ConfigError(f"launcher: {cfg['launcher']!r} does not start with a command on PATH "
                           "(e.g. accelerate launch --config_file config/accelerate/gpu_8.yaml; null: train in this process)")

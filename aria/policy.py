@@ -258,16 +258,7 @@ def load_model(model_path: str, head: str = "causal_lm", dtype: str = "float32",
 
     if head not in HEADS:
         raise ValueError(f"unknown model head {head!r} (known: {', '.join(HEADS)})")
-    path = resolve_model_path(model_path)
-    if not path.is_dir():  # else a traceback from transformers' hub code, after seconds of imports
-        from aria.io import ConfigError
-
-        raise ConfigError(f"{setting}: {model_path!r} is no model folder (give a Hugging Face model folder, or embedded)")
-    if not any((path / name).is_file() for name in ("config.json", "adapter_config.json")):
-        from aria.io import ConfigError  # a folder of something else: else transformers' tokenizer error, with a traceback
-
-        raise ConfigError(f"{setting}: {model_path!r} holds no config.json, so it is no Hugging Face model folder "
-                          "(give the folder a trained model or merge_lora.py wrote, or embedded)")
+    path = model_folder(model_path, setting)
     tokenizer = AutoTokenizer.from_pretrained(path)
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
@@ -327,6 +318,27 @@ def peft_quietly() -> Iterator[None]:
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)
         yield
+
+
+def model_folder(model_path: str, setting: str, adapter: bool = True) -> Path:
+    """``model_path`` (a folder, or ``embedded``) as a model folder, checked before anything loads:
+    a folder at all (else a traceback from transformers' hub code), with a ``config.json`` (else
+    transformers' tokenizer error), or an ``adapter_config.json`` where an adapter may stand
+    (``adapter``); a problem is one line naming ``setting``."""
+    from aria.io import ConfigError
+    from aria.llm.embedded import resolve_model_path
+
+    path = resolve_model_path(model_path)
+    if not path.is_dir():
+        raise ConfigError(f"{setting}: {model_path!r} is no model folder (give a Hugging Face model folder, or embedded)")
+    if not (path / "config.json").is_file():
+        if (path / "adapter_config.json").is_file() and not adapter:
+            raise ConfigError(f"{setting}: {model_path!r} is a LoRA adapter, not a whole model: give the model it was "
+                              "trained from, or its merge (scripts/merge_lora.py)")
+        if not (path / "adapter_config.json").is_file():
+            raise ConfigError(f"{setting}: {model_path!r} holds no config.json, so it is no Hugging Face model folder "
+                              "(give the folder a trained model or merge_lora.py wrote, or embedded)")
+    return path
 
 
 def load_policy(model_path: str, dtype: str = "float32", lora: dict[str, Any] | None = None, gradient_checkpointing: bool = False,

@@ -286,6 +286,8 @@ BAD_EXPERIMENT_SETTINGS = [
     (["engine=bogus"], "experiment: engine: expected one of vllm, local, got 'bogus'"),
     # these failed only when first used: after the expert's games, at the first training
     (["base_model=/no/model"], "base_model: '/no/model' is no model folder"),
+    # before: refused after two stages had written (a folder), or accepted (an adapter, then a second adapter on it)
+    ([f"base_model={REPO / 'docs'}"], f"base_model: '{REPO / 'docs'}' holds no config.json"),
     (["launcher=bogus launch"], "launcher: 'bogus launch' does not start with a command on PATH"),
     (["iterations=0"], "iterations: expected a whole number >= 1, got 0"),
     (["iterations=-1"], "iterations: expected a whole number >= 1, got -1"),
@@ -346,6 +348,16 @@ def test_bad_experiment_settings_through_the_script(tmp_path):
         done = run("scripts/run_experiment.py", "--config-name", "experiment", f"run_dir={tmp_path / 'run'}",
                    f"results_dir={tmp_path / 'results'}", *overrides)
         assert one_line_error(done) == f"error: {message}"
+
+
+def test_a_lora_adapter_as_base_model_is_one_line(tmp_path, capsys):
+    adapter = tmp_path / "adapter"
+    adapter.mkdir()
+    (adapter / "adapter_config.json").write_text("{}")
+    code, err = run_experiment_command([f"run_dir={tmp_path / 'run'}", f"base_model={adapter}"], capsys)
+    assert code == 2 and err == f"error: base_model: '{adapter}' is a LoRA adapter, not a whole model: give the model it " \
+                                 "was trained from, or its merge (scripts/merge_lora.py)\n", err
+    assert not (tmp_path / "run").exists()
 
 
 def test_a_run_dir_that_is_a_file_is_one_line(tmp_path, capsys):
