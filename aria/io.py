@@ -92,6 +92,16 @@ def check_writable(folder: str | os.PathLike) -> Path:
     return folder
 
 
+def check_output_file(path: str | os.PathLike, setting: str) -> Path:
+    """A file a command writes at its end, checked at its start: not a folder (else the error would
+    name the temporary file), in a folder it can write (:func:`check_writable`)."""
+    path = Path(path)
+    if path.is_dir():
+        raise ConfigError(f"{setting}: {path} is a folder; give the file to write (e.g. {path / 'result.json'})")
+    check_writable(path.parent)
+    return path
+
+
 class InUse(RuntimeError):
     """Another process holds the output this command writes (:func:`hold_output`)."""
 

@@ -12,7 +12,7 @@ import json
 import hydra
 
 from aria.cli import check_command_line, command, protect_terminal
-from aria.io import atomic_write_json
+from aria.io import atomic_write_json, check_output_file
 from aria.settings import load
 from aria.trainers.grad_variance import gradient_variance
 
@@ -22,6 +22,7 @@ def main(cfg) -> None:
     with command():  # bad settings or data, an unwritable out: one line, exit 2
         c = load("reinforce_llm", cfg)
         gv = c["grad_variance"]
+        check_output_file(gv["out"], "grad_variance.out")  # before the model loads, not after the work
         result = gradient_variance(c, gv["max_samples"], gv["seed"], gv["methods"])
         atomic_write_json(gv["out"], result)
     print(json.dumps(result, indent=1))

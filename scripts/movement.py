@@ -15,7 +15,7 @@ import json
 from pathlib import Path
 
 from aria.cli import command, number, protect_terminal
-from aria.io import DataError, atomic_write_json, read_json
+from aria.io import DataError, atomic_write_json, check_output_file, read_json
 from aria.movement import DTYPES, movement
 
 
@@ -31,6 +31,8 @@ def main(argv=None) -> int:
     parser.add_argument("--out", default=None, help="also write the result here (JSON)")
     args = parser.parse_args(argv)
     with command():  # a bad file, a path that is no model, an unwritable --out: one line, exit 2
+        if args.out:  # before the models load, not after the work
+            check_output_file(args.out, "--out")
         samples = read_json(args.steps)
         if not isinstance(samples, list):
             raise DataError(Path(args.steps), None, None, "expected a JSON list of samples")

@@ -413,3 +413,17 @@ def test_an_unknown_option_or_key_of_the_command_line_is_one_line(script, args, 
     assert done.returncode == 2, done.stderr[-2000:]
     lines = [line for line in done.stderr.strip().splitlines() if line.strip()]
     assert len(lines) == 1 and lines[0].startswith(message), done.stderr
+
+
+def test_an_unusable_output_file_is_refused_before_the_models_load(tmp_path):
+    """movement.py's --out and grad_variance.py's grad_variance.out: a folder, or a path under a
+    file, is one line before any model or data is read (before: after the models' work, the error
+    naming the temporary file)."""
+    (tmp_path / "a_file").write_text("x")
+    for out, message in [(tmp_path, f"is a folder; give the file to write"), (tmp_path / "a_file" / "r.json", "a_file")]:
+        line = one_line_error(run_script(REPO / "scripts/movement.py", "/no/parent", "/no/child", "/no/steps.json",
+                                         "--out", str(out)))
+        assert line.startswith("error: ") and message in line and "/no/" not in line, line
+        line = one_line_error(run_script(REPO / "scripts/grad_variance.py", "data.train_file=/no/train.json",
+                                         f"grad_variance.out={out}"))
+        assert message in line and "/no/" not in line, line
