@@ -46,7 +46,8 @@ from typing import Any, Callable
 
 from aria.experiment_layout import COPY_MARK, Layout, games_of, intention_overrides_of, iterations_of, method_of, seeds_of, train_overrides_of
 from aria.games.family import checked_game, family_of
-from aria.io import ConfigError, atomic_folder, atomic_write_json, check_writable, file_digest, hold_folder, json_digest, read_json
+from aria.io import (ConfigError, atomic_folder, atomic_write_json, check_writable, differences, file_digest, hold_folder,
+                     json_digest, read_json)
 from aria.llm.embedded import resolve_model_path
 from aria.llm.merge_record import MERGE_FILE
 from aria.resources import check_overrides, compose_config
@@ -348,6 +349,9 @@ def train(cfg: dict, method: str, train_file: Path, start_model: Path, out_dir: 
                  f"(evaluated, movement measured, the arm's last iteration): not trained again")
             return model
     if marker.is_file() and read_json(marker) != trained_on:  # another run's work: never continued
+        changed = differences(read_json(marker), trained_on)
+        echo(f"[experiment] {recorded_path(cfg, out_dir)}: trained under other settings ({'; '.join(changed[:4])}"
+             f"{'; ...' if len(changed) > 4 else ''}): its model and checkpoints are removed and it trains again")
         shutil.rmtree(out_dir / "train", ignore_errors=True)
         shutil.rmtree(out_dir / "critic", ignore_errors=True)  # ArCHer's critic, trained under the old settings
         shutil.rmtree(model, ignore_errors=True)

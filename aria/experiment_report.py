@@ -585,7 +585,8 @@ def plot(results: dict[str, Any], out: Path) -> None:
     ax.set_xlabel("iteration (0 = the starting model)")
     ax.set_ylabel(f"{'win' if results.get('two_player') else 'success'} % (Wilson 95% CI)")
     ax.set_title(f"{results['name']}: {results['game']}")
-    ax.legend()
+    if methods:  # (a run of the starting model alone has no arm to name)
+        ax.legend()
     fig.tight_layout()
     atomic_save_figure(fig, out, dpi=120)
 

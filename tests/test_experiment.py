@@ -388,6 +388,15 @@ def test_a_copied_run_dir_resumes_and_its_tables_follow_the_settings(tmp_path, t
     assert any(line.startswith("[experiment] evaluation") and "games done (" in line for line in lines)
     assert all(r["games"] == 2 and r["mean_turns"] <= 2 for r in results["pooled"])
 
+    # 4. The warm start's training changed: it trains again, and a line names the setting that changed
+    # (before: its model and checkpoints were deleted without a word). Only the warm start's arm here.
+    overrides = [*cfg["warm_start"]["train_overrides"], "train.lr=2.0e-3"]
+    other = {**shorter, "methods": [], "warm_start": {**cfg["warm_start"], "train_overrides": overrides}}
+    lines = []
+    experiment.run(other, lines.append)
+    said = [line for line in lines if "trained under other settings" in line]
+    assert len(said) == 1 and said[0].startswith("[experiment] warm") and "train.lr=2.0e-3" in said[0], lines
+
 
 def test_a_copy_replaces_only_an_earlier_copy_of_the_same_run(tmp_path):
     """scripts/copy_run.py's destination: a new folder, or an earlier copy of this run; the run
