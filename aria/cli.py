@@ -158,6 +158,12 @@ def command(kept: Callable[[], str] | None = None) -> Iterator[None]:
     except _expected_errors() as err:
         print(f"error: {err}", file=sys.stderr)
         sys.exit(EXIT_BAD_INPUT)
+    except _openai_errors() as err:  # an endpoint (an embedder, an oracle) kept failing after its retries
+        request = getattr(err, "request", None)
+        where = f"endpoint {request.url}" if request is not None else "an endpoint"
+        print(f"error: {where}: {type(err).__name__}: {' '.join(str(err).split())[:300]} (finished work is kept; "
+              "re-run the same command to resume)", file=sys.stderr)
+        sys.exit(1)
     except Exception as err:  # noqa: BLE001 - only a path the user can fix ends here; the rest is re-raised
         line = unusable_path(err)
         if line is None:

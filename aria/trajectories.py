@@ -330,7 +330,13 @@ class TrajectoryWriter:
     def _check_producer(self) -> None:
         if self.producer is None or not self._has_games():
             return
-        recorded = read_json(self.producer_path)["producer"] if self.producer_path.is_file() else None
+        recorded = None
+        if self.producer_path.is_file():
+            record = read_json(self.producer_path)
+            if not isinstance(record, dict) or not isinstance(record.get("producer"), dict):
+                raise DataError(self.producer_path, None, "producer", "expected an object {\"file\": ..., \"producer\": "
+                                "{...}} (what made the games beside it); remove it only if those games are yours")
+            recorded = record["producer"]
         if recorded == self.producer:
             return
         if self.force_new:

@@ -940,6 +940,28 @@ def test_failed_games_stop_the_run_with_one_line_naming_the_file(tmp_path, tiny_
     assert done.stderr.strip().splitlines()[-1] == f"error: {failed} game(s) failed in {expert}; run again to play them again"
 
 
+def test_an_embedding_endpoint_that_fails_in_the_labelling_stage_is_one_line(tmp_path, tiny_model_dir,
+                                                                              tiny_sentence_model_dir):
+    """The runner's labelling stage against an embeddings endpoint where nothing listens: one line
+    naming the endpoint, exit 1, the expert's games kept (before: openai's traceback)."""
+    from in_process import run_script
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        closed = s.getsockname()[1]
+    overrides = [o for o in tiny_overrides(tmp_path, tiny_model_dir, tiny_sentence_model_dir)
+                 if not o.startswith("intention_overrides=")]
+    done = run_script(REPO / "scripts/run_experiment.py", "--config-name", "experiment", *overrides,
+                      "intention_overrides=['embedder=openai','embedder.model=m',"
+                      f"'embedder.base_url=http://127.0.0.1:{closed}/v1','embedder.max_retries=0','clustering.k_max=6']",
+                      cwd=tmp_path)
+    assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr[-2000:]
+    line = done.stderr.strip().splitlines()[-1]
+    assert line.startswith(f"error: endpoint http://127.0.0.1:{closed}/v1/embeddings: APIConnectionError") and \
+        "re-run the same command to resume" in line, line
+    assert (tmp_path / "run" / "warm" / "expert.jsonl").is_file()
+
+
 @pytest.mark.parametrize("override, message", [
     ("policy_dtype=float8", "policy_dtype: expected one of float32, bfloat16, float16, got 'float8'"),
     ("report.preflight_ks=[10,1]", "report.preflight_ks: expected a list whose every element is an integer >= 2, got [10, 1]"),

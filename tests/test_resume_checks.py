@@ -101,3 +101,13 @@ def test_a_two_player_record_of_another_configuration_or_winner_is_refused(tmp_p
     rewrite(out, [records[0], {**records[1], "meta": {**records[1]["meta"], "winner": loser}}])
     with pytest.raises(ResumeMismatch, match=r"line 2: .* names the winner"):
         play_two_player(game_cfg, configs, seats, out, games_per_config=1, progress=False)
+
+
+@pytest.mark.parametrize("sidecar", ['["not", "an", "object"]', '{"file": "games.jsonl", "producer": 3}', '{"file": "x"}'])
+def test_a_producer_file_of_the_wrong_shape_is_named(played, sidecar):
+    """Before: a traceback (KeyError, TypeError) from the resume check."""
+    out, _ = played
+    producer = out.with_name(out.name + ".producer.json")
+    producer.write_text(sidecar)
+    line = one_line(collect(out))
+    assert line.startswith(f"error: {producer}") and "field 'producer'" in line, line
