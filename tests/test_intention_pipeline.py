@@ -710,6 +710,16 @@ def test_each_step_checks_the_step_before(tmp_path, twenty_questions_games, tiny
     # A step whose input is missing says which step to run.
     with pytest.raises(pipeline.StaleInput, match=r"no utterances.json in .*re-run step 1"):
         pipeline.step2_select_k({**cfg, "run_dir": str(tmp_path / "empty")}, lambda s: None)
+    # Step 4 given other trajectories than steps 1-3 read (before: "up to date" where steps 2 and 3 refuse).
+    other = tmp_path / "other.jsonl"
+    other.write_text("\n".join(Path(cfg["input"]).read_text().splitlines()[1:]) + "\n")
+    with pytest.raises(pipeline.StaleInput, match=r"are not those step 1 read.*re-run step 1"):
+        pipeline.step4_build_training_set({**cfg, "input": str(other)}, lambda s: None)
+    # Step 2 over labels.npz damaged since it ran (before: "up to date", and step 3 refused).
+    labels = tmp_path / "labels.npz"
+    labels.write_bytes(labels.read_bytes()[:100])
+    with pytest.raises(pipeline.StaleInput, match=r"labels.npz cannot be read as step 1's arrays.*re-run step 1"):
+        pipeline.step2_select_k(cfg, lambda s: None)
 
 
 def test_a_run_folder_file_that_is_not_its_steps_output_is_named(tmp_path, twenty_questions_games, tiny_sentence_model_dir):

@@ -498,6 +498,10 @@ def step2_select_k(cfg: dict, echo: Printer = print) -> dict:
                                "behaviour": cfg["behaviour"], "labels": cfg["labels"], "report": SELECTION_VERSION})
     out_path = run_dir / "selection.json"
     if (selection := _up_to_date_json(out_path, fingerprint)) is not None:
+        # step 3 reads the labels too: an archive damaged since is step 1's to make again, not "up to date"
+        for name in ("labels.npz", "embeddings.npz"):
+            if _stamp(run_dir / name) != summary["fingerprint"]:
+                _check_stamp(_load_npz(run_dir / name, 1), name, summary)
         echo(f"[step 2] up to date: {out_path}")
         return selection
     labels = _load_npz(run_dir / "labels.npz", 1)
@@ -899,6 +903,10 @@ def _checked_labelled(cfg: dict) -> Path:
     """labelled.jsonl, after checking step 3 wrote it from the current selection.json and labels."""
     run_dir = Path(cfg["run_dir"])
     labelled = run_dir / "labelled.jsonl"
+    summary = step_output(run_dir / "utterances.json", 1)
+    files = input_files(cfg["input"])
+    if file_digest(files) != summary.get("input_digest"):  # as steps 2 and 3 refuse other trajectories
+        raise StaleInput(1, f"the trajectories ({', '.join(map(str, files))}) are not those step 1 read")
     made = step_output(run_dir / "labelled.meta.json", 3)
     selection = step_output(run_dir / "selection.json", 2)
     if made.get("fingerprint") != _step3_fingerprint(selection, cfg):
