@@ -733,6 +733,20 @@ def test_methods_may_run_fewer_iterations_than_the_others(tmp_path):
     assert "seed 1 · bc · iteration 1: evaluate" in names and not any(n.startswith("seed 0 · bc") for n in names)
 
 
+def tiny_two_player(experiment_name, tmp_path, tiny_model_dir, tiny_sentence_model_dir, games: int) -> list[str]:
+    """A two-player preset on a tiny model: ``games`` self-play games a configuration of the smoke
+    set, 3 evaluation games a seat, one short training epoch."""
+    return [
+        f"experiment={experiment_name}", f"run_dir={tmp_path / 'run'}", f"results_dir={tmp_path / 'results'}",
+        f"base_model={tiny_model_dir}", "engine=local",
+        "collect.config_set=smoke", f"collect.games_per_config={games}", "collect.max_tokens=200", "collect.batch_size=4",
+        "eval.config_set=smoke", "eval.games_per_config=3", "eval.max_tokens=200", "eval.batch_size=4",
+        f"intention_overrides=['embedder.model={tiny_sentence_model_dir}','clustering.k_max=4']",
+        "train_overrides=['train.mixed_precision=no','train.epochs=1','train.micro_batch_size=4',"
+        "'train.gradient_accumulation_steps=1','train.save_freq=2']",
+    ]
+
+
 def test_negotiation_over_two_training_runs_reports_the_method_level_interval(tmp_path, tiny_model_dir,
                                                                               tiny_sentence_model_dir):
     """experiment=negotiation on a tiny model and two seeds: self-play, training and the scripted
@@ -740,16 +754,9 @@ def test_negotiation_over_two_training_runs_reports_the_method_level_interval(tm
     results.json and table.md, the verdict read from the method level as the preset fixes."""
     from aria.statistics import pool_runs
 
-    cfg = compose_config("experiment", [
-        "experiment=negotiation", f"run_dir={tmp_path / 'run'}", f"results_dir={tmp_path / 'results'}",
-        f"base_model={tiny_model_dir}", "engine=local", "seeds=[0,1]",
-        "collect.config_set=smoke", "collect.games_per_config=3", "collect.max_tokens=200", "collect.batch_size=4",
-        "eval.config_set=smoke", "eval.games_per_config=3", "eval.max_tokens=200", "eval.batch_size=4",
-        f"intention_overrides=['embedder.model={tiny_sentence_model_dir}','clustering.k_max=4']",
-        "train_overrides=['train.mixed_precision=no','train.epochs=1','train.micro_batch_size=4',"
-        "'train.gradient_accumulation_steps=1','train.save_freq=2']",
-        "grad_variance.enabled=false", "report.movement.steps=8",
-    ])
+    cfg = compose_config("experiment", tiny_two_player("negotiation", tmp_path, tiny_model_dir, tiny_sentence_model_dir,
+                                                       games=3) + ["seeds=[0,1]", "grad_variance.enabled=false",
+                                                                   "report.movement.steps=8"])
     out = experiment.run(cfg, [].append)
     results = json.loads((out / "results.json").read_text())
     assert results["game"] == "negotiation"
@@ -770,15 +777,9 @@ def test_a_two_player_experiment_runs_self_play_and_evaluates_against_the_oppone
                                                                                    tiny_sentence_model_dir):
     """experiment=bargaining on a tiny model: constrained self-play, steps 1-4, training, and the
     win rate of every model in both seats against the scripted opponent, paired by configuration and seat."""
-    cfg = compose_config("experiment", [
-        "experiment=bargaining", f"run_dir={tmp_path / 'run'}", f"results_dir={tmp_path / 'results'}",
-        f"base_model={tiny_model_dir}", "engine=local", "seeds=[0]",
-        "collect.config_set=smoke", "collect.games_per_config=4", "collect.max_tokens=200", "collect.batch_size=4",
-        "eval.config_set=smoke", "eval.games_per_config=3", "eval.max_tokens=200", "eval.batch_size=4",
-        f"intention_overrides=['embedder.model={tiny_sentence_model_dir}','clustering.k_max=4']",
-        "train_overrides=['train.mixed_precision=no','train.epochs=1','train.micro_batch_size=4',"
-        "'train.gradient_accumulation_steps=1','train.save_freq=2']",
-        "grad_variance.max_samples=4", "methods=[aria,no_aggregation,archer]",
+    cfg = compose_config("experiment", tiny_two_player("bargaining", tmp_path, tiny_model_dir, tiny_sentence_model_dir,
+                                                       games=4) + [
+        "seeds=[0]", "grad_variance.max_samples=4", "methods=[aria,no_aggregation,archer]",
         f"archer.critic_overrides=['critic.encoder={tiny_sentence_model_dir}','critic.hidden=16','critic.max_tokens=64',"
         "'device=cpu','train.mixed_precision=no','train.epochs=1','train.micro_batch_size=4',"
         "'train.gradient_accumulation_steps=1','data.eval_fraction=0.25']",

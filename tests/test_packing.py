@@ -322,6 +322,18 @@ def test_every_trainer_computes_the_same_step_packed_and_padded(trainer_name, tm
     assert (packed[1] - padded[1]).norm() <= 1e-4 * padded[1].norm() and padded[1].norm() > 0
 
 
+def stopped_at_step_2(cfg) -> None:
+    """An offline training interrupted (as by Ctrl-C) after its second optimizer step."""
+    from aria.trainers.offline import OfflineTrainer
+
+    def crash(step):
+        if step == 2:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        OfflineTrainer(cfg, on_step=crash).train()
+
+
 def test_packed_training_resumes_bit_identically(tmp_path, tiny_model_dir, played_samples):
     from safetensors.torch import load_file
 
@@ -334,13 +346,8 @@ def test_packed_training_resumes_bit_identically(tmp_path, tiny_model_dir, playe
     last = f"step-{full['steps']}"
     expected = load_file(str(tmp_path / "full" / "out" / "checkpoints" / last / "trainable.safetensors"))
 
-    def crash(step):
-        if step == 2:
-            raise KeyboardInterrupt
-
     cut = trainer_config(tmp_path / "cut", tiny_model_dir, played_samples, "reinforce_llm", *common)
-    with pytest.raises(KeyboardInterrupt):
-        OfflineTrainer(cut, on_step=crash).train()
+    stopped_at_step_2(cut)
     resumed = OfflineTrainer(cut).train()
     assert resumed["resumed_from"].endswith("step-2") and resumed["steps"] == full["steps"] >= 3
     got = load_file(str(tmp_path / "cut" / "out" / "checkpoints" / last / "trainable.safetensors"))
@@ -363,13 +370,8 @@ def test_a_damaged_newest_checkpoint_falls_back_to_the_one_before(damage, tmp_pa
     common = ["train.epochs=1", "train.micro_batch_size=4", "train.gradient_accumulation_steps=1", "train.save_freq=1",
               "train.keep_checkpoints=null", "method=no_aggregation"]
 
-    def crash(step):
-        if step == 2:
-            raise KeyboardInterrupt
-
     cfg = trainer_config(tmp_path / "run", tiny_model_dir, played_samples, "reinforce_llm", *common)
-    with pytest.raises(KeyboardInterrupt):
-        OfflineTrainer(cfg, on_step=crash).train()
+    stopped_at_step_2(cfg)
     newest = tmp_path / "run" / "out" / "checkpoints" / "step-2"
     if damage == "tensor file cut short":
         weights = newest / "trainable.safetensors"
