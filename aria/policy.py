@@ -254,8 +254,6 @@ def load_model(model_path: str, head: str = "causal_lm", dtype: str = "float32",
     """
     from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification, AutoTokenizer
 
-    from aria.llm.embedded import resolve_model_path
-
     if head not in HEADS:
         raise ValueError(f"unknown model head {head!r} (known: {', '.join(HEADS)})")
     path = model_folder(model_path, setting)

@@ -420,7 +420,7 @@ def test_an_unusable_output_file_is_refused_before_the_models_load(tmp_path):
     file, is one line before any model or data is read (before: after the models' work, the error
     naming the temporary file)."""
     (tmp_path / "a_file").write_text("x")
-    for out, message in [(tmp_path, f"is a folder; give the file to write"), (tmp_path / "a_file" / "r.json", "a_file")]:
+    for out, message in [(tmp_path, "is a folder; give the file to write"), (tmp_path / "a_file" / "r.json", "a_file")]:
         line = one_line_error(run_script(REPO / "scripts/movement.py", "/no/parent", "/no/child", "/no/steps.json",
                                          "--out", str(out)))
         assert line.startswith("error: ") and message in line and "/no/" not in line, line
