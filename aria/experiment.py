@@ -44,7 +44,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from aria.experiment_layout import COPY_MARK, Layout, games_of, intention_overrides_of, iterations_of, method_of, seeds_of, train_overrides_of
+from aria.experiment_layout import COPY_MARK, Layout, is_stage_folder, games_of, intention_overrides_of, iterations_of, method_of, seeds_of, train_overrides_of
 from aria.games.family import checked_game, family_of
 from aria.io import (ConfigError, atomic_folder, atomic_write_json, check_writable, differences, file_digest, hold_folder,
                      json_digest, read_json)
@@ -615,6 +615,10 @@ def check_settings(cfg: dict) -> dict:
 
     cfg = validated(ExperimentSettings, cfg, "experiment")
     cfg["game"] = checked_game(cfg["game"])
+    run_dir, results_dir = Path(cfg["run_dir"]).resolve(), Path(cfg["results_dir"]).resolve()
+    if results_dir == run_dir or run_dir in results_dir.parents and is_stage_folder(results_dir.relative_to(run_dir).parts[0]):
+        raise ConfigError(f"results_dir: {cfg['results_dir']} is the run folder or one of its stages' folders: its table "
+                          "would mix with the run's files (give a folder outside run_dir, or run_dir/results)")
     # what failed only when first used: the model after the expert's games, the launcher at the
     # first training (a report of finished stages needs neither)
     if not cfg["report_only"]:  # a whole model: the stages merge adapters onto it and serve it

@@ -125,6 +125,12 @@ def copy_without_weights(run_dir: Path, dest: Path) -> int:
     return sum(f.stat().st_size for f in dest.rglob("*") if f.is_file())
 
 
+def is_stage_folder(name: str) -> bool:
+    """Whether ``name`` is a folder the stages of a run write in its run folder (:class:`Layout`:
+    the warm start, the iteration-0 evaluation, a seed's ``s<N>``)."""
+    return name in ("warm", "eval") or (name[:1] == "s" and name[1:].isdigit())
+
+
 #: Written into a copy by :func:`copy_without_weights`: a later copy may replace it, never a run.
 COPY_MARK = ".copy_of_run.json"
 

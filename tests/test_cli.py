@@ -350,6 +350,14 @@ def test_bad_experiment_settings_through_the_script(tmp_path):
         assert one_line_error(done) == f"error: {message}"
 
 
+def test_a_results_dir_among_the_runs_own_folders_is_one_line(tmp_path, capsys):
+    """Before: accepted, the table written among the run's files (run_dir/results stays allowed)."""
+    for results in (tmp_path / "run", tmp_path / "run" / "s0", tmp_path / "run" / "warm" / "table"):
+        code, err = run_experiment_command([f"run_dir={tmp_path / 'run'}", f"results_dir={results}"], capsys)
+        assert code == 2 and err.startswith(f"error: results_dir: {results} is the run folder or one of its stages'"), err
+    assert not (tmp_path / "run").exists()
+
+
 def test_a_lora_adapter_as_base_model_is_one_line(tmp_path, capsys):
     adapter = tmp_path / "adapter"
     adapter.mkdir()
