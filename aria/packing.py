@@ -430,6 +430,8 @@ def tree_trunk_attention(module, query, key, value, attention_mask, dropout=0.0,
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
                                       is_causal=is_causal, **kwargs)
     parts = [sdpa(query[:, :, :trunk], key[:, :, :trunk], value[:, :, :trunk], None, causal=True)]
+    if trunk >= n:  # one sample alone, or trees without branches: the causal part is all there is
+        return parts[0], None
     # Measured on an AVX512-BF16 CPU (docs/benchmarks.md "Whole histories"): in bfloat16 the
     # blocks' masked calls lost to one masked call (91 s an epoch against 82), in float32 they won.
     # Under autocast (accelerate's mixed precision wraps the forward) SDPA computes in the autocast

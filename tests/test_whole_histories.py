@@ -274,3 +274,18 @@ def test_blocks_are_found_once_a_forward_and_only_for_float32_attention(tiny_mod
     torch.testing.assert_close(found["blocks", torch.float32], found["dense", torch.float32], rtol=1e-5, atol=1e-4)
     torch.testing.assert_close(found["blocks", torch.bfloat16], found["dense", torch.bfloat16], rtol=0.02, atol=0.05)
     assert not torch.equal(found["blocks", torch.bfloat16], found["blocks", torch.float32])  # autocast did apply
+
+
+def test_a_tree_without_branches_trains_under_bfloat16_autocast(tiny_model_dir):
+    """One sample alone in a micro-batch (a one-step training set, a one-turn game): the whole tree
+    is its causal trunk. Under bf16 autocast (the default mixed precision on AVX512-BF16 and AMX
+    CPUs) that crashed with an empty query ("cannot reshape tensor of 0 elements"), found by an
+    adversarial pass training on [{"observation": "o", "action": "a", "reward": 1.0}]."""
+    tokenizer, model = load_policy(str(tiny_model_dir))
+    batch = collate_tree([Encoding().encode(tokenizer, "o", "a")], tokenizer.pad_token_id)
+    found = {}
+    for way in ("blocks", "dense"):
+        with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16), pytest.MonkeyPatch.context() as patch:
+            patch.setenv("ARIA_TREE_ATTENTION", way)
+            found[way] = action_logprobs(model, batch).float()
+    torch.testing.assert_close(found["blocks"], found["dense"], rtol=0.02, atol=0.05)
