@@ -133,7 +133,7 @@ def check_command_line(config_name: str, argv: list[str] | None = None) -> None:
                  .splitlines()[1:] if line.strip()] if "Available options in" in text else []
         print(f"error: {first}" + (f" (known: {', '.join(known)})" if known else ""), file=sys.stderr)
         sys.exit(EXIT_BAD_INPUT)
-    except HydraException as err:
+    except (HydraException, ValueError) as err:  # (Hydra raises a ValueError for an override such as "=2")
         print("error: " + "; ".join(line.strip() for line in str(err).splitlines()[:2] if line.strip()), file=sys.stderr)
         sys.exit(EXIT_BAD_INPUT)
     finally:

@@ -44,7 +44,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from aria.experiment_layout import COPY_MARK, Layout, is_stage_folder, games_of, intention_overrides_of, iterations_of, method_of, seeds_of, train_overrides_of
+from aria.experiment_layout import (COPY_MARK, Layout, games_of, intention_overrides_of, is_stage_folder, iterations_of, method_of,
+                                     seeds_of, train_overrides_of)
 from aria.games.family import checked_game, family_of
 from aria.io import (ConfigError, atomic_folder, atomic_write_json, check_writable, differences, file_digest, hold_folder,
                      json_digest, read_json)
@@ -643,6 +644,9 @@ def check_settings(cfg: dict) -> dict:
     paired = cfg["report"]["paired"]
     if paired is not None and (len(paired) != 2 or len(set(paired)) != 2):
         raise ConfigError(f"report.paired: expected two arms (or null: no paired test), got {paired!r}")
+    known = set(METHODS) | set(cfg["variants"])
+    if paired is not None and not set(paired) <= known:  # an arm not run this time is fine, an arm no one can run is not
+        raise ConfigError(f"report.paired: unknown {sorted(set(paired) - known)} (known: {', '.join(sorted(known))})")
     for i, pair in enumerate(cfg["report"]["more_pairs"]):
         if len(pair) != 2 or len(set(pair)) != 2 or not set(pair) <= set(cfg["methods"]):
             raise ConfigError(f"report.more_pairs[{i}]: expected two different arms of methods {cfg['methods']}, got {pair!r}")

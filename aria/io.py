@@ -125,9 +125,10 @@ def hold_output(output: str | os.PathLike, what: str = "", is_file: bool = False
     import fcntl
 
     output = Path(output)
-    if is_file:  # a file: its lock beside it
+    if is_file:  # a file: its lock beside the file itself (a symbolic link to it is the same output)
         output.parent.mkdir(parents=True, exist_ok=True)
-        path = output.with_name(output.name + ".lock")
+        real = output.resolve()
+        path = real.with_name(real.name + ".lock")
     else:
         output.mkdir(parents=True, exist_ok=True)
         path = output / ".lock"
@@ -271,6 +272,8 @@ def check_output_folder(dest: str | os.PathLike, sources: Sequence[str | os.Path
             raise ConfigError(f"{name}{dest} holds {source}, what the {what} is made from: replacing it would delete that")
     if out.exists() and not out.is_dir():
         raise ConfigError(f"{name}{dest} is a file, not a folder")
+    if file := next((p for p in out.parents if p.exists() and not p.is_dir()), None):
+        raise ConfigError(f"{name}{dest} lies under {file}, a file: give a folder that can be made")
     if out.is_dir() and any(out.iterdir()) and not previous(out):
         raise ConfigError(f"{name}{dest} holds files that are not a previous {what}: it is not replaced "
                           "(remove it yourself, or choose an empty or new folder)")

@@ -308,7 +308,9 @@ def build_scorer(reward_model: dict, device: str = "cpu"):
     """The scorer named by ``reward_model["serve"]["name"]`` (no model loaded yet)."""
     serve = dict(reward_model["serve"])
     if serve["name"] not in SCORERS:
-        raise KeyError(f"unknown reward-model serving {serve['name']!r}; registered: {sorted(SCORERS)}")
+        from aria.io import ConfigError
+
+        raise ConfigError(f"reward_model.serve.name: unknown {serve['name']!r} (known: {', '.join(sorted(SCORERS))})")
     return SCORERS[serve["name"]](serve, reward_model, device)
 
 

@@ -606,7 +606,7 @@ class QuestionGameSettings:
     targets_only: Optional[List[str]] = None  # a subset of the targets, the testbed a small model can win
     aliases_file: Optional[str] = None
     facts_file: str = MISSING
-    max_turns: int = MISSING
+    max_turns: int = bounded(ge=1)
     max_question_chars: int = MISSING
     structured_output: str = MISSING
     reply_regex: str = MISSING

@@ -358,6 +358,38 @@ def test_a_results_dir_among_the_runs_own_folders_is_one_line(tmp_path, capsys):
     assert not (tmp_path / "run").exists()
 
 
+@pytest.mark.parametrize("script, args, message", [
+    # games of no turn were recorded as finished losses
+    ("scripts/collect_games.py", ["game=twenty_questions_subset", "policy=scripted", "game.max_turns=0"],
+     "error: game twenty_questions_subset: max_turns: expected an integer >= 1, got 0"),
+    # an arm no one can run made no paired test and no complaint, after the warm start had trained
+    ("scripts/run_experiment.py", ["--config-name", "experiment", "report.paired=[aria,nope]"],
+     "error: report.paired: unknown ['nope'] (known: "),
+    # KeyError traceback
+    ("scripts/run_online.py", ["--config-name", "onlinereinforce_llm", "reward_model.serve.name=nope"],
+     "error: reward_model.serve.name: unknown 'nope' (known: http, in_process)"),
+    # named after the policy had loaded
+    ("scripts/run_online.py", ["--config-name", "onlinereinforce_llm", "reward_model.init_path=/no/rm"],
+     "error: reward_model.init_path: '/no/rm' is no model folder"),
+])
+def test_the_adversarial_passs_late_or_missing_refusals_are_one_line(tmp_path, script, args, message):
+    done = run_script(REPO / script, *args, f"out={tmp_path / 'g.jsonl'}" if "collect" in script else
+                      f"output_dir={tmp_path / 'o'}" if "online" in script else f"run_dir={tmp_path / 'run'}")
+    assert one_line_error(done) .startswith(message), done.stderr[-2000:]
+    assert "Loading weights" not in done.stderr  # before any model loads
+
+
+def test_a_merge_under_a_file_is_refused_before_the_models_load(tmp_path, tiny_model_dir):
+    from aria.io import ConfigError
+    from aria.policy import load_policy, merge_lora
+
+    _, model = load_policy(str(tiny_model_dir), lora={"r": 4, "alpha": 8, "dropout": 0.0, "target_modules": ["q_proj"]})
+    model.save_pretrained(tmp_path / "adapter")
+    (tmp_path / "a_file").write_text("x")
+    with pytest.raises(ConfigError, match=r"OUT_DIR: .*merged lies under .*a_file, a file"):
+        merge_lora(tmp_path / "adapter", tmp_path / "a_file" / "merged", base=str(tiny_model_dir))
+
+
 def test_a_lora_adapter_as_base_model_is_one_line(tmp_path, capsys):
     adapter = tmp_path / "adapter"
     adapter.mkdir()
@@ -413,6 +445,8 @@ def test_a_read_only_run_or_results_folder_is_one_line_before_any_work(tmp_path,
     ("scripts/collect_games.py", ["game=nope"], "error: In 'collect': Could not find 'game/nope' (known: bargaining, "),
     ("reward_aggregation/1_embed_and_cluster.py", ["embeder.model=x"], "error: Could not override 'embeder.model'."),
     ("scripts/run_offline.py", ["--config-name", "reinforce_llm", "train.lr=="], "error: Error parsing override 'train.lr=='"),
+    # before: Hydra's ValueError traceback (found by the adversarial pass)
+    ("scripts/collect_games.py", ["=2"], "error: Config group override must be a string or a list. Got int"),
 ])
 def test_an_unknown_option_or_key_of_the_command_line_is_one_line(script, args, message):
     """Before: Hydra's own message, 5 to 16 lines (the options one a line, its config search path),

@@ -90,3 +90,17 @@ def test_a_process_may_hold_its_own_output_again_and_lets_it_go_when_done(tmp_pa
     assert subprocess.run(probe, capture_output=True).returncode != 0  # still held once
     release_output(second)
     assert subprocess.run(probe, capture_output=True, text=True).stdout == "held\n"
+
+
+def test_a_symbolic_link_to_a_held_games_file_is_the_same_output(tmp_path):
+    """Before: the lock was keyed on the path's name, and two collections through a link and its
+    file both exited 0 with thousands of games written twice (the adversarial pass)."""
+    out = tmp_path / "games.jsonl"
+    out.write_text("")
+    link = tmp_path / "link.jsonl"
+    link.symlink_to(out)
+    with held(out, "file") as pid:
+        line = one_line(run_script(REPO / "scripts/collect_games.py", "game=twenty_questions_subset", "num_games=2",
+                                   "progress=false", "policy=scripted", f"out={link}"))
+    assert f"is in use by process {pid} " in line, line
+    assert out.read_text() == ""

@@ -62,7 +62,7 @@ import torch
 
 from aria.io import ConfigError, ResumeMismatch, atomic_write_json, read_json
 from aria.packing import attention_break_even, sample_groups
-from aria.policy import Encoding, action_logprobs, collate_as, load_policy
+from aria.policy import Encoding, action_logprobs, collate_as, load_policy, model_folder
 from aria.resources import compose_config, config_dir
 from aria.settings import OnlineTrainerSettings, validated
 from aria.trainers.checkpoint import (begin_checkpoint, check_resume_settings, finish_checkpoint, latest_checkpoint,
@@ -163,9 +163,12 @@ class OnlineTrainer:
         from aria.games.family import checked_game, family_of
         from aria.games.question.game import build_game
         from aria.games.question.oracle import build_oracle
-        from aria.reward_service import build_scorer
+        from aria.reward_service import SCORERS, build_scorer
 
         cfg = validated(OnlineTrainerSettings, cfg, "online trainer settings")
+        if cfg["reward_model"]["serve"]["name"] not in SCORERS:  # before the policy loads
+            raise ConfigError(f"reward_model.serve.name: unknown {cfg['reward_model']['serve']['name']!r} "
+                              f"(known: {', '.join(sorted(SCORERS))})")
         if cfg["loss"]["name"] in TOKEN_LOSSES:  # its reference is computed once on a fixed training set
             raise ConfigError(f"loss.name: {cfg['loss']['name']!r} is a loss of the offline trainer (its reference "
                               "log-probs are those of a fixed training set); online, use reinforce")
@@ -194,6 +197,8 @@ class OnlineTrainer:
             self.games[name] = (game_cfg, build_game(game_cfg), build_oracle(cfg["oracle"], game_cfg))
 
         m = cfg["model"]
+        if cfg["reward_model"]["init_path"]:  # named before the policy loads, not after
+            model_folder(cfg["reward_model"]["init_path"], "reward_model.init_path")
         self.tokenizer, model = load_policy(m["path"], m["dtype"], m["lora"] if m["lora"]["enabled"] else None,
                                             m["gradient_checkpointing"])
         # The actor trains on the prompts its rollouts were played with: the policy cuts a prompt
