@@ -290,9 +290,18 @@ def load_model(model_path: str, head: str = "causal_lm", dtype: str = "float32",
     if lora:
         from peft import LoraConfig, get_peft_model
 
+        targets = list(lora["target_modules"])
+        modules = [name for name, _ in model.named_modules()]
+        missing = [t for t in targets if not any(name == t or name.endswith("." + t) for name in modules)]
+        if not targets or missing:  # peft's own error is a traceback
+            from aria.io import ConfigError
+
+            raise ConfigError(f"model.lora.target_modules: {targets} " + (f"names no module of {model_path} "
+                              f"({missing})" if targets else "is empty") +
+                              "; e.g. [q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj]")
         with peft_quietly():
             model = get_peft_model(model, LoraConfig(r=lora["r"], lora_alpha=lora["alpha"], lora_dropout=lora["dropout"],
-                                                     target_modules=list(lora["target_modules"]),
+                                                     target_modules=targets,
                                                      task_type="CAUSAL_LM" if head == "causal_lm" else "SEQ_CLS"))
     return tokenizer, model
 

@@ -161,3 +161,17 @@ def test_a_saved_encoding_is_read_back_and_a_bad_one_is_named(tmp_path):
     (tmp_path / ENCODING_FILE).write_text(json.dumps({"max_prompt_tokens": "64", "append_eos": True, "system_prompt": None}))
     with pytest.raises(DataError, match=ENCODING_FILE):
         Encoding.saved_in(tmp_path, Encoding())
+
+
+def test_lora_target_modules_that_name_no_module_are_one_line(tiny_model_dir):
+    """Before: peft's NoMatchingPeftModuleError traceback (the adversarial pass)."""
+    import pytest
+
+    from aria.io import ConfigError
+
+    lora = {"r": 4, "alpha": 8, "dropout": 0.0}
+    for targets, message in [(["nope_proj"], r"\['nope_proj'\] names no module"), ([], r"\[\] is empty")]:
+        with pytest.raises(ConfigError, match=rf"^model.lora.target_modules: {message}"):
+            load_policy(str(tiny_model_dir), lora={**lora, "target_modules": targets})
+    _, model = load_policy(str(tiny_model_dir), lora={**lora, "target_modules": ["q_proj", "model.layers.0.mlp.up_proj"]})
+    assert any("lora_A" in name for name, _ in model.named_parameters())
