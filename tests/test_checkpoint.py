@@ -63,7 +63,7 @@ def test_a_hostile_checkpoint_runs_no_code(tmp_path, tiny_model_dir):
     for name in ("optimizer.pt", "rng_state_0.pt"):
         (checkpoint / name).unlink()
     torch.save({"state": Payload(marker)}, checkpoint / "optimizer.safetensors")
-    with pytest.raises(Exception):
+    with pytest.raises(ValueError, match=r"every checkpoint in .* is damaged .*delete .* to start over"):
         OfflineTrainer(cfg).train()
     assert not marker.exists()
     assert json.loads((checkpoint / "trainer_state.json").read_text())["step"] == 1

@@ -126,6 +126,9 @@ def latest_checkpoint(output_dir: Path) -> Path | None:
             print(f"[checkpoint] {newest} is damaged ({why}): not resumed from; trying the one before", file=sys.stderr)
             continue
         return newest
+    if done:  # damaged, every one: starting over would silently drop the run's progress
+        raise ValueError(f"every checkpoint in {folder} is damaged (above): nothing to resume from; delete {folder} "
+                         "to start over")
     return None
 
 
