@@ -82,7 +82,7 @@ def out_of_bounds(value: Any, rules: Mapping[str, Any]) -> str | None:
     if "one_of" in rules:
         return None if value in rules["one_of"] else f"one of {', '.join('null' if v is None else str(v) for v in rules['one_of'])}"
     if "nonempty" in rules and not value:
-        return "a non-empty list"
+        return "a non-empty path" if isinstance(value, str) else "a non-empty list"
     if "length" in rules and len(value) != rules["length"]:
         return f"a list of {rules['length']} numbers"
     if "each" in rules:
@@ -217,7 +217,7 @@ class GradVarianceSettings:
     methods: List[str] = bounded(nonempty=True)
     max_samples: int = bounded(ge=1)
     seed: int = bounded(ge=0)
-    out: str = MISSING
+    out: str = bounded(nonempty=True)
 
 
 @dataclass
@@ -361,7 +361,7 @@ class CriticTrainerSettings:
     seed: int = bounded(ge=0)
     device: str = bounded(one_of=DEVICES)
     output_dir: str = MISSING
-    out: str = MISSING
+    out: str = bounded(nonempty=True)
     data: CriticDataSettings = field(default_factory=CriticDataSettings)
     critic: CriticModelSettings = field(default_factory=CriticModelSettings)
     train: EngineTrainSettings = field(default_factory=EngineTrainSettings)  # its batches are not packed
@@ -491,7 +491,7 @@ class CollectSettings:
     config_set: str = MISSING
     games_per_config: int = bounded(ge=1)
     policy_role: str = bounded(one_of=("alice", "bob"))
-    out: str = MISSING
+    out: str = bounded(nonempty=True)
 
 
 @dataclass
@@ -567,7 +567,7 @@ class EvalSettings:
     envs: List[str] = bounded(nonempty=True)
     num_games: int = bounded(ge=1)
     seed: int = bounded(ge=0)
-    out: str = MISSING
+    out: str = bounded(nonempty=True)
     progress: bool = MISSING
     batch_size: Optional[int] = bounded(ge=1)
     force_new: bool = MISSING

@@ -371,12 +371,20 @@ def test_a_results_dir_among_the_runs_own_folders_is_one_line(tmp_path, capsys):
     # named after the policy had loaded
     ("scripts/run_online.py", ["--config-name", "onlinereinforce_llm", "reward_model.init_path=/no/rm"],
      "error: reward_model.init_path: '/no/rm' is no model folder"),
+    # a KeyError in the question expert's game builder
+    ("scripts/collect_games.py", ["game=bargaining", "policy=scripted"], "error: policy=scripted is the question games' expert"),
 ])
 def test_the_adversarial_passs_late_or_missing_refusals_are_one_line(tmp_path, script, args, message):
     done = run_script(REPO / script, *args, f"out={tmp_path / 'g.jsonl'}" if "collect" in script else
                       f"output_dir={tmp_path / 'o'}" if "online" in script else f"run_dir={tmp_path / 'run'}")
     assert one_line_error(done) .startswith(message), done.stderr[-2000:]
     assert "Loading weights" not in done.stderr  # before any model loads
+
+
+def test_an_empty_out_is_one_line():
+    """Before: ValueError("PosixPath('.') has an empty name"), a traceback."""
+    assert one_line_error(run_script(REPO / "scripts/collect_games.py", "game=twenty_questions_subset", "policy=scripted",
+                                     "out=''")) == "error: collect: out: expected a non-empty path, got ''"
 
 
 def test_a_merge_under_a_file_is_refused_before_the_models_load(tmp_path, tiny_model_dir):

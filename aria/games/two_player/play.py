@@ -397,6 +397,11 @@ def collect_two_player_from_config(cfg: Mapping[str, Any]) -> PlaySummary:
     game_cfg = cfg["game"]
     configs = config_set(game_cfg, cfg["config_set"])  # what can be checked, before a model loads
     check_player(cfg["opponent"], "opponent")
+    if cfg["policy"]["name"] == "scripted":  # the question games' expert (before: a KeyError in its game builder)
+        from aria.io import ConfigError
+
+        raise ConfigError(f"policy=scripted is the question games' expert; {game_cfg['name']} is played by a model "
+                          "(policy=vllm, local or endpoint; a scripted player sits in the other seat: opponent=scripted)")
     policy = PolicyPlayer(build_policy(cfg["policy"]))
     seats = {"alice": policy, "bob": policy}
     try:
