@@ -182,10 +182,10 @@ def check_resumed(kind: GameKind, jobs: dict[str, Any], writer: TrajectoryWriter
         where = f"{writer.path}, line {line}" if line else str(writer.path)
         if gid not in jobs:
             raise ResumeMismatch(f"{where}: game {gid!r} is not one of the {len(jobs)} games this run plays: the file "
-                                 "holds other games; write to another file (or start over with force_new=true)")
+                                 "holds other games; write to another file (or move this one aside)")
         if record["status"] == "finished" and (why := kind.check(record, jobs[gid])):
-            raise ResumeMismatch(f"{where}: game {gid!r} {why}: not continued (write to another file, or start "
-                                 "over with force_new=true)")
+            raise ResumeMismatch(f"{where}: game {gid!r} {why}: not continued (write to another file, or move this "
+                                 "one aside)")
 
 
 def _in_step(kind: GameKind, todo: list, batch_size: int, summary: PlaySummary, finish: Callable, bar) -> None:

@@ -106,10 +106,11 @@ class RedactingStream:
     the command line included, before any code of this project runs)."""
 
     def __init__(self, stream, secrets: list[str]):
-        self._stream, self._secrets = stream, secrets
+        # the environment's read once: a progress bar writes hundreds of times a second
+        self._stream, self._secrets = stream, sorted(set(secrets) | set(secret_values()), key=len, reverse=True)
 
     def write(self, text: str) -> int:
-        self._stream.write(redact_text(text, self._secrets + secret_values()))
+        self._stream.write(redact_text(text, self._secrets))
         return len(text)
 
     def __getattr__(self, name: str):

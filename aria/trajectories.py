@@ -52,7 +52,8 @@ import os
 from pathlib import Path
 from typing import Any, Iterator
 
-from aria.io import DataError, ResumeMismatch, hold_output, release_output, atomic_write_json, atomic_write_jsonl, differences, find_non_finite, is_finite_number, iter_jsonl, read_json, require
+from aria.io import (DataError, ResumeMismatch, atomic_write_json, atomic_write_jsonl, differences, find_non_finite, hold_output,
+                     is_finite_number, iter_jsonl, read_json, release_output, require)
 from aria.secrets import redact, redact_text
 
 SCHEMA_VERSION = 1
