@@ -106,9 +106,10 @@ class InUse(RuntimeError):
     """Another process holds the output this command writes (:func:`hold_output`)."""
 
 
-#: The locks this process holds: lock file -> [descriptor, holds]. Held again by the same process
-#: (a trainer run twice in one process, a writer opened again), a lock is counted, not refused.
-_HELD: dict[str, list[int]] = {}
+#: The locks this process holds: lock file -> [descriptor, holds, folder it made or None]. Held
+#: again by the same process (a trainer run twice in one process, a writer opened again), a lock is
+#: counted, not refused.
+_HELD: dict[str, list] = {}
 
 
 def hold_output(output: str | os.PathLike, what: str = "", is_file: bool = False) -> Path:
@@ -119,34 +120,49 @@ def hold_output(output: str | os.PathLike, what: str = "", is_file: bool = False
     Two commands resuming into the same output would interleave and duplicate its games, metrics
     or checkpoints, so every resumable output has one writer: an exclusive ``flock`` on
     ``folder/.lock`` (a folder) or ``<file>.lock`` (a file). The kernel releases it when the process
-    ends, however it ends (SIGKILL included): a lock is never left behind to be removed by hand.
-    The file holds the holder's PID and start time only, never its command line (which may hold
-    a key)."""
+    ends, however it ends (SIGKILL included): a lock is never left to be removed by hand. Released
+    (or at a normal exit) the lock file is removed, and so is a folder the hold made that is still
+    empty: a refused command leaves nothing behind. The file holds the holder's PID and start time
+    only, never its command line (which may hold a key)."""
+    import atexit
     import fcntl
 
     output = Path(output)
+    made = None
     if is_file:  # a file: its lock beside the file itself (a symbolic link to it is the same output)
         output.parent.mkdir(parents=True, exist_ok=True)
         real = output.resolve()
         path = real.with_name(real.name + ".lock")
     else:
+        made = None if output.exists() else output.resolve()
         output.mkdir(parents=True, exist_ok=True)
         path = output / ".lock"
     key = str(path.resolve())
     if key in _HELD:
         _HELD[key][1] += 1
         return path
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        holder = os.pread(fd, 200, 0).decode(errors="replace").strip() or "another process"
+    while True:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 200, 0).decode(errors="replace").strip() or "another process"
+            os.close(fd)
+            raise InUse(f"{what + ': ' if what else ''}{output} is in use by {holder}: wait for it to end (or stop it), "
+                        f"or give this one another output") from None
+        # The holder before us removes its lock file as it lets go: if it did so after we opened
+        # the file, we hold a name no one else sees, so open the name afresh.
+        try:
+            if os.stat(path).st_ino == os.fstat(fd).st_ino:
+                break
+        except FileNotFoundError:
+            pass
         os.close(fd)
-        raise InUse(f"{what + ': ' if what else ''}{output} is in use by {holder}: wait for it to end (or stop it), "
-                    f"or give this one another output") from None
     os.ftruncate(fd, 0)
     os.pwrite(fd, f"process {os.getpid()} (started {time.strftime('%Y-%m-%d %H:%M:%S')})\n".encode(), 0)
-    _HELD[key] = [fd, 1]
+    if not _HELD:
+        atexit.register(_release_all)
+    _HELD[key] = [fd, 1, made]
     return path
 
 
@@ -156,7 +172,28 @@ def release_output(lock: Path) -> None:
     if key in _HELD:
         _HELD[key][1] -= 1
         if _HELD[key][1] == 0:
-            os.close(_HELD.pop(key)[0])
+            _let_go(key)
+
+
+def _let_go(key: str) -> None:
+    """Remove the lock file while still holding it (see the check in :func:`hold_output`), then the
+    folder the hold made if nothing was written into it, then let go."""
+    fd, _, made = _HELD.pop(key)
+    try:
+        Path(key).unlink(missing_ok=True)
+        if made is not None:
+            try:
+                made.rmdir()  # only if empty: anything written there stays
+            except OSError:
+                pass
+    finally:
+        os.close(fd)
+
+
+def _release_all() -> None:
+    """At a normal exit: the holds a command keeps to its end (a trainer's output_dir)."""
+    for key in list(_HELD):
+        _let_go(key)
 
 
 @contextmanager

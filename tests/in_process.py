@@ -25,6 +25,9 @@ def run_script(script: str | Path, *args: str, cwd: str | Path | None = None) ->
     print its traceback and exit 1), so the test fails with the traceback."""
     from hydra.core.global_hydra import GlobalHydra
 
+    from aria import io as aria_io
+
+    held_before = set(aria_io._HELD)  # noqa: SLF001 - what the command holds goes at its end, as at a process's exit
     out, err = io.StringIO(), io.StringIO()
     argv, here = sys.argv, os.getcwd()
     root = logging.getLogger()
@@ -45,6 +48,8 @@ def run_script(script: str | Path, *args: str, cwd: str | Path | None = None) ->
         os.chdir(here)
         root.handlers[:], root.level = handlers, level
         GlobalHydra.instance().clear()
+        for key in set(aria_io._HELD) - held_before:  # noqa: SLF001
+            aria_io._let_go(key)  # noqa: SLF001
         if "accelerate.state" in sys.modules:  # one per process: the next command chooses its own
             sys.modules["accelerate.state"].AcceleratorState._reset_state(reset_partial_state=True)
     return subprocess.CompletedProcess([str(script), *args], code, out.getvalue(), err.getvalue())

@@ -104,3 +104,60 @@ def test_a_symbolic_link_to_a_held_games_file_is_the_same_output(tmp_path):
                                    "progress=false", "policy=scripted", f"out={link}"))
     assert f"is in use by process {pid} " in line, line
     assert out.read_text() == ""
+
+
+def test_a_refused_command_leaves_no_lock_file_and_no_folder_it_made(tmp_path):
+    """Before: a command refused after taking its hold left ``output_dir/.lock`` (a folder made for
+    nothing) or ``games.jsonl.lock`` beside a file it never wrote (the adversarial pass)."""
+    train = tmp_path / "train.json"
+    train.write_text(json.dumps([{"observation": "o", "action": "a", "reward": 1.0}]))
+    out = tmp_path / "off"
+    done = run_script(REPO / "scripts/run_offline.py", "--config-name", "reinforce_llm", f"data.train_file={train}",
+                      f"output_dir={out}", "model.path=/no/model")
+    assert "model.path" in one_line(done)
+    assert not out.exists()
+    games = tmp_path / "games.jsonl"
+    common = [REPO / "scripts/collect_games.py", "game=twenty_questions_subset", "num_games=1", "progress=false",
+              "policy=scripted", f"out={games}"]
+    assert run_script(*common).returncode == 0
+    refused = run_script(*common, "seed=7")  # other settings over the finished file: refused, nothing written
+    assert "other settings" in one_line(refused)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["games.jsonl", "games.jsonl.producer.json", "train.json"]
+
+
+def test_a_lock_file_removed_by_its_last_holder_is_not_held_by_name(tmp_path, monkeypatch):
+    """Letting go removes the lock file, so a process that opened the old file just before may lock
+    a file no one else sees while a third process holds the new one: hold_output must check that the
+    file it locked is still the one under the name. The race is staged by hand: right after this
+    process opens the lock file, its holder lets go (the file removed) and another process takes the
+    output (a new file)."""
+    import os
+
+    from aria import io as aria_io
+
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / ".lock").write_text("")
+    real_open, raced, stack = os.open, [], []
+
+    def open_then_race(path, flags, mode=0o777):
+        fd = real_open(path, flags, mode)
+        if str(path).endswith(".lock") and not raced:
+            raced.append(fd)
+            os.unlink(path)
+            stack.append(held(out, "folder"))
+            stack[-1].__enter__()
+        return fd
+
+    monkeypatch.setattr(aria_io.os, "open", open_then_race)
+    try:
+        try:
+            aria_io.hold_output(out, "out")
+        except aria_io.InUse as refused:
+            assert "is in use by process" in str(refused)
+        else:
+            raise AssertionError("held a lock file that was no longer the output's")
+    finally:
+        for context in stack:
+            context.__exit__(None, None, None)
+    assert raced
