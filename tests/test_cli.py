@@ -100,6 +100,17 @@ def test_impossible_training_settings_stop_before_the_model_loads(tmp_path, over
     assert not (tmp_path / "out" / "final").exists()
 
 
+def test_fp8_without_a_cuda_device_stops_before_the_data_and_the_model(tmp_path):
+    """Before: accelerate's ValueError traceback when the trainer built its accelerator (the
+    adversarial pass: ``train.mixed_precision=fp8`` without transformer_engine or torchao)."""
+    line = one_line_error(run_script(REPO / "scripts/run_offline.py", "--config-name", "reinforce_llm",
+                                     "train.mixed_precision=fp8", "device=cpu", "model.path=/no/model",
+                                     f"data.train_file={tmp_path / 'missing.json'}", f"output_dir={tmp_path / 'out'}"))
+    assert line == ("error: train.mixed_precision=fp8 needs a CUDA device (this process sees none or device=cpu); "
+                    "use auto, bf16 or no")
+    assert not (tmp_path / "out").exists()
+
+
 def test_a_model_path_that_is_no_folder_is_one_line(tmp_path):
     """Before: transformers' hub traceback, exit 1."""
     train = tmp_path / "train.json"

@@ -45,8 +45,26 @@ def check_train_settings(cfg: dict, losses: Mapping[str, Callable], loss_name: s
         raise ConfigError(f"loss.name: unknown {cfg['loss']['name']!r} (known: {', '.join(sorted(losses))})")
     if not (t["threads"] == "auto" or (t["threads"].isdigit() and int(t["threads"]) >= 1)):
         raise ConfigError(f"train.threads: expected auto or a number of threads >= 1, got {t['threads']!r}")
+    check_mixed_precision(t["mixed_precision"], cfg.get("device", "auto"))
     if check_scheduler:
         check_lr_scheduler(t)
+
+
+def check_mixed_precision(value: str, device: str) -> None:
+    """fp8 trains only on a CUDA device with transformer_engine or torchao (accelerate's fp8
+    backends); elsewhere accelerate would stop with a traceback once the trainer starts."""
+    import importlib.util
+
+    from aria.io import ConfigError
+
+    if value != "fp8":
+        return
+    if device == "cpu" or not torch.cuda.is_available():
+        raise ConfigError("train.mixed_precision=fp8 needs a CUDA device (this process sees none or device=cpu); "
+                          "use auto, bf16 or no")
+    if not any(importlib.util.find_spec(name) for name in ("transformer_engine", "torchao")):
+        raise ConfigError("train.mixed_precision=fp8 needs transformer_engine or torchao installed "
+                          "(pip install torchao); or use auto, bf16 or fp16")
 
 
 def check_lr_scheduler(t: dict) -> None:
