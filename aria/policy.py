@@ -345,7 +345,29 @@ def model_folder(model_path: str, setting: str, adapter: bool = True) -> Path:
         if not (path / "adapter_config.json").is_file():
             raise ConfigError(f"{setting}: {model_path!r} holds no config.json, so it is no Hugging Face model folder "
                               "(give the folder a trained model or merge_lora.py wrote, or embedded)")
+    else:
+        check_whole_model(path, setting)
     return path
+
+
+#: The weight files of a whole Hugging Face model folder (one file, or shards with their index).
+WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "pytorch_model.bin.index.json")
+
+
+def check_whole_model(path: Path, setting: str) -> None:
+    """A folder with a ``config.json`` is a model only if transformers can read that config and
+    the folder holds weights; else transformers fails after other work, with a traceback."""
+    from transformers import AutoConfig
+
+    from aria.io import ConfigError
+
+    try:
+        AutoConfig.from_pretrained(path)
+    except (OSError, ValueError, KeyError, TypeError) as err:  # bad JSON, no model_type, an unknown architecture
+        first = (str(err).strip().splitlines() or [type(err).__name__])[0]
+        raise ConfigError(f"{setting}: {path / 'config.json'} is no model's config ({first[:200]})") from None
+    if not any((path / name).is_file() for name in WEIGHT_FILES):
+        raise ConfigError(f"{setting}: {path} holds a config.json but no weights ({' or '.join(WEIGHT_FILES[::2])})")
 
 
 def load_policy(model_path: str, dtype: str = "float32", lora: dict[str, Any] | None = None, gradient_checkpointing: bool = False,
@@ -371,12 +393,12 @@ def merge_lora(adapter_dir: Path, out_dir: Path, base: str | None = None, dtype:
     if not config_path.is_file():
         raise FileNotFoundError(f"{adapter_dir} has no adapter_config.json (is it a LoRA output?)")
     named = base or json.loads(config_path.read_text())["base_model_name_or_path"]
-    base_path = resolve_model_path(named)
-    if not base_path.is_dir():
+    where = "--base" if base else f"{config_path}: base_model_name_or_path"
+    if not resolve_model_path(named).is_dir():
         from aria.io import ConfigError
 
-        where = "--base" if base else f"{config_path}: base_model_name_or_path"
         raise ConfigError(f"{where}: {named!r} is no model folder (give the adapter's base model folder with --base)")
+    base_path = model_folder(named, where, adapter=False)  # a whole model: readable config, weights
     # Before the models load: the output may replace an earlier merge, never the adapter, the base, or other files.
     check_output_folder(out_dir, [adapter_dir, base_path], "merged model", lambda out: (out / MERGE_FILE).is_file(), "OUT_DIR")
     model = AutoModelForCausalLM.from_pretrained(base_path, dtype=getattr(torch, dtype))

@@ -3,6 +3,8 @@ different prompt and action lengths gives, per sample, the same sum of action-to
 running that sample alone with no padding at all."""
 from __future__ import annotations
 
+import json
+
 import torch
 
 from aria.policy import action_logprobs, collate, encode_sample, load_policy, padded_fraction
@@ -145,6 +147,30 @@ def test_merge_lora_never_replaces_its_adapter_its_base_or_other_files(tiny_mode
     assert (tmp_path / "notes" / "results.txt").read_text() == "mine" and not (adapter / "merged").exists()
     merge_lora(adapter, tmp_path / "merged", base=str(tiny_model_dir))
     merge_lora(adapter, tmp_path / "merged", base=str(tiny_model_dir))  # an earlier merge is replaced
+
+
+def test_a_base_with_a_config_json_of_no_model_is_one_line_before_loading(tiny_model_dir, tmp_path):
+    """Before: transformers' traceback after the merge started (the adversarial pass gave --base a
+    folder whose config.json was no model's). Each base below is refused naming it; a model
+    setting of a trainer takes the same check (aria.policy.model_folder)."""
+    import pytest
+
+    from aria.io import ConfigError
+    from aria.policy import merge_lora, model_folder
+
+    _, model = load_policy(str(tiny_model_dir), lora={"r": 4, "alpha": 8, "dropout": 0.0, "target_modules": ["q_proj"]})
+    model.save_pretrained(tmp_path / "adapter")
+    cases = {"not_json": ("{torn", "is no model's config"), "no_type": ('{"hidden_size": 8}', "is no model's config"),
+             "no_weights": (json.dumps({"model_type": "llama"}), "holds a config.json but no weights")}
+    for name, (text, message) in cases.items():
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "config.json").write_text(text)
+        with pytest.raises(ConfigError, match=f"^--base: .*{name}.* {message}"):
+            merge_lora(tmp_path / "adapter", tmp_path / "merged", base=str(tmp_path / name))
+        with pytest.raises(ConfigError, match=f"^model.path: .*{name}.* {message}"):
+            model_folder(str(tmp_path / name), "model.path")
+    assert not (tmp_path / "merged").exists()
+    assert model_folder(str(tiny_model_dir), "model.path") == tiny_model_dir  # a real model passes
 
 
 def test_a_saved_encoding_is_read_back_and_a_bad_one_is_named(tmp_path):
