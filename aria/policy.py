@@ -257,6 +257,13 @@ def load_model(model_path: str, head: str = "causal_lm", dtype: str = "float32",
     if head not in HEADS:
         raise ValueError(f"unknown model head {head!r} (known: {', '.join(HEADS)})")
     path = model_folder(model_path, setting)
+    if lora and not (path / "config.json").is_file():
+        from aria.io import ConfigError
+
+        # transformers would load the adapter onto its base and peft add a second one; the save
+        # would then hold the new adapter only, and a merge of it lose the first
+        raise ConfigError(f"{setting}: {model_path!r} is a LoRA adapter, and training a new adapter on it would "
+                          "save the new one only: merge it first (scripts/merge_lora.py ADAPTER OUT) and train from OUT")
     tokenizer = AutoTokenizer.from_pretrained(path)
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token

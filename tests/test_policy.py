@@ -173,6 +173,23 @@ def test_a_base_with_a_config_json_of_no_model_is_one_line_before_loading(tiny_m
     assert model_folder(str(tiny_model_dir), "model.path") == tiny_model_dir  # a real model passes
 
 
+def test_a_new_adapter_on_an_adapter_is_refused_before_loading(tiny_model_dir, tmp_path):
+    """Before: run_offline with model.path an adapter trained (exit 0) a second adapter on the first,
+    saved only the second, and its merge lost the first (the adversarial pass). Loaded without a new
+    adapter (to play or score) an adapter folder is still fine."""
+    import pytest
+
+    from aria.io import ConfigError
+
+    lora = {"r": 4, "alpha": 8, "dropout": 0.0, "target_modules": ["q_proj"]}
+    tokenizer, model = load_policy(str(tiny_model_dir), lora=lora)
+    model.save_pretrained(tmp_path / "adapter")
+    tokenizer.save_pretrained(tmp_path / "adapter")  # as the trainers save it
+    with pytest.raises(ConfigError, match=r"^model.path: .*adapter' is a LoRA adapter, .* merge it first"):
+        load_policy(str(tmp_path / "adapter"), lora=lora)
+    load_policy(str(tmp_path / "adapter"))
+
+
 def test_a_saved_encoding_is_read_back_and_a_bad_one_is_named(tmp_path):
     import json
 
