@@ -107,7 +107,7 @@ def check_command_line(config_name: str, argv: list[str] | None = None) -> None:
     from hydra.core.global_hydra import GlobalHydra
     from hydra.errors import HydraException, MissingConfigException
 
-    from aria.resources import config_dir
+    from aria.resources import config_dir, hydra_message
 
     args = sys.argv[1:] if argv is None else argv
     name, overrides, i = config_name, [], 0
@@ -134,7 +134,7 @@ def check_command_line(config_name: str, argv: list[str] | None = None) -> None:
         print(f"error: {first}" + (f" (known: {', '.join(known)})" if known else ""), file=sys.stderr)
         sys.exit(EXIT_BAD_INPUT)
     except (HydraException, ValueError) as err:  # (Hydra raises a ValueError for an override such as "=2")
-        print("error: " + "; ".join(line.strip() for line in str(err).splitlines()[:2] if line.strip()), file=sys.stderr)
+        print(f"error: {hydra_message(err)}", file=sys.stderr)
         sys.exit(EXIT_BAD_INPUT)
     finally:
         GlobalHydra.instance().clear()

@@ -683,18 +683,13 @@ def check_override_lists(cfg: dict) -> None:
                         "archer.critic_overrides")
     if cfg["warm_start"]["enabled"]:
         check_trainer(cfg["warm_start"]["train_overrides"], "warm_start.train_overrides")
-    game = [f"game={cfg['game']['name']}", "input=games.jsonl"]
-    labelling = {"intention_overrides": [*game, *cfg["intention_overrides"]]}
+    labelling = {"intention_overrides": cfg["intention_overrides"]}
     for name, variant in cfg["variants"].items():
-        labelling[f"variants.{name}.intention_overrides"] = [*game, *cfg["intention_overrides"], *variant["intention_overrides"]]
+        labelling[f"variants.{name}.intention_overrides"] = [*cfg["intention_overrides"], *variant["intention_overrides"]]
     from aria.intention import pipeline
 
     for setting, overrides in labelling.items():
-        composed = check_overrides("intention", overrides, setting)  # a ConfigError naming the setting
-        try:
-            pipeline.check_settings(composed)
-        except ValueError as err:
-            raise ConfigError(f"{setting}: {err}") from None
+        pipeline.check_overrides_of(cfg["game"]["name"], overrides, setting)
 
 
 def check_variants(variants: dict, methods: dict) -> None:

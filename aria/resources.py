@@ -104,4 +104,17 @@ def check_overrides(name: str, overrides: list[str], setting: str) -> dict:
     except ConfigError as err:
         raise ConfigError(f"{setting}: {str(err).removeprefix(f'{name}: ')}") from None
     except (HydraException, OmegaConfBaseException) as err:
-        raise ConfigError(f"{setting}: {' '.join(str(err).split())[:300]}") from None
+        raise ConfigError(f"{setting}: {hydra_message(err)}") from None
+
+
+def hydra_message(err: Exception) -> str:
+    """Hydra's error as one line. Its hint for a key the config lacks ("To append to your config
+    use +key=value") is dropped: every config here has a schema that refuses a new key, so the
+    key is a misspelling and the hint would lead to a second refusal."""
+    import re
+
+    text = " ".join(str(err).split())
+    missing = re.match(r"Could not override '([^']+)'\.\s*;?\s*To append to your config use \+", text)
+    if missing:
+        return f"{missing.group(1)}: no such setting (misspelt? `--cfg job` prints the command's settings)"
+    return text[:300]

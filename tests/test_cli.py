@@ -314,7 +314,7 @@ BAD_EXPERIMENT_SETTINGS = [
      "intention_overrides: selection.fixed_k: expected null, a whole number >= 1 or {pool: k}, got 'twenty'"),
     (["intention_overrides=['selection.fixed_k={questions: 5, answers: 3}']"],  # a game of one pool
      "intention_overrides: selection.fixed_k: pool(s) ['answers'] not in the game's ['questions']"),
-    (["train_overrides=['train.epocs=3']"], "train_overrides: Could not override 'train.epocs'"),
+    (["train_overrides=['train.epocs=3']"], "train_overrides: train.epocs: no such setting (misspelt? "),
     # a two-player game given to a question-game preset (before: KeyError: 'prompt')
     (["game=bargaining"], "warm_start.enabled: the scripted expert plays question games, not bargaining"),
     (["experiment=bargaining", "eval.config_set=nope"], "eval.config_set: config/game/bargaining.yaml has no config set 'nope'"),
@@ -382,6 +382,12 @@ def test_a_results_dir_among_the_runs_own_folders_is_one_line(tmp_path, capsys):
     # named after the policy had loaded
     ("scripts/run_online.py", ["--config-name", "onlinereinforce_llm", "reward_model.init_path=/no/rm"],
      "error: reward_model.init_path: '/no/rm' is no model folder"),
+    # a key no labelling setting has, or a value out of range: accepted, then a failure at the
+    # first labelling, after a whole iteration of play and training
+    ("scripts/run_online.py", ["--config-name", "onlinereinforce_llm", "online.intention_overrides=['clustering.kmax=6']"],
+     "error: online.intention_overrides: "),
+    ("scripts/run_online.py", ["--config-name", "onlinereinforce_llm", "online.intention_overrides=['aggregation.gamma=2']"],
+     "error: online.intention_overrides: aggregation.gamma: expected "),
     # a KeyError in the question expert's game builder
     ("scripts/collect_games.py", ["game=bargaining", "policy=scripted"], "error: policy=scripted is the question games' expert"),
 ])
@@ -462,7 +468,7 @@ def test_a_read_only_run_or_results_folder_is_one_line_before_any_work(tmp_path,
     ("scripts/run_experiment.py", ["--config-name", "experiment", "oracle=nope"],
      "error: In 'experiment': Could not find 'oracle/nope' (known: flan_t5, knowledge_base, llm)"),
     ("scripts/collect_games.py", ["game=nope"], "error: In 'collect': Could not find 'game/nope' (known: bargaining, "),
-    ("reward_aggregation/1_embed_and_cluster.py", ["embeder.model=x"], "error: Could not override 'embeder.model'."),
+    ("reward_aggregation/1_embed_and_cluster.py", ["embeder.model=x"], "error: embeder.model: no such setting (misspelt? "),
     ("scripts/run_offline.py", ["--config-name", "reinforce_llm", "train.lr=="], "error: Error parsing override 'train.lr=='"),
     # before: Hydra's ValueError traceback (found by the adversarial pass)
     ("scripts/collect_games.py", ["=2"], "error: Config group override must be a string or a list. Got int"),

@@ -192,8 +192,8 @@ KEY = "sk-typed-4e5f6a7b8c9d"
 
 
 @pytest.mark.parametrize("args, shown", [
-    # a mistyped group name: Hydra's "Could not override" and its "use +embeder.api_key=..." hint
-    (["reward_aggregation/1_embed_and_cluster.py", f"embeder.api_key={KEY}"], "Could not override 'embeder.api_key'"),
+    # a mistyped group name: Hydra's "Could not override" (its "use +embeder.api_key=..." hint dropped)
+    (["reward_aggregation/1_embed_and_cluster.py", f"embeder.api_key={KEY}"], "embeder.api_key: no such setting"),
     # a key inside the runner's override list, under a group that does not take it
     (["scripts/run_experiment.py", "--config-name", "experiment", "run_dir=/tmp/none",
       f"intention_overrides=['embedder.api_key={KEY}']"], "intention_overrides"),

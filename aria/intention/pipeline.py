@@ -230,6 +230,20 @@ def check_settings(cfg: dict) -> dict:
     return cfg
 
 
+def check_overrides_of(game: str, overrides: list[str], setting: str) -> dict:
+    """The labelling another command runs for ``game`` under ``overrides`` (the experiment's
+    ``intention_overrides``, the online trainer's), composed and checked as :func:`check_settings`
+    checks a step's, a problem one line naming ``setting``: before any training, not at the
+    labelling an iteration or two in."""
+    from aria.resources import check_overrides
+
+    composed = check_overrides("intention", [f"game={game}", "input=games.jsonl", *overrides], setting)
+    try:
+        return check_settings(composed)
+    except ValueError as err:  # ConfigError included
+        raise ConfigError(f"{setting}: {str(err).removeprefix('intention: ')}") from None
+
+
 def check_clustering(clustering: dict) -> None:
     """Reject a bad clustering section in one line, before anything is read or embedded (its
     ranges were checked with its types, :mod:`aria.settings`)."""

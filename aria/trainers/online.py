@@ -163,6 +163,7 @@ class OnlineTrainer:
         from aria.games.family import checked_game, family_of
         from aria.games.question.game import build_game
         from aria.games.question.oracle import build_oracle
+        from aria.intention import pipeline
         from aria.reward_service import SCORERS, build_scorer
 
         cfg = validated(OnlineTrainerSettings, cfg, "online trainer settings")
@@ -195,6 +196,7 @@ class OnlineTrainer:
                 raise ConfigError(f"online.games: online ARIA plays single-agent games; {name!r} is a "
                                   f"{family_of(game_cfg).title} game")
             self.games[name] = (game_cfg, build_game(game_cfg), build_oracle(cfg["oracle"], game_cfg))
+            pipeline.check_overrides_of(name, o["intention_overrides"], "online.intention_overrides")
 
         m = cfg["model"]
         if cfg["reward_model"]["init_path"]:  # named before the policy loads, not after
