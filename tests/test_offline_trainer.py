@@ -143,7 +143,7 @@ def test_a_checkpoint_resumes_only_under_the_settings_it_was_trained_with(tmp_pa
     save_file({k: v + 0.01 for k, v in tensors.items()}, str(other_weights / "model.safetensors"))
     for change, message in ((["train.lr=0.01"], "train.lr was 0.005, now 0.01"),
                             (["seed=1"], "seed was 0, now 1"),
-                            (["train.micro_batch_size=4", "train.gradient_accumulation_steps=1"], "micro_per_epoch was 6, now 3"),
+                            (["train.micro_batch_size=4", "train.gradient_accumulation_steps=1"], "train.micro_batch_size was 2, now 4"),
                             (["model.lora.r=4"], "model.lora.r was 8, now 4"),
                             ([f"model.path={other_weights}"], "model.weights was")):
         changed = config(tmp_path, tiny_model_dir, data, *common, *change)
@@ -526,9 +526,10 @@ def test_an_empty_reply_is_trained_on_as_the_end_of_turn_the_policy_played(tmp_p
     assert final_logprob(tiny_model_dir, tmp_path / "out" / "final", data[0]) - before > 1e-3
 
 
-def test_a_run_never_replaces_the_final_model_of_another(tmp_path, tiny_model_dir, capsys):
+def test_a_run_never_replaces_the_final_model_of_another(tmp_path, tiny_model_dir, capsys, monkeypatch):
     """A second run into an output_dir whose final/ another method made is refused in one line
-    before it trains (the README's order once replaced ARIA's adapter with ArCHer's); the same
+    before its model loads (the README's order once replaced ARIA's adapter with ArCHer's; the
+    adversarial pass found the refusal after the model had loaded); the same
     run again is not refused, and an attempt that stopped before its first checkpoint leaves no
     metric lines for the next to append to. A merge of the adapter is named stale once the
     adapter is trained again."""
@@ -542,8 +543,12 @@ def test_a_run_never_replaces_the_final_model_of_another(tmp_path, tiny_model_di
     out = tmp_path / "out"
     merged = merge_lora(out / "final", out / "merged")
     assert stale_merge(merged) is None
-    with pytest.raises(ResumeMismatch, match=r"final holds the model of another run \(method was 'aria', now 'bc'"):
-        OfflineTrainer(config(tmp_path, tiny_model_dir, data, *common, "method=bc")).train()
+    import aria.trainers.offline
+
+    with monkeypatch.context() as patched:
+        patched.setattr(aria.trainers.offline, "load_model", lambda *a, **k: pytest.fail("the model loaded first"))
+        with pytest.raises(ResumeMismatch, match=r"final holds the model of another run \(method was 'aria', now 'bc'"):
+            OfflineTrainer(config(tmp_path, tiny_model_dir, data, *common, "method=bc"))
     (out / "metrics.jsonl").write_text('{"step": 1}\n{"step": 2}\n{"step": 3}\n')  # an attempt without a checkpoint
     capsys.readouterr()
     OfflineTrainer(config(tmp_path, tiny_model_dir, data, *common)).train()  # the same run again: the same adapter

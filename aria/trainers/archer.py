@@ -37,7 +37,7 @@ import torch
 from aria.data import read_training_set
 from aria.io import DataError, atomic_folder, atomic_write_json, atomic_write_json_rows, json_digest
 from aria.settings import CriticTrainerSettings, validated
-from aria.trainers.checkpoint import (RUN_RECORD, begin_checkpoint, finish_checkpoint, latest_checkpoint, load_state,
+from aria.trainers.checkpoint import (check_output_dir_early, RUN_RECORD, begin_checkpoint, finish_checkpoint, latest_checkpoint, load_state,
                                       read_trainer_state, resume_position, resume_settings, run_record, save_state,
                                       start_fresh)
 from aria.trainers.critic import (V_TARGETS, DoubleCritic, advantages, critic_loss, polyak_update, q_targets,
@@ -134,6 +134,7 @@ class CriticTrainer:
 
         self.output_dir = Path(cfg["output_dir"])
         self.accelerator = make_accelerator(cfg, self.output_dir, output_dir=self.output_dir)
+        check_output_dir_early(self.output_dir, resume_settings(cfg))  # another run's final/: before the models load
         self.on_step = on_step  # called after every optimizer step (tests use it to interrupt a run)
         set_seed(cfg["seed"])
         critic = DoubleCritic(c["encoder"], c["hidden"], c["max_tokens"])

@@ -292,11 +292,43 @@ def start_fresh(output_dir: Path, accelerator, settings: dict, data_digest: str)
         if made["data_digest"] != data_digest:
             changed = [*changed, "the samples or their weights differ"]
         if changed:
-            raise ResumeMismatch(f"{output_dir / 'final'} holds the model of another run ({'; '.join(changed[:3])}"
-                                 f"{'; ...' if len(changed) > 3 else ''}): use another output_dir, or delete "
-                                 f"{output_dir / 'final'} to train here")
+            raise another_runs_final(output_dir, changed)
     if accelerator.is_main_process:
         trim_metrics(output_dir / "metrics.jsonl", lambda line: False)
+
+
+def check_output_dir_early(output_dir: Path, settings: dict) -> None:
+    """Before the model loads, the part of :func:`start_fresh`'s and :func:`read_trainer_state`'s
+    refusals that needs no model: an ``output_dir`` whose ``final/`` or newest checkpoint another
+    run made under other ``settings`` (:func:`resume_settings` without the micro-batches) is one
+    line in seconds, not after the model, the data's encoding and the first digests. What needs
+    the tokenizer (the data digest, the micro-batches of an epoch) is still checked there."""
+    def recorded(path: Path) -> dict | None:
+        try:
+            made = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+            return None  # a damaged file is the later check's to name (or to pass over)
+        return {k: v for k, v in made["settings"].items() if k != "micro_per_epoch"} \
+            if isinstance(made, dict) and isinstance(made.get("settings"), dict) else None
+
+    folder = output_dir / "checkpoints"
+    steps = sorted((p for p in folder.glob("step-*") if not p.name.endswith(".tmp") and p.name[5:].isdigit()),
+                   key=lambda p: int(p.name[5:]), reverse=True) if folder.is_dir() else []
+    for checkpoint in steps:
+        made = recorded(checkpoint / "trainer_state.json")
+        if made is not None:
+            check_resume_settings(checkpoint, {"settings": made}, settings)
+            return
+    if not steps and (made := recorded(output_dir / "final" / RUN_RECORD)) is not None:
+        if changed := differences(made, settings):
+            raise another_runs_final(output_dir, changed)
+
+
+def another_runs_final(output_dir: Path, changed: list[str]) -> ResumeMismatch:
+    """The refusal of an ``output_dir`` whose ``final/`` another run made (what ``changed``)."""
+    return ResumeMismatch(f"{output_dir / 'final'} holds the model of another run ({'; '.join(changed[:3])}"
+                          f"{'; ...' if len(changed) > 3 else ''}): use another output_dir, or delete "
+                          f"{output_dir / 'final'} to train here")
 
 
 def resume_position(checkpoint: Path, accelerator, state: dict, output_dir: Path, micro_per_epoch: int, who: str):

@@ -52,7 +52,7 @@ from aria.data import read_training_set
 from aria.io import DataError, atomic_write_json, json_digest
 from aria.secrets import redact
 from aria.settings import TrainerSettings, validated
-from aria.trainers.checkpoint import (begin_checkpoint, finish_checkpoint, latest_checkpoint, load_plain_state,
+from aria.trainers.checkpoint import (check_output_dir_early, begin_checkpoint, finish_checkpoint, latest_checkpoint, load_plain_state,
                                       load_state, read_trainer_state, resume_position, resume_settings, run_record,
                                       save_plain_state, save_state, start_fresh)
 from aria.packing import attention_break_even, game_ordered_batches, games_floor, nominal_scale, packing_stats, sample_groups
@@ -151,6 +151,7 @@ class OfflineTrainer:
 
         self.output_dir = Path(cfg["output_dir"])
         self.accelerator = make_accelerator(cfg, self.output_dir, cfg["logging"]["report_to"], output_dir=self.output_dir)
+        check_output_dir_early(self.output_dir, resume_settings(cfg))  # another run's final/: before the model loads
         self.on_step = on_step  # called after every optimizer step (tests use it to interrupt a run)
         set_seed(cfg["seed"])
 

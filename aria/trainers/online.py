@@ -65,7 +65,7 @@ from aria.packing import attention_break_even, sample_groups
 from aria.policy import Encoding, action_logprobs, collate_as, load_policy, model_folder
 from aria.resources import compose_config, config_dir
 from aria.settings import OnlineTrainerSettings, validated
-from aria.trainers.checkpoint import (begin_checkpoint, check_resume_settings, finish_checkpoint, latest_checkpoint,
+from aria.trainers.checkpoint import (check_output_dir_early, begin_checkpoint, check_resume_settings, finish_checkpoint, latest_checkpoint,
                                       load_plain_state, load_rng_state, resume_settings, run_record, save_plain_state,
                                       set_rng_state, start_fresh, trim_metrics)
 from aria.trainers.losses import ADVANTAGES, LOSSES, TOKEN_LOSSES, rm_score, rm_score_centered  # noqa: F401  (re-exported)
@@ -180,6 +180,7 @@ class OnlineTrainer:
         t, o = cfg["train"], cfg["online"]
         self.output_dir = Path(cfg["output_dir"])
         self.accelerator = make_accelerator(cfg, output_dir=self.output_dir)
+        check_output_dir_early(self.output_dir, resume_settings(cfg))  # another run's final/: before the model loads
         set_seed(cfg["seed"])
         self.advantage = ADVANTAGES[o["advantage"]]
         self.loss_fn = LOSSES[cfg["loss"]["name"]]
