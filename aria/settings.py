@@ -31,6 +31,11 @@ from omegaconf.errors import OmegaConfBaseException
 
 from aria.io import ConfigError
 
+#: The most games one setting plays: a command holds its whole schedule in memory (10**12 games
+#: ran out of it before the first game), and a million games is already some GB of transcripts;
+#: more are several runs into other files, with other seeds.
+MAX_GAMES = 1_000_000
+
 #: Where a trainer computes (``device``): ``auto`` a GPU when one is visible, else the CPU.
 DEVICES = ("auto", "cpu", "cuda")
 
@@ -88,8 +93,11 @@ def out_of_bounds(value: Any, rules: Mapping[str, Any]) -> str | None:
     if "each" in rules:
         wanted = [out_of_bounds(v, rules["each"]) for v in value]
         return next((f"a list whose every element is {w}" for w in wanted if w), None)
-    limits = [f">= {rules['ge']:g}" if "ge" in rules else None, f"> {rules['gt']:g}" if "gt" in rules else None,
-              f"<= {rules['le']:g}" if "le" in rules else None, f"< {rules['lt']:g}" if "lt" in rules else None]
+    def shown(bound: float) -> str:  # 1000000, not 1e+06
+        return f"{bound:,}".replace(",", "_") if isinstance(bound, int) and abs(bound) >= 10_000 else f"{bound:g}"
+
+    limits = [f">= {shown(rules['ge'])}" if "ge" in rules else None, f"> {shown(rules['gt'])}" if "gt" in rules else None,
+              f"<= {shown(rules['le'])}" if "le" in rules else None, f"< {shown(rules['lt'])}" if "lt" in rules else None]
     text = " and ".join(limit for limit in limits if limit)
     if not text:
         return None
@@ -373,7 +381,7 @@ class CriticTrainerSettings:
 @dataclass
 class WarmStartSettings:
     enabled: bool = MISSING
-    games: int = bounded(ge=0)  # >= 1 when enabled (aria.experiment.check_settings)
+    games: int = bounded(ge=0, le=MAX_GAMES)  # >= 1 when enabled (aria.experiment.check_settings)
     epsilon: float = bounded(ge=0, le=1)
     seed: int = bounded(ge=0)
     train_overrides: List[str] = MISSING
@@ -383,9 +391,9 @@ class WarmStartSettings:
 class PlaySettings:
     """A collection or an evaluation: ``games`` for a question game; ``config_set`` and
     ``games_per_config`` for a two-player one (docs/games.md)."""
-    games: Optional[int] = bounded(ge=1, default=None)
+    games: Optional[int] = bounded(ge=1, le=MAX_GAMES, default=None)
     config_set: Optional[str] = None
-    games_per_config: Optional[int] = bounded(ge=1, default=None)
+    games_per_config: Optional[int] = bounded(ge=1, le=MAX_GAMES, default=None)
     temperature: float = bounded(ge=0)
     max_tokens: int = bounded(ge=1)
     batch_size: Optional[int] = bounded(ge=1)
@@ -482,14 +490,14 @@ class CollectSettings:
     policy: Any = MISSING
     oracle: Any = MISSING
     opponent: Any = MISSING
-    num_games: int = bounded(ge=0)  # question games (0: none); a two-player game plays games_per_config
+    num_games: int = bounded(ge=0, le=MAX_GAMES)  # question games (0: none); a two-player game plays games_per_config
     seed: int = bounded(ge=0)
     batch_size: int = bounded(ge=1)
     system_prompt: Optional[str] = MISSING
     progress: bool = MISSING
     force_new: bool = MISSING
     config_set: str = MISSING
-    games_per_config: int = bounded(ge=1)
+    games_per_config: int = bounded(ge=1, le=MAX_GAMES)
     policy_role: str = bounded(one_of=("alice", "bob"))
     out: str = bounded(nonempty=True)
 
@@ -553,7 +561,7 @@ class IntentionSettings:
 @dataclass
 class TwoPlayerEvalSettings:
     config_set: str = MISSING
-    games_per_config: int = bounded(ge=1)
+    games_per_config: int = bounded(ge=1, le=MAX_GAMES)
     max_tokens: int = bounded(ge=1)
     structured_output: Optional[str] = MISSING
 
@@ -565,7 +573,7 @@ class EvalSettings:
     oracle: Any = MISSING
     opponent: Any = MISSING
     envs: List[str] = bounded(nonempty=True)
-    num_games: int = bounded(ge=1)
+    num_games: int = bounded(ge=1, le=MAX_GAMES)
     seed: int = bounded(ge=0)
     out: str = bounded(nonempty=True)
     progress: bool = MISSING

@@ -148,7 +148,7 @@ def test_importer_refuses_mismatched_games_and_folders(tmp_path):
 def test_negative_game_count_and_compare_help(tmp_path):
     line = one_line_error(run("scripts/collect_games.py", "num_games=-3", f"out={tmp_path / 'c.jsonl'}",
                               "policy.model_path=/no/model"))  # reported '-3/-3 games done', exit 0
-    assert line == "error: collect: num_games: expected an integer >= 0, got -3"
+    assert line == "error: collect: num_games: expected an integer >= 0 and <= 1_000_000, got -3"
     done = subprocess.run(["bash", str(REPO / "evaluation/eval.sh"), "compare", "--help"], capture_output=True, text=True)
     assert done.returncode == 0 and "usage: compare.py" in done.stdout and "results" in done.stdout
 
@@ -304,7 +304,7 @@ BAD_EXPERIMENT_SETTINGS = [
     (["iterations=-1"], "iterations: expected a whole number >= 1, got -1"),
     (["+iterations_by_method.aria=0"], "iterations_by_method.aria: expected a whole number >= 1, got 0"),
     (["methods=[aria,bogus]"], "methods: unknown ['bogus']"),
-    (["eval.games=0"], "experiment: eval.games: expected an integer >= 1, got 0"),
+    (["eval.games=0"], "experiment: eval.games: expected an integer >= 1 and <= 1_000_000, got 0"),
     # a key or a type the schema does not have (aria/settings.py), here and inside the override lists
     (["eval.games=many"], "experiment: eval.games: Value 'many' of type 'str' could not be converted to Integer"),
     (["+eval.gmes=5"], "experiment: eval.gmes: not a setting of this command"),

@@ -48,10 +48,10 @@ def test_games_in_a_section():
 def test_the_collection_command_checks_its_counts_per_family_before_any_model_loads():
     from aria.games.family import collect_from_config
 
-    with pytest.raises(ConfigError, match=r"^collect: num_games: expected an integer >= 0, got -1$"):
+    with pytest.raises(ConfigError, match=r"^collect: num_games: expected an integer >= 0 and <= 1_000_000, got -1$"):
         collect_from_config(compose_config("collect", ["game=twenty_questions", "num_games=-1", "batch_size=1",
                                                        "policy.model_path=/no/such/model"]))
-    with pytest.raises(ConfigError, match=r"^collect: games_per_config: expected an integer >= 1, got 0$"):
+    with pytest.raises(ConfigError, match=r"^collect: games_per_config: expected an integer >= 1 and <= 1_000_000, got 0$"):
         collect_from_config(compose_config("collect", ["game=bargaining", "games_per_config=0", "batch_size=1",
                                                        "policy.model_path=/no/such/model"]))
 

@@ -158,8 +158,10 @@ OUT_OF_BOUNDS = [
     ("collect", ["policy_role=nope"], "collect: policy_role: expected one of alice, bob, got 'nope'"),
     ("eval", ["max_turns=-1"], "eval: max_turns: expected an integer >= 1, got -1"),
     ("eval", ["envs=[]"], "eval: envs: expected a non-empty list, got []"),
-    ("eval", ["num_games=-2"], "eval: num_games: expected an integer >= 1, got -2"),
-    ("eval", ["two_player.games_per_config=0"], "eval: two_player.games_per_config: expected an integer >= 1, got 0"),
+    ("eval", ["num_games=-2"], "eval: num_games: expected an integer >= 1 and <= 1_000_000, got -2"),
+    # a schedule of 10**12 games filled the memory before the first game (the adversarial pass)
+    ("collect", ["num_games=1000000000000"], "collect: num_games: expected an integer >= 0 and <= 1_000_000, got 1000000000000"),
+    ("eval", ["two_player.games_per_config=0"], "eval: two_player.games_per_config: expected an integer >= 1 and <= 1_000_000, got 0"),
     ("experiment", ["warm_start.epsilon=2"], "experiment: warm_start.epsilon: expected a finite number >= 0 and <= 1, got 2.0"),
     ("experiment", ["eval.temperature=-0.5"], "experiment: eval.temperature: expected a finite number >= 0, got -0.5"),
     ("experiment", ["collect.max_tokens=0"], "experiment: collect.max_tokens: expected an integer >= 1, got 0"),
