@@ -87,7 +87,8 @@ def protect_terminal(argv: list[str] | None = None) -> None:
     """Redact, from everything this process prints, the secrets given on its command line
     (:func:`aria.secrets.command_line_secrets`) and in its environment: Hydra's own messages (its
     errors, "Error executing job with overrides: [...]", its "use +key=value" hints) repeat the
-    command line. Every command calls it first, before Hydra reads the command line."""
+    command line. Every command calls it first, before Hydra reads the command line; from then on
+    a Ctrl-C before the command's work is one line too."""
     from aria.secrets import RedactingStream, command_line_secrets
 
     secrets = command_line_secrets(sys.argv[1:] if argv is None else argv)
@@ -95,6 +96,18 @@ def protect_terminal(argv: list[str] | None = None) -> None:
         stream = getattr(sys, name)
         if not isinstance(stream, RedactingStream):
             setattr(sys, name, RedactingStream(stream, secrets))
+    if sys.excepthook is sys.__excepthook__:
+        sys.excepthook = _interrupted_before_the_command
+
+
+def _interrupted_before_the_command(kind, value, traceback) -> None:
+    """A Ctrl-C between :func:`protect_terminal` and :func:`command` (Hydra composing the
+    settings, the checks before any work): one line, not Python's traceback; Python still exits
+    130. (One in the imports above a script's first line stays Python's: nothing is written there.)"""
+    if issubclass(kind, KeyboardInterrupt):
+        print("interrupted: before any work; nothing was written", file=sys.stderr)
+        return
+    sys.__excepthook__(kind, value, traceback)
 
 
 def check_command_line(config_name: str, argv: list[str] | None = None) -> None:

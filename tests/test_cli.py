@@ -259,6 +259,25 @@ def test_sigterm_stops_a_command_as_ctrl_c_does(tmp_path):
     assert (tmp_path / "cleanup").read_text() == "cleaned up"
 
 
+def test_ctrl_c_before_the_command_starts_its_work_is_one_line():
+    """Before: a Ctrl-C while Hydra composed the settings (0.2-0.3 s in) printed Python's
+    KeyboardInterrupt traceback (the adversarial pass). Here the Ctrl-C comes right after
+    protect_terminal, where a command's __main__ calls it, and before any command() block."""
+    program = ("import sys; sys.argv = ['x', 'game=y']\n"
+               "from aria.cli import protect_terminal, check_command_line\n"
+               "protect_terminal()\n"
+               "print('ready', flush=True)\n"
+               "import time; time.sleep(60)\n"
+               "check_command_line('collect')\n")
+    proc = subprocess.Popen([sys.executable, "-c", program], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert proc.stdout.readline() == "ready\n"
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=60)
+    # Python ends an unhandled Ctrl-C by SIGINT itself, which a shell's $? reads as 130
+    line = one_line_error(subprocess.CompletedProcess(proc.args, proc.returncode, out, err), code=-signal.SIGINT)
+    assert line == "interrupted: before any work; nothing was written" and err.count("\n") == 1
+
+
 def test_ctrl_c_during_collection_keeps_games_and_says_how_to_resume(tmp_path):
     server = start_server(Script(reply=lambda body: "Question: Is it alive?", delay_s=0.02))
     out = tmp_path / "games.jsonl"
