@@ -23,7 +23,6 @@ setup(
         "scikit-learn>=1.3",
         "openai>=1.0",
         "requests",  # the reward-model scoring client
-        "datasets>=3.0",
         "peft>=0.13",
         "safetensors",
         "gguf>=0.10",  # reads the embedded SmolLM2 GGUF file once, to convert it to safetensors
@@ -34,7 +33,9 @@ setup(
         "llguidance>=1.0",  # grammar-constrained decoding of the local policy (aria/llm/constrained.py)
     ],
     extras_require={
-        "test": ["pytest>=8", "pytest-xdist", "hypothesis", "jsonschema"],
+        # datasets: a test loads the pipeline's train.json with it, as users do; the package reads its
+        # training sets with its own reader, which names the file, sample and field of a bad record.
+        "test": ["pytest>=8", "pytest-xdist", "hypothesis", "jsonschema", "datasets>=3.0"],
         # Mutation testing of the core (benchmarks/mutation.py; docs/testing.md, "Mutation testing").
         "mutation": ["mutmut==3.8.1"],
         # GPU machines only: vllm serves the policy for evaluation, deepspeed runs ZeRO-3.
