@@ -37,9 +37,9 @@ import torch
 from aria.data import read_training_set
 from aria.io import DataError, atomic_folder, atomic_write_json, atomic_write_json_rows, json_digest
 from aria.settings import CriticTrainerSettings, validated
-from aria.trainers.checkpoint import (check_output_dir_early, RUN_RECORD, begin_checkpoint, finish_checkpoint, latest_checkpoint, load_state,
-                                      read_trainer_state, resume_position, resume_settings, run_record, save_state,
-                                      start_fresh)
+from aria.trainers.checkpoint import (RUN_RECORD, begin_checkpoint, check_output_dir_early, checkpoint_record,
+                                      checkpoint_to_resume, finish_checkpoint, load_state, resume_position,
+                                      resume_settings, run_record, save_state)
 from aria.trainers.critic import (V_TARGETS, DoubleCritic, advantages, critic_loss, polyak_update, q_targets,
                                   transitions, v_targets)
 from aria.trainers.engine import (TrainState, accumulate_step, build_optimizer, check_train_settings, fit_accumulation,
@@ -295,18 +295,16 @@ class CriticTrainer:
             save_state(tmp / "critic.safetensors", self._critic_state())
             save_state(tmp / "optimizer.safetensors", self.optimizer.state_dict())
             save_state(tmp / "scheduler.safetensors", self.scheduler.state_dict())
-        return finish_checkpoint(acc, tmp, final, {**self.state.__dict__, "world_size": acc.num_processes,
-                                                   "total_steps": self.total_steps, "data_digest": self.data_digest,
-                                                   "settings": resume_settings(self.cfg, self.micro_per_epoch)},
+        return finish_checkpoint(acc, tmp, final, checkpoint_record(self.state.__dict__, acc, self.total_steps, self.data_digest,
+                                                                    resume_settings(self.cfg, self.micro_per_epoch)),
                                  self.cfg["train"]["keep_checkpoints"])
 
     def resume(self) -> Path | None:
-        checkpoint = latest_checkpoint(self.output_dir)
-        if checkpoint is None:
-            start_fresh(self.output_dir, self.accelerator, resume_settings(self.cfg, self.micro_per_epoch), self.data_digest)
+        found = checkpoint_to_resume(self.output_dir, self.accelerator, resume_settings(self.cfg, self.micro_per_epoch),
+                                     self.data_digest, self.total_steps)
+        if found is None:
             return None
-        state = read_trainer_state(checkpoint, self.accelerator, self.data_digest, self.total_steps,
-                                   resume_settings(self.cfg, self.micro_per_epoch))
+        checkpoint, state = found
         saved = load_state(checkpoint / "critic.safetensors")
         self.accelerator.unwrap_model(self.model).load_state_dict(saved["online"])
         self.target.load_state_dict(saved["target"])

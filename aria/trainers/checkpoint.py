@@ -297,6 +297,25 @@ def start_fresh(output_dir: Path, accelerator, settings: dict, data_digest: str)
         trim_metrics(output_dir / "metrics.jsonl", lambda line: False)
 
 
+def checkpoint_to_resume(output_dir: Path, accelerator, settings: dict, data_digest: str,
+                         total_steps: int) -> tuple[Path, dict] | None:
+    """Where a trainer with checkpoint records of steps goes on from: the newest intact checkpoint of
+    ``output_dir`` and its trainer state, both checked against this run (:func:`read_trainer_state`);
+    or None, the run starting fresh (:func:`start_fresh`: not over another run's ``final/``)."""
+    checkpoint = latest_checkpoint(output_dir)
+    if checkpoint is None:
+        start_fresh(output_dir, accelerator, settings, data_digest)
+        return None
+    return checkpoint, read_trainer_state(checkpoint, accelerator, data_digest, total_steps, settings)
+
+
+def checkpoint_record(state: dict, accelerator, total_steps: int, data_digest: str, settings: dict) -> dict:
+    """What a checkpoint's ``trainer_state.json`` holds: the position, the number of processes, and
+    what a resume must share (the data's digest, the steps, :func:`resume_settings`)."""
+    return {**state, "world_size": accelerator.num_processes, "total_steps": total_steps, "data_digest": data_digest,
+            "settings": settings}
+
+
 def check_output_dir_early(output_dir: Path, settings: dict) -> None:
     """Before the model loads, the part of :func:`start_fresh`'s and :func:`read_trainer_state`'s
     refusals that needs no model: an ``output_dir`` whose ``final/`` or newest checkpoint another

@@ -52,9 +52,10 @@ from aria.data import read_training_set
 from aria.io import DataError, atomic_write_json, json_digest
 from aria.secrets import redact
 from aria.settings import TrainerSettings, validated
-from aria.trainers.checkpoint import (check_output_dir_early, begin_checkpoint, finish_checkpoint, latest_checkpoint, load_plain_state,
-                                      load_state, read_trainer_state, resume_position, resume_settings, run_record,
-                                      save_plain_state, save_state, start_fresh)
+from aria.trainers.checkpoint import (begin_checkpoint, check_output_dir_early, checkpoint_record,
+                                      checkpoint_to_resume, finish_checkpoint, latest_checkpoint, load_plain_state,
+                                      load_state, resume_position, resume_settings, run_record, save_plain_state,
+                                      save_state)
 from aria.packing import attention_break_even, game_ordered_batches, games_floor, nominal_scale, packing_stats, sample_groups
 from aria.policy import EncodedSample, Encoding, PromptTooLong, action_logprobs, action_token_logprobs, collate_as, load_model
 from aria.trainers.engine import (OPTIMIZERS, TrainState, accumulate_step, build_optimizer,  # noqa: F401
@@ -493,18 +494,16 @@ class OfflineTrainer:
                 save_state(tmp / "scheduler.safetensors", self.scheduler.state_dict())
         elif acc.is_main_process:
             save_plain_state(tmp, acc.unwrap_model(self.model), self.tokenizer, self.optimizer, self.scheduler)
-        return finish_checkpoint(acc, tmp, final, {**self.state.__dict__, "world_size": acc.num_processes,
-                                                   "total_steps": self.total_steps, "data_digest": self.data_digest,
-                                                   "settings": resume_settings(self.cfg, self.micro_per_epoch)},
+        return finish_checkpoint(acc, tmp, final, checkpoint_record(self.state.__dict__, acc, self.total_steps, self.data_digest,
+                                                                    resume_settings(self.cfg, self.micro_per_epoch)),
                                  self.cfg["train"].get("keep_checkpoints"))
 
     def resume(self) -> Path | None:
-        checkpoint = latest_checkpoint(self.output_dir)
-        if checkpoint is None:
-            start_fresh(self.output_dir, self.accelerator, resume_settings(self.cfg, self.micro_per_epoch), self.data_digest)
+        found = checkpoint_to_resume(self.output_dir, self.accelerator, resume_settings(self.cfg, self.micro_per_epoch),
+                                     self.data_digest, self.total_steps)
+        if found is None:
             return None
-        state = read_trainer_state(checkpoint, self.accelerator, self.data_digest, self.total_steps,
-                                   resume_settings(self.cfg, self.micro_per_epoch))
+        checkpoint, state = found
         if self._deepspeed:
             self.accelerator.load_state(str(checkpoint / "accelerate_state"))
             self.scheduler.load_state_dict(load_state(checkpoint / "scheduler.safetensors"))
