@@ -122,7 +122,7 @@ def test_one_iteration_end_to_end_with_a_reward_model_refresh(tmp_path, tiny_mod
 
 def test_interrupted_run_resumes_to_the_same_weights(tmp_path, tiny_model_dir, tiny_sentence_model_dir):
     # No reward model is given: the first one learns from iteration 0's own rollouts, aggregated.
-    common = ["online.iterations=2", "online.rm_refresh=0"]
+    common = ["online.iterations=2", "online.rm_refresh=0", "train.threads=1"]  # one thread whatever the load
     full_cfg = online_config(tmp_path / "full", tiny_model_dir, tiny_sentence_model_dir, *common)
     OnlineTrainer(full_cfg).train()
 

@@ -22,7 +22,7 @@ import random
 import shutil
 import sys
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Protocol
 
 import numpy as np
 import torch
@@ -297,23 +297,35 @@ def start_fresh(output_dir: Path, accelerator, settings: dict, data_digest: str)
         trim_metrics(output_dir / "metrics.jsonl", lambda line: False)
 
 
-def checkpoint_to_resume(output_dir: Path, accelerator, settings: dict, data_digest: str,
-                         total_steps: int) -> tuple[Path, dict] | None:
-    """Where a trainer with checkpoint records of steps goes on from: the newest intact checkpoint of
-    ``output_dir`` and its trainer state, both checked against this run (:func:`read_trainer_state`);
-    or None, the run starting fresh (:func:`start_fresh`: not over another run's ``final/``)."""
-    checkpoint = latest_checkpoint(output_dir)
+class StepTrainer(Protocol):
+    """What :func:`checkpoint_to_resume` and :func:`checkpoint_record` read of a trainer that
+    checkpoints by optimizer step (the offline trainer, ArCHer's critic)."""
+    output_dir: Path
+    accelerator: Any
+    cfg: dict
+    micro_per_epoch: int
+    data_digest: str
+    total_steps: int
+    state: Any  # aria.trainers.engine.TrainState
+
+
+def checkpoint_to_resume(trainer: StepTrainer) -> tuple[Path, dict] | None:
+    """Where ``trainer`` goes on from: the newest intact checkpoint of its ``output_dir`` and its
+    trainer state, both checked against this run (:func:`read_trainer_state`); or None, the run
+    starting fresh (:func:`start_fresh`: not over another run's ``final/``)."""
+    settings = resume_settings(trainer.cfg, trainer.micro_per_epoch)
+    checkpoint = latest_checkpoint(trainer.output_dir)
     if checkpoint is None:
-        start_fresh(output_dir, accelerator, settings, data_digest)
+        start_fresh(trainer.output_dir, trainer.accelerator, settings, trainer.data_digest)
         return None
-    return checkpoint, read_trainer_state(checkpoint, accelerator, data_digest, total_steps, settings)
+    return checkpoint, read_trainer_state(checkpoint, trainer.accelerator, trainer.data_digest, trainer.total_steps, settings)
 
 
-def checkpoint_record(state: dict, accelerator, total_steps: int, data_digest: str, settings: dict) -> dict:
+def checkpoint_record(trainer: StepTrainer) -> dict:
     """What a checkpoint's ``trainer_state.json`` holds: the position, the number of processes, and
     what a resume must share (the data's digest, the steps, :func:`resume_settings`)."""
-    return {**state, "world_size": accelerator.num_processes, "total_steps": total_steps, "data_digest": data_digest,
-            "settings": settings}
+    return {**trainer.state.__dict__, "world_size": trainer.accelerator.num_processes, "total_steps": trainer.total_steps,
+            "data_digest": trainer.data_digest, "settings": resume_settings(trainer.cfg, trainer.micro_per_epoch)}
 
 
 def check_output_dir_early(output_dir: Path, settings: dict) -> None:

@@ -494,13 +494,11 @@ class OfflineTrainer:
                 save_state(tmp / "scheduler.safetensors", self.scheduler.state_dict())
         elif acc.is_main_process:
             save_plain_state(tmp, acc.unwrap_model(self.model), self.tokenizer, self.optimizer, self.scheduler)
-        return finish_checkpoint(acc, tmp, final, checkpoint_record(self.state.__dict__, acc, self.total_steps, self.data_digest,
-                                                                    resume_settings(self.cfg, self.micro_per_epoch)),
+        return finish_checkpoint(acc, tmp, final, checkpoint_record(self),
                                  self.cfg["train"].get("keep_checkpoints"))
 
     def resume(self) -> Path | None:
-        found = checkpoint_to_resume(self.output_dir, self.accelerator, resume_settings(self.cfg, self.micro_per_epoch),
-                                     self.data_digest, self.total_steps)
+        found = checkpoint_to_resume(self)
         if found is None:
             return None
         checkpoint, state = found
