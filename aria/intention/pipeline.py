@@ -496,6 +496,27 @@ def _fixed_k(selection: dict, pools: list[str]) -> dict[str, int] | None:
     return {p: int(fixed[p]) for p in pools}
 
 
+#: What each figure of selection.json is, written into the file beside them.
+SELECTION_NOTES = {
+    "split_score": "mean |R~(k+1) - R~(k)| over the agent steps kept at both k (docs/method.md §4), R~ under "
+                   "the whole-history keys when selection.keys is whole_history; the last k has none",
+    "variance_raw": "population variance of the step returns R over the steps kept at each k",
+    "variance_aggregated": "population variance of R~ = Q over the same kept steps; Var(R~) <= Var(R) there "
+                           "(law of total variance); variance.all_steps gives both over every step",
+    "silhouette": "on a seeded sample of silhouette_sample_size utterances per pool; pools averaged",
+    "intention_recovery": "adjusted Rand index and normalised mutual information between the labels of "
+                          "the agent steps whose turn records its true intention and those intentions, "
+                          "at every k (only when some turn records one)",
+    "behaviour": "the labels at every k against the game's behavioural intentions (behaviour.json: "
+                 "utterances alike when the offline oracle answers them alike for every target): ARI and NMI "
+                 "over the agent steps, and R~ at every k against R~ aggregated with the behavioural labels: "
+                 "mse = bias_squared (clusters merging intentions) + variance_within (clusters splitting "
+                 "them), aria.intention.aggregate.error_against; variance: Var(R~(k)) over every step",
+    "indices": "silhouette, Calinski-Harabasz and Davies-Bouldin count every occurrence of a text when "
+               "clustering.weight is occurrences (as the clustering does), each text once when distinct",
+}
+
+
 def step2_select_k(cfg: dict, echo: Printer = print) -> dict:
     cfg = check_settings(cfg)
     run_dir = Path(cfg["run_dir"])
@@ -507,7 +528,6 @@ def step2_select_k(cfg: dict, echo: Printer = print) -> dict:
         raise StaleInput(1, "utterances.json was made under other settings of step 1 than these (embedder, embedding, "
                             f"clustering or seed; it clustered with {summary.get('clustering')})")
     scoring = _deciding_selection(selection_cfg, agg_cfg["window"])
-    paper_keys = "keys" in scoring
     fingerprint = json_digest({"step1": summary["fingerprint"], "selection": scoring, "aggregation": agg_cfg,
                                "behaviour": cfg["behaviour"], "labels": cfg["labels"], "report": SELECTION_VERSION})
     out_path = run_dir / "selection.json"
@@ -526,41 +546,10 @@ def step2_select_k(cfg: dict, echo: Printer = print) -> dict:
     pools = list(corpus.pools)
 
     start = time.perf_counter()
-    rewards = np.empty((len(ks), corpus.table.num_steps))
-    q_at_k = np.empty((len(ks), corpus.table.num_steps))
-    # SplitScore's R~: under the aggregation's own keys, or under the paper's whole-history keys so that a
-    # windowed variant is trained at the k the paper's method chooses (only the keys differ between them)
-    scored = np.empty((len(ks), corpus.table.num_steps)) if paper_keys else rewards
-    returns = corpus.table.step_return
-    variance: dict[str, list[float]] = {"raw_kept": [], "aggregated_kept": [], "aggregated_all": [], "kept_fraction": []}
-    for i in range(len(ks)):
-        at_k = _labels_at(corpus, labels, {p: i for p in pools})
-        agg = aggregate(corpus.table, at_k, **_agg_args(agg_cfg))
-        rewards[i] = agg.reward
-        q_at_k[i] = agg.q
-        if paper_keys:
-            scored[i] = aggregate(corpus.table, at_k, **{**_agg_args(agg_cfg), "window": None}).reward
-        # Var(R) and Var(R~) on the same steps: those kept at this k (the n_rollout filter and the
-        # first-action rule keep whole nodes, so R~ is still a conditional mean of R on them).
-        variance["raw_kept"].append(float(returns[agg.kept].var()) if agg.kept.any() else float("nan"))
-        variance["aggregated_kept"].append(float(agg.q[agg.kept].var()) if agg.kept.any() else float("nan"))
-        variance["aggregated_all"].append(float(agg.q.var()))
-        variance["kept_fraction"].append(float(agg.kept.mean()))
+    q_at_k, scored, variance = _aggregate_every_k(corpus, labels, ks, agg_cfg, paper_keys="keys" in scoring)
     aggregation_s = time.perf_counter() - start
-
     start = time.perf_counter()
-    per_pool: dict[str, dict[str, list[float]]] = {}
-    by_occurrence = summary["clustering"].get("weight", "occurrences") == "occurrences"
-    for pool in pools:
-        x, lab = embeddings[pool], labels[pool]
-        quality = ClusterQuality(x, corpus.text_counts(pool) if by_occurrence else None,
-                                 selection_cfg["silhouette_sample"], cfg["seed"])
-        scores = [quality.scores(lab[i]) for i in range(len(ks))]
-        per_pool[pool] = {
-            **{m: [sc[m] for sc in scores] for m in ("silhouette", "calinski_harabasz", "davies_bouldin")},
-            "clusters_found": [int(lab[i].max()) + 1 for i in range(len(ks))],
-            "silhouette_sample_size": quality.sample_size,
-        }
+    per_pool = _cluster_indices(corpus, embeddings, labels, ks, summary, selection_cfg, cfg["seed"])
     metrics_s = time.perf_counter() - start
     curves = {
         "split_score": [*split_scores(ks, scored).tolist(), float("nan")] if len(ks) > 1 else [float("nan")],
@@ -570,23 +559,8 @@ def step2_select_k(cfg: dict, echo: Printer = print) -> dict:
     recovery = _intention_recovery(corpus, labels, ks)
     behaviour = behavioural_labels(cfg, corpus, echo)
     against = _against_behaviour(corpus, labels, ks, behaviour, q_at_k, agg_cfg) if behaviour is not None else None
-    raw_var_all = float(returns.var())
     claim = variance_claim(ks, variance["raw_kept"], variance["aggregated_kept"])
-    fixed = _fixed_k(selection_cfg, pools)
-    choices = {name: _choice_json(choose_k(name, curves, ks, selection_cfg["epsilon"], selection_cfg["tau"]))
-               for name in ("split_score", "silhouette", "calinski_harabasz", "davies_bouldin")}
-    if fixed is not None:
-        chosen = {"k": fixed, "criterion": "fixed_k", "rule_satisfied": True, "why": "selection.fixed_k"}
-        bad = {p: k for p, k in fixed.items() if k not in ks}
-        if bad:
-            raise ValueError(f"selection.fixed_k {bad} outside the clustered range {ks[0]}..{ks[-1]}")
-    else:
-        if selection_cfg["criterion"] not in choices:
-            raise ValueError(f"unknown selection.criterion {selection_cfg['criterion']!r} (known: {sorted(choices)}, "
-                             f"or set selection.fixed_k)")
-        c = choices[selection_cfg["criterion"]]
-        chosen = {"k": {p: c["k"] for p in pools}, "criterion": selection_cfg["criterion"],
-                  "rule_satisfied": c["rule_satisfied"], "why": c["why"]}
+    chosen, choices = _chosen_k(curves, ks, pools, selection_cfg)
     report = {
         "fingerprint": fingerprint, "step1_fingerprint": summary["fingerprint"], "game": summary["game"], "ks": ks,
         "chosen": chosen, "choices_by_criterion": choices,
@@ -596,30 +570,13 @@ def step2_select_k(cfg: dict, echo: Printer = print) -> dict:
                    "kept_fraction": variance["kept_fraction"]},
         "variance": {
             "kept_steps": {"raw": variance["raw_kept"], "aggregated": variance["aggregated_kept"]},
-            "all_steps": {"raw": raw_var_all, "aggregated": variance["aggregated_all"]},
+            "all_steps": {"raw": float(corpus.table.step_return.var()), "aggregated": variance["aggregated_all"]},
             "claim": claim,
         },
         "per_pool": per_pool,
         **({"intention_recovery": recovery} if recovery else {}),
         **({"behaviour": against} if against else {}),
-        "notes": {
-            "split_score": "mean |R~(k+1) - R~(k)| over the agent steps kept at both k (docs/method.md §4), R~ under "
-                           "the whole-history keys when selection.keys is whole_history; the last k has none",
-            "variance_raw": "population variance of the step returns R over the steps kept at each k",
-            "variance_aggregated": "population variance of R~ = Q over the same kept steps; Var(R~) <= Var(R) there "
-                                   "(law of total variance); variance.all_steps gives both over every step",
-            "silhouette": "on a seeded sample of silhouette_sample_size utterances per pool; pools averaged",
-            "intention_recovery": "adjusted Rand index and normalised mutual information between the labels of "
-                                  "the agent steps whose turn records its true intention and those intentions, "
-                                  "at every k (only when some turn records one)",
-            "behaviour": "the labels at every k against the game's behavioural intentions (behaviour.json: "
-                         "utterances alike when the offline oracle answers them alike for every target): ARI and NMI "
-                         "over the agent steps, and R~ at every k against R~ aggregated with the behavioural labels: "
-                         "mse = bias_squared (clusters merging intentions) + variance_within (clusters splitting "
-                         "them), aria.intention.aggregate.error_against; variance: Var(R~(k)) over every step",
-            "indices": "silhouette, Calinski-Harabasz and Davies-Bouldin count every occurrence of a text when "
-                       "clustering.weight is occurrences (as the clustering does), each text once when distinct",
-        },
+        "notes": SELECTION_NOTES,
     }
     from aria.intention.report import plot_selection
 
@@ -634,6 +591,67 @@ def step2_select_k(cfg: dict, echo: Printer = print) -> dict:
     echo(f"[step 2] wrote {out_path} and {run_dir / 'selection.png'} (aggregation for {len(ks)} ks {aggregation_s:.2f}s, "
          f"cluster indices {metrics_s:.2f}s)")
     return report
+
+
+def _aggregate_every_k(corpus: Corpus, labels, ks: list[int], agg_cfg: dict,
+                       paper_keys: bool) -> tuple[np.ndarray, np.ndarray, dict[str, list[float]]]:
+    """R~ (as Q) at every k; the R~ SplitScore reads (under the aggregation's own keys, or under the
+    paper's whole-history keys, so that a windowed variant trains at the k the paper's method
+    chooses: only the keys differ between them); and Var(R), Var(R~) on the steps kept at each k
+    (the n_rollout filter and the first-action rule keep whole nodes, so R~ is still a conditional
+    mean of R on them)."""
+    pools = list(corpus.pools)
+    returns = corpus.table.step_return
+    q_at_k = np.empty((len(ks), corpus.table.num_steps))
+    scored = np.empty((len(ks), corpus.table.num_steps))
+    variance: dict[str, list[float]] = {"raw_kept": [], "aggregated_kept": [], "aggregated_all": [], "kept_fraction": []}
+    for i in range(len(ks)):
+        at_k = _labels_at(corpus, labels, {p: i for p in pools})
+        agg = aggregate(corpus.table, at_k, **_agg_args(agg_cfg))
+        q_at_k[i] = agg.q
+        scored[i] = aggregate(corpus.table, at_k, **{**_agg_args(agg_cfg), "window": None}).reward if paper_keys else agg.reward
+        variance["raw_kept"].append(float(returns[agg.kept].var()) if agg.kept.any() else float("nan"))
+        variance["aggregated_kept"].append(float(agg.q[agg.kept].var()) if agg.kept.any() else float("nan"))
+        variance["aggregated_all"].append(float(agg.q.var()))
+        variance["kept_fraction"].append(float(agg.kept.mean()))
+    return q_at_k, scored, variance
+
+
+def _cluster_indices(corpus: Corpus, embeddings, labels, ks: list[int], summary: dict, selection_cfg: dict,
+                     seed: int) -> dict[str, dict[str, Any]]:
+    """Silhouette, Calinski-Harabasz and Davies-Bouldin at every k, per pool, weighted as step 1 clustered."""
+    per_pool: dict[str, dict[str, Any]] = {}
+    by_occurrence = summary["clustering"].get("weight", "occurrences") == "occurrences"
+    for pool in corpus.pools:
+        x, lab = embeddings[pool], labels[pool]
+        quality = ClusterQuality(x, corpus.text_counts(pool) if by_occurrence else None,
+                                 selection_cfg["silhouette_sample"], seed)
+        scores = [quality.scores(lab[i]) for i in range(len(ks))]
+        per_pool[pool] = {
+            **{m: [sc[m] for sc in scores] for m in ("silhouette", "calinski_harabasz", "davies_bouldin")},
+            "clusters_found": [int(lab[i].max()) + 1 for i in range(len(ks))],
+            "silhouette_sample_size": quality.sample_size,
+        }
+    return per_pool
+
+
+def _chosen_k(curves: dict, ks: list[int], pools: list[str], selection_cfg: dict) -> tuple[dict, dict]:
+    """The k each criterion chooses, and the one this run takes: ``selection.fixed_k`` if set, else
+    ``selection.criterion``'s."""
+    choices = {name: _choice_json(choose_k(name, curves, ks, selection_cfg["epsilon"], selection_cfg["tau"]))
+               for name in ("split_score", "silhouette", "calinski_harabasz", "davies_bouldin")}
+    fixed = _fixed_k(selection_cfg, pools)
+    if fixed is not None:
+        bad = {p: k for p, k in fixed.items() if k not in ks}
+        if bad:
+            raise ValueError(f"selection.fixed_k {bad} outside the clustered range {ks[0]}..{ks[-1]}")
+        return {"k": fixed, "criterion": "fixed_k", "rule_satisfied": True, "why": "selection.fixed_k"}, choices
+    if selection_cfg["criterion"] not in choices:
+        raise ValueError(f"unknown selection.criterion {selection_cfg['criterion']!r} (known: {sorted(choices)}, "
+                         f"or set selection.fixed_k)")
+    c = choices[selection_cfg["criterion"]]
+    return {"k": {p: c["k"] for p in pools}, "criterion": selection_cfg["criterion"],
+            "rule_satisfied": c["rule_satisfied"], "why": c["why"]}, choices
 
 
 @dataclass
