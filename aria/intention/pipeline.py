@@ -282,7 +282,40 @@ def step1_embed_and_cluster(cfg: dict, echo: Printer = print) -> dict:
     # are, so a run stopped half-way under other settings is never taken for a finished one
     summary_path.unlink(missing_ok=True)
 
-    # Embed every distinct text once per pool; the model is loaded only if a text is not cached.
+    embeddings, sources = _embed_pools(cfg, corpus, run_dir, echo)
+    _save_npz(run_dir / "embeddings.npz", {**{pool: x for pool, x in embeddings.items()}, "fingerprint": np.array(fingerprint)})
+    ks, labels, distinct, info = _cluster_pools(cfg, corpus, embeddings, run_dir / "labels.partial.npz", fingerprint, echo)
+    dtype = np.int16 if max(ks) < 2**15 else np.int32
+    _save_npz(labels_path, {"ks": np.array(ks, dtype=np.int32), **{p: a.astype(dtype) for p, a in labels.items()},
+                            "fingerprint": np.array(fingerprint)})
+    (run_dir / "labels.partial.npz").unlink(missing_ok=True)
+    summary = {
+        "fingerprint": fingerprint, "game": cfg["game"]["name"], "inputs": [str(f) for f in files],
+        "input_digest": settings["input"], "pool_digests": settings["pools"],
+        "num_games": len(corpus.game_ids), "num_steps": int(corpus.table.num_steps),
+        "num_utterances": int(len(corpus.table.utterance_game)),
+        "skipped": corpus.skipped,
+        "pools": {p: {"texts": t, "embedding": sources[p], "dim": int(embeddings[p].shape[1]),
+                      "distinct_vectors": distinct[p], "occurrences": int(corpus.text_counts(p).sum()),
+                      "clustering": info[p]} for p, t in corpus.pools.items()},
+        "ks": ks, "clustering": clustering,
+        # what a tool reading this run later rebuilds its config from (aria.intention.grouping.run_config):
+        # the game as it ran (targets, trained roles), not the game's defaults
+        "made_under": {"game": cfg["game"], "embedding": cfg["embedding"], "behaviour": cfg["behaviour"]},
+    }
+    atomic_write_json(summary_path, summary)
+    behavioural_labels(cfg, corpus, echo)
+    if corpus.skipped:
+        echo(f"[step 1] skipped {len(corpus.skipped)} game(s): " + ", ".join(
+            f"{s['game_id']} ({s['reason']})" for s in corpus.skipped[:5]) + (" ..." if len(corpus.skipped) > 5 else ""))
+    echo(f"[step 1] wrote {summary_path}, {run_dir / 'embeddings.npz'}, {labels_path} "
+         f"({len(corpus.game_ids)} games, {corpus.table.num_steps} steps, k={ks[0]}..{ks[-1]})")
+    return summary
+
+
+def _embed_pools(cfg: dict, corpus: Corpus, run_dir: Path, echo: Printer) -> tuple[dict[str, np.ndarray], dict[str, str]]:
+    """Every pool's vectors, and where they came from: each distinct text embedded once (the model
+    loaded only if a text is not in the run's cache), or the trajectories' own precomputed vectors."""
     embeddings: dict[str, np.ndarray] = {}
     sources: dict[str, str] = {}
     embedder = None
@@ -308,14 +341,18 @@ def step1_embed_and_cluster(cfg: dict, echo: Printer = print) -> dict:
              f"in {time.perf_counter() - start:.1f}s")
     for pool, x in embeddings.items():
         _check_matrix(corpus, pool, x)
-    _save_npz(run_dir / "embeddings.npz", {**{pool: x for pool, x in embeddings.items()}, "fingerprint": np.array(fingerprint)})
+    return embeddings, sources
 
-    # Cluster every pool for every k; progress is kept in labels.partial.npz. The range is clipped
-    # to the largest pool; a pool with fewer distinct vectors than k keeps its finest labelling
-    # (Guess My City's oracle answers are far fewer than its questions).
+
+def _cluster_pools(cfg: dict, corpus: Corpus, embeddings: dict[str, np.ndarray], partial_path: Path, fingerprint: str,
+                   echo: Printer) -> tuple[list[int], dict[str, np.ndarray], dict[str, int], dict[str, dict]]:
+    """Every pool clustered for every k: the ks, each pool's labels (one row a k), its distinct
+    vectors, and what its sweep did. Progress is kept in ``partial_path``. The range is clipped to
+    the largest pool; a pool with fewer distinct vectors than k keeps its finest labelling (Guess
+    My City's oracle answers are far fewer than its questions)."""
+    clustering = cfg["clustering"]
     distinct = {pool: distinct_points(x) for pool, x in embeddings.items()}
     ks = k_range(clustering["k_min"], clustering["k_max"], max(distinct.values()))
-    partial_path = run_dir / "labels.partial.npz"
     try:
         partial = _load_npz(partial_path, 1) if partial_path.is_file() else {}
     except StaleInput:  # progress only: start the sweep again
@@ -350,32 +387,7 @@ def step1_embed_and_cluster(cfg: dict, echo: Printer = print) -> dict:
         echo(f"[step 1] {pool}: {clustering['method']}{projected} for k={pool_ks[0]}..{pool_ks[-1]} in {time.perf_counter() - start:.1f}s"
              + (f" (only {distinct[pool]} distinct vectors: larger k keep k={pool_ks[-1]})" if pool_ks[-1] < ks[-1] else "")
              + (f" ({len(done)} ks resumed)" if done else ""))
-    dtype = np.int16 if max(ks) < 2**15 else np.int32
-    _save_npz(labels_path, {"ks": np.array(ks, dtype=np.int32), **{p: a.astype(dtype) for p, a in labels.items()},
-                            "fingerprint": np.array(fingerprint)})
-    partial_path.unlink(missing_ok=True)
-    summary = {
-        "fingerprint": fingerprint, "game": cfg["game"]["name"], "inputs": [str(f) for f in files],
-        "input_digest": settings["input"], "pool_digests": settings["pools"],
-        "num_games": len(corpus.game_ids), "num_steps": int(corpus.table.num_steps),
-        "num_utterances": int(len(corpus.table.utterance_game)),
-        "skipped": corpus.skipped,
-        "pools": {p: {"texts": t, "embedding": sources[p], "dim": int(embeddings[p].shape[1]),
-                      "distinct_vectors": distinct[p], "occurrences": int(corpus.text_counts(p).sum()),
-                      "clustering": info[p]} for p, t in corpus.pools.items()},
-        "ks": ks, "clustering": clustering,
-        # what a tool reading this run later rebuilds its config from (aria.intention.grouping.run_config):
-        # the game as it ran (targets, trained roles), not the game's defaults
-        "made_under": {"game": cfg["game"], "embedding": cfg["embedding"], "behaviour": cfg["behaviour"]},
-    }
-    atomic_write_json(summary_path, summary)
-    behavioural_labels(cfg, corpus, echo)
-    if corpus.skipped:
-        echo(f"[step 1] skipped {len(corpus.skipped)} game(s): " + ", ".join(
-            f"{s['game_id']} ({s['reason']})" for s in corpus.skipped[:5]) + (" ..." if len(corpus.skipped) > 5 else ""))
-    echo(f"[step 1] wrote {summary_path}, {run_dir / 'embeddings.npz'}, {labels_path} "
-         f"({len(corpus.game_ids)} games, {corpus.table.num_steps} steps, k={ks[0]}..{ks[-1]})")
-    return summary
+    return ks, labels, distinct, info
 
 
 def _check_matrix(corpus: Corpus, pool: str, x: np.ndarray) -> None:
