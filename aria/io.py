@@ -131,7 +131,10 @@ def hold_output(output: str | os.PathLike, what: str = "", is_file: bool = False
     made = None
     if is_file:  # a file: its lock beside the file itself (a symbolic link to it is the same output)
         output.parent.mkdir(parents=True, exist_ok=True)
-        real = output.resolve()
+        real = resolved(output, what)
+        if real.exists() and not real.is_file():  # a pipe would block the reader, a device swallow the games
+            raise ConfigError(f"{what + ': ' if what else ''}{output} is not a regular file (a folder, a pipe or a "
+                              "device): give the path of a file")
         path = real.with_name(real.name + ".lock")
     else:
         made = None if output.exists() else output.resolve()
@@ -164,6 +167,15 @@ def hold_output(output: str | os.PathLike, what: str = "", is_file: bool = False
         atexit.register(_release_all)
     _HELD[key] = [fd, 1, made]
     return path
+
+
+def resolved(path: Path, setting: str = "") -> Path:
+    """``path`` with its symbolic links followed, or one line naming ``setting`` for a loop of links
+    (pathlib's RuntimeError, a traceback otherwise)."""
+    try:
+        return path.resolve()
+    except (RuntimeError, OSError) as err:
+        raise ConfigError(f"{setting + ': ' if setting else ''}{path}: its symbolic links lead nowhere ({err})") from None
 
 
 def release_output(lock: Path) -> None:
@@ -298,7 +310,9 @@ def check_output_folder(dest: str | os.PathLike, sources: Sequence[str | os.Path
     folder that holds anything but a previous ``what`` (``previous(dest)`` says whether it is
     one: the same command's earlier output, which it may replace)."""
     name = f"{setting}: " if setting else ""
-    out = Path(dest).resolve()
+    if Path(dest).is_symlink() and not Path(dest).exists():  # else the copy is staged, then cannot be put there
+        raise ConfigError(f"{name}{dest} is a symbolic link to {os.readlink(dest)}, which does not exist: give a folder")
+    out = resolved(Path(dest), setting)
     for source in sources:
         src = Path(source).resolve()
         if out == src:

@@ -431,6 +431,12 @@ def test_a_copy_replaces_only_an_earlier_copy_of_the_same_run(tmp_path):
     for folder in (run, other):
         assert (folder / "s0" / "aria" / "it1" / "model" / "model.safetensors").read_bytes() == b"weights"
     assert (tmp_path / "notes" / "mine.txt").read_text() == "mine" and not list(run.glob("**/*.tmp"))
+    # a link to nowhere: before, the copy was staged whole in dangling.tmp, then could not be put there
+    (tmp_path / "dangling").symlink_to(tmp_path / "nowhere")
+    done = subprocess.run([sys.executable, str(script), str(run), str(tmp_path / "dangling")], capture_output=True, text=True)
+    assert done.returncode == 2 and done.stderr.strip() == (f"error: {tmp_path / 'dangling'} is a symbolic link to "
+                                                            f"{tmp_path / 'nowhere'}, which does not exist: give a folder")
+    assert not (tmp_path / "dangling.tmp").exists()
 
 
 def test_a_run_folder_copied_without_its_weights_reports_and_resumes_without_training_finished_arms(

@@ -161,3 +161,20 @@ def test_a_lock_file_removed_by_its_last_holder_is_not_held_by_name(tmp_path, mo
         for context in stack:
             context.__exit__(None, None, None)
     assert raced
+
+
+def test_a_games_file_that_is_a_pipe_or_a_loop_of_links_is_one_line(tmp_path):
+    """Before (the adversarial pass at c3cbd65): ``out=`` a named pipe blocked the collection until
+    its timeout, and a loop of symbolic links was pathlib's RuntimeError traceback."""
+    import os
+
+    os.mkfifo(tmp_path / "pipe.jsonl")
+    (tmp_path / "a.jsonl").symlink_to(tmp_path / "b.jsonl")
+    (tmp_path / "b.jsonl").symlink_to(tmp_path / "a.jsonl")
+    common = [REPO / "scripts/collect_games.py", "game=twenty_questions_subset", "num_games=1", "progress=false",
+              "policy=scripted"]
+    line = one_line(run_script(*common, f"out={tmp_path / 'pipe.jsonl'}"))
+    assert line == f"error: out: {tmp_path / 'pipe.jsonl'} is not a regular file (a folder, a pipe or a device): give the path of a file"
+    line = one_line(run_script(*common, f"out={tmp_path / 'a.jsonl'}"))
+    assert line.startswith(f"error: out: {tmp_path / 'a.jsonl'}: its symbolic links lead nowhere"), line
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a.jsonl", "b.jsonl", "pipe.jsonl"]
