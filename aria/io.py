@@ -9,6 +9,7 @@ objects lose the values of secret-named keys, and no text keeps an API key from 
 """
 from __future__ import annotations
 
+import atexit
 import errno
 import hashlib
 import io
@@ -124,7 +125,6 @@ def hold_output(output: str | os.PathLike, what: str = "", is_file: bool = False
     (or at a normal exit) the lock file is removed, and so is a folder the hold made that is still
     empty: a refused command leaves nothing behind. The file holds the holder's PID and start time
     only, never its command line (which may hold a key)."""
-    import atexit
     import fcntl
 
     output = Path(output)
@@ -163,8 +163,6 @@ def hold_output(output: str | os.PathLike, what: str = "", is_file: bool = False
         os.close(fd)
     os.ftruncate(fd, 0)
     os.pwrite(fd, f"process {os.getpid()} (started {time.strftime('%Y-%m-%d %H:%M:%S')})\n".encode(), 0)
-    if not _HELD:
-        atexit.register(_release_all)
     _HELD[key] = [fd, 1, made]
     return path
 
@@ -206,6 +204,9 @@ def _release_all() -> None:
     """At a normal exit: the holds a command keeps to its end (a trainer's output_dir)."""
     for key in list(_HELD):
         _let_go(key)
+
+
+atexit.register(_release_all)
 
 
 @contextmanager
