@@ -113,10 +113,11 @@ class InUse(RuntimeError):
 _HELD: dict[str, list] = {}
 
 
-def hold_output(output: str | os.PathLike, what: str = "", is_file: bool = False) -> Path:
+def hold_output(output: str | os.PathLike, what: str = "", is_file: bool = False, beside: bool = False) -> Path:
     """Hold ``output`` (a folder, or with ``is_file`` a file's name) for this process, or raise :class:`InUse` at
     once naming the process that holds it; :func:`release_output` lets it go, the end of the
-    process in any case.
+    process in any case. ``beside``: a folder replaced whole (a copy, a merged model), whose lock
+    is ``<folder>.lock`` beside it, as a file's is.
 
     Two commands resuming into the same output would interleave and duplicate its games, metrics
     or checkpoints, so every resumable output has one writer: an exclusive ``flock`` on
@@ -129,10 +130,10 @@ def hold_output(output: str | os.PathLike, what: str = "", is_file: bool = False
 
     output = Path(output)
     made = None
-    if is_file:  # a file: its lock beside the file itself (a symbolic link to it is the same output)
+    if is_file or beside:  # its lock beside the output itself (a symbolic link to it is the same output)
         output.parent.mkdir(parents=True, exist_ok=True)
         real = resolved(output, what)
-        if real.exists() and not real.is_file():  # a pipe would block the reader, a device swallow the games
+        if is_file and real.exists() and not real.is_file():  # a pipe would block the reader, a device swallow the games
             raise ConfigError(f"{what + ': ' if what else ''}{output} is not a regular file (a folder, a pipe or a "
                               "device): give the path of a file")
         path = real.with_name(real.name + ".lock")
@@ -165,6 +166,30 @@ def hold_output(output: str | os.PathLike, what: str = "", is_file: bool = False
     os.pwrite(fd, f"process {os.getpid()} (started {time.strftime('%Y-%m-%d %H:%M:%S')})\n".encode(), 0)
     _HELD[key] = [fd, 1, made]
     return path
+
+
+def writer_of(path: str | os.PathLike) -> str | None:
+    """Who is writing the file ``path`` (another process's :func:`hold_output` of it), or None: a
+    reader of a games file still being played would take the games finished so far for all of them."""
+    import fcntl
+
+    real = Path(path).resolve()
+    lock = real.with_name(real.name + ".lock")
+    if str(lock) in _HELD:  # this process writes it (an online run labelling its own rollouts)
+        return None
+    try:
+        fd = os.open(lock, os.O_RDONLY)
+    except OSError:
+        return None
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return os.pread(fd, 200, 0).decode(errors="replace").strip() or "another process"
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        return None
+    finally:
+        os.close(fd)
 
 
 def resolved(path: Path, setting: str = "") -> Path:
@@ -309,7 +334,8 @@ def check_output_folder(dest: str | os.PathLike, sources: Sequence[str | os.Path
     """Refuse, in one line before any work, an output folder that replacing would destroy
     something: one of ``sources`` itself, a folder inside one (or holding one), a file, or a
     folder that holds anything but a previous ``what`` (``previous(dest)`` says whether it is
-    one: the same command's earlier output, which it may replace)."""
+    one: the same command's earlier output, which it may replace); or one another process is
+    making (:func:`hold_output`, held to the end of this process)."""
     name = f"{setting}: " if setting else ""
     if Path(dest).is_symlink() and not Path(dest).exists():  # else the copy is staged, then cannot be put there
         raise ConfigError(f"{name}{dest} is a symbolic link to {os.readlink(dest)}, which does not exist: give a folder")
@@ -326,7 +352,9 @@ def check_output_folder(dest: str | os.PathLike, sources: Sequence[str | os.Path
         raise ConfigError(f"{name}{dest} is a file, not a folder")
     if file := next((p for p in out.parents if p.exists() and not p.is_dir()), None):
         raise ConfigError(f"{name}{dest} lies under {file}, a file: give a folder that can be made")
-    if out.is_dir() and any(out.iterdir()) and not previous(out):
+    # one writer: a second command making the same folder waits for no one, it is refused
+    hold_output(out, f"{setting or what}", beside=True)
+    if out.is_dir() and any(out.iterdir()) and not previous(out):  # (after the hold: what another writer left counts)
         raise ConfigError(f"{name}{dest} holds files that are not a previous {what}: it is not replaced "
                           "(remove it yourself, or choose an empty or new folder)")
 

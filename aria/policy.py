@@ -264,6 +264,8 @@ def load_model(model_path: str, head: str = "causal_lm", dtype: str = "float32",
         # would then hold the new adapter only, and a merge of it lose the first
         raise ConfigError(f"{setting}: {model_path!r} is a LoRA adapter, and training a new adapter on it would "
                           "save the new one only: merge it first (scripts/merge_lora.py ADAPTER OUT) and train from OUT")
+    if lora:
+        check_lora_targets(path, list(lora["target_modules"]), model_path, head)
     tokenizer = AutoTokenizer.from_pretrained(path)
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
@@ -298,19 +300,33 @@ def load_model(model_path: str, head: str = "causal_lm", dtype: str = "float32",
         from peft import LoraConfig, get_peft_model
 
         targets = list(lora["target_modules"])
-        modules = [name for name, _ in model.named_modules()]
-        missing = [t for t in targets if not any(name == t or name.endswith("." + t) for name in modules)]
-        if not targets or missing:  # peft's own error is a traceback
-            from aria.io import ConfigError
-
-            raise ConfigError(f"model.lora.target_modules: {targets} " + (f"names no module of {model_path} "
-                              f"({missing})" if targets else "is empty") +
-                              "; e.g. [q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj]")
         with peft_quietly():
             model = get_peft_model(model, LoraConfig(r=lora["r"], lora_alpha=lora["alpha"], lora_dropout=lora["dropout"],
                                                      target_modules=targets,
                                                      task_type="CAUSAL_LM" if head == "causal_lm" else "SEQ_CLS"))
     return tokenizer, model
+
+
+def check_lora_targets(path: Path, targets: list[str], model_path: str, head: str = "causal_lm") -> None:
+    """``model.lora.target_modules`` against the modules of the model in ``path``, before its
+    weights load: the model is built from its config on the meta device (no memory, a fraction of a
+    second even at 8B). peft's own error would be a traceback after the load."""
+    from accelerate import init_empty_weights
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForSequenceClassification
+
+    from aria.io import ConfigError
+
+    missing = targets
+    if targets:
+        with init_empty_weights():
+            config = AutoConfig.from_pretrained(path, **({} if head == "causal_lm" else {"num_labels": 1}))
+            kind = AutoModelForCausalLM if head == "causal_lm" else AutoModelForSequenceClassification
+            skeleton = kind.from_config(config)
+        modules = [name for name, _ in skeleton.named_modules()]
+        missing = [t for t in targets if not any(name == t or name.endswith("." + t) for name in modules)]
+    if not targets or missing:
+        raise ConfigError(f"model.lora.target_modules: {targets} " + (f"names no module of {model_path} ({missing})"
+                          if targets else "is empty") + "; e.g. [q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj]")
 
 
 def cache_keyword(model) -> str:

@@ -34,6 +34,7 @@ def check_options(cls: type, options: Mapping[str, Any], setting: str, what: str
     its constructor does not take, a value out of :data:`OPTION_BOUNDS`, or a ``device`` torch
     does not know is a ``ConfigError`` naming ``setting.key`` (``what``: "the local policy")."""
     from aria.io import ConfigError
+    from aria.secrets import is_secret_key
 
     parameters = inspect.signature(cls).parameters.values()
     open_ended = any(p.kind is p.VAR_KEYWORD for p in parameters)  # takes any key: only the ranges are checked
@@ -41,6 +42,10 @@ def check_options(cls: type, options: Mapping[str, Any], setting: str, what: str
     for key, value in options.items():
         if key not in known and not open_ended:
             raise ConfigError(f"{setting}.{key}: not an option of {what} (known: {', '.join(known) or 'none'})")
+        if is_secret_key(key) and value is not None and not isinstance(value, str):  # named, never echoed; here,
+            # not where the client is built (an online run's labelling, an iteration in)
+            raise ConfigError(f"{setting}.{key}: expected a string (the key itself), got a {type(value).__name__}: "
+                              "give the key as a plain value, or in $OPENAI_API_KEY")
         if wanted := _option_problem(key, value):
             raise ConfigError(f"{setting}.{key}: expected {wanted}, got {value!r}")
 

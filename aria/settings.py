@@ -251,12 +251,14 @@ class RewardModelDataSettings(DataSettings):
 
 @dataclass
 class WeightedMseSettings:
-    extreme_weight: float = MISSING
+    """aria.trainers.losses.mse_weights; ``low <= high`` is checked with the loss's name
+    (aria.trainers.losses.LOSS_OPTION_CHECKS)."""
+    extreme_weight: float = bounded(ge=0)
     low: float = MISSING
     high: float = MISSING
-    middle_weight: float = MISSING
+    middle_weight: float = bounded(ge=0)
     middle: float = MISSING
-    middle_halfwidth: float = MISSING
+    middle_halfwidth: float = bounded(ge=0)
 
 
 @dataclass

@@ -409,12 +409,51 @@ def test_a_results_dir_among_the_runs_own_folders_is_one_line(tmp_path, capsys):
      "error: online.intention_overrides: aggregation.gamma: expected "),
     # a KeyError in the question expert's game builder
     ("scripts/collect_games.py", ["game=bargaining", "policy=scripted"], "error: policy=scripted is the question games' expert"),
+    # a list as the key: accepted, the model loaded and played until the labelling built its client
+    ("scripts/run_online.py", ["--config-name", "onlinereinforce_llm",
+                               "online.intention_overrides=['embedder=openai','embedder.api_key=[sk-LISTKEY12345678]']"],
+     "error: online.intention_overrides: embedder.api_key: expected a string (the key itself), got a list"),
+    # step 1 does not choose k, but one config serves all four steps: refused at step 2, after the embedding
+    ("reward_aggregation/1_embed_and_cluster.py", ["selection.criterion=nope", "input=/no/games.jsonl"],
+     "error: selection.criterion: unknown 'nope' (known: split_score, silhouette, calinski_harabasz, davies_bouldin"),
 ])
 def test_the_adversarial_passs_late_or_missing_refusals_are_one_line(tmp_path, script, args, message):
     done = run_script(REPO / script, *args, f"out={tmp_path / 'g.jsonl'}" if "collect" in script else
                       f"output_dir={tmp_path / 'o'}" if "online" in script else f"run_dir={tmp_path / 'run'}")
     assert one_line_error(done) .startswith(message), done.stderr[-2000:]
     assert "Loading weights" not in done.stderr  # before any model loads
+
+
+def test_a_list_valued_key_is_never_echoed(tmp_path):
+    done = run_script(REPO / "scripts/run_online.py", "--config-name", "onlinereinforce_llm",
+                      "online.intention_overrides=['embedder=openai','embedder.api_key=[sk-LISTKEY12345678]']",
+                      f"output_dir={tmp_path / 'o'}")
+    assert "LISTKEY" not in done.stderr + done.stdout and not (tmp_path / "o").exists()
+
+
+def test_a_weighted_mse_whose_extremes_overlap_is_one_line(tmp_path):
+    """low above high weighs every target as an extreme (the plain MSE doubled): it trained to the
+    end, exit 0. Refused with the other settings, before the data and the model."""
+    done = run_script(REPO / "scripts/train_rm.py", "loss.weighted_mse.low=0.9", "loss.weighted_mse.high=0.1",
+                      "model.path=/no/model", f"data.train_file={tmp_path / 'missing.json'}", f"output_dir={tmp_path / 'rm'}")
+    assert one_line_error(done) == "error: loss.weighted_mse: low (0.9) is above high (0.1): the extremes are below low and above high"
+    done = run_script(REPO / "scripts/train_rm.py", "loss.weighted_mse.extreme_weight=-1",
+                      "model.path=/no/model", f"data.train_file={tmp_path / 'missing.json'}", f"output_dir={tmp_path / 'rm'}")
+    assert "loss.weighted_mse.extreme_weight: expected a finite number >= 0, got -1.0" in one_line_error(done)
+
+
+@pytest.mark.parametrize("targets, message", [
+    ("[nope_proj]", "names no module of"), ("[]", "is empty")])
+def test_lora_target_modules_are_checked_before_the_weights_load(tmp_path, tiny_model_dir, targets, message):
+    """Refused after the model had loaded (a peft traceback, then one late line): now from the
+    model's config, built on the meta device."""
+    train = tmp_path / "train.json"
+    train.write_text(json.dumps([{"observation": "o", "action": "a", "reward": 1.0}]))
+    done = run_script(REPO / "scripts/run_offline.py", "--config-name", "reinforce_llm", f"model.path={tiny_model_dir}",
+                      f"model.lora.target_modules={targets}", f"data.train_file={train}", f"output_dir={tmp_path / 'o'}")
+    line = one_line_error(done)
+    assert line.startswith("error: model.lora.target_modules: ") and message in line, line
+    assert "Loading weights" not in done.stderr, done.stderr[-2000:]
 
 
 def test_an_empty_out_is_one_line():

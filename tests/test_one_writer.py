@@ -15,7 +15,8 @@ from in_process import run_script
 
 REPO = Path(__file__).resolve().parents[1]
 HOLD = ("import sys, time; from aria.io import hold_output; "
-        "hold_output(sys.argv[1], is_file=sys.argv[2] == 'file'); print('held', flush=True); time.sleep(300)")
+        "kind = sys.argv[2]; hold_output(sys.argv[1], **({'beside': True} if kind == 'beside' else {'is_file': kind == 'file'})); "
+        "print('held', flush=True); time.sleep(300)")
 
 
 @contextmanager
@@ -178,3 +179,54 @@ def test_a_games_file_that_is_a_pipe_or_a_loop_of_links_is_one_line(tmp_path):
     line = one_line(run_script(*common, f"out={tmp_path / 'a.jsonl'}"))
     assert line.startswith(f"error: out: {tmp_path / 'a.jsonl'}: its symbolic links lead nowhere"), line
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a.jsonl", "b.jsonl", "pipe.jsonl"]
+
+
+def test_step_1_refuses_a_games_file_another_process_is_writing(tmp_path):
+    """Step 1 read a games file a collection was still playing (882 of its 4000 games), labelled
+    them and exited 0. The writer's hold is seen by the reader: one line naming the process."""
+    games = tmp_path / "games.jsonl"
+    assert run_script(REPO / "scripts/collect_games.py", "game=twenty_questions_subset", "num_games=2", "progress=false",
+                      "policy=scripted", f"out={games}").returncode == 0
+    step1 = [REPO / "reward_aggregation/1_embed_and_cluster.py", "game=twenty_questions_subset", f"input={games}",
+             f"run_dir={tmp_path / 'int'}", "clustering.k_max=3"]
+    with held(games, "file") as pid:
+        line = one_line(run_script(*step1))
+        assert f"{games}: is being written by process {pid} " in line and "wait for it to end" in line, line
+        assert not (tmp_path / "int" / "utterances.json").exists()
+    assert run_script(*step1).returncode == 0  # the writer gone: it reads
+
+
+def test_two_copies_or_merges_into_one_folder_are_refused(tmp_path, tiny_model_dir):
+    """Two copy_run (or merge_lora) into one new folder both exited 0, each writing it whole. The
+    folder made whole is held beside it (``<folder>.lock``) from before the first check."""
+    from aria.experiment_layout import copy_without_weights
+    from aria.io import InUse
+
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "experiment.json").write_text("{}")
+    dest = tmp_path / "copy"
+    with held(dest, "beside") as pid:
+        try:
+            copy_without_weights(run, dest)
+        except InUse as err:
+            assert f"is in use by process {pid} " in str(err), err
+        else:
+            raise AssertionError("a copy into a folder another process makes went ahead")
+        assert not dest.exists()
+    copy_without_weights(run, dest)  # the other writer gone: it copies
+    assert (dest / "experiment.json").read_text() == "{}"
+
+    from aria.policy import load_policy, merge_lora
+
+    _, model = load_policy(str(tiny_model_dir), lora={"r": 4, "alpha": 8, "dropout": 0.0, "target_modules": ["q_proj"]})
+    model.save_pretrained(tmp_path / "adapter")
+    merged = tmp_path / "merged"
+    with held(merged, "beside") as pid:
+        try:
+            merge_lora(tmp_path / "adapter", merged, base=str(tiny_model_dir))
+        except InUse as err:
+            assert f"OUT_DIR: {merged.resolve()} is in use by process {pid} " in str(err), err
+        else:
+            raise AssertionError("a merge into a folder another process makes went ahead")
+        assert not merged.exists()

@@ -111,3 +111,31 @@ def test_a_producer_file_of_the_wrong_shape_is_named(played, sidecar):
     producer.write_text(sidecar)
     line = one_line(collect(out))
     assert line.startswith(f"error: {producer}") and "field 'producer'" in line, line
+
+
+def step1(games: Path, run_dir: Path):
+    return run_script(REPO / "reward_aggregation/1_embed_and_cluster.py", "game=twenty_questions_subset", f"input={games}",
+                      f"run_dir={run_dir}", "clustering.k_max=3")
+
+
+def test_pipeline_step_1_checks_a_collected_file_against_the_rules_it_was_played_under(played, tmp_path):
+    """Step 1 labelled a forged win as one (before, it read the file as it found it). A file this
+    code collected (its producer record beside it) is checked against the game's rules, with the
+    max_turns it was played under; an imported or hand-made file (no producer) keeps its outcomes."""
+    out, records = played
+    last = records[1]["turns"][-1]
+    forged = {**records[1], "turns": [*records[1]["turns"][:-1], {**last, "question": "Is it a kind of weather?"}]}
+    rewrite(out, [records[0], forged])
+    line = one_line(step1(out, tmp_path / "int"))
+    assert line.startswith(f"error: {out}, line 2: game '{records[1]['game_id']}' says success true, but its last "
+                           "question does not name the target"), line
+    assert not (tmp_path / "int" / "utterances.json").exists()
+    # the same games played under a shorter max_turns (online.max_turns): a lost game of 3 turns is
+    # within the rules it was played under
+    short = tmp_path / "short.jsonl"
+    assert run_script(REPO / "scripts/collect_games.py", "game=twenty_questions_subset", "num_games=2", "progress=false",
+                      "policy=scripted", "policy.epsilon=1.0", "game.max_turns=3", f"out={short}").returncode == 0
+    assert step1(short, tmp_path / "int_short").returncode == 0
+    # without its producer record the file is read as it is (imported games keep their own outcomes)
+    out.with_name(out.name + ".producer.json").unlink()
+    assert step1(out, tmp_path / "int_imported").returncode == 0

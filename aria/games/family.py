@@ -38,6 +38,10 @@ class GameFamily(Protocol):
     def collect(self, cfg: Mapping[str, Any]):
         """A collection from ``config/collect.yaml`` (``scripts/collect_games.py``) -> PlaySummary."""
 
+    def rules(self, game_cfg: Mapping[str, Any], producer: Mapping[str, Any]) -> Callable[[dict], str | None]:
+        """``problem(record)``: what in a finished game this code played (``producer``: the record
+        beside its file, :class:`~aria.trajectories.TrajectoryWriter`) breaks the game's rules, or None."""
+
     def games_in(self, game_cfg: Mapping[str, Any], section: Mapping[str, Any]) -> int:
         """Games a collection or evaluation section plays (per seat, in an evaluation)."""
 
@@ -101,6 +105,14 @@ class QuestionFamily:
         from aria.games.question.play import collect_questions
 
         return collect_questions(cfg)
+
+    def rules(self, game_cfg, producer):
+        from aria.games.question.game import build_game
+        from aria.games.question.play import rule_problem
+
+        game = build_game(game_cfg)
+        max_turns = (producer.get("game_settings") or {}).get("max_turns")  # as played (online.max_turns shortens it)
+        return lambda record: rule_problem(game, record, max_turns if isinstance(max_turns, int) else None)
 
     def games_in(self, game_cfg, section):
         return section["games"]
@@ -213,6 +225,11 @@ class TwoPlayerFamily:
         from aria.games.two_player.play import collect_two_player_from_config
 
         return collect_two_player_from_config(cfg)
+
+    def rules(self, game_cfg, producer):
+        from aria.games.two_player.play import rule_problem
+
+        return rule_problem
 
     def games_in(self, game_cfg, section):
         from aria.games.two_player.glee import config_set

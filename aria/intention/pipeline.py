@@ -40,9 +40,9 @@ from aria.intention.aggregate import AGGREGATION_MODES, DISCOUNTS, aggregate
 from aria.intention.cluster import CLUSTERINGS, cluster_all_k, distinct_points, k_range
 from aria.intention.corpus import Corpus, IntentionSpec, build_corpus
 from aria.intention.embed import EmbeddingCache, build_embedder, check_embedder, embedder_key, embedder_name, text_digest
-from aria.intention.select import ClusterQuality, choose_k, split_scores
+from aria.intention.select import SELECTORS, ClusterQuality, choose_k, split_scores
 from aria.io import (ConfigError, DataError, atomic_write_bytes, atomic_write_json, atomic_write_json_rows, atomic_write_jsonl, file_digest,
-                     differences, iter_jsonl, json_digest, located, read_json)
+                     differences, iter_jsonl, json_digest, located, read_json, writer_of)
 from aria.settings import IntentionSettings, validated
 from aria.trajectories import VectorWidth, iter_trajectories
 
@@ -81,6 +81,9 @@ def read_inputs(files: list[Path], game: str | None = None) -> tuple[list[dict],
     sources: dict[str, tuple[Path, int]] = {}
     widths = VectorWidth()  # one embedding model for all files
     for path in files:
+        if holder := writer_of(path):
+            raise DataError(path, None, None, f"is being written by {holder}: wait for it to end (read now, it "
+                                              "would hold only the games finished so far)")
         for line, record in iter_trajectories(path, widths=widths, game=game):
             if record["game_id"] in sources:
                 raise DataError(path, line, "game_id", f"{record['game_id']!r} is also in {sources[record['game_id']][0]}")
@@ -169,19 +172,42 @@ def load_corpus(cfg: dict) -> tuple[Corpus, list[dict], list[Path]]:
     return corpus, records, files
 
 
-def _check_prompts(cfg: dict, records: list[dict], sources: Mapping[str, tuple[Any, int]]) -> None:
-    """Every trained step's prompt can be rendered (step 4 renders them): a record lacking what its
-    prompt needs (a two-player game's system prompt in ``meta``) is named now, before three steps
-    of work, at its file and line."""
-    render = family_of(cfg["game"]).observation_renderer(cfg["game"])
+def _check_records(cfg: dict, records: list[dict], sources: Mapping[str, tuple[Any, int]]) -> None:
+    """Before three steps of work, each finished game named at its file and line where: a trained
+    step's prompt cannot be rendered (step 4 renders them; a two-player game's system prompt
+    missing from ``meta``), or, in a file this code collected (its producer record beside it), the
+    game breaks the rules it was played under (a ``success: true`` whose last question names no
+    target would be labelled a win). Imported games keep the outcome their importer decided."""
+    family = family_of(cfg["game"])
+    render = family.observation_renderer(cfg["game"])
     trained = set(game_spec(cfg).trained)
+    rules: dict[Path, Callable[[dict], str | None] | None] = {}
     for record in records:
         if record.get("status") == "failed":
             continue
-        with located(*sources[record["game_id"]]):
+        path, line = sources[record["game_id"]]
+        if path not in rules:
+            producer = _producer_of(Path(path))
+            rules[path] = family.rules(cfg["game"], producer) if producer is not None else None
+        if rules[path] is not None and (problem := rules[path](record)):
+            raise DataError(path, line, None, f"game {record['game_id']!r} {problem} (the file's games are "
+                                                 "checked against the rules they were collected under)")
+        with located(path, line):
             for i, turn in enumerate(record["turns"]):
                 if "players" not in record or turn["role"] in trained:
                     render(record, i)
+
+
+def _producer_of(path: Path) -> dict | None:
+    """The producer record :class:`~aria.trajectories.TrajectoryWriter` keeps beside a collected
+    file, or None (an imported or hand-made file has none)."""
+    beside = path.with_name(path.name + ".producer.json")
+    if not beside.is_file():
+        return None
+    found = read_json(beside)
+    if not isinstance(found, dict) or not isinstance(found.get("producer"), dict):
+        raise DataError(beside, None, "producer", "expected an object {\"file\": ..., \"producer\": {...}}")
+    return found["producer"]
 
 
 def _save_npz(path: Path, arrays: dict[str, np.ndarray]) -> None:
@@ -269,7 +295,7 @@ def step1_embed_and_cluster(cfg: dict, echo: Printer = print) -> dict:
     clustering = cfg["clustering"]
     corpus, records, files = load_corpus(cfg)
     # here only: the later steps refuse trajectories other than those step 1 read
-    _check_prompts(cfg, records, corpus.sources)
+    _check_records(cfg, records, corpus.sources)
     settings = _step1_settings(cfg, corpus, files)
     fingerprint = json_digest(settings)
     summary_path, labels_path = run_dir / "utterances.json", run_dir / "labels.npz"
@@ -485,8 +511,12 @@ def _labels_at(corpus: Corpus, labels: dict[str, np.ndarray], index: dict[str, i
 
 
 def check_selection(cfg: dict) -> None:
-    """``selection.fixed_k`` (null, an int, or one k per pool of the game), in one line before any work."""
-    _fixed_k(cfg["selection"], list(game_spec(cfg).pools))
+    """``selection.fixed_k`` (null, an int, or one k per pool of the game) and ``selection.criterion``,
+    in one line before any work: step 1 checks them too, so a typo is named before the embedding,
+    not after it at step 2."""
+    if _fixed_k(cfg["selection"], list(game_spec(cfg).pools)) is None and cfg["selection"]["criterion"] not in SELECTORS:
+        raise ConfigError(f"selection.criterion: unknown {cfg['selection']['criterion']!r} (known: "
+                          f"{', '.join(SELECTORS)}, or set selection.fixed_k)")
 
 
 def _fixed_k(selection: dict, pools: list[str]) -> dict[str, int] | None:
@@ -651,7 +681,7 @@ def _chosen_k(curves: dict, ks: list[int], pools: list[str], selection_cfg: dict
     """The k each criterion chooses, and the one this run takes: ``selection.fixed_k`` if set, else
     ``selection.criterion``'s."""
     choices = {name: _choice_json(choose_k(name, curves, ks, selection_cfg["epsilon"], selection_cfg["tau"]))
-               for name in ("split_score", "silhouette", "calinski_harabasz", "davies_bouldin")}
+               for name in SELECTORS}
     fixed = _fixed_k(selection_cfg, pools)
     if fixed is not None:
         bad = {p: k for p, k in fixed.items() if k not in ks}

@@ -19,6 +19,7 @@ import torch
 from aria import threads
 from aria.io import atomic_folder, atomic_write_json, hold_output
 from aria.llm.merge_record import stale_merges_of
+from aria.trainers.losses import LOSS_OPTION_CHECKS
 
 #: Optimizers by name (config ``train.optimizer``).
 OPTIMIZERS: dict[str, type[torch.optim.Optimizer]] = {"adamw": torch.optim.AdamW, "adam": torch.optim.Adam}
@@ -43,6 +44,9 @@ def check_train_settings(cfg: dict, losses: Mapping[str, Callable], loss_name: s
         raise ConfigError(f"train.optimizer: unknown {t['optimizer']!r} (known: {', '.join(sorted(OPTIMIZERS))})")
     if loss_name is None and cfg["loss"]["name"] not in losses:
         raise ConfigError(f"loss.name: unknown {cfg['loss']['name']!r} (known: {', '.join(sorted(losses))})")
+    name = loss_name or cfg["loss"]["name"]
+    if name in LOSS_OPTION_CHECKS and (problem := LOSS_OPTION_CHECKS[name](dict(cfg["loss"].get(name) or {}))):
+        raise ConfigError(f"loss.{name}: {problem}")
     if not (t["threads"] == "auto" or (t["threads"].isdigit() and int(t["threads"]) >= 1)):
         raise ConfigError(f"train.threads: expected auto or a number of threads >= 1, got {t['threads']!r}")
     check_mixed_precision(t["mixed_precision"], cfg.get("device", "auto"))

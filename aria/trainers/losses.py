@@ -116,6 +116,21 @@ def mse_loss(score: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
 RM_LOSSES: dict[str, Callable[..., torch.Tensor]] = {"weighted_mse": weighted_mse_loss, "mse": mse_loss}
 
 
+def _weighted_mse_problem(options: dict) -> str | None:
+    for key in ("low", "high", "middle"):
+        if options.get(key) is not None and not np.isfinite(options[key]):
+            return f"{key} is {options[key]}: expected a finite number"
+    # low > high would weigh every target as an extreme: the loss is the plain MSE doubled, silently
+    if options.get("low") is not None and options.get("high") is not None and options["low"] > options["high"]:
+        return f"low ({options['low']}) is above high ({options['high']}): the extremes are below low and above high"
+    return None
+
+
+#: What a loss's own options (the config section named like the loss) must also satisfy, beyond
+#: the ranges of their types: the problem in words, or None.
+LOSS_OPTION_CHECKS: dict[str, Callable[[dict], str | None]] = {"weighted_mse": _weighted_mse_problem}
+
+
 # ---- online advantages (§5) -----------------------------------------------------------------------
 def rm_score(scores: np.ndarray) -> np.ndarray:
     """The reward model's score itself (the paper: the score is the advantage)."""

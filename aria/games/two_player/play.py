@@ -171,14 +171,21 @@ class TwoPlayerGames:
         meta = record.get("meta") or {}
         if record["game"] != self.name or meta.get("config_id") != config.id or meta.get("config") != config_to_dict(config):
             return f"is a game of {record['game']} in configuration {meta.get('config_id')!r}, not this run's {config.id!r}"
-        payoffs = meta.get("payoffs")
-        if not isinstance(payoffs, dict) or set(payoffs) != set(PLAYERS):
-            return "has no payoff for each player"
-        if meta.get("winner") != winner(payoffs):
-            return f"names the winner {meta.get('winner')!r}, but its payoffs make it {winner(payoffs)!r}"
-        if record["role_rewards"] != normalized_rewards(payoffs):
-            return "has rewards that are not its payoffs' shares"
-        return None
+        return rule_problem(record)
+
+
+def rule_problem(record: dict) -> str | None:
+    """What in a finished record breaks the game's rules (None if nothing): the winner and the
+    rewards its payoffs give."""
+    meta = record.get("meta") or {}
+    payoffs = meta.get("payoffs")
+    if not isinstance(payoffs, dict) or set(payoffs) != set(PLAYERS):
+        return "has no payoff for each player"
+    if meta.get("winner") != winner(payoffs):
+        return f"names the winner {meta.get('winner')!r}, but its payoffs make it {winner(payoffs)!r}"
+    if record["role_rewards"] != normalized_rewards(payoffs):
+        return "has rewards that are not its payoffs' shares"
+    return None
 
 
 #: The largest ``reply_schema`` options: a schema lists every offer of the grid (``offer_steps + 1``
