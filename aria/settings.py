@@ -383,7 +383,7 @@ class CriticTrainerSettings:
 @dataclass
 class WarmStartSettings:
     enabled: bool = MISSING
-    games: int = bounded(ge=0, le=MAX_GAMES)  # >= 1 when enabled (aria.experiment.check_settings)
+    games: int = bounded(ge=0, le=MAX_GAMES)  # >= 1 when enabled (aria.experiment.runner.check_settings)
     epsilon: float = bounded(ge=0, le=1)
     seed: int = bounded(ge=0)
     train_overrides: List[str] = MISSING
@@ -440,7 +440,7 @@ class ReportSettings:
     paired: Optional[List[str]] = MISSING
     more_pairs: List[List[str]] = MISSING
     discordant_share: float = bounded(gt=0, le=1)
-    verdict_on: str = bounded(one_of=("runs", "pairs"))  # aria.experiment_report.VERDICTS
+    verdict_on: str = bounded(one_of=("runs", "pairs"))  # aria.experiment.report.VERDICTS
     between_run_sd: float = bounded(ge=0, le=1)
     preflight_ks: List[int] = bounded(each={"ge": 2})
     movement: MovementSettings = field(default_factory=MovementSettings)

@@ -111,7 +111,7 @@ BUGS = [
      "cache.update((text, self._encode([text])[0].float()) for text in missing)",
      "cache.update(zip(missing, self._encode(missing).float()))",
      "tests/test_critic.py::test_a_kept_encoding_does_not_depend_on_the_texts_beside_it"),
-    ("a finished critic trains again when the runner resumes", "aria/experiment.py",
+    ("a finished critic trains again when the runner resumes", "aria/experiment/runner.py",
      'if done.is_file() and (out_dir / "train.json").is_file():', "if False:",
      "tests/test_experiment.py::test_archer_trains_its_critic_each_iteration_and_its_actor_after_the_warm_up"),
 ]

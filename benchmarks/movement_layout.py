@@ -1,9 +1,9 @@
 """Movement (did training move the policy?) scored in padded rows against whole games in prefix trees.
 
-The experiment's movement stage (:func:`aria.movement.movement`) compares a trained model with the
+The experiment's movement stage (:func:`aria.experiment.movement.movement`) compares a trained model with the
 one it started from on held-out steps of the starting model's evaluation games. This benchmark
 does that work twice on the same steps, in one process, after one warm-up: whole games drawn as
-the stage draws them (:func:`aria.movement.whole_games`, at least ``--steps`` steps), scored
+the stage draws them (:func:`aria.experiment.movement.whole_games`, at least ``--steps`` steps), scored
 
 * ``padded``: every step its own right-padded row, 8 rows a batch sorted by length (how the stage
   scored until it took games whole);
@@ -44,9 +44,9 @@ def render(report: dict) -> str:
 
 
 def main() -> None:
-    from aria.experiment import held_out_steps
-    from aria.experiment_layout import Layout
-    from aria.movement import compare_policies, steps_by_game, whole_games
+    from aria.experiment.runner import held_out_steps
+    from aria.experiment.layout import Layout
+    from aria.experiment.movement import compare_policies, steps_by_game, whole_games
     from aria.packing import collate_tree, sample_groups
     from aria.policy import Encoding, load_policy
 

@@ -1,7 +1,7 @@
 """Benchmark: scoring an online iteration's steps with the reward model, padded rows against prefix trees.
 
 Online ARIA scores every step of every rollout with the reward model before each actor update
-(:class:`aria.reward_service.InProcessScorer`). A step's prompt repeats its game's history, so
+(:class:`aria.trainers.reward_service.InProcessScorer`). A step's prompt repeats its game's history, so
 the steps of one game are long sequences that share most of their tokens. Two ways of doing the
 same work, on the same samples, in one run:
 

@@ -367,7 +367,7 @@ def main(argv=None) -> int:
 
     if args.online_model and (rm_sets or args.online_reward_model):
         reward_model = args.online_reward_model or result["runs"][f"{rm_sets[0]}/reward_model"]["prefix_tree"][0]["final"]
-        from aria.reward_service import merge_if_adapter
+        from aria.trainers.reward_service import merge_if_adapter
 
         merge_if_adapter(Path(reward_model))
         runs = result["runs"].setdefault("online", {way: [] for way in WAYS})

@@ -11,7 +11,7 @@ running starts over (its checkpoints stayed behind), and so does any model a sta
 import argparse
 
 from aria.cli import command, protect_terminal
-from aria.experiment_layout import WEIGHTS_AND_LOGS, copy_without_weights
+from aria.experiment.layout import WEIGHTS_AND_LOGS, copy_without_weights
 
 
 def main() -> None:

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Grouping schemes side by side on one labelled collection (aria/intention/grouping.py): ARIA's
+"""Grouping schemes side by side on one labelled collection (aria/experiment/grouping.py): ARIA's
 whole-history keys, windowed keys, the behavioural intentions, GiGPO's exact and similar anchor
 states; the share of steps that share a group, by turn, the variance ratio, the error against the
 behavioural ceiling, and with --model the gradient signal-to-noise ratio of each weighting.
@@ -34,7 +34,7 @@ def main() -> None:
     args = parser.parse_args()
 
     from aria.cli import command
-    from aria.intention.grouping import compare, markdown, run_config
+    from aria.experiment.grouping import compare, markdown, run_config
     from aria.io import atomic_write_json
 
     with command():

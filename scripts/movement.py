@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Did training move the policy? A trained model against the model it started from (aria/movement.py).
+"""Did training move the policy? A trained model against the model it started from (aria/experiment/movement.py).
 
     python scripts/movement.py PARENT_MODEL TRAINED_MODEL STEPS_JSON [--served-dtype bfloat16] [--max-steps 256]
         [--out movement.json]
@@ -16,7 +16,7 @@ from pathlib import Path
 
 from aria.cli import command, number, protect_terminal
 from aria.io import DataError, atomic_write_json, check_output_file, read_json
-from aria.movement import DTYPES, movement
+from aria.experiment.movement import DTYPES, movement
 
 
 def main(argv=None) -> int:

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Render the tables of README.md and docs/ that come from committed runs (aria/results_tables.py).
+"""Render the tables of README.md and docs/ that come from committed runs (aria/experiment/tables.py).
 
     python scripts/render_docs.py           # rewrite every rendered block in place
     python scripts/render_docs.py --check   # exit 1 naming each block whose text is not its rendering
@@ -10,7 +10,7 @@ from pathlib import Path
 
 from aria.cli import command, protect_terminal
 from aria.io import atomic_write_text
-from aria.results_tables import DOCUMENTS, REPO, render, stale_blocks
+from aria.experiment.tables import DOCUMENTS, REPO, render, stale_blocks
 
 
 def main() -> None:

@@ -10,7 +10,7 @@ import sys
 
 import hydra
 from aria.cli import check_command_line, command, protect_terminal
-from aria.experiment import GamesFailed, run
+from aria.experiment.runner import GamesFailed, run
 
 
 @hydra.main(config_path="../config", config_name="experiment", version_base="1.3")

@@ -4,7 +4,7 @@
     ARIA_REWARD_TOKEN=... python scripts/serve_reward_model.py outputs/reward_model/cpu/twenty_questions/final --port 8100 \\
         --load-root outputs [--device cuda:7]
 
-Routes (aria/reward_service.py): GET /health, POST /score {"samples": [{"observation", "action"}]},
+Routes (aria/trainers/reward_service.py): GET /health, POST /score {"samples": [{"observation", "action"}]},
 POST /load {"path"} (the online trainer loads its first reward model and each refreshed one this
 way; pass a folder holding both, the first model and the trainer's output_dir, as --load-root;
 without one, /load is off).
@@ -19,7 +19,7 @@ import os
 import sys
 
 from aria.cli import number, protect_terminal, torch_device
-from aria.reward_service import InProcessScorer, make_server
+from aria.trainers.reward_service import InProcessScorer, make_server
 
 
 def main() -> None:

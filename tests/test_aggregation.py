@@ -322,7 +322,7 @@ def test_outcome_signal_by_hand():
     its weights [0.25, 0.5, 0.5, 0, 0, 0.5] correlate with [1, 1, 1, 0, 0, 0] at
     cov 0.0625 / sqrt(0.050347 * 0.25) = 0.5571; the whole history keeps [0.25, 0.5, 1, 0, 0, 0]:
     cov 0.145833 / sqrt(0.133681 * 0.25) = 0.7977, and 1 on the winning step."""
-    from aria.intention.grouping import outcome_signal
+    from aria.experiment.grouping import outcome_signal
 
     three, labels3 = single_agent_table([([1, 0, 5, 0, 3], 1.0), ([2, 1, 5, 0, 3], 0.0)])
     outcome, won_last = np.array([1, 1, 1, 0, 0, 0]), np.array([0, 0, 1, 0, 0, 0], dtype=bool)

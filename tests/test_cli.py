@@ -350,9 +350,9 @@ BAD_EXPERIMENT_SETTINGS = [
 
 
 def run_experiment_command(overrides: list[str], capsys) -> tuple[int, str]:
-    """The runner as its script runs it (``aria.cli.command`` around ``aria.experiment.run``),
+    """The runner as its script runs it (``aria.cli.command`` around ``aria.experiment.runner.run``),
     in this process: the exit status and what it printed to stderr."""
-    from aria import experiment
+    from aria.experiment import runner as experiment
     from aria.cli import command
     from aria.resources import compose_config
 

@@ -146,7 +146,7 @@ def test_the_whole_history_table_says_when_its_check_did_not_check():
 def test_the_main_job_in_the_readme_and_the_docs_is_rendered_from_its_committed_results():
     """The README's "What the main job shows" and docs/experiments.md's stage times are the report's
     own renderings of the main job's committed results.json, not figures typed in."""
-    from aria.experiment_report import render_stage_times, render_summary
+    from aria.experiment.report import render_stage_times, render_summary
     from aria.io import read_json
 
     results = read_json(REPO / "results" / "experiments" / "small" / "results.json")
@@ -156,10 +156,10 @@ def test_the_main_job_in_the_readme_and_the_docs_is_rendered_from_its_committed_
 
 
 def test_rendered_blocks_are_their_committed_runs_rendering(tmp_path):
-    """Every table of README and docs/ between "rendered" markers is aria/results_tables.py's rendering
+    """Every table of README and docs/ between "rendered" markers is aria/experiment/tables.py's rendering
     of the committed runs; a figure typed over one (here the lost folder's -1.7 for the powered run's
     seed 0, whose committed outcomes give -3.7) is named with its file and block."""
-    from aria.results_tables import DOCUMENTS, render, stale_blocks
+    from aria.experiment.tables import DOCUMENTS, render, stale_blocks
 
     assert stale_blocks() == [], "python scripts/render_docs.py rewrites them"
     readme = (REPO / "README.md").read_text(encoding="utf-8")

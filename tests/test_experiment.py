@@ -1,4 +1,4 @@
-"""The experiment runner (aria/experiment.py) and its results (aria/experiment_report.py).
+"""The experiment runner (aria/experiment/runner.py) and its results (aria/experiment/report.py).
 
 The statistics are checked against values worked out by hand; the runner is run end to end on a
 tiny random model (engine local, a tiny sentence model for the intention space), once straight
@@ -15,8 +15,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from aria import experiment
-from aria.experiment_report import mcnemar, preflight_row_name, render_table, wilson_interval
+from aria.experiment import runner as experiment
+from aria.experiment.report import mcnemar, preflight_row_name, render_table, wilson_interval
 from aria.games.family import family_of
 from aria.io import atomic_write_json
 from aria.statistics import paired_difference_interval
@@ -109,7 +109,7 @@ def test_the_verdict_reads_the_rule_fixed_before_the_run():
     """Two seeds whose pairs pooled as one run are significant (34 against 8) while the runs disagree:
     under verdict_on=pairs the verdict is the McNemar test's, under runs the method-level
     (Hartung-Knapp, 1 df) interval's, which spans 0; one run gives no method-level verdict."""
-    from aria.experiment_report import runs_lines, verdict
+    from aria.experiment.report import runs_lines, verdict
     from aria.statistics import pool_runs
 
     seeds = [mcnemar([True] * 30 + [False] * 70, [False] * 100), mcnemar([True] * 4 + [False] * 96, [False] * 4 + [True] * 8 + [False] * 88)]
@@ -130,7 +130,7 @@ def test_the_verdict_reads_the_rule_fixed_before_the_run():
 
 
 def test_the_summary_gives_each_arm_its_gain_over_its_start_and_where_and_how_long_it_ran():
-    from aria.experiment_report import render_stage_times, render_summary
+    from aria.experiment.report import render_stage_times, render_summary
 
     test = mcnemar([True] * 9 + [False] * 11, [True] * 5 + [False] * 15)  # 4 won by the arm alone: +20 points
     results = {
@@ -169,8 +169,8 @@ def test_the_movement_verdict_by_hand(tmp_path):
     """An arm moved when its token KL and its share of weights changed at the served precision
     both reach report.movement's thresholds; a paired test between arms of which one did not move
     reads "uninformative", never a verdict on the methods."""
-    from aria.experiment_layout import Layout
-    from aria.experiment_report import moved_from_parent
+    from aria.experiment.layout import Layout
+    from aria.experiment.report import moved_from_parent
 
     cfg = {"run_dir": str(tmp_path), "game": {"name": "twenty_questions_subset"}, "variants": {},
            "report": {"movement": {"min_token_kl": 0.01, "kl_from": "estimate", "min_weight_share": 0.001,
@@ -406,7 +406,7 @@ def test_a_copy_replaces_only_an_earlier_copy_of_the_same_run(tmp_path):
     import subprocess
     import sys
 
-    from aria.experiment_layout import copy_without_weights
+    from aria.experiment.layout import copy_without_weights
 
     def run_folder(path, name):
         (path / "s0" / "aria" / "it1" / "model").mkdir(parents=True)
@@ -445,7 +445,7 @@ def test_a_run_folder_copied_without_its_weights_reports_and_resumes_without_tra
     (scripts/copy_run.py): the last iteration's arms, evaluated and measured, are not trained again;
     a model something still reads is (iteration 1's, the next iteration's start; the warm start, the
     parent); an arm whose movement is gone trains again and measures it."""
-    from aria.experiment_layout import COPY_MARK, copy_without_weights
+    from aria.experiment.layout import COPY_MARK, copy_without_weights
 
     straight_root, out, _ = straight_run
     size = copy_without_weights(straight_root / "run", tmp_path / "run")
@@ -1035,7 +1035,7 @@ def test_arms_with_signed_weights_train_with_the_bounded_loss_and_the_others_wit
     log-probability to -inf (docs/method.md §5), so every arm of a signed method, a variant of
     one included, trains with the clipped loss after the shared settings; ARIA and the ablation
     train with the paper's loss (no loss override at all)."""
-    from aria.experiment_layout import train_overrides_of
+    from aria.experiment.layout import train_overrides_of
 
     cfg = experiment.check_settings(compose_config("experiment", [
         "experiment=paper_single", "base_model=embedded", "oracle.base_url=http://127.0.0.1:1/v1", "oracle.model=m",

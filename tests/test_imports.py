@@ -62,6 +62,25 @@ def test_each_playing_module_imports_alone(module):
     assert done.returncode == 0, done.stderr[-2000:]
 
 
-@pytest.mark.parametrize("package", ["aria.games", "aria.games.question", "aria.games.two_player"])
+def test_the_sub_packages_import_each_other_one_way():
+    """games, llm, intention, trainers and experiment, each taken whole: no two import each other
+    (intention/grouping.py imported trainers/methods.py, which imports intention/aggregate.py; the
+    comparison of groupings now lives with the experiment, above both)."""
+    packages = ("aria.games", "aria.llm", "aria.intention", "aria.trainers", "aria.experiment")
+
+    def package(module: str) -> str | None:
+        return next((p for p in packages if module == p or module.startswith(p + ".")), None)
+
+    graph: dict[str, set[str]] = {p: set() for p in packages}
+    for module, targets in import_graph().items():
+        if (source := package(module)) is not None:
+            graph[source] |= {t for t in map(package, targets) if t is not None and t != source}
+    try:
+        list(graphlib.TopologicalSorter(graph).static_order())
+    except graphlib.CycleError as err:
+        pytest.fail(f"sub-packages import each other: {' -> '.join(err.args[1])}")
+
+
+@pytest.mark.parametrize("package", ["aria.games", "aria.games.question", "aria.games.two_player", "aria.experiment"])
 def test_the_game_folders_import_nothing(package):
     assert import_graph()[package] == set()  # each module is imported by its own path

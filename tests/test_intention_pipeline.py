@@ -925,11 +925,11 @@ def test_behavioural_labels_need_an_offline_oracle(tmp_path, negotiation_traject
 
 
 def test_grouping_schemes_side_by_side(tmp_path, tiny_model_dir):
-    """aria/intention/grouping.py on the hand-made run above. Under the behavioural intentions with
+    """aria/experiment/grouping.py on the hand-made run above. Under the behavioural intentions with
     whole-history keys the first steps of g1 and g2 share (2 of 7); with the action alone (window 0)
     every step shares (animal x3, the dog x2, no question x2). GiGPO's anchor states: the first
     steps of g1 and g2 (target Dog, the same opening prompt) share, g3's (Chair) does not: 2 of 7."""
-    from aria.intention.grouping import compare, markdown, run_config
+    from aria.experiment.grouping import compare, markdown, run_config
 
     cfg = _behaviour_run(tmp_path)
     run_all(cfg)
@@ -1006,7 +1006,7 @@ def test_grouping_schemes_side_by_side(tmp_path, tiny_model_dir):
 def test_grouping_schemes_reads_the_run_as_it_ran_and_refuses_stale_steps(tmp_path):
     """The run's own game settings (two targets here), not the game's defaults; a run whose later
     steps no longer match is refused in one line, and nothing is rewritten under other settings."""
-    from aria.intention.grouping import compare, run_config
+    from aria.experiment.grouping import compare, run_config
 
     cfg = _behaviour_run(tmp_path)
     cfg["game"]["targets_only"] = ["Dog", "Chair"]

@@ -1,4 +1,4 @@
-"""Did training move the policy (aria/movement.py)? The weight-change share by hand at float32 and
+"""Did training move the policy (aria/experiment/movement.py)? The weight-change share by hand at float32 and
 bfloat16, and the token KL and log-prob change against a brute force on tiny models."""
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from aria.movement import compare_policies, movement, weight_change_share, whole_games
+from aria.experiment.movement import compare_policies, movement, weight_change_share, whole_games
 from aria.policy import encode_sample, load_policy
 from conftest import build_tiny_chat_model, naive_action_logprob
 
@@ -95,7 +95,7 @@ GAME = ["Let's play a game of Twenty Questions. History: none. Ask your next que
 def test_the_kl_interval_takes_games_as_the_sample_by_hand():
     """Three games: KL sums 1, 2, 6 over 10, 10, 20 tokens; KL = 9/40 = 0.225; residuals
     K_g - 0.225 T_g = -1.25, -0.25, 1.5; SE = sqrt(3/2 * (1.5625 + 0.0625 + 2.25)) / 40."""
-    from aria.movement import ratio_interval
+    from aria.experiment.movement import ratio_interval
 
     sums, counts = torch.tensor([0.5, 0.5, 2.0, 6.0]), torch.tensor([4.0, 6.0, 10.0, 20.0])
     se = (1.5 * 3.875) ** 0.5 / 40

@@ -199,7 +199,7 @@ def test_step_1_refuses_a_games_file_another_process_is_writing(tmp_path):
 def test_two_copies_or_merges_into_one_folder_are_refused(tmp_path, tiny_model_dir):
     """Two copy_run (or merge_lora) into one new folder both exited 0, each writing it whole. The
     folder made whole is held beside it (``<folder>.lock``) from before the first check."""
-    from aria.experiment_layout import copy_without_weights
+    from aria.experiment.layout import copy_without_weights
     from aria.io import InUse
 
     run = tmp_path / "run"

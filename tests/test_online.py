@@ -1,5 +1,5 @@
 """Online ARIA (aria/trainers/online.py) and reward-model scoring in process and over HTTP
-(aria/reward_service.py), on tiny random models built in the tests.
+(aria/trainers/reward_service.py), on tiny random models built in the tests.
 
 The tiny policy's replies are gibberish, so its games are all lost and every aggregated reward
 is 0; these tests check the loop's mechanics (rollout -> score -> update -> refresh ->
@@ -18,7 +18,7 @@ import torch
 from safetensors.torch import load_file
 
 from aria.resources import compose_config
-from aria.reward_service import HttpScorer, InProcessScorer, ScoringError, make_server, merge_if_adapter
+from aria.trainers.reward_service import HttpScorer, InProcessScorer, ScoringError, make_server, merge_if_adapter
 from aria.trainers.online import OnlineTrainer, update_batches
 
 

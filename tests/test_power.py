@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from aria.experiment_report import render_table
+from aria.experiment.report import render_table
 from aria.statistics import mcnemar, sensitivity
 from aria.power import critical_counts, detectable_difference, mcnemar_power, pairs_needed, runs_detectable_difference
 
@@ -95,8 +95,8 @@ def test_the_table_says_what_the_paired_test_can_see():
 
 def test_the_runner_says_first_what_its_pairs_can_detect():
     from aria.io import ConfigError
-    from aria.experiment import check_settings
-    from aria.experiment_report import planned_power
+    from aria.experiment.runner import check_settings
+    from aria.experiment.report import planned_power
     from aria.resources import compose_config
 
     cfg = compose_config("experiment", ["eval.games=200", "seeds=[0,1]", "report.discordant_share=0.355"])

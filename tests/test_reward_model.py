@@ -153,7 +153,7 @@ def test_the_scorer_encodes_as_the_model_was_trained(tmp_path, tiny_model_dir):
     saves that encoding beside its weights, and the in-process scorer reads it back: its scores
     equal scoring samples encoded exactly as in training, not as the scorer's own defaults."""
     from aria.policy import ENCODING_FILE, Encoding
-    from aria.reward_service import InProcessScorer
+    from aria.trainers.reward_service import InProcessScorer
 
     cfg = config(tmp_path, tiny_model_dir, toy_set(8), "train.epochs=1", "train.micro_batch_size=4",
                  "train.gradient_accumulation_steps=1", "train.lr=3e-3", "data.eval_fraction=0", "train.save_freq=1000",
@@ -180,7 +180,7 @@ def test_bfloat16_scores_are_within_the_stated_tolerance_of_float32(trained_toy_
     """The scorer's bfloat16 path (``dtype="auto"`` on hardware with native bfloat16) against
     float32, on a reward model trained here: every score within BF16_SCORE_TOLERANCE, and the
     two classes of the toy set still apart. bfloat16 is forced, so this runs on any CPU."""
-    from aria.reward_service import BF16_SCORE_TOLERANCE, InProcessScorer
+    from aria.trainers.reward_service import BF16_SCORE_TOLERANCE, InProcessScorer
 
     tmp_path = trained_toy_rm[1]
     held = toy_set(16)
@@ -258,7 +258,7 @@ def test_prefix_tree_scores_equal_padded_scores(tiny_model_dir, dtype):
     from aria.packing import prefix_tree_packs
     from aria.trainers.reward_model import score_prefix_trees
 
-    from aria.reward_service import BF16_SCORE_TOLERANCE
+    from aria.trainers.reward_service import BF16_SCORE_TOLERANCE
 
     tokenizer, model = load_reward_model(str(tiny_model_dir), dtype)
     torch.manual_seed(0)
@@ -280,7 +280,7 @@ def test_prefix_tree_scores_equal_padded_scores(tiny_model_dir, dtype):
 
 def test_the_scorer_checks_prefix_trees_on_its_model_and_falls_back(tmp_path, tiny_model_dir, monkeypatch, caplog):
     import aria.trainers.reward_model as rm
-    from aria.reward_service import InProcessScorer
+    from aria.trainers.reward_service import InProcessScorer
 
     tokenizer, model = load_reward_model(str(tiny_model_dir))
     torch.manual_seed(0)
@@ -308,7 +308,7 @@ def test_a_lora_reward_model_is_scored_with_its_trained_head_and_no_load_report(
     """Loading a LoRA reward model loads its base first, which has no score head; the adapter
     then brings the trained one. The scoring model's head is the adapter's, transformers' many-line
     load report is not printed, and a new head is said in one line only where one is trained."""
-    from aria.reward_service import load_scoring_model
+    from aria.trainers.reward_service import load_scoring_model
 
     cfg = config(tmp_path, tiny_model_dir, toy_set(8), "train.epochs=1", "train.micro_batch_size=4",
                  "train.gradient_accumulation_steps=1", "train.lr=3e-3", "data.eval_fraction=0", "model.lora.enabled=true")

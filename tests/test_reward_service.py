@@ -1,4 +1,4 @@
-"""The reward-model scoring service against a client that is careless or hostile (aria/reward_service.py).
+"""The reward-model scoring service against a client that is careless or hostile (aria/trainers/reward_service.py).
 
 Requests are raw HTTP (http.client) so that a test can send what a well-behaved client never
 would: a body far larger than allowed, a Content-Length of 10**15 or of -1, no token, paths
@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from aria.reward_service import HttpScorer, InProcessScorer, ScoringError, make_server
+from aria.trainers.reward_service import HttpScorer, InProcessScorer, ScoringError, make_server
 
 TOKEN = "reward-token-0123456789"
 SAMPLE = {"observation": "Let's play. Question: Is it an animal?", "action": "Question: Is it a fruit?"}

@@ -325,7 +325,7 @@ def step1_embed_and_cluster(cfg: dict, echo: Printer = print) -> dict:
                       "distinct_vectors": distinct[p], "occurrences": int(corpus.text_counts(p).sum()),
                       "clustering": info[p]} for p, t in corpus.pools.items()},
         "ks": ks, "clustering": clustering,
-        # what a tool reading this run later rebuilds its config from (aria.intention.grouping.run_config):
+        # what a tool reading this run later rebuilds its config from (aria.experiment.grouping.run_config):
         # the game as it ran (targets, trained roles), not the game's defaults
         "made_under": {"game": cfg["game"], "embedding": cfg["embedding"], "behaviour": cfg["behaviour"]},
     }

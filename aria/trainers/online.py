@@ -164,7 +164,7 @@ class OnlineTrainer:
         from aria.games.question.game import build_game
         from aria.games.question.oracle import build_oracle
         from aria.intention import pipeline
-        from aria.reward_service import SCORERS, build_scorer
+        from aria.trainers.reward_service import SCORERS, build_scorer
 
         cfg = validated(OnlineTrainerSettings, cfg, "online trainer settings")
         if cfg["reward_model"]["serve"]["name"] not in SCORERS:  # before the policy loads
@@ -375,7 +375,7 @@ class OnlineTrainer:
         """Retrain the reward model: on ``train_file`` as given, or on the aggregated rollouts of
         iterations ``window_start..upto`` (skipped when there are none: the last refresh already
         used them); then every process loads it. Returns what is logged."""
-        from aria.reward_service import merge_if_adapter
+        from aria.trainers.reward_service import merge_if_adapter
 
         acc = self.accelerator
         if train_file is None and upto < self.state.window_start:

@@ -1,7 +1,6 @@
 """Does aggregation help? The iterated loop and the comparison of methods (``scripts/run_experiment.py``).
 
 One experiment, as a list of stages run in order (every one resumes; a finished one is skipped):
-
 1. **Warm start** (ArCHer and LMRL-Gym start RL from an SFT checkpoint): the scripted expert
    (:mod:`aria.games.question.expert`, ``warm_start.epsilon``) plays ``warm_start.games`` games; behaviour
    cloning of ``base_model`` on every step (method ``bc``) gives the model ``M0``. Its games also
@@ -18,11 +17,11 @@ One experiment, as a list of stages run in order (every one resumes; a finished 
    as the paper's ablation). Then each new model is compared with the model it started from on
    held-out steps (whole games of the iteration-0 evaluation, never trained on): token KL,
    log-prob change on won and lost steps, and the share of weights changed at the precision it is
-   served in (:mod:`aria.movement`, ``report.movement``), so the table can say whether training moved it.
+   served in (:mod:`aria.experiment.movement`, ``report.movement``), so the table can say whether training moved it.
 4. **Gradient variance** on the shared iteration-1 training set of every seed
    (:func:`aria.trainers.gradient_variance`): the reward variance, tr Cov of the per-sample
    REINFORCE gradient and its signal-to-noise ratio for every method, on the same samples.
-5. **Results** (:mod:`aria.experiment_report`): ``table.md``, ``results.json``,
+5. **Results** (:mod:`aria.experiment.report`): ``table.md``, ``results.json``,
    ``success_vs_iteration.png`` in ``results_dir``.
 
 The policy generates through a vLLM server (``engine: vllm``; on CPU the faster engine,
@@ -35,25 +34,39 @@ the times of finished stages, kept in ``run_dir/stage_times.json``).
 """
 from __future__ import annotations
 
+import ctypes
+import gc
 import json
 import os
 import shlex
 import shutil
+import subprocess
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from aria.experiment_layout import (COPY_MARK, Layout, games_of, intention_overrides_of, is_stage_folder, iterations_of, method_of,
-                                     seeds_of, train_overrides_of)
+from aria.experiment.layout import (COPY_MARK, Layout, games_of, intention_overrides_of, is_stage_folder, iterations_of,
+                                    method_of, seeds_of, train_overrides_of)
+from aria.experiment.report import evaluation_ids, planned_power, preflight_row_name, run_record, write_results
+from aria.games.base import structured_output
 from aria.games.family import checked_game, family_of
-from aria.io import (ConfigError, atomic_folder, atomic_write_json, check_writable, differences, file_digest, hold_folder,
-                     json_digest, read_json)
+from aria.intention import pipeline
+from aria.io import (ConfigError, atomic_folder, atomic_write_json, atomic_write_json_rows, check_writable, differences,
+                     file_digest, hold_folder, json_digest, read_json)
 from aria.llm.embedded import resolve_model_path
+from aria.llm.hardware import cpu_flags, vllm_cpu_dtype
 from aria.llm.merge_record import MERGE_FILE
-from aria.resources import check_overrides, compose_config
+from aria.llm.registry import build_policy
+from aria.llm.served import EngineWatch, free_port, reload_weights, start_server, stop_server
+from aria.resources import check_overrides, compose_config, config_dir
 from aria.secrets import redact
 from aria.settings import ExperimentSettings, validated
+from aria.trainers.methods import METHODS, trainer_for
+from aria.trajectories import describe, read_trajectories
+
+# torch, the trainers and the model loaders (3-5 s to import on 2 cores, `python -X importtime`) are
+# imported in the stages that train, merge or measure: a bad setting is refused in about a second.
 
 Printer = Callable[[str], None]
 
@@ -89,7 +102,6 @@ class Generator:
     def policy(self, model_dir: Path, settings: dict, seed: int):
         """A chat policy playing ``model_dir`` with ``settings`` (temperature, max_tokens, batch_size);
         the in-process sampler starts from ``seed``, so a stage run again samples the same games."""
-        from aria.llm.registry import build_policy
 
         if self.engine == "local":
             policy = build_policy({"name": "local", "model_path": str(model_dir), "temperature": settings["temperature"],
@@ -97,8 +109,6 @@ class Generator:
             policy.settings = self.describe(model_dir, settings, seed)
             return policy
         if self._served is not None and self._served[0] != model_dir and same_architecture(self._served[0], model_dir):
-            from aria.llm.served import reload_weights
-
             start = time.perf_counter()
             try:  # the next arm's weights into the running server: no restart (about 30 s on 2 CPU cores)
                 reload_weights(self._served[1]["BASE_URL"], model_dir)
@@ -109,7 +119,6 @@ class Generator:
                 self.stop()
         if self._served is None or self._served[0] != model_dir:
             self.stop()
-            from aria.llm.served import EngineWatch, free_port, start_server
 
             start = time.perf_counter()
             # the server's log beside the model it serves, or in the run folder for a model outside it
@@ -131,8 +140,6 @@ class Generator:
 
     def stop(self) -> None:
         if self._served is not None:
-            from aria.llm.served import stop_server
-
             self._watch.stop()
             stop_server(self._served[1]["PID"])
             self._served = None
@@ -218,7 +225,6 @@ def evaluation_done(cfg: dict, out: Path, policy: dict) -> bool:
 def games_done(path: Path, num_games: int, producer: dict) -> bool:
     """Whether ``path`` holds ``num_games`` finished games made under exactly ``producer``'s
     settings (a family's ``collection_producer``); games of other settings are played again, never counted."""
-    from aria.trajectories import read_trajectories
 
     producer_path = path.with_name(path.name + ".producer.json")
     if not path.is_file() or not producer_path.is_file():
@@ -238,7 +244,6 @@ def label(cfg: dict, trajectories: Path, out_dir: Path, seed: int, echo: Printer
     to date), under ``intention_overrides`` or the given ``overrides``. ``step1_from``: a folder
     where step 1 already ran on the same games, whose outputs are linked here first (step 1 checks
     its fingerprint, so under other clustering settings it runs again, from the linked embedding cache)."""
-    from aria.intention import pipeline
 
     c = compose_config("intention", [f"game={cfg['game']['name']}", f"input={trajectories}", f"seed={seed}",
                                      f"run_dir={out_dir}", *(cfg["intention_overrides"] if overrides is None else overrides)])
@@ -264,8 +269,6 @@ def label(cfg: dict, trajectories: Path, out_dir: Path, seed: int, echo: Printer
     on = " (trains on the behavioural intentions)" if c["labels"] == "behavioural" and steps >= 3 else ""
     echo(f"[experiment] labelled {trajectories.name}: k = {chosen}{on}")
     if steps >= 4:  # said before training: where keys are not shared, ARIA trains as its ablation
-        from aria.experiment_report import preflight_row_name
-
         found = pipeline.preflight(c, cfg["report"]["preflight_ks"])
         atomic_write_json(out_dir / "preflight.json", found)
         window = "" if found["window"] is None else f" (keys of the last {found['window']} turns)"
@@ -295,10 +298,6 @@ def train_critic(cfg: dict, train_file: Path, out_dir: Path, seed: int, init: Pa
     overrides = [f"data.train_file={train_file}", f"output_dir={out_dir}", f"seed={seed}",
                  f"critic.init={init if init else 'null'}", *cfg["archer"]["critic_overrides"]]
     if cfg["launcher"]:
-        import subprocess
-
-        from aria.resources import config_dir
-
         command = [*shlex.split(cfg["launcher"]), "-m", "aria.trainers.launch_critic", "--config-dir", str(config_dir()),
                    "--config-name", "critic", *overrides]
         if subprocess.run(command).returncode != 0:
@@ -331,7 +330,6 @@ def train(cfg: dict, method: str, train_file: Path, start_model: Path, out_dir: 
     models, :mod:`scripts.copy_run`) is not trained again when ``model_unread()`` says nothing
     left to do reads it; the stages after it are then found done by the marker's version."""
     from aria.policy import merge_lora
-    from aria.trainers.methods import trainer_for
 
     model = out_dir / "model"
     trained_on = {"train_json_sha256": file_digest(train_file, length=None), "method": method,
@@ -369,10 +367,6 @@ def train(cfg: dict, method: str, train_file: Path, start_model: Path, out_dir: 
     overrides = [f"data.train_file={train_file}", f"output_dir={out_dir / 'train'}", f"seed={seed}",
                  f"model.path={start_model}", f"method={method}", "logging.report_to=null", *overrides]
     if cfg["launcher"]:  # several GPUs: the trainer runs under accelerate in processes of its own
-        import subprocess
-
-        from aria.resources import config_dir
-
         command = [*shlex.split(cfg["launcher"]), "-m", "aria.trainers.launch", "--config-dir", str(config_dir()),
                    "--config-name", "reinforce_llm", *overrides]
         if subprocess.run(command).returncode != 0:
@@ -395,8 +389,6 @@ def train(cfg: dict, method: str, train_file: Path, start_model: Path, out_dir: 
 
 def bc_training_set(cfg: dict, trajectories: Path, out: Path) -> Path:
     """Every step of the expert's games as a sample (behaviour cloning needs no rewards)."""
-    from aria.io import atomic_write_json_rows
-    from aria.trajectories import read_trajectories
 
     render = family_of(cfg["game"]).observation_renderer(cfg["game"])
     samples = [{"observation": render(r, i), "action": t["action"], "reward": 1.0, "game_id": r["game_id"], "turn": i}
@@ -420,7 +412,6 @@ def served_dtype(cfg: dict) -> str:
         return str(resolve_dtype("auto", "cuda" if torch.cuda.is_available() else "cpu")).removeprefix("torch.")
     if torch.cuda.is_available():  # vLLM's "auto" serves a float32 checkpoint in 16 bits on a GPU
         return "bfloat16"
-    from aria.llm.hardware import cpu_flags, vllm_cpu_dtype
 
     return vllm_cpu_dtype(cpu_flags())
 
@@ -429,8 +420,6 @@ def held_out_steps(cfg: dict, lay: Layout) -> list[dict]:
     """The policy's steps in the starting model's iteration-0 evaluation games, as step samples
     (``observation``, ``action``, ``success`` of the game): held out from every training set, the
     same for every arm."""
-    from aria.experiment_report import evaluation_ids
-    from aria.trajectories import read_trajectories
 
     family = family_of(cfg["game"])
     render, expected, where = family.observation_renderer(cfg["game"]), evaluation_ids(cfg), lay.evaluation("", 0, 0)
@@ -457,9 +446,9 @@ def movement_done(cfg: dict, lay: Layout, parent: Path, child: Path, out: Path) 
 
 
 def movement_stage(cfg: dict, lay: Layout, parent: Path, child: Path, out: Path, echo: Printer) -> Path:
-    """How far ``child`` moved from ``parent`` on the held-out steps (:func:`aria.movement.movement`),
+    """How far ``child`` moved from ``parent`` on the held-out steps (:func:`aria.experiment.movement.movement`),
     written to ``out`` under a key of both models' versions and the settings."""
-    from aria.movement import movement
+    from aria.experiment.movement import movement
 
     m, steps = cfg["report"]["movement"], held_out_steps(cfg, lay)
     key = movement_key(cfg, parent, child, steps)
@@ -488,9 +477,6 @@ def plan(cfg: dict, generator: Generator, echo: Printer) -> list[Stage]:
         expert_games = lay.warm / "expert.jsonl"
 
         def warm_collect():
-            from aria.llm.registry import build_policy
-            from aria.trajectories import describe
-
             expert = build_policy({"name": "scripted", "game": cfg["game"], "epsilon": w["epsilon"], "seed": w["seed"]})
             if not games_done(expert_games, w["games"], family_of(cfg["game"]).collection_producer(cfg, w, w["seed"], describe(expert))):
                 play(cfg, expert, expert_games, w["seed"], {"games": w["games"], "batch_size": 64}, echo, "expert games")
@@ -611,8 +597,6 @@ def check_settings(cfg: dict) -> dict:
     :class:`~aria.io.ConfigError` naming it, not a traceback minutes into the run. Returns the
     settings with the types of :class:`aria.settings.ExperimentSettings`, which checks the keys,
     the types and the ranges; what is checked here is what refers to other settings or registries."""
-    from aria.games.base import structured_output
-    from aria.trainers.methods import METHODS
 
     cfg = validated(ExperimentSettings, cfg, "experiment")
     cfg["game"] = checked_game(cfg["game"])
@@ -686,7 +670,6 @@ def check_override_lists(cfg: dict) -> None:
     labelling = {"intention_overrides": cfg["intention_overrides"]}
     for name, variant in cfg["variants"].items():
         labelling[f"variants.{name}.intention_overrides"] = [*cfg["intention_overrides"], *variant["intention_overrides"]]
-    from aria.intention import pipeline
 
     for setting, overrides in labelling.items():
         pipeline.check_overrides_of(cfg["game"]["name"], overrides, setting)
@@ -729,7 +712,6 @@ def report(cfg: dict, root: Path, echo: Printer) -> Path:
     """The table of a run so far, no stage run: a run of several sessions, or one going on in
     another process (its folder is only read), shows the arms whose evaluation is complete and
     names the others; the run's own end writes the whole table over it."""
-    from aria.experiment_report import write_results
 
     if not (root / "experiment.json").is_file():
         raise ConfigError(f"run_dir: {root} holds no run (no experiment.json): report_only reports a run started before")
@@ -744,8 +726,6 @@ def report(cfg: dict, root: Path, echo: Printer) -> Path:
 
 
 def _run(cfg: dict, root: Path, echo: Printer) -> Path:
-    from aria.experiment_report import planned_power, run_record, write_results
-
     echo(f"[experiment] {planned_power(cfg)}")
     _check_run_dir(cfg, root)
     (root / COPY_MARK).unlink(missing_ok=True)  # a copy resumed is a run of its own: no later copy may replace it
@@ -777,7 +757,6 @@ def _run(cfg: dict, root: Path, echo: Printer) -> Path:
 def process_seconds() -> float:
     """How long this process has run (Linux: its start in /proc/self/stat against the uptime), so a
     run's wall time includes Python's start and the imports; elsewhere since this module loaded."""
-    import os
 
     try:
         started = int(Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()[19]) / os.sysconf("SC_CLK_TCK")
@@ -816,8 +795,6 @@ def release_freed_memory() -> None:
     after an in-process training stage of the powered preset the runner stayed at 8.1-8.7 GB
     resident, of which 0.5 GB was live (malloc_trim returned the rest), while the next stage's
     vLLM server needed memory of its own. Elsewhere (another C library) nothing is done."""
-    import ctypes
-    import gc
 
     gc.collect()
     try:

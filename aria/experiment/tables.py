@@ -20,7 +20,7 @@ import re
 from pathlib import Path
 from typing import Any, Callable
 
-from aria import experiment_report as report
+from aria.experiment import report
 from aria.io import read_json
 from aria.power import runs_detectable_difference, runs_needed
 from aria.statistics import mcnemar, pool_runs

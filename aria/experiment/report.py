@@ -3,7 +3,6 @@
 Written to ``results_dir`` (``results/experiments/<name>/``) from the evaluation games in the run
 folder, whatever stage the experiment has reached (a row appears once its evaluation is
 complete):
-
 * ``results.json``: every arm (method, seed, iteration) with its games, wins, success rate,
   Wilson 95% interval, mean turns and every game's outcome (``won``, a 0/1 string in the order of
   ``outcome_keys``, so the paired tests can be redone from this file alone); the pooled rows per
@@ -21,8 +20,14 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from aria.statistics import ALPHA, POWER, mcnemar, percent, pool_runs, sensitivity, wilson_interval
+from aria.experiment.layout import Layout, games_of, iterations_of, seeds_of
+from aria.games.family import family_of
 from aria.io import atomic_save_figure, atomic_write_json, atomic_write_text, read_json
+from aria.llm.hardware import describe, label
+from aria.power import detectable_difference, runs_detectable_difference
+from aria.statistics import ALPHA, POWER, mcnemar, percent, pool_runs, sensitivity, wilson_interval
+from aria.trajectories import read_trajectories
+
 
 def paired_arms(cfg: dict) -> tuple[str, str] | None:
     """The two arms of the paired test: ``report.paired`` when both are in ``methods``, else none."""
@@ -41,9 +46,6 @@ def tested_pairs(cfg: dict) -> list[tuple[str, str]]:
 def planned_power(cfg: dict, power: float = POWER, alpha: float = ALPHA) -> str:
     """One line, said before a run starts: the pairs of its paired test per iteration and the
     difference they detect with ``power`` at the discordant share named in ``report``."""
-    from aria.experiment_layout import games_of, seeds_of
-    from aria.games.family import family_of
-    from aria.power import detectable_difference
 
     seats, share = family_of(cfg["game"]).seats, cfg["report"]["discordant_share"]
 
@@ -72,7 +74,6 @@ def planned_power(cfg: dict, power: float = POWER, alpha: float = ALPHA) -> str:
 def runs_detect(runs: int, pairs: int, cfg: dict, power: float = POWER, alpha: float = ALPHA) -> str:
     """What the method-level test of ``runs`` training runs an arm detects, at the between-run
     spread in ``report.between_run_sd``."""
-    from aria.power import runs_detectable_difference
 
     sd, share = cfg["report"]["between_run_sd"], cfg["report"]["discordant_share"]
     if runs < 2:
@@ -90,7 +91,6 @@ def outcomes(path: Path, family, expected: set[str]) -> dict[str, dict] | None:
     target), turns = the policy's own. A question game's games are keyed by game id; a two-player
     game's (``path`` the folder of ``as_alice.jsonl`` and ``as_bob.jsonl``) by seat and game id, so
     arms pair by configuration and seat."""
-    from aria.trajectories import read_trajectories
 
     out = {}
     for file, role in family.evaluation_seats(path):
@@ -106,7 +106,6 @@ def outcomes(path: Path, family, expected: set[str]) -> dict[str, dict] | None:
 def evaluation_ids(cfg: dict) -> set[str]:
     """The game ids of one arm's evaluation under the settings (``eval``): game ``i`` of the
     evaluation seed for ``i < eval.games``, or of every configuration of ``eval.config_set``."""
-    from aria.games.family import family_of
 
     return family_of(cfg["game"]).evaluation_ids(cfg)
 
@@ -120,7 +119,6 @@ def _row(games: list[dict]) -> dict[str, Any]:
 
 def collect_results(cfg: dict) -> dict[str, Any]:
     """Everything ``results.json`` holds (module doc), from the run folder."""
-    from aria.experiment_layout import Layout, games_of, iterations_of
 
     lay, n_eval, expected = Layout(cfg), games_of(cfg, cfg["eval"]), evaluation_ids(cfg)
     evaluations: dict[tuple[str, int, int], dict[str, dict]] = {}
@@ -276,7 +274,7 @@ def moved_from_parent(cfg: dict, lay, evaluations: dict, method: str, seed: int,
 
 
 def moved(m: dict[str, Any], rule: dict[str, Any]) -> bool | None:
-    """``report.movement``'s verdict on one arm's measures (:mod:`aria.movement`): its token KL (the
+    """``report.movement``'s verdict on one arm's measures (:mod:`aria.experiment.movement`): its token KL (the
     mean, or the lower end of its interval) reaches ``min_token_kl``, and its weights changed at the
     served precision by ``min_weight_share`` of all and ``min_kept_share`` of those its update
     changed in float32. None where the rule asks for what the measures lack (a movement file
@@ -296,7 +294,7 @@ def moved(m: dict[str, Any], rule: dict[str, Any]) -> bool | None:
 
 def kept_share(weights: dict[str, Any]) -> float | None:
     """Of the elements an update changed in float32, the share still changed at the served
-    precision (:func:`aria.movement.weight_change_share`); None where the file has no counts."""
+    precision (:func:`aria.experiment.movement.weight_change_share`); None where the file has no counts."""
     if "kept_share" in weights:
         return weights["kept_share"]
     if "changed" not in weights or "changed_float32" not in weights:
@@ -320,7 +318,7 @@ def measure_of(results: dict[str, Any]) -> str:
 
 def render_table(results: dict[str, Any]) -> str:
     """``table.md`` (module doc): its sections in order, each a function of ``results`` that docs
-    render too (aria/results_tables.py)."""
+    render too (aria/experiment/tables.py)."""
     if results.get("two_player"):
         opponent = ", ".join(f"{k} {v}" for k, v in results["opponent"].items())
         lines = [f"# {results['name']}: win rate on {results['game']} against the opponent ({opponent})", "",
@@ -568,7 +566,7 @@ def render_stage_times(results: dict[str, Any]) -> str:
 
 
 def plot(results: dict[str, Any], out: Path) -> None:
-    import matplotlib
+    import matplotlib  # here: the file backend is chosen before pyplot loads, and only a plot pays for it
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -595,7 +593,6 @@ def run_record(cfg: dict, wall_seconds: float | None = None, resumed: bool | Non
     """Where and how long: the CPU (:func:`aria.llm.hardware.describe`), each stage's seconds (the
     run folder's ``stage_times.json``; a stage resumed over several runs counts them all), and, from
     the command that ran the stages, its wall time and whether it continued an earlier run's stages."""
-    from aria.llm.hardware import describe, label
 
     times_path = Path(cfg["run_dir"]) / "stage_times.json"
     stages = {name: round(t["seconds"], 1) for name, t in read_json(times_path).items() if "seconds" in t} \

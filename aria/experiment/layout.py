@@ -1,6 +1,6 @@
 """Where an experiment's files live (its run folder) and how many iterations each method runs.
 
-Shared by the runner (:mod:`aria.experiment`) and the report (:mod:`aria.experiment_report`),
+Shared by the runner (:mod:`aria.experiment.runner`) and the report (:mod:`aria.experiment.report`),
 which reads what the runner wrote.
 """
 from __future__ import annotations
@@ -46,7 +46,7 @@ class Layout:
         return self.warm / "model" if iteration == 0 else self.arm(method, seed, iteration) / "model"
 
     def movement(self, method: str, seed: int, iteration: int) -> Path:
-        """How far an arm's model moved from its parent (:mod:`aria.movement`)."""
+        """How far an arm's model moved from its parent (:mod:`aria.experiment.movement`)."""
         return self.arm(method, seed, iteration) / "movement.json"
 
     def evaluation(self, method: str, seed: int, iteration: int) -> Path:
@@ -110,7 +110,7 @@ def copy_without_weights(run_dir: Path, dest: Path) -> int:
     """Copy ``run_dir`` to ``dest`` without :data:`WEIGHTS_AND_LOGS`; returns the bytes copied.
 
     The copy reports (``report_only``) and resumes: an arm whose evaluation and movement are done
-    is not trained again for its missing model (:func:`aria.experiment.train`); anything else that
+    is not trained again for its missing model (:func:`aria.experiment.runner.train`); anything else that
     needs a model (a stage not finished, the warm start as every arm's parent) trains it again,
     from the same marker and data. ``dest`` is replaced whole, so a copy cut short never mixes
     with an older one."""

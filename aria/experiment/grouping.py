@@ -2,7 +2,6 @@
 reward estimate, and at what cost.
 
 Every scheme groups the same agent steps of a collection whose pipeline steps 1-4 ran:
-
 =========================  =====================================================================
 ``aria``                   (history, action) keys over the whole history, step 1's clusters at the
                            chosen k: the paper's ARIA.
@@ -38,8 +37,12 @@ from pathlib import Path
 
 import numpy as np
 
+from aria.data import read_training_set
 from aria.intention import pipeline
 from aria.intention.aggregate import errors_against, group_mean, group_sharing, step_keys
+from aria.io import DataError
+from aria.resources import compose_config
+from aria.trainers.methods import gigpo_groups, method_weights
 
 
 def run_config(run_dir: str | Path) -> dict:
@@ -48,7 +51,6 @@ def run_config(run_dir: str | Path) -> dict:
     defaults, which :func:`compare` then checks against step 4's fingerprint), the input files,
     the aggregation settings and the labels step 2 and 3 ran under. Values are set after composing,
     so no path is parsed as a Hydra override (a comma in a folder's name)."""
-    from aria.resources import compose_config
 
     run_dir = Path(run_dir)
     summary = pipeline.step_output(run_dir / "utterances.json", 1)
@@ -67,9 +69,6 @@ def run_config(run_dir: str | Path) -> dict:
 
 def compare(cfg: dict, window: int = 2, threshold: float = 0.9) -> dict:
     """The grouping schemes of the module doc on the run of ``cfg`` (steps 1-4 done)."""
-    from aria.data import read_training_set
-    from aria.io import DataError
-    from aria.trainers.methods import gigpo_groups, method_weights
 
     # train.json first: step 4's output of this run's labels under these game settings, checked before
     # anything here is computed or cached (behaviour.json) under settings the run did not have

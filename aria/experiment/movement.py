@@ -3,7 +3,6 @@
 
 An experiment whose arms never left their starting point measures its evaluation's noise, not
 its methods. Three measures, on the same steps for every arm:
-
 * **Token KL**: the mean, over the action tokens of held-out steps (teacher-forced: the prompt the
   policy saw and the action it took), of KL(child || parent) between the two models' whole
   next-token distributions at that position. It is 0 exactly when both predict the same
@@ -33,16 +32,18 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from safetensors import safe_open
 
-from aria.packing import sample_groups
+from aria.io import ConfigError, DataError
+from aria.llm.embedded import resolve_model_path
+from aria.packing import collate_tree, is_tree_batch, sample_groups, tree_action_logits
+from aria.policy import Encoding, collate, load_policy
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 def _tensors(folder: Path) -> dict[str, Path]:
     """Every tensor name of a saved model and the safetensors file that holds it."""
-    from safetensors import safe_open
-
     files = sorted(Path(folder).glob("*.safetensors"))
     if not files:
         raise FileNotFoundError(f"{folder}: no *.safetensors file (a model saved with save_pretrained)")
@@ -56,14 +57,10 @@ def _tensors(folder: Path) -> dict[str, Path]:
 def weight_change_share(parent: Path, child: Path, dtype: str = "float32") -> dict[str, Any]:
     """Elements of the child's weights that differ from the parent's once both are cast to
     ``dtype`` (module doc): counts, their share, and the same count in float32 for comparison."""
-    from safetensors import safe_open
-
     if dtype not in DTYPES:
         raise ValueError(f"dtype: unknown {dtype!r} (known: {', '.join(DTYPES)})")
     theirs, ours = _tensors(parent), _tensors(child)
     if set(theirs) != set(ours):  # not a model and its trained copy: the caller's arguments
-        from aria.io import ConfigError
-
         raise ConfigError(f"{child} and {parent} hold different tensors: only in the child "
                          f"{sorted(set(ours) - set(theirs))[:3]}, only in the parent {sorted(set(theirs) - set(ours))[:3]}")
     elements = changed = changed_float32 = 0
@@ -71,8 +68,6 @@ def weight_change_share(parent: Path, child: Path, dtype: str = "float32") -> di
         with safe_open(str(theirs[name]), "pt") as a, safe_open(str(ours[name]), "pt") as b:
             before, after = a.get_tensor(name), b.get_tensor(name)
         if before.shape != after.shape:
-            from aria.io import ConfigError
-
             raise ConfigError(f"{child}: tensor {name} has shape {tuple(after.shape)}, the parent's {tuple(before.shape)}")
         elements += after.numel()
         changed_float32 += int((before.float() != after.float()).sum())
@@ -87,7 +82,6 @@ def _action_distributions(model, batch: dict[str, torch.Tensor]) -> tuple[torch.
     """Log-probabilities over the vocabulary at every action position ([T, V], float32), the
     action tokens ([T]) and the sample of each ([T], its index in the batch); ``batch`` is padded
     rows (:func:`aria.policy.collate`) or prefix trees (:func:`aria.packing.collate_tree`)."""
-    from aria.packing import is_tree_batch, tree_action_logits
 
     if is_tree_batch(batch):
         return torch.log_softmax(tree_action_logits(model, batch), dim=-1), batch["target_ids"], batch["target_sample"]
@@ -124,8 +118,6 @@ def compare_policies(parent, child, encoded: Sequence, won: Sequence[bool], pad_
     (optional) which game it is of: a game's steps are then computed as one prefix tree. A model
     whose log-probabilities are NaN (weights that diverged) is refused with its name (``names``):
     counted as zero, it would read as a policy that did not move."""
-    from aria.packing import collate_tree
-    from aria.policy import collate
 
     if len(encoded) != len(won) or (games is not None and len(games) != len(encoded)):
         raise ValueError(f"{len(encoded)} steps but {len(won)} outcomes" + (f" and {len(games)} games" if games is not None else ""))
@@ -142,8 +134,6 @@ def compare_policies(parent, child, encoded: Sequence, won: Sequence[bool], pad_
         ours, _, _ = _action_distributions(child, batch)
         for name, logp in zip(names, (theirs, ours)):
             if torch.isnan(logp).any():
-                from aria.io import ConfigError
-
                 first = rows[int(row[torch.isnan(logp).any(dim=-1)][0])]
                 raise ConfigError(f"{name}: its log-probabilities are NaN on step {first} of the sample (weights that "
                                   "hold NaN or inf, a diverged training?), so its movement cannot be measured")
@@ -207,9 +197,6 @@ def movement(parent: Path, child: Path, samples: Sequence[dict], served_dtype: s
     name their game (``game_id``, and ``role`` in two-player games) are compared in whole games, each
     one prefix tree, at least ``max_steps`` steps of them (:func:`whole_games`); others in a seeded
     sample of at most ``max_steps`` steps, in padded rows."""
-    from aria.io import DataError
-    from aria.llm.embedded import resolve_model_path
-    from aria.policy import Encoding, load_policy
 
     parent, child = Path(resolve_model_path(str(parent))), Path(resolve_model_path(str(child)))  # "embedded" too
 
