@@ -25,7 +25,7 @@ from aria.io import read_json
 from aria.power import runs_detectable_difference, runs_needed
 from aria.statistics import mcnemar, pool_runs
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 RESULTS = REPO / "results" / "experiments"
 #: The Markdown files that may hold rendered blocks.
 DOCUMENTS = ("README.md", "docs/experiments.md")
