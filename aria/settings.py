@@ -354,7 +354,7 @@ class CriticModelSettings:
     hidden: Optional[int] = bounded(ge=1)
     max_tokens: int = bounded(ge=1)
     gamma: float = bounded(ge=0, le=1)
-    tau: float = bounded(ge=0, le=1)
+    tau: float = bounded(gt=0, le=1, why="the target critic's step toward the critic; 0 would never move it")
     v_target: str = MISSING
     train_encoder: bool = MISSING
     init: Optional[str] = MISSING
@@ -525,7 +525,7 @@ class ClusteringSettings:
 
 @dataclass
 class AggregationSettings:
-    gamma: float = bounded(ge=0, le=1)
+    gamma: float = bounded(gt=0, le=1, why="the discount of R_t = gamma^(T-t) R: 0 would erase every step but the last")
     discount: str = MISSING
     mode: str = MISSING
     n_rollout: int = bounded(ge=1)

@@ -104,10 +104,6 @@ class CriticTrainer:
         c = cfg["critic"]
         if c["v_target"] not in V_TARGETS:
             raise ConfigError(f"critic.v_target: unknown {c['v_target']!r} (known: {', '.join(V_TARGETS)})")
-        if not 0.0 <= c["gamma"] <= 1.0:
-            raise ConfigError(f"critic.gamma: expected a number in [0, 1], got {c['gamma']!r}")
-        if not 0.0 < c["tau"] <= 1.0:
-            raise ConfigError(f"critic.tau: expected a number in (0, 1], got {c['tau']!r}")
         self.cfg, t = cfg, cfg["train"]
         self.train_path = cfg["data"]["train_file"]
         # Data first: a bad file is one line before the encoder loads.
