@@ -280,7 +280,7 @@ def test_runs_needed_grows_with_the_between_run_variance():
 
 
 def test_the_replicated_presets_plan_is_what_the_power_calculation_gives():
-    """config/experiment/replicated.yaml's header: 7 runs of 600 pairs detect 4.8 points at the
+    """config/experiment/replicated.yaml's plan (docs/experiments.md): 7 runs of 600 pairs detect 4.8 points at the
     measured spread and share, 5 points need 7 runs, 6 runs detect 5.4."""
     from aria.power import runs_needed
     from aria.resources import compose_config
