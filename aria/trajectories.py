@@ -76,26 +76,9 @@ def make_record(
     meta: dict | None = None,
 ) -> dict:
     """Build a schema-v1 record; derived fields (counts, rewards) are computed here, once."""
-    record = {
-        "schema_version": SCHEMA_VERSION,
-        "game_id": game_id,
-        "game": game,
-        "target": target,
-        "seed": seed,
-        "model": model,
-        "oracle": oracle,
-        "turns": turns,
-        "num_turns": len(turns),
-        "success": bool(success),
-        "final_reward": 1.0 if success else 0.0,
-        "env_return": float(sum(t["reward"] for t in turns)),
-        "status": status,
-        "errors": list(errors or []),
-        "source": source,
-    }
-    if meta:
-        record["meta"] = meta
-    return record
+    outcome = {"success": bool(success), "final_reward": 1.0 if success else 0.0,
+               "env_return": float(sum(t["reward"] for t in turns))}
+    return _record(game_id, game, target, seed, model, oracle, None, turns, outcome, status, errors, source, meta)
 
 
 def make_two_player_record(
@@ -113,22 +96,19 @@ def make_two_player_record(
     meta: dict | None = None,
 ) -> dict:
     """Build a schema-v1 record of a two-player game (see the module doc)."""
-    record = {
-        "schema_version": SCHEMA_VERSION,
-        "game_id": game_id,
-        "game": game,
-        "target": None,
-        "seed": seed,
-        "model": model,
-        "oracle": None,
-        "players": list(players),
-        "turns": turns,
-        "num_turns": len(turns),
-        "role_rewards": {p: float(role_rewards[p]) for p in players},
-        "status": status,
-        "errors": list(errors or []),
-        "source": source,
-    }
+    outcome = {"role_rewards": {p: float(role_rewards[p]) for p in players}}
+    return _record(game_id, game, None, seed, model, None, list(players), turns, outcome, status, errors, source, meta)
+
+
+def _record(game_id: str, game: str, target: str | None, seed: int | None, model: str | None, oracle: str | None,
+            players: list[str] | None, turns: list[dict], outcome: dict, status: str, errors: list[str] | None,
+            source: str, meta: dict | None) -> dict:
+    """The fields of both kinds of record, in the order every file has them (a file written again
+    is byte for byte the same)."""
+    record = {"schema_version": SCHEMA_VERSION, "game_id": game_id, "game": game, "target": target, "seed": seed,
+              "model": model, "oracle": oracle, **({"players": players} if players is not None else {}),
+              "turns": turns, "num_turns": len(turns), **outcome, "status": status, "errors": list(errors or []),
+              "source": source}
     if meta:
         record["meta"] = meta
     return record

@@ -11,24 +11,33 @@ training (exit 2); Ctrl-C exits 130 with the checkpoints kept.
 """
 from __future__ import annotations
 
+from typing import Any, Callable
+
 import hydra
 
 from aria.cli import checkpoints_in, command
 from aria.settings import resolved
 
 
+def train_and_report(cfg, build: Callable[[dict], Any], summary: Callable[[dict], str]) -> dict:
+    """What every trainer module runs: the trainer ``build`` makes from the resolved config, trained
+    under :func:`aria.cli.command` (one line for a bad file, the checkpoints kept on Ctrl-C), and
+    its ``summary`` line printed by the main process."""
+    with command(kept=lambda: checkpoints_in(cfg.output_dir)):
+        trainer = build(resolved(cfg))
+        result = trainer.train()
+    if trainer.accelerator.is_main_process:
+        print(summary(result))
+    return result
+
+
 def run(cfg) -> dict:
     """Train the method the config names (REINFORCE on weights, or trajectory DPO on pairs)."""
     from aria.trainers.methods import trainer_for
 
-    with command(kept=lambda: checkpoints_in(cfg.output_dir)):
-        config = resolved(cfg)
-        trainer = trainer_for(config)(config)
-        result = trainer.train()
-    if trainer.accelerator.is_main_process:
-        print(f"[train] {result['steps']} steps; final model in {result['final']}"
-              + (f"; last loss {result['loss']:.4f}, {result['tokens_per_s']:.0f} tokens/s" if "loss" in result else ""))
-    return result
+    return train_and_report(cfg, lambda config: trainer_for(config)(config), lambda result: (
+        f"[train] {result['steps']} steps; final model in {result['final']}"
+        + (f"; last loss {result['loss']:.4f}, {result['tokens_per_s']:.0f} tokens/s" if "loss" in result else "")))
 
 
 @hydra.main(config_path=None, config_name="reinforce_llm", version_base="1.3")

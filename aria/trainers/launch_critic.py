@@ -11,24 +11,21 @@ from __future__ import annotations
 
 import hydra
 
-from aria.cli import checkpoints_in, command
-from aria.settings import resolved
+from aria.trainers.launch import train_and_report
 
 
 def run(cfg) -> dict:
     """Train the critic of the config, write the steps' advantages; print its held-out figures."""
     from aria.trainers.archer import CriticTrainer
 
-    with command(kept=lambda: checkpoints_in(cfg.output_dir)):
-        trainer = CriticTrainer(resolved(cfg))
-        result = trainer.train()
-    if trainer.accelerator.is_main_process:
-        held_out = (f"; held out ({result['eval_steps']} steps): TD error (MSE) {result['eval_td_mse']:.4f}, won above "
-                    f"lost {ranked(result['eval_ranking_accuracy'])} (same turn: {ranked(result['eval_ranking_accuracy_same_turn'])})"
-                    ) if "eval_td_mse" in result else ""
-        print(f"[critic] {result['steps']} steps; critic in {result['final']}; advantages in {result['train_file']}"
-              f"{held_out}")
-    return result
+    return train_and_report(cfg, CriticTrainer, summary)
+
+
+def summary(result: dict) -> str:
+    held_out = (f"; held out ({result['eval_steps']} steps): TD error (MSE) {result['eval_td_mse']:.4f}, won above "
+                f"lost {ranked(result['eval_ranking_accuracy'])} (same turn: {ranked(result['eval_ranking_accuracy_same_turn'])})"
+                ) if "eval_td_mse" in result else ""
+    return f"[critic] {result['steps']} steps; critic in {result['final']}; advantages in {result['train_file']}{held_out}"
 
 
 def ranked(accuracy: float | None) -> str:

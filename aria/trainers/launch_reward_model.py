@@ -12,22 +12,20 @@ from __future__ import annotations
 
 import hydra
 
-from aria.cli import checkpoints_in, command
-from aria.settings import resolved
+from aria.trainers.launch import train_and_report
 
 
 def run(cfg) -> dict:
     """Train the reward model of the config; print its held-out figures."""
     from aria.trainers.reward_model import RewardModelTrainer
 
-    with command(kept=lambda: checkpoints_in(cfg.output_dir)):
-        trainer = RewardModelTrainer(resolved(cfg))
-        result = trainer.train()
-    if trainer.accelerator.is_main_process:
-        held_out = (f"; held out ({result['eval_samples']} samples): loss {result['eval_loss']:.4f}, "
-                    f"Pearson {result['eval_pearson']}, Spearman {result['eval_spearman']}") if "eval_loss" in result else ""
-        print(f"[reward model] {result['steps']} steps; final model in {result['final']}{held_out}")
-    return result
+    return train_and_report(cfg, RewardModelTrainer, summary)
+
+
+def summary(result: dict) -> str:
+    held_out = (f"; held out ({result['eval_samples']} samples): loss {result['eval_loss']:.4f}, "
+                f"Pearson {result['eval_pearson']}, Spearman {result['eval_spearman']}") if "eval_loss" in result else ""
+    return f"[reward model] {result['steps']} steps; final model in {result['final']}{held_out}"
 
 
 @hydra.main(config_path=None, config_name="reward_model", version_base="1.3")
