@@ -41,6 +41,7 @@ import logging
 import os
 import threading
 import time
+from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any, Callable, Sequence
@@ -335,103 +336,119 @@ def make_server(scorer: InProcessScorer, host: str = "127.0.0.1", port: int = 81
         max_body_bytes: the largest request body read.
         request_timeout: seconds a client may take to send its request.
     """
-    lock = threading.Lock()
-    counter = {"scored": 0}
-    root = Path(load_root).resolve() if load_root is not None else None
+    service = _Service(scorer, token, Path(load_root).resolve() if load_root is not None else None, max_body_bytes)
+    # a handler class per server: http.server builds one handler per request from the class alone
+    handler = type("Handler", (ScoringHandler,), {"service": service, "timeout": request_timeout})
+    return ThreadingHTTPServer((host, port), handler)
 
-    def model_name() -> str | None:
-        return Path(scorer.model_dir).name if scorer.model_dir else None
 
-    class Handler(BaseHTTPRequestHandler):
-        timeout = request_timeout  # applied to the socket: a stalled client is dropped
+@dataclass
+class _Service:
+    """What every request of one server shares: the scorer behind its lock, and the server's settings."""
+    scorer: InProcessScorer
+    token: str | None
+    root: Path | None  # /load serves only folders below it (None: /load is off)
+    max_body_bytes: int
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    scored: int = 0
 
-        def _reply(self, status: int, body: dict) -> None:
-            data = json.dumps(body).encode()
-            self.send_response(status)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
+    def model_name(self) -> str | None:
+        return Path(self.scorer.model_dir).name if self.scorer.model_dir else None
 
-        def _authorize(self) -> None:
-            if token is not None and not hmac.compare_digest(self.headers.get("Authorization", ""), f"Bearer {token}"):
-                raise _Refused(401, "unauthorized: send Authorization: Bearer <token>")
 
-        def _body(self) -> dict:
-            raw = self.headers.get("Content-Length")
-            if raw is None:
-                raise _Refused(411, "Content-Length required")
-            try:
-                length = int(raw)
-            except ValueError:
-                raise _Refused(400, "Content-Length is not a number") from None
-            if length < 0:
-                raise _Refused(400, "Content-Length is negative")
-            if length > max_body_bytes:
-                self.close_connection = True  # the body is not read
-                raise _Refused(413, f"request body of {length} bytes is over the limit of {max_body_bytes}")
-            try:
-                data = self.rfile.read(length)
-            except (TimeoutError, OSError):
-                self.close_connection = True
-                raise _Refused(408, "the request body did not arrive in time") from None
-            try:
-                body = json.loads(data or b"{}")
-            except ValueError as err:
-                raise _Refused(400, f"request body is not JSON: {err}") from None
-            if not isinstance(body, dict):
-                raise _Refused(400, "request body: expected a JSON object")
-            return body
+class ScoringHandler(BaseHTTPRequestHandler):
+    """The routes of the module doc; ``service`` and ``timeout`` (applied to the socket: a stalled
+    client is dropped) are set per server by :func:`make_server`."""
+    service: _Service
 
-        def _load(self, path: Any) -> None:
-            if root is None:
-                raise _Refused(403, "loading is off: start the service with a load root (--load-root)")
-            if not isinstance(path, str):
-                raise _Refused(400, "path: expected a string")
-            folder = Path(path).resolve()
-            if folder != root and root not in folder.parents:
-                raise _Refused(403, "path: outside the folder this service may load from")
-            try:
-                with lock:
-                    scorer.load(folder)
-            except Exception:  # noqa: BLE001 - the client learns that it failed, the log says why
-                log.exception("loading a reward model failed")
-                raise _Refused(400, "path: not a trained reward-model folder this service can load "
-                                    "(a folder with a trained score head)") from None
+    def _reply(self, status: int, body: dict) -> None:
+        data = json.dumps(body).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
 
-        def _route(self, method: str) -> None:
-            try:
-                self._authorize()
-                route = self.path.rstrip("/")
-                if method == "GET" and route == "/health":
-                    return self._reply(200, {"model": model_name(), "scored": counter["scored"]})
-                if method == "POST" and route == "/score":
-                    samples = check_pairs(self._body().get("samples"))
-                    with lock:
-                        scores = scorer.score(samples)
-                        counter["scored"] += len(samples)
-                    return self._reply(200, {"scores": [float(s) for s in scores]})
-                if method == "POST" and route == "/load":
-                    self._load(self._body().get("path"))
-                    return self._reply(200, {"model": model_name()})
-                raise _Refused(404, f"no route {method} {self.path[:100]}")
-            except _Refused as err:
-                self._reply(err.status, {"error": str(err)})
-            except ValueError as err:  # a bad sample: check_pairs names index and field
-                self._reply(400, {"error": str(err)})
-            except ScoringError as err:
-                self._reply(400, {"error": str(err)})
-            except Exception:  # a broken model must answer, not hang the client; the details stay in the log
-                log.exception("scoring failed")
-                self._reply(500, {"error": "internal error while scoring (see the service's log)"})
+    def _authorize(self) -> None:
+        token = self.service.token
+        if token is not None and not hmac.compare_digest(self.headers.get("Authorization", ""), f"Bearer {token}"):
+            raise _Refused(401, "unauthorized: send Authorization: Bearer <token>")
 
-        def do_GET(self) -> None:  # noqa: N802 (http.server's naming)
-            self._route("GET")
+    def _body(self) -> dict:
+        raw = self.headers.get("Content-Length")
+        if raw is None:
+            raise _Refused(411, "Content-Length required")
+        try:
+            length = int(raw)
+        except ValueError:
+            raise _Refused(400, "Content-Length is not a number") from None
+        if length < 0:
+            raise _Refused(400, "Content-Length is negative")
+        if length > self.service.max_body_bytes:
+            self.close_connection = True  # the body is not read
+            raise _Refused(413, f"request body of {length} bytes is over the limit of {self.service.max_body_bytes}")
+        try:
+            data = self.rfile.read(length)
+        except (TimeoutError, OSError):
+            self.close_connection = True
+            raise _Refused(408, "the request body did not arrive in time") from None
+        try:
+            body = json.loads(data or b"{}")
+        except ValueError as err:
+            raise _Refused(400, f"request body is not JSON: {err}") from None
+        if not isinstance(body, dict):
+            raise _Refused(400, "request body: expected a JSON object")
+        return body
 
-        def do_POST(self) -> None:  # noqa: N802
-            self._route("POST")
+    def _load(self, path: Any) -> None:
+        root = self.service.root
+        if root is None:
+            raise _Refused(403, "loading is off: start the service with a load root (--load-root)")
+        if not isinstance(path, str):
+            raise _Refused(400, "path: expected a string")
+        folder = Path(path).resolve()
+        if folder != root and root not in folder.parents:
+            raise _Refused(403, "path: outside the folder this service may load from")
+        try:
+            with self.service.lock:
+                self.service.scorer.load(folder)
+        except Exception:  # noqa: BLE001 - the client learns that it failed, the log says why
+            log.exception("loading a reward model failed")
+            raise _Refused(400, "path: not a trained reward-model folder this service can load "
+                                "(a folder with a trained score head)") from None
 
-        def log_message(self, format: str, *args) -> None:  # one line per request is noise at this rate
-            log.debug(format, *args)
+    def _route(self, method: str) -> None:
+        service = self.service
+        try:
+            self._authorize()
+            route = self.path.rstrip("/")
+            if method == "GET" and route == "/health":
+                return self._reply(200, {"model": service.model_name(), "scored": service.scored})
+            if method == "POST" and route == "/score":
+                samples = check_pairs(self._body().get("samples"))
+                with service.lock:
+                    scores = service.scorer.score(samples)
+                    service.scored += len(samples)
+                return self._reply(200, {"scores": [float(s) for s in scores]})
+            if method == "POST" and route == "/load":
+                self._load(self._body().get("path"))
+                return self._reply(200, {"model": service.model_name()})
+            raise _Refused(404, f"no route {method} {self.path[:100]}")
+        except _Refused as err:
+            self._reply(err.status, {"error": str(err)})
+        except ValueError as err:  # a bad sample: check_pairs names index and field
+            self._reply(400, {"error": str(err)})
+        except ScoringError as err:
+            self._reply(400, {"error": str(err)})
+        except Exception:  # a broken model must answer, not hang the client; the details stay in the log
+            log.exception("scoring failed")
+            self._reply(500, {"error": "internal error while scoring (see the service's log)"})
 
-    return ThreadingHTTPServer((host, port), Handler)
+    def do_GET(self) -> None:  # noqa: N802 (http.server's naming)
+        self._route("GET")
+
+    def do_POST(self) -> None:  # noqa: N802
+        self._route("POST")
+
+    def log_message(self, format: str, *args) -> None:  # one line per request is noise at this rate
+        log.debug(format, *args)
