@@ -330,12 +330,14 @@ def replace_folder(new: Path, out: Path, keep_old_as: Path | None = None) -> Pat
 
 
 def check_output_folder(dest: str | os.PathLike, sources: Sequence[str | os.PathLike], what: str,
-                        previous: Callable[[Path], bool], setting: str = "") -> None:
+                        previous: Callable[[Path], bool], setting: str = "") -> Path:
     """Refuse, in one line before any work, an output folder that replacing would destroy
     something: one of ``sources`` itself, a folder inside one (or holding one), a file, or a
     folder that holds anything but a previous ``what`` (``previous(dest)`` says whether it is
     one: the same command's earlier output, which it may replace); or one another process is
-    making (:func:`hold_output`, held to the end of this process)."""
+    making (:func:`hold_output`, held to the end of this process). Returns the folder to write:
+    ``dest`` with its symbolic links followed, the folder that was checked and is held (a link
+    itself is never replaced by a folder of its own)."""
     name = f"{setting}: " if setting else ""
     if Path(dest).is_symlink() and not Path(dest).exists():  # else the copy is staged, then cannot be put there
         raise ConfigError(f"{name}{dest} is a symbolic link to {os.readlink(dest)}, which does not exist: give a folder")
@@ -357,6 +359,7 @@ def check_output_folder(dest: str | os.PathLike, sources: Sequence[str | os.Path
     if out.is_dir() and any(out.iterdir()) and not previous(out):  # (after the hold: what another writer left counts)
         raise ConfigError(f"{name}{dest} holds files that are not a previous {what}: it is not replaced "
                           "(remove it yourself, or choose an empty or new folder)")
+    return out
 
 
 @contextmanager

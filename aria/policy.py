@@ -423,7 +423,8 @@ def merge_lora(adapter_dir: Path, out_dir: Path, base: str | None = None, dtype:
         raise ConfigError(f"{where}: {named!r} is no model folder (give the adapter's base model folder with --base)")
     base_path = model_folder(named, where, adapter=False)  # a whole model: readable config, weights
     # Before the models load: the output may replace an earlier merge, never the adapter, the base, or other files.
-    check_output_folder(out_dir, [adapter_dir, base_path], "merged model", lambda out: (out / MERGE_FILE).is_file(), "OUT_DIR")
+    out_dir = check_output_folder(out_dir, [adapter_dir, base_path], "merged model", lambda out: (out / MERGE_FILE).is_file(),
+                                  "OUT_DIR")
     model = AutoModelForCausalLM.from_pretrained(base_path, dtype=getattr(torch, dtype))
     with peft_quietly():
         merged = PeftModel.from_pretrained(model, adapter_dir).merge_and_unload()

@@ -437,6 +437,13 @@ def test_a_copy_replaces_only_an_earlier_copy_of_the_same_run(tmp_path):
     assert done.returncode == 2 and done.stderr.strip() == (f"error: {tmp_path / 'dangling'} is a symbolic link to "
                                                             f"{tmp_path / 'nowhere'}, which does not exist: give a folder")
     assert not (tmp_path / "dangling.tmp").exists()
+    # a link to an earlier copy: the copy goes where the link leads (the folder checked and held);
+    # before, the link was moved aside to linked.old and a folder of its own put in its place
+    (tmp_path / "linked").symlink_to(tmp_path / "copy")
+    (run / "stage_times.json").write_text("{}")
+    copy_without_weights(run, tmp_path / "linked")
+    assert (tmp_path / "linked").is_symlink() and (tmp_path / "copy" / "stage_times.json").read_text() == "{}"
+    assert not (tmp_path / "linked.old").exists() and not (tmp_path / "copy.old").exists()
 
 
 def test_a_run_folder_copied_without_its_weights_reports_and_resumes_without_training_finished_arms(

@@ -119,9 +119,9 @@ def step1(games: Path, run_dir: Path):
 
 
 def test_pipeline_step_1_checks_a_collected_file_against_the_rules_it_was_played_under(played, tmp_path):
-    """Step 1 labelled a forged win as one (before, it read the file as it found it). A file this
-    code collected (its producer record beside it) is checked against the game's rules, with the
-    max_turns it was played under; an imported or hand-made file (no producer) keeps its outcomes."""
+    """Step 1 labelled a forged win as one (before, it read the file as it found it). A game this
+    code played (``source: collected``) is checked against the game's rules, with the max_turns of
+    its file's producer record; an imported game keeps the outcome its importer decided."""
     out, records = played
     last = records[1]["turns"][-1]
     forged = {**records[1], "turns": [*records[1]["turns"][:-1], {**last, "question": "Is it a kind of weather?"}]}
@@ -136,6 +136,9 @@ def test_pipeline_step_1_checks_a_collected_file_against_the_rules_it_was_played
     assert run_script(REPO / "scripts/collect_games.py", "game=twenty_questions_subset", "num_games=2", "progress=false",
                       "policy=scripted", "policy.epsilon=1.0", "game.max_turns=3", f"out={short}").returncode == 0
     assert step1(short, tmp_path / "int_short").returncode == 0
-    # without its producer record the file is read as it is (imported games keep their own outcomes)
+    # without its producer record the win rule still holds (only the length rule needs the record)
     out.with_name(out.name + ".producer.json").unlink()
+    assert "says success true, but its last question does not name" in one_line(step1(out, tmp_path / "int_bare"))
+    # an imported game keeps its importer's outcome (another dataset's oracle may judge a win otherwise)
+    rewrite(out, [records[0], {**forged, "source": "aria_msgs"}])
     assert step1(out, tmp_path / "int_imported").returncode == 0

@@ -118,7 +118,7 @@ def copy_without_weights(run_dir: Path, dest: Path) -> int:
     if not (run_dir / "experiment.json").is_file():
         raise ConfigError(f"{run_dir}: not an experiment's run folder (no experiment.json)")
     # Only an earlier copy of this same run may be replaced: never the run, another run, or a folder of other files.
-    check_output_folder(dest, [run_dir], "copy of this run", lambda out: is_copy_of(out, run_dir))
+    dest = check_output_folder(dest, [run_dir], "copy of this run", lambda out: is_copy_of(out, run_dir))
     with atomic_folder(dest) as tmp:
         shutil.copytree(run_dir, tmp, dirs_exist_ok=True, ignore=shutil.ignore_patterns(*WEIGHTS_AND_LOGS))
         (tmp / COPY_MARK).write_text(json.dumps({"copied_from": str(run_dir.resolve())}) + "\n", encoding="utf-8")

@@ -38,9 +38,10 @@ class GameFamily(Protocol):
     def collect(self, cfg: Mapping[str, Any]):
         """A collection from ``config/collect.yaml`` (``scripts/collect_games.py``) -> PlaySummary."""
 
-    def rules(self, game_cfg: Mapping[str, Any], producer: Mapping[str, Any]) -> Callable[[dict], str | None]:
-        """``problem(record)``: what in a finished game this code played (``producer``: the record
-        beside its file, :class:`~aria.trajectories.TrajectoryWriter`) breaks the game's rules, or None."""
+    def rules(self, game_cfg: Mapping[str, Any], producer: Mapping[str, Any] | None) -> Callable[[dict], str | None]:
+        """``problem(record)``: what in a finished game this code played (``source: collected``)
+        breaks the game's rules, or None; ``producer``: the record beside its file
+        (:class:`~aria.trajectories.TrajectoryWriter`), None where the file has none."""
 
     def games_in(self, game_cfg: Mapping[str, Any], section: Mapping[str, Any]) -> int:
         """Games a collection or evaluation section plays (per seat, in an evaluation)."""
@@ -111,7 +112,8 @@ class QuestionFamily:
         from aria.games.question.play import rule_problem
 
         game = build_game(game_cfg)
-        max_turns = (producer.get("game_settings") or {}).get("max_turns")  # as played (online.max_turns shortens it)
+        # as played (online.max_turns shortens it); without the file's producer record, not known
+        max_turns = ((producer or {}).get("game_settings") or {}).get("max_turns")
         return lambda record: rule_problem(game, record, max_turns if isinstance(max_turns, int) else None)
 
     def games_in(self, game_cfg, section):

@@ -175,23 +175,23 @@ def load_corpus(cfg: dict) -> tuple[Corpus, list[dict], list[Path]]:
 def _check_records(cfg: dict, records: list[dict], sources: Mapping[str, tuple[Any, int]]) -> None:
     """Before three steps of work, each finished game named at its file and line where: a trained
     step's prompt cannot be rendered (step 4 renders them; a two-player game's system prompt
-    missing from ``meta``), or, in a file this code collected (its producer record beside it), the
-    game breaks the rules it was played under (a ``success: true`` whose last question names no
-    target would be labelled a win). Imported games keep the outcome their importer decided."""
+    missing from ``meta``), or a game this code played (``source: collected``) breaks the rules it
+    was played under (a ``success: true`` whose last question names no target would be labelled a
+    win; the length rule with the ``max_turns`` of the file's producer record, where it has one).
+    Imported games keep the outcome their importer decided."""
     family = family_of(cfg["game"])
     render = family.observation_renderer(cfg["game"])
     trained = set(game_spec(cfg).trained)
-    rules: dict[Path, Callable[[dict], str | None] | None] = {}
+    rules: dict[Path, Callable[[dict], str | None]] = {}
     for record in records:
         if record.get("status") == "failed":
             continue
         path, line = sources[record["game_id"]]
         if path not in rules:
-            producer = _producer_of(Path(path))
-            rules[path] = family.rules(cfg["game"], producer) if producer is not None else None
-        if rules[path] is not None and (problem := rules[path](record)):
+            rules[path] = family.rules(cfg["game"], _producer_of(Path(path)))
+        if record.get("source") == "collected" and (problem := rules[path](record)):
             raise DataError(path, line, None, f"game {record['game_id']!r} {problem} (the file's games are "
-                                                 "checked against the rules they were collected under)")
+                                                 "checked against the rules they were played under)")
         with located(path, line):
             for i, turn in enumerate(record["turns"]):
                 if "players" not in record or turn["role"] in trained:

@@ -91,16 +91,16 @@ class QuestionGames:
         last turn only and then, each turn's reward as the rules pay it, and over (won, or out of turns)."""
         if record["game"] != self.game.name or record["target"] != target.name:
             return f"is a game of {record['game']} with target {record['target']!r}, not this run's {target.name!r}"
-        return rule_problem(self.game, record)
+        return rule_problem(self.game, record, self.game.max_turns)
 
     def describe(self, counts: Counter, finished: int) -> str:
         return f"success {counts['successes']}/{finished} this run"
 
 
-def rule_problem(game: QuestionGame, record: dict, max_turns: int | None = None) -> str | None:
+def rule_problem(game: QuestionGame, record: dict, max_turns: int | None) -> str | None:
     """What in a finished record breaks ``game``'s rules (None if nothing): won on its last turn
     only and then, each turn's reward as the rules pay it, and over (won, or out of the
-    ``max_turns`` it was played with: the game's own when not given)."""
+    ``max_turns`` it was played with; None: not known, that rule is not checked)."""
     won = [game.is_win(t.get("question"), record["target"]) for t in record["turns"]]
     if any(won[:-1]):
         return f"is won on turn {won.index(True) + 1} of {len(won)}: a won game ends there"
@@ -110,8 +110,7 @@ def rule_problem(game: QuestionGame, record: dict, max_turns: int | None = None)
     for i, (turn, w) in enumerate(zip(record["turns"], won)):
         if turn["reward"] != game.turn_reward(w):
             return f"has reward {turn['reward']} on turn {i + 1}, where the rules pay {game.turn_reward(w)}"
-    max_turns = game.max_turns if max_turns is None else max_turns
-    if not record["success"] and len(won) != max_turns:
+    if max_turns is not None and not record["success"] and len(won) != max_turns:
         return f"is lost after {len(won)} turns, but a game ends lost only after {max_turns}"
     return None
 
