@@ -246,7 +246,8 @@ def test_a_step_1_stopped_under_other_settings_is_not_taken_for_the_finished_one
 
 # ---- bad input -----------------------------------------------------------------------------------
 def _tq_record(gid: str, turns: list[dict], success: bool = False, status: str = "finished") -> dict:
-    return make_record(game_id=gid, game="twenty_questions", target="Cat", turns=turns, success=success, status=status)
+    return make_record(game_id=gid, game="twenty_questions", target="Cat", turns=turns, success=success, status=status,
+                       source="hand-made")
 
 
 def _turn(q: str, answer: str = "No.") -> dict:
@@ -500,7 +501,7 @@ def test_guess_my_city_answers_are_clustered_separately_or_pooled():
               "reward": -1.0},
              {"action": "Question: Is it Paris?", "question": "Is it Paris?", "observation": "Yes, you guessed it!",
               "reward": 0.0}]
-    record = make_record(game_id="g", game="guess_my_city", target="Paris", turns=turns, success=True)
+    record = make_record(game_id="g", game="guess_my_city", target="Paris", turns=turns, success=True, source="hand-made")
     separate = build_corpus([record], IntentionSpec.from_config(load_game_config("guess_my_city")["intention"]))
     assert separate.pools == {"questions": ["Question: Is it in Asia?", "Question: Is it Paris?"],
                               "answers": ["No, it is in Europe.", "Yes, you guessed it!"]}
@@ -521,7 +522,8 @@ def test_a_pool_with_few_distinct_texts_keeps_its_finest_labelling(tmp_path, tin
     for g in range(4):
         turns = [{"action": f"Question: Is it city number {g * 2 + i}?", "question": f"Is it city number {g * 2 + i}?",
                   "observation": answers[(g + i) % 3], "reward": -1.0} for i in range(2)]
-        records.append(make_record(game_id=f"g{g}", game="guess_my_city", target="Paris", turns=turns, success=g == 0))
+        records.append(make_record(game_id=f"g{g}", game="guess_my_city", target="Paris", turns=turns, success=g == 0,
+                                   source="hand-made"))
     games = tmp_path / "games.jsonl"
     write_trajectories(games, records)
     cfg = config("game=guess_my_city", f"input={games}", f"run_dir={tmp_path / 'run'}",
@@ -830,7 +832,8 @@ def _behaviour_run(tmp_path) -> dict:
         return {"action": action, "observation": answer, "reward": -1.0, "embedding": vectors[action]}
 
     def record(gid, target, turns, success):
-        return make_record(game_id=gid, game="twenty_questions_subset", target=target, turns=turns, success=success)
+        return make_record(game_id=gid, game="twenty_questions_subset", target=target, turns=turns, success=success,
+                           source="hand-made")  # a made-up game: not played by the rules (aria.intention.pipeline._check_records)
 
     games = tmp_path / "games.jsonl"
     write_trajectories(games, [
