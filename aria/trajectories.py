@@ -114,6 +114,25 @@ def _record(game_id: str, game: str, target: str | None, seed: int | None, model
     return record
 
 
+def producer_path(games: str | os.PathLike) -> Path:
+    """Where :class:`TrajectoryWriter` keeps what made the games of the file ``games``."""
+    games = Path(games)
+    return games.with_name(games.name + ".producer.json")
+
+
+def read_producer(games: str | os.PathLike) -> dict | None:
+    """The producer record beside the games file ``games`` (:class:`TrajectoryWriter`), or None
+    where there is none (a file imported, or written before the record existed)."""
+    beside = producer_path(games)
+    if not beside.is_file():
+        return None
+    record = read_json(beside)
+    if not isinstance(record, dict) or not isinstance(record.get("producer"), dict):
+        raise DataError(beside, None, "producer", "expected an object {\"file\": ..., \"producer\": "
+                        "{...}} (what made the games beside it); remove it only if those games are yours")
+    return record["producer"]
+
+
 def validate_record(record: Any, path: str | os.PathLike | None = None, line: int | None = None,
                     widths: VectorWidth | None = None) -> dict:
     """Check one record against schema v1; raise :class:`DataError` at the first problem.
@@ -303,7 +322,7 @@ class TrajectoryWriter:
 
     @property
     def producer_path(self) -> Path:
-        return self.path.with_name(self.path.name + ".producer.json")
+        return producer_path(self.path)
 
     def _has_games(self) -> bool:
         return self.path.exists() and bool(self.path.read_bytes().strip())
@@ -311,13 +330,7 @@ class TrajectoryWriter:
     def _check_producer(self) -> None:
         if self.producer is None or not self._has_games():
             return
-        recorded = None
-        if self.producer_path.is_file():
-            record = read_json(self.producer_path)
-            if not isinstance(record, dict) or not isinstance(record.get("producer"), dict):
-                raise DataError(self.producer_path, None, "producer", "expected an object {\"file\": ..., \"producer\": "
-                                "{...}} (what made the games beside it); remove it only if those games are yours")
-            recorded = record["producer"]
+        recorded = read_producer(self.path)
         if recorded == self.producer:
             return
         if self.force_new:

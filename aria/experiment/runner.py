@@ -63,7 +63,7 @@ from aria.resources import check_overrides, compose_config, config_dir
 from aria.secrets import redact
 from aria.settings import ExperimentSettings, validated
 from aria.trainers.methods import METHODS, trainer_for
-from aria.trajectories import describe, read_trajectories
+from aria.trajectories import describe, read_producer, read_trajectories
 
 # torch, the trainers and the model loaders (3-5 s to import on 2 cores, `python -X importtime`) are
 # imported in the stages that train, merge or measure: a bad setting is refused in about a second.
@@ -225,11 +225,7 @@ def evaluation_done(cfg: dict, out: Path, policy: dict) -> bool:
 def games_done(path: Path, num_games: int, producer: dict) -> bool:
     """Whether ``path`` holds ``num_games`` finished games made under exactly ``producer``'s
     settings (a family's ``collection_producer``); games of other settings are played again, never counted."""
-
-    producer_path = path.with_name(path.name + ".producer.json")
-    if not path.is_file() or not producer_path.is_file():
-        return False
-    if read_json(producer_path)["producer"] != producer:
+    if not path.is_file() or read_producer(path) != producer:
         return False
     return sum(r.get("status") != "failed" for r in read_trajectories(path, allow_partial_last_line=True)) >= num_games
 

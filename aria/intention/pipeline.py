@@ -44,7 +44,7 @@ from aria.intention.select import SELECTORS, ClusterQuality, choose_k, split_sco
 from aria.io import (ConfigError, DataError, atomic_write_bytes, atomic_write_json, atomic_write_json_rows, atomic_write_jsonl, file_digest,
                      differences, iter_jsonl, json_digest, located, read_json, writer_of)
 from aria.settings import IntentionSettings, validated
-from aria.trajectories import VectorWidth, iter_trajectories
+from aria.trajectories import VectorWidth, iter_trajectories, read_producer
 
 log = logging.getLogger(__name__)
 Printer = Callable[[str], None]
@@ -188,7 +188,7 @@ def _check_records(cfg: dict, records: list[dict], sources: Mapping[str, tuple[A
             continue
         path, line = sources[record["game_id"]]
         if path not in rules:
-            rules[path] = family.rules(cfg["game"], _producer_of(Path(path)))
+            rules[path] = family.rules(cfg["game"], read_producer(path))
         if record.get("source") == "collected" and (problem := rules[path](record)):
             raise DataError(path, line, None, f"game {record['game_id']!r} {problem} (the file's games are "
                                                  "checked against the rules they were played under)")
@@ -196,18 +196,6 @@ def _check_records(cfg: dict, records: list[dict], sources: Mapping[str, tuple[A
             for i, turn in enumerate(record["turns"]):
                 if "players" not in record or turn["role"] in trained:
                     render(record, i)
-
-
-def _producer_of(path: Path) -> dict | None:
-    """The producer record :class:`~aria.trajectories.TrajectoryWriter` keeps beside a collected
-    file, or None (an imported or hand-made file has none)."""
-    beside = path.with_name(path.name + ".producer.json")
-    if not beside.is_file():
-        return None
-    found = read_json(beside)
-    if not isinstance(found, dict) or not isinstance(found.get("producer"), dict):
-        raise DataError(beside, None, "producer", "expected an object {\"file\": ..., \"producer\": {...}}")
-    return found["producer"]
 
 
 def _save_npz(path: Path, arrays: dict[str, np.ndarray]) -> None:
