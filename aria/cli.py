@@ -249,7 +249,7 @@ def run_step(step: Callable[[dict, Callable[[str], None]], Any], cfg) -> None:
     what was kept (the embedding cache and the k sweep save as they go) and exits 130."""
     from aria.games.family import checked_game
     from aria.io import DataError, hold_folder
-    from aria.settings import load
+    from aria.resources import load
 
     try:
         with command(kept=lambda: f"the saved progress in {cfg.run_dir}"):

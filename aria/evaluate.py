@@ -96,7 +96,7 @@ def evaluate_model(cfg: Mapping[str, Any]) -> tuple[Path, dict]:
     from aria.games.family import checked_game, family_of
     from aria.llm.endpoint import check_server
     from aria.llm.registry import build_policy, reply_tokens_key
-    from aria.settings import load
+    from aria.resources import load
 
     cfg = load("eval", cfg)
     p = cfg["policy"]

@@ -9,6 +9,11 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any, Mapping
+
+from aria.intention.settings import IntentionSettings
+from aria.settings import (CollectSettings, CriticTrainerSettings, EvalSettings, ExperimentSettings, OnlineTrainerSettings,
+                           RewardModelTrainerSettings, TrainerSettings, validated)
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
@@ -44,6 +49,25 @@ def dataset_file(name: str | os.PathLike) -> Path:
     return dataset_dir() / path
 
 
+#: The schema of each config in config/, by its name there.
+SCHEMAS: dict[str, type] = {
+    "reinforce_llm": TrainerSettings,
+    "reward_model": RewardModelTrainerSettings,
+    "onlinereinforce_llm": OnlineTrainerSettings,
+    "experiment": ExperimentSettings,
+    "collect": CollectSettings,
+    "intention": IntentionSettings,
+    "eval": EvalSettings,
+    "critic": CriticTrainerSettings,
+}
+
+
+def load(name: str, cfg: Mapping | Any) -> dict:
+    """The config of ``config/<name>.yaml`` (a Hydra config or a dict), checked (:func:`validated`)."""
+    return validated(SCHEMAS[name], cfg, name)
+
+
+
 #: Composed configs of this process, by where they were composed from, name, overrides, the state
 #: of the YAML files and the environment (see compose_config).
 _composed: dict[tuple, dict] = {}
@@ -69,8 +93,6 @@ def compose_config(name: str, overrides: list[str]) -> dict:
 
     from hydra import compose, initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
-
-    from aria.settings import load
 
     in_app = GlobalHydra.instance().is_initialized()
     if in_app:

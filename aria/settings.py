@@ -1,11 +1,15 @@
-"""Typed settings: the shape of every config a command reads, checked once where the config enters.
+"""Typed settings: how a config is checked once where it enters, and the schemas not yet moved
+next to the code that reads them.
 
 Each command's config (a Hydra composition of ``config/<name>.yaml``, or a dict a caller builds)
-goes through :func:`validated` with its schema before any work: a key the schema does not know, a
-value of the wrong type, a value outside the range its field declares (:func:`bounded`) or a
-mandatory value left as ``???`` is one :class:`~aria.io.ConfigError` naming the setting, and what
-comes back is a plain dict whose values have the declared types (``1`` becomes ``1.0`` for a
-float, ``"3"`` becomes ``3`` for an int).
+is checked against its schema before any work: a key the schema does not know, a value of the
+wrong type, a value outside the range its field declares (:func:`bounded`) or a mandatory value
+left as ``???`` is one :class:`~aria.io.ConfigError` naming the setting. :func:`typed` gives back
+an instance of the schema, read as attributes (``cfg.aggregation.gamma``) by the code that owns
+it; :func:`validated` a plain dict with the declared types, for the commands still read by key
+(``1`` becomes ``1.0`` for a float, ``"3"`` becomes ``3`` for an int). A schema lives beside the
+code that reads it (:mod:`aria.intention.settings`); ``aria.resources.SCHEMAS`` names each
+config's.
 
 Where the defaults live: the YAML files hold every value and its explanation, so a field that
 the YAML always sets is ``MISSING`` here (no second default to drift from the first). A field
@@ -505,62 +509,6 @@ class CollectSettings:
 
 
 @dataclass
-class EmbeddingSettings:
-    use_precomputed: bool = MISSING
-    save_every: int = bounded(ge=1)
-
-
-@dataclass
-class ClusteringSettings:
-    method: str = MISSING
-    weight: str = MISSING
-    k_min: int = bounded(ge=1)
-    k_max: int = bounded(ge=1)
-    pca_dim: Optional[int] = bounded(ge=1)
-    max_iter: int = bounded(ge=1)
-    seeding: str = bounded(one_of=("shared", "per_k"))
-    tol: float = bounded(ge=0)
-    max_hierarchical_points: int = bounded(ge=2)
-
-
-@dataclass
-class AggregationSettings:
-    gamma: float = bounded(gt=0, le=1, why="the discount of R_t = gamma^(T-t) R: 0 would erase every step but the last")
-    discount: str = MISSING
-    mode: str = MISSING
-    n_rollout: int = bounded(ge=1)
-    include_first_action: bool = MISSING
-    window: Optional[int] = bounded(ge=0, why="null: the whole history")  # null: the whole history (the paper); m: the last m turns (ours)
-
-
-@dataclass
-class SelectionSettings:
-    criterion: str = MISSING
-    epsilon: float = bounded(ge=0)
-    tau: int = bounded(ge=0)
-    fixed_k: Any = MISSING  # null, an int, or {pool: int}: checked by aria.intention.pipeline (no union type here)
-    keys: str = bounded(one_of=("aggregation", "whole_history"), default="aggregation")  # the keys SplitScore's R~ is aggregated under
-    silhouette_sample: int = bounded(ge=2)
-
-
-@dataclass
-class IntentionSettings:
-    """config/intention.yaml: the labelling pipeline, steps 1-4."""
-    game: Any = MISSING
-    embedder: Any = MISSING
-    input: Any = MISSING  # a glob, a file, or a list of them
-    run_dir: str = MISSING
-    train_out: Optional[str] = MISSING
-    seed: int = bounded(ge=0)
-    labels: str = MISSING  # clusters | behavioural (aria/intention/pipeline.py LABELS)
-    behaviour: str = MISSING  # auto | required | never (aria/intention/pipeline.py BEHAVIOUR)
-    embedding: EmbeddingSettings = field(default_factory=EmbeddingSettings)
-    clustering: ClusteringSettings = field(default_factory=ClusteringSettings)
-    aggregation: AggregationSettings = field(default_factory=AggregationSettings)
-    selection: SelectionSettings = field(default_factory=SelectionSettings)
-
-
-@dataclass
 class TwoPlayerEvalSettings:
     config_set: str = MISSING
     games_per_config: int = bounded(ge=1, le=MAX_GAMES)
@@ -646,28 +594,21 @@ class TwoPlayerGameSettings:
     intention: GameIntentionSettings = field(default_factory=GameIntentionSettings)
 
 
-#: The schema of each config in config/, by its name there.
-SCHEMAS: dict[str, type] = {
-    "reinforce_llm": TrainerSettings,
-    "reward_model": RewardModelTrainerSettings,
-    "onlinereinforce_llm": OnlineTrainerSettings,
-    "experiment": ExperimentSettings,
-    "collect": CollectSettings,
-    "intention": IntentionSettings,
-    "eval": EvalSettings,
-    "critic": CriticTrainerSettings,
-}
-
-
-def load(name: str, cfg: Mapping | Any) -> dict:
-    """The config of ``config/<name>.yaml`` (a Hydra config or a dict), checked (:func:`validated`)."""
-    return validated(SCHEMAS[name], cfg, name)
-
-
 def validated(schema: type, cfg: Mapping | Any, where: str = "") -> dict:
-    """``cfg`` (a dict or an OmegaConf config, interpolations resolved or not) checked against
-    ``schema``, as a plain dict with the declared types; a problem is one :class:`ConfigError`
-    naming the setting (and ``where`` the settings came from, when given)."""
+    """``cfg`` (a dict, an OmegaConf config or a ``schema`` instance, interpolations resolved or
+    not) checked against ``schema``, as a plain dict with the declared types; a problem is one
+    :class:`ConfigError` naming the setting (and ``where`` the settings came from, when given)."""
+    return OmegaConf.to_container(_checked(schema, cfg, where), resolve=True)
+
+
+def typed(schema: type, cfg: Mapping | Any, where: str = ""):
+    """``cfg`` checked as :func:`validated` checks it, as an instance of ``schema`` (its sections
+    instances of theirs; a field typed ``Any`` keeps a plain dict or list): what the code that owns
+    a schema reads as attributes."""
+    return OmegaConf.to_object(_checked(schema, cfg, where))
+
+
+def _checked(schema: type, cfg: Mapping | Any, where: str):
     try:
         merged = OmegaConf.merge(OmegaConf.structured(schema), cfg)
         values = OmegaConf.to_container(merged, resolve=True, throw_on_missing=True)
@@ -675,7 +616,7 @@ def validated(schema: type, cfg: Mapping | Any, where: str = "") -> dict:
         raise ConfigError(_one_line(err, where)) from None
     if problem := _check_bounds(schema, values):
         raise ConfigError(f"{where + ': ' if where else ''}{problem}")
-    return values
+    return merged
 
 
 def resolved(cfg: Any) -> dict:

@@ -13,7 +13,7 @@ import hydra
 
 from aria.cli import check_command_line, command, protect_terminal
 from aria.io import atomic_write_json, check_output_file
-from aria.settings import load
+from aria.resources import load
 from aria.trainers.grad_variance import gradient_variance
 
 

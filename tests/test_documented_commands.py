@@ -83,7 +83,8 @@ def test_every_documented_hydra_command_composes_under_its_schema(command):
     a key the config does not have, or a value out of its bounds, fails here."""
     from hydra import compose, initialize_config_dir
 
-    from aria.settings import SCHEMAS, validated
+    from aria.resources import SCHEMAS
+    from aria.settings import validated
 
     name = hydra_config_name(command)
     with initialize_config_dir(config_dir=str(REPO / "config"), version_base="1.3"):

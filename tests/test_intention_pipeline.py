@@ -923,8 +923,10 @@ def test_behavioural_labels_need_an_offline_oracle(tmp_path, negotiation_traject
     cfg = config("game=negotiation", f"input={negotiation_trajectories}", f"run_dir={tmp_path}", "labels=behavioural")
     with pytest.raises(ValueError, match="no offline oracle"):
         pipeline.step1_embed_and_cluster(cfg, lambda s: None)
-    with pytest.raises(ValueError, match="labels: 'exact' is not one of"):
-        pipeline.check_labels(dict(cfg, labels="exact"))
+    with pytest.raises(ValueError, match=re.escape("intention: labels: expected one of clusters, behavioural, got 'exact'")):
+        pipeline.check_settings(dict(cfg, labels="exact"))
+    with pytest.raises(ValueError, match=re.escape("behaviour: expected one of auto, required, never, got 'always'")):
+        pipeline.check_settings(dict(cfg, behaviour="always"))
 
 
 def test_grouping_schemes_side_by_side(tmp_path, tiny_model_dir):

@@ -13,8 +13,8 @@ from typing import List, Optional
 import pytest
 
 from aria.io import ConfigError
-from aria.resources import check_overrides, compose_config, config_dir
-from aria.settings import SCHEMAS, TrainerSettings, bounded, validated
+from aria.resources import SCHEMAS, check_overrides, compose_config, config_dir
+from aria.settings import TrainerSettings, bounded, validated
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any, Callable, Mapping, Protocol
 
 from aria.io import ConfigError
-from aria.settings import QuestionGameSettings, TwoPlayerGameSettings, validated
+from aria.settings import CollectSettings, QuestionGameSettings, TwoPlayerGameSettings, validated
 
 Printer = Callable[[str], None]
 
@@ -392,8 +392,6 @@ def collect_from_config(cfg: Mapping[str, Any]):
     """A collection from ``config/collect.yaml`` (``scripts/collect_games.py``): the settings are
     checked before any model loads, then the game's family plays (question games against the
     oracle; two-player games with ``opponent`` in the other seat) -> PlaySummary."""
-    from aria.settings import load
-
-    cfg = load("collect", cfg)
+    cfg = validated(CollectSettings, cfg, "collect")
     cfg["game"] = checked_game(cfg["game"])
     return family_of(cfg["game"]).collect(cfg)

@@ -29,7 +29,7 @@ import json
 import logging
 import time
 import zipfile
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
@@ -41,9 +41,10 @@ from aria.intention.cluster import CLUSTERINGS, cluster_all_k, distinct_points, 
 from aria.intention.corpus import Corpus, IntentionSpec, build_corpus
 from aria.intention.embed import EmbeddingCache, build_embedder, check_embedder, embedder_key, embedder_name, text_digest
 from aria.intention.select import SELECTORS, ClusterQuality, choose_k, split_scores
+from aria.intention.settings import LABELS, AggregationSettings, ClusteringSettings, IntentionSettings, SelectionSettings
 from aria.io import (ConfigError, DataError, atomic_write_bytes, atomic_write_json, atomic_write_json_rows, atomic_write_jsonl, file_digest,
                      differences, iter_jsonl, json_digest, located, read_json, writer_of)
-from aria.settings import IntentionSettings, validated
+from aria.settings import typed
 from aria.trajectories import VectorWidth, iter_trajectories, read_producer
 
 log = logging.getLogger(__name__)
@@ -154,33 +155,33 @@ def _up_to_date(out_path: Path, meta_path: Path, fingerprint: str, digest_key: s
     return meta is not None and meta.get(digest_key) == file_digest([out_path])
 
 
-def game_spec(cfg: dict) -> IntentionSpec:
-    return IntentionSpec.from_config(cfg["game"].get("intention"), cfg["game"]["name"])
+def game_spec(cfg: IntentionSettings) -> IntentionSpec:
+    return IntentionSpec.from_config(cfg.game.get("intention"), cfg.game["name"])
 
 
-def load_corpus(cfg: dict) -> tuple[Corpus, list[dict], list[Path]]:
-    files = input_files(cfg["input"])
-    records, sources = read_inputs(files, cfg["game"]["name"])
-    agg = cfg["aggregation"]
+def load_corpus(cfg: IntentionSettings) -> tuple[Corpus, list[dict], list[Path]]:
+    files = input_files(cfg.input)
+    records, sources = read_inputs(files, cfg.game["name"])
+    agg = cfg.aggregation
     # The release's adv mode averages undiscounted rewards (reward_utils.py appends the raw reward
     # unless value_type == 'q'), so its discount convention for adv is gamma = 1.
-    gamma = 1.0 if agg["discount"] == "original" and agg["mode"] == "adv" else agg["gamma"]
-    corpus = build_corpus(records, game_spec(cfg), gamma=gamma, use_precomputed=cfg["embedding"]["use_precomputed"],
-                          discount=agg["discount"], sources=sources)
+    gamma = 1.0 if agg.discount == "original" and agg.mode == "adv" else agg.gamma
+    corpus = build_corpus(records, game_spec(cfg), gamma=gamma, use_precomputed=cfg.embedding.use_precomputed,
+                          discount=agg.discount, sources=sources)
     if corpus.table.num_steps == 0:
         raise DataError(files[0], None, None, "no agent steps to aggregate (every game empty or failed)")
     return corpus, records, files
 
 
-def _check_records(cfg: dict, records: list[dict], sources: Mapping[str, tuple[Any, int]]) -> None:
+def _check_records(cfg: IntentionSettings, records: list[dict], sources: Mapping[str, tuple[Any, int]]) -> None:
     """Before three steps of work, each finished game named at its file and line where: a trained
     step's prompt cannot be rendered (step 4 renders them; a two-player game's system prompt
     missing from ``meta``), or a game this code played (``source: collected``) breaks the rules it
     was played under (a ``success: true`` whose last question names no target would be labelled a
     win; the length rule with the ``max_turns`` of the file's producer record, where it has one).
     Imported games keep the outcome their importer decided."""
-    family = family_of(cfg["game"])
-    render = family.observation_renderer(cfg["game"])
+    family = family_of(cfg.game)
+    render = family.observation_renderer(cfg.game)
     trained = set(game_spec(cfg).trained)
     rules: dict[Path, Callable[[dict], str | None]] = {}
     for record in records:
@@ -188,7 +189,7 @@ def _check_records(cfg: dict, records: list[dict], sources: Mapping[str, tuple[A
             continue
         path, line = sources[record["game_id"]]
         if path not in rules:
-            rules[path] = family.rules(cfg["game"], read_producer(path))
+            rules[path] = family.rules(cfg.game, read_producer(path))
         if record.get("source") == "collected" and (problem := rules[path](record)):
             raise DataError(path, line, None, f"game {record['game_id']!r} {problem} (the file's games are "
                                                  "checked against the rules they were played under)")
@@ -222,29 +223,26 @@ def _load_npz(path: Path, step: int) -> dict[str, np.ndarray]:
 
 
 # ---- step 1: preprocess -> embed -> cluster every k -------------------------------------
-#: How the texts of a pool are weighted when clustered (``clustering.weight``).
-WEIGHTS = ("occurrences", "distinct")
-
-
-def check_settings(cfg: dict) -> dict:
-    """The labelling's settings checked, in one line naming the setting before any step reads or
-    embeds anything: their types and ranges (:mod:`aria.settings`; a dict a caller built is
-    checked as a composed config is, and comes back typed), then what they name from a registry
-    or from each other. Every step starts here."""
-    cfg = {**validated(IntentionSettings, cfg, "intention"), "game": cfg["game"]}  # the game as its family checked it
-    check_clustering(cfg["clustering"])
+def check_settings(cfg: Mapping | IntentionSettings) -> IntentionSettings:
+    """The labelling's settings (a composed config, a dict a caller built, or settings already
+    checked) checked in one line naming the setting before any step reads or embeds anything: their
+    types and ranges (:mod:`aria.intention.settings`), then what they name from a registry or from
+    each other. Every step and every reader of a labelled run starts here."""
+    game = cfg.game if isinstance(cfg, IntentionSettings) else cfg["game"]
+    cfg = replace(typed(IntentionSettings, cfg, "intention"), game=game)  # the game as its family checked it
+    check_clustering(cfg.clustering)
     check_labels(cfg)
     check_selection(cfg)
-    agg = cfg["aggregation"]
-    if agg["discount"] not in DISCOUNTS:
-        raise ConfigError(f"aggregation.discount: unknown {agg['discount']!r} (known: {', '.join(DISCOUNTS)})")
-    if agg["mode"] not in AGGREGATION_MODES:
-        raise ConfigError(f"aggregation.mode: unknown {agg['mode']!r} (known: {', '.join(AGGREGATION_MODES)})")
-    check_embedder(cfg["embedder"])
+    agg = cfg.aggregation
+    if agg.discount not in DISCOUNTS:
+        raise ConfigError(f"aggregation.discount: unknown {agg.discount!r} (known: {', '.join(DISCOUNTS)})")
+    if agg.mode not in AGGREGATION_MODES:
+        raise ConfigError(f"aggregation.mode: unknown {agg.mode!r} (known: {', '.join(AGGREGATION_MODES)})")
+    check_embedder(cfg.embedder)
     return cfg
 
 
-def check_overrides_of(game: str, overrides: list[str], setting: str) -> dict:
+def check_overrides_of(game: str, overrides: list[str], setting: str) -> IntentionSettings:
     """The labelling another command runs for ``game`` under ``overrides`` (the experiment's
     ``intention_overrides``, the online trainer's), composed and checked as :func:`check_settings`
     checks a step's, a problem one line naming ``setting``: before any training, not at the
@@ -258,29 +256,26 @@ def check_overrides_of(game: str, overrides: list[str], setting: str) -> dict:
         raise ConfigError(f"{setting}: {str(err).removeprefix('intention: ')}") from None
 
 
-def check_clustering(clustering: dict) -> None:
+def check_clustering(clustering: ClusteringSettings) -> None:
     """Reject a bad clustering section in one line, before anything is read or embedded (its
-    ranges were checked with its types, :mod:`aria.settings`)."""
-    if clustering["method"] not in CLUSTERINGS:
-        raise ValueError(f"clustering.method: unknown {clustering['method']!r} (known: {sorted(CLUSTERINGS)})")
-    if clustering["k_max"] < clustering["k_min"]:
-        raise ValueError(f"clustering.k_max: expected an integer >= clustering.k_min ({clustering['k_min']}), "
-                         f"got {clustering['k_max']}")
-    if clustering["weight"] not in WEIGHTS:
-        raise ValueError(f"clustering.weight: {clustering['weight']!r} is not one of {WEIGHTS}")
+    ranges were checked with its types, :mod:`aria.intention.settings`)."""
+    if clustering.method not in CLUSTERINGS:
+        raise ValueError(f"clustering.method: unknown {clustering.method!r} (known: {sorted(CLUSTERINGS)})")
+    if clustering.k_max < clustering.k_min:
+        raise ValueError(f"clustering.k_max: expected an integer >= clustering.k_min ({clustering.k_min}), "
+                         f"got {clustering.k_max}")
 
 
-def _step1_settings(cfg: dict, corpus: Corpus, files: list[Path]) -> dict:
+def _step1_settings(cfg: IntentionSettings, corpus: Corpus, files: list[Path]) -> dict:
     """What step 1's outputs are made from (their fingerprint is its digest)."""
     return {"version": PIPELINE_VERSION, "input": file_digest(files), "pools": {p: text_digest(t) for p, t in corpus.pools.items()},
-            "embedder": cfg["embedder"], "use_precomputed": cfg["embedding"]["use_precomputed"],
-            "clustering": cfg["clustering"], "seed": cfg["seed"]}
+            "embedder": cfg.embedder, "use_precomputed": cfg.embedding.use_precomputed,
+            "clustering": asdict(cfg.clustering), "seed": cfg.seed}
 
 
-def step1_embed_and_cluster(cfg: dict, echo: Printer = print) -> dict:
+def step1_embed_and_cluster(cfg: Mapping | IntentionSettings, echo: Printer = print) -> dict:
     cfg = check_settings(cfg)
-    run_dir = Path(cfg["run_dir"])
-    clustering = cfg["clustering"]
+    run_dir = Path(cfg.run_dir)
     corpus, records, files = load_corpus(cfg)
     # here only: the later steps refuse trajectories other than those step 1 read
     _check_records(cfg, records, corpus.sources)
@@ -304,7 +299,7 @@ def step1_embed_and_cluster(cfg: dict, echo: Printer = print) -> dict:
                             "fingerprint": np.array(fingerprint)})
     (run_dir / "labels.partial.npz").unlink(missing_ok=True)
     summary = {
-        "fingerprint": fingerprint, "game": cfg["game"]["name"], "inputs": [str(f) for f in files],
+        "fingerprint": fingerprint, "game": cfg.game["name"], "inputs": [str(f) for f in files],
         "input_digest": settings["input"], "pool_digests": settings["pools"],
         "num_games": len(corpus.game_ids), "num_steps": int(corpus.table.num_steps),
         "num_utterances": int(len(corpus.table.utterance_game)),
@@ -312,10 +307,10 @@ def step1_embed_and_cluster(cfg: dict, echo: Printer = print) -> dict:
         "pools": {p: {"texts": t, "embedding": sources[p], "dim": int(embeddings[p].shape[1]),
                       "distinct_vectors": distinct[p], "occurrences": int(corpus.text_counts(p).sum()),
                       "clustering": info[p]} for p, t in corpus.pools.items()},
-        "ks": ks, "clustering": clustering,
+        "ks": ks, "clustering": asdict(cfg.clustering),
         # what a tool reading this run later rebuilds its config from (aria.experiment.grouping.run_config):
         # the game as it ran (targets, trained roles), not the game's defaults
-        "made_under": {"game": cfg["game"], "embedding": cfg["embedding"], "behaviour": cfg["behaviour"]},
+        "made_under": {"game": cfg.game, "embedding": asdict(cfg.embedding), "behaviour": cfg.behaviour},
     }
     atomic_write_json(summary_path, summary)
     behavioural_labels(cfg, corpus, echo)
@@ -327,7 +322,7 @@ def step1_embed_and_cluster(cfg: dict, echo: Printer = print) -> dict:
     return summary
 
 
-def _embed_pools(cfg: dict, corpus: Corpus, run_dir: Path, echo: Printer) -> tuple[dict[str, np.ndarray], dict[str, str]]:
+def _embed_pools(cfg: IntentionSettings, corpus: Corpus, run_dir: Path, echo: Printer) -> tuple[dict[str, np.ndarray], dict[str, str]]:
     """Every pool's vectors, and where they came from: each distinct text embedded once (the model
     loaded only if a text is not in the run's cache), or the trajectories' own precomputed vectors."""
     embeddings: dict[str, np.ndarray] = {}
@@ -337,7 +332,7 @@ def _embed_pools(cfg: dict, corpus: Corpus, run_dir: Path, echo: Printer) -> tup
     def get_embedder():
         nonlocal embedder
         if embedder is None:
-            embedder = build_embedder(cfg["embedder"])
+            embedder = build_embedder(cfg.embedder)
         return embedder
 
     for pool, texts in corpus.pools.items():
@@ -345,10 +340,10 @@ def _embed_pools(cfg: dict, corpus: Corpus, run_dir: Path, echo: Printer) -> tup
             embeddings[pool] = corpus.precomputed[pool]
             sources[pool] = "precomputed (from the trajectories)"
             continue
-        name = embedder_name(cfg["embedder"])
-        cache = EmbeddingCache(run_dir / "embedding_cache", embedder_key(cfg["embedder"]))
+        name = embedder_name(cfg.embedder)
+        cache = EmbeddingCache(run_dir / "embedding_cache", embedder_key(cfg.embedder))
         start = time.perf_counter()
-        embeddings[pool], new = cache.embed(texts, get_embedder, batch_size=cfg["embedding"]["save_every"],
+        embeddings[pool], new = cache.embed(texts, get_embedder, batch_size=cfg.embedding.save_every,
                                             progress=lambda d, n: echo(f"[step 1] {pool}: embedded {d}/{n} new texts"))
         sources[pool] = name
         echo(f"[step 1] {pool}: {len(texts)} distinct texts, {new} newly embedded with {name} "
@@ -358,15 +353,15 @@ def _embed_pools(cfg: dict, corpus: Corpus, run_dir: Path, echo: Printer) -> tup
     return embeddings, sources
 
 
-def _cluster_pools(cfg: dict, corpus: Corpus, embeddings: dict[str, np.ndarray], partial_path: Path, fingerprint: str,
+def _cluster_pools(cfg: IntentionSettings, corpus: Corpus, embeddings: dict[str, np.ndarray], partial_path: Path, fingerprint: str,
                    echo: Printer) -> tuple[list[int], dict[str, np.ndarray], dict[str, int], dict[str, dict]]:
     """Every pool clustered for every k: the ks, each pool's labels (one row a k), its distinct
     vectors, and what its sweep did. Progress is kept in ``partial_path``. The range is clipped to
     the largest pool; a pool with fewer distinct vectors than k keeps its finest labelling (Guess
     My City's oracle answers are far fewer than its questions)."""
-    clustering = cfg["clustering"]
+    clustering = cfg.clustering
     distinct = {pool: distinct_points(x) for pool, x in embeddings.items()}
-    ks = k_range(clustering["k_min"], clustering["k_max"], max(distinct.values()))
+    ks = k_range(clustering.k_min, clustering.k_max, max(distinct.values()))
     try:
         partial = _load_npz(partial_path, 1) if partial_path.is_file() else {}
     except StaleInput:  # progress only: start the sweep again
@@ -375,8 +370,7 @@ def _cluster_pools(cfg: dict, corpus: Corpus, embeddings: dict[str, np.ndarray],
     if partial.get("fingerprint", np.array("")).item() != fingerprint:
         partial = {}
     labels: dict[str, np.ndarray] = {}
-    options = {k: v for k, v in clustering.items() if k not in ("method", "k_min", "k_max", "weight")}
-    by_occurrence = clustering["weight"] == "occurrences"
+    by_occurrence = clustering.weight == "occurrences"
     info: dict[str, dict] = {}  # what each pool's sweep did (k-means: the PCA's kept variance)
     for pool, x in embeddings.items():
         done = {int(k): partial[f"{pool}/{k}"] for k in ks if f"{pool}/{k}" in partial}
@@ -393,12 +387,12 @@ def _cluster_pools(cfg: dict, corpus: Corpus, embeddings: dict[str, np.ndarray],
         pool_ks = [k for k in ks if k <= distinct[pool]] or [1]
         weight = corpus.text_counts(pool) if by_occurrence else None
         info[pool] = {}
-        pool_labels = cluster_all_k(x, pool_ks, clustering["method"], seed=cfg["seed"], done=done, on_result=keep,
-                                    sample_weight=weight, info=info[pool], **options)
+        pool_labels = cluster_all_k(x, pool_ks, clustering.method, seed=cfg.seed, done=done, on_result=keep,
+                                    sample_weight=weight, info=info[pool], **clustering.sweep_options())
         labels[pool] = np.stack([pool_labels[min(i, len(pool_ks) - 1)] for i in range(len(ks))])
         projected = (f" on {info[pool]['pca_dim']} principal components ({info[pool]['pca_variance_kept']:.0%} of the "
                      f"variance)" if info[pool].get("pca_dim") else "")
-        echo(f"[step 1] {pool}: {clustering['method']}{projected} for k={pool_ks[0]}..{pool_ks[-1]} in {time.perf_counter() - start:.1f}s"
+        echo(f"[step 1] {pool}: {clustering.method}{projected} for k={pool_ks[0]}..{pool_ks[-1]} in {time.perf_counter() - start:.1f}s"
              + (f" (only {distinct[pool]} distinct vectors: larger k keep k={pool_ks[-1]})" if pool_ks[-1] < ks[-1] else "")
              + (f" ({len(done)} ks resumed)" if done else ""))
     return ks, labels, distinct, info
@@ -419,27 +413,18 @@ def _check_matrix(corpus: Corpus, pool: str, x: np.ndarray) -> None:
 
 
 # ---- behavioural intentions: the exact partition of a question game (docs/method.md §4) ----
-#: ``behaviour``: auto computes them wherever the game has an offline oracle, required refuses a game
-#: without one, never skips them.
-BEHAVIOUR = ("auto", "required", "never")
-#: ``labels``: what steps 3-4 aggregate with: step 1's clusters at the chosen k (the paper), or the
-#: behavioural partition (the ceiling any clustering can reach; question games with an offline oracle).
-LABELS = ("clusters", "behavioural")
 #: Part of behaviour.json's fingerprint: bump it when what a signature holds changes.
 BEHAVIOUR_VERSION = 1
 
 
-def check_labels(cfg: dict) -> None:
-    """Reject a bad ``labels`` / ``behaviour`` setting in one line, before anything is read, and
-    behavioural labels on a game that cannot have them."""
-    if cfg["behaviour"] not in BEHAVIOUR:
-        raise ValueError(f"behaviour: {cfg['behaviour']!r} is not one of {BEHAVIOUR}")
-    if cfg["labels"] not in LABELS:
-        raise ValueError(f"labels: {cfg['labels']!r} is not one of {LABELS}")
-    if cfg["labels"] == "behavioural" and cfg["behaviour"] == "never":
+def check_labels(cfg: IntentionSettings) -> None:
+    """Reject ``labels`` and ``behaviour`` settings that contradict each other or the game in one
+    line, before anything is read: behavioural labels without behavioural intentions, or on a game
+    that cannot have them (each one's own values are checked with its type)."""
+    if cfg.labels == "behavioural" and cfg.behaviour == "never":
         raise ValueError("labels: behavioural needs the behavioural intentions; set behaviour: auto (not never)")
-    if (cfg["labels"] == "behavioural" or cfg["behaviour"] == "required") and not has_offline_oracle(cfg["game"]):
-        raise ValueError(f"game {cfg['game']['name']}: no offline oracle (facts_file) to compute behavioural intentions "
+    if (cfg.labels == "behavioural" or cfg.behaviour == "required") and not has_offline_oracle(cfg.game):
+        raise ValueError(f"game {cfg.game['name']}: no offline oracle (facts_file) to compute behavioural intentions "
                          f"from; use labels: clusters and behaviour: auto")
 
 
@@ -448,23 +433,23 @@ def has_offline_oracle(game_cfg: dict) -> bool:
     return family_of(game_cfg).kind == "question" and bool(game_cfg.get("facts_file"))
 
 
-def behavioural_labels(cfg: dict, corpus: Corpus, echo: Printer = print) -> dict[str, np.ndarray] | None:
+def behavioural_labels(cfg: Mapping | IntentionSettings, corpus: Corpus, echo: Printer = print) -> dict[str, np.ndarray] | None:
     """One behavioural intention id per distinct text of every pool (:mod:`aria.intention.behaviour`),
     or None where they are not computed (``behaviour: never``, or ``auto`` on a game without an
     offline oracle). The pools of trained channels are partitioned by their answer signatures over
     every target; other pools (Guess My City's free-form answers) by their exact text, since the
     oracle's answer is a function of (question, target). Cached in ``run_dir/behaviour.json`` under a
     fingerprint of the pools' texts and the game, so the oracle answers each text once."""
-    check_labels(cfg)
-    game_cfg = dict(cfg["game"])
-    if cfg["behaviour"] == "never" or not has_offline_oracle(game_cfg):  # check_labels refused what needs them
+    cfg = check_settings(cfg)
+    game_cfg = dict(cfg.game)
+    if cfg.behaviour == "never" or not has_offline_oracle(game_cfg):  # check_labels refused what needs them
         return None
     from aria.games.question.game import build_game
     from aria.games.question.oracle import build_oracle
     from aria.intention.behaviour import partition, signatures
     from aria.resources import dataset_file
 
-    path = Path(cfg["run_dir"]) / "behaviour.json"
+    path = Path(cfg.run_dir) / "behaviour.json"
     fingerprint = json_digest({"version": BEHAVIOUR_VERSION, "pools": {p: text_digest(t) for p, t in corpus.pools.items()},
                                "game": game_cfg, "facts": file_digest([dataset_file(game_cfg["facts_file"])])})
     if (cached := _up_to_date_json(path, fingerprint)) is not None:
@@ -498,17 +483,17 @@ def _labels_at(corpus: Corpus, labels: dict[str, np.ndarray], index: dict[str, i
     return corpus.utterance_labels({p: labels[p][index[p]] for p in corpus.pools})
 
 
-def check_selection(cfg: dict) -> None:
+def check_selection(cfg: IntentionSettings) -> None:
     """``selection.fixed_k`` (null, an int, or one k per pool of the game) and ``selection.criterion``,
     in one line before any work: step 1 checks them too, so a typo is named before the embedding,
     not after it at step 2."""
-    if _fixed_k(cfg["selection"], list(game_spec(cfg).pools)) is None and cfg["selection"]["criterion"] not in SELECTORS:
-        raise ConfigError(f"selection.criterion: unknown {cfg['selection']['criterion']!r} (known: "
+    if _fixed_k(cfg.selection, list(game_spec(cfg).pools)) is None and cfg.selection.criterion not in SELECTORS:
+        raise ConfigError(f"selection.criterion: unknown {cfg.selection.criterion!r} (known: "
                           f"{', '.join(SELECTORS)}, or set selection.fixed_k)")
 
 
-def _fixed_k(selection: dict, pools: list[str]) -> dict[str, int] | None:
-    fixed = selection.get("fixed_k")
+def _fixed_k(selection: SelectionSettings, pools: list[str]) -> dict[str, int] | None:
+    fixed = selection.fixed_k
 
     def whole(k) -> bool:
         return isinstance(k, int) and not isinstance(k, bool) and k >= 1
@@ -547,19 +532,19 @@ SELECTION_NOTES = {
 }
 
 
-def step2_select_k(cfg: dict, echo: Printer = print) -> dict:
+def step2_select_k(cfg: Mapping | IntentionSettings, echo: Printer = print) -> dict:
     cfg = check_settings(cfg)
-    run_dir = Path(cfg["run_dir"])
+    run_dir = Path(cfg.run_dir)
     summary = step_output(run_dir / "utterances.json", 1)
-    selection_cfg, agg_cfg = cfg["selection"], cfg["aggregation"]
+    selection_cfg, agg_cfg = cfg.selection, cfg.aggregation
     corpus, _, files = load_corpus(cfg)
     _check_inputs(summary, corpus, files)
     if json_digest(_step1_settings(cfg, corpus, files)) != summary["fingerprint"]:
         raise StaleInput(1, "utterances.json was made under other settings of step 1 than these (embedder, embedding, "
                             f"clustering or seed; it clustered with {summary.get('clustering')})")
-    scoring = _deciding_selection(selection_cfg, agg_cfg["window"])
-    fingerprint = json_digest({"step1": summary["fingerprint"], "selection": scoring, "aggregation": agg_cfg,
-                               "behaviour": cfg["behaviour"], "labels": cfg["labels"], "report": SELECTION_VERSION})
+    scoring = _deciding_selection(asdict(selection_cfg), agg_cfg.window)
+    fingerprint = json_digest({"step1": summary["fingerprint"], "selection": scoring, "aggregation": asdict(agg_cfg),
+                               "behaviour": cfg.behaviour, "labels": cfg.labels, "report": SELECTION_VERSION})
     out_path = run_dir / "selection.json"
     if (selection := _up_to_date_json(out_path, fingerprint)) is not None:
         # step 3 reads the labels too: an archive damaged since is step 1's to make again, not "up to date"
@@ -579,7 +564,7 @@ def step2_select_k(cfg: dict, echo: Printer = print) -> dict:
     q_at_k, scored, variance = _aggregate_every_k(corpus, labels, ks, agg_cfg, paper_keys="keys" in scoring)
     aggregation_s = time.perf_counter() - start
     start = time.perf_counter()
-    per_pool = _cluster_indices(corpus, embeddings, labels, ks, summary, selection_cfg, cfg["seed"])
+    per_pool = _cluster_indices(corpus, embeddings, labels, ks, summary, selection_cfg, cfg.seed)
     metrics_s = time.perf_counter() - start
     curves = {
         "split_score": [*split_scores(ks, scored).tolist(), float("nan")] if len(ks) > 1 else [float("nan")],
@@ -594,7 +579,7 @@ def step2_select_k(cfg: dict, echo: Printer = print) -> dict:
     report = {
         "fingerprint": fingerprint, "step1_fingerprint": summary["fingerprint"], "game": summary["game"], "ks": ks,
         "chosen": chosen, "choices_by_criterion": choices,
-        "settings": {"aggregation": agg_cfg, "selection": selection_cfg}, "labels": cfg["labels"],
+        "settings": {"aggregation": asdict(agg_cfg), "selection": asdict(selection_cfg)}, "labels": cfg.labels,
         "num_steps": int(corpus.table.num_steps), "num_games": len(corpus.game_ids),
         "curves": {**curves, "variance_raw": variance["raw_kept"], "variance_aggregated": variance["aggregated_kept"],
                    "kept_fraction": variance["kept_fraction"]},
@@ -623,7 +608,7 @@ def step2_select_k(cfg: dict, echo: Printer = print) -> dict:
     return report
 
 
-def _aggregate_every_k(corpus: Corpus, labels, ks: list[int], agg_cfg: dict,
+def _aggregate_every_k(corpus: Corpus, labels, ks: list[int], agg_cfg: AggregationSettings,
                        paper_keys: bool) -> tuple[np.ndarray, np.ndarray, dict[str, list[float]]]:
     """R~ (as Q) at every k; the R~ SplitScore reads (under the aggregation's own keys, or under the
     paper's whole-history keys, so that a windowed variant trains at the k the paper's method
@@ -637,9 +622,9 @@ def _aggregate_every_k(corpus: Corpus, labels, ks: list[int], agg_cfg: dict,
     variance: dict[str, list[float]] = {"raw_kept": [], "aggregated_kept": [], "aggregated_all": [], "kept_fraction": []}
     for i in range(len(ks)):
         at_k = _labels_at(corpus, labels, {p: i for p in pools})
-        agg = aggregate(corpus.table, at_k, **_agg_args(agg_cfg))
+        agg = aggregate(corpus.table, at_k, **agg_cfg.aggregate_args())
         q_at_k[i] = agg.q
-        scored[i] = aggregate(corpus.table, at_k, **{**_agg_args(agg_cfg), "window": None}).reward if paper_keys else agg.reward
+        scored[i] = aggregate(corpus.table, at_k, **{**agg_cfg.aggregate_args(), "window": None}).reward if paper_keys else agg.reward
         variance["raw_kept"].append(float(returns[agg.kept].var()) if agg.kept.any() else float("nan"))
         variance["aggregated_kept"].append(float(agg.q[agg.kept].var()) if agg.kept.any() else float("nan"))
         variance["aggregated_all"].append(float(agg.q.var()))
@@ -647,7 +632,7 @@ def _aggregate_every_k(corpus: Corpus, labels, ks: list[int], agg_cfg: dict,
     return q_at_k, scored, variance
 
 
-def _cluster_indices(corpus: Corpus, embeddings, labels, ks: list[int], summary: dict, selection_cfg: dict,
+def _cluster_indices(corpus: Corpus, embeddings, labels, ks: list[int], summary: dict, selection_cfg: SelectionSettings,
                      seed: int) -> dict[str, dict[str, Any]]:
     """Silhouette, Calinski-Harabasz and Davies-Bouldin at every k, per pool, weighted as step 1 clustered."""
     per_pool: dict[str, dict[str, Any]] = {}
@@ -655,7 +640,7 @@ def _cluster_indices(corpus: Corpus, embeddings, labels, ks: list[int], summary:
     for pool in corpus.pools:
         x, lab = embeddings[pool], labels[pool]
         quality = ClusterQuality(x, corpus.text_counts(pool) if by_occurrence else None,
-                                 selection_cfg["silhouette_sample"], seed)
+                                 selection_cfg.silhouette_sample, seed)
         scores = [quality.scores(lab[i]) for i in range(len(ks))]
         per_pool[pool] = {
             **{m: [sc[m] for sc in scores] for m in ("silhouette", "calinski_harabasz", "davies_bouldin")},
@@ -665,10 +650,10 @@ def _cluster_indices(corpus: Corpus, embeddings, labels, ks: list[int], summary:
     return per_pool
 
 
-def _chosen_k(curves: dict, ks: list[int], pools: list[str], selection_cfg: dict) -> tuple[dict, dict]:
+def _chosen_k(curves: dict, ks: list[int], pools: list[str], selection_cfg: SelectionSettings) -> tuple[dict, dict]:
     """The k each criterion chooses, and the one this run takes: ``selection.fixed_k`` if set, else
     ``selection.criterion``'s."""
-    choices = {name: _choice_json(choose_k(name, curves, ks, selection_cfg["epsilon"], selection_cfg["tau"]))
+    choices = {name: _choice_json(choose_k(name, curves, ks, selection_cfg.epsilon, selection_cfg.tau))
                for name in SELECTORS}
     fixed = _fixed_k(selection_cfg, pools)
     if fixed is not None:
@@ -676,11 +661,11 @@ def _chosen_k(curves: dict, ks: list[int], pools: list[str], selection_cfg: dict
         if bad:
             raise ValueError(f"selection.fixed_k {bad} outside the clustered range {ks[0]}..{ks[-1]}")
         return {"k": fixed, "criterion": "fixed_k", "rule_satisfied": True, "why": "selection.fixed_k"}, choices
-    if selection_cfg["criterion"] not in choices:
-        raise ValueError(f"unknown selection.criterion {selection_cfg['criterion']!r} (known: {sorted(choices)}, "
+    if selection_cfg.criterion not in choices:
+        raise ValueError(f"unknown selection.criterion {selection_cfg.criterion!r} (known: {sorted(choices)}, "
                          f"or set selection.fixed_k)")
-    c = choices[selection_cfg["criterion"]]
-    return {"k": {p: c["k"] for p in pools}, "criterion": selection_cfg["criterion"],
+    c = choices[selection_cfg.criterion]
+    return {"k": {p: c["k"] for p in pools}, "criterion": selection_cfg.criterion,
             "rule_satisfied": c["rule_satisfied"], "why": c["why"]}, choices
 
 
@@ -718,8 +703,9 @@ class LabelledRun:
         return _labels_at(self.corpus, self.labels, {p: self.ks.index(k[p]) for p in self.corpus.pools})
 
 
-def read_labelled_run(cfg: dict) -> LabelledRun:
-    run_dir = Path(cfg["run_dir"])
+def read_labelled_run(cfg: Mapping | IntentionSettings) -> LabelledRun:
+    cfg = check_settings(cfg)
+    run_dir = Path(cfg.run_dir)
     summary = step_output(run_dir / "utterances.json", 1)
     selection = step_output(run_dir / "selection.json", 2)
     if selection.get("step1_fingerprint") != summary["fingerprint"]:
@@ -731,23 +717,24 @@ def read_labelled_run(cfg: dict) -> LabelledRun:
     return LabelledRun(run_dir, summary, selection, corpus, records, [int(k) for k in labels["ks"]], labels)
 
 
-def preflight(cfg: dict, fixed_ks: list[int]) -> dict:
+def preflight(cfg: Mapping | IntentionSettings, fixed_ks: list[int]) -> dict:
     """Intention-key sharing (:func:`~aria.intention.aggregate.key_sharing`) of a labelled run
     (steps 1-2 done) at the chosen k, at each of ``fixed_ks`` that step 1 clustered, and under the
     behavioural intentions where the game has them: whether aggregation can change anything on
     these games, said before any training. Keys as ``aggregation.window`` cuts them."""
     from aria.intention.aggregate import key_sharing
 
+    cfg = check_settings(cfg)
     run = read_labelled_run(cfg)
     check_step2_settings(run.selection, cfg)
-    corpus, window = run.corpus, cfg["aggregation"]["window"]
+    corpus, window = run.corpus, cfg.aggregation.window
 
     def row(k: dict, utterance_labels: np.ndarray, **marks) -> dict:
         return {"k": k, **marks, **key_sharing(corpus.table, utterance_labels, corpus.step_turn, window=window)}
 
     # ``chosen``: step 2's k; ``trained``: the labels step 3 gave the training set (the behavioural row
     # under ``labels: behavioural``, where step 2's choice is reported but not used)
-    on_clusters = cfg["labels"] != "behavioural"
+    on_clusters = cfg.labels != "behavioural"
     rows = [row(run.chosen, run.labels_at(run.chosen), chosen=True, trained=on_clusters)]
     for k in fixed_ks:
         fixed = {p: k for p in corpus.pools}
@@ -758,7 +745,7 @@ def preflight(cfg: dict, fixed_ks: list[int]) -> dict:
         rows.append(row({p: int(len(np.unique(v))) for p, v in behaviour.items()}, corpus.utterance_labels(behaviour),
                         chosen=False, trained=not on_clusters, labels="behavioural"))
     return {"steps": int(corpus.table.num_steps), "games": len(corpus.game_ids), "window": window,
-            "labels": cfg["labels"], "rows": rows}
+            "labels": cfg.labels, "rows": rows}
 
 
 def _intention_recovery(corpus, labels: dict[str, np.ndarray], ks: list[int]) -> dict | None:
@@ -781,7 +768,7 @@ def _intention_recovery(corpus, labels: dict[str, np.ndarray], ks: list[int]) ->
 
 
 def _against_behaviour(corpus: Corpus, labels: dict[str, np.ndarray], ks: list[int], behaviour: dict[str, np.ndarray],
-                       q_at_k: np.ndarray, agg_cfg: dict) -> dict:
+                       q_at_k: np.ndarray, agg_cfg: AggregationSettings) -> dict:
     """Step 1's labels at every k against the behavioural partition (the pipeline's ``behaviour``
     section of selection.json). A label is (pool, id), as in :func:`_intention_recovery`."""
     from aria.intention.aggregate import errors_against, key_sharing
@@ -793,15 +780,15 @@ def _against_behaviour(corpus: Corpus, labels: dict[str, np.ndarray], ks: list[i
     truth = pool_of * (int(exact.max(initial=0)) + 1) + exact[steps]
     scores = [intention_recovery(truth, pool_of * (max(ks) + 1) + _labels_at(corpus, labels, {p: i for p in corpus.pools})[steps])
               for i in range(len(ks))]
-    q_exact = aggregate(corpus.table, exact, **_agg_args(agg_cfg)).q
-    errors = errors_against(corpus.table, q_at_k, exact, agg_cfg["window"])
+    q_exact = aggregate(corpus.table, exact, **agg_cfg.aggregate_args()).q
+    errors = errors_against(corpus.table, q_at_k, exact, agg_cfg.window)
     return {"intentions": {p: int(len(np.unique(v))) for p, v in behaviour.items()},
             "step_intentions": int(len(np.unique(truth))),
             "ari": [s["ari"] for s in scores], "nmi": [s["nmi"] for s in scores],
             **{name: [e[name] for e in errors] for name in ("mse", "bias_squared", "variance_within")},
             "mean_abs_difference": np.abs(q_at_k - q_exact).mean(axis=1).tolist(),
             "variance": q_at_k.var(axis=1).tolist(), "variance_behavioural": float(q_exact.var()),
-            "sharing_behavioural": key_sharing(corpus.table, exact, corpus.step_turn, window=agg_cfg["window"])}
+            "sharing_behavioural": key_sharing(corpus.table, exact, corpus.step_turn, window=agg_cfg.window)}
 
 
 def variance_claim(ks: list[int], raw: list[float], aggregated: list[float], rtol: float = 1e-9) -> dict:
@@ -818,31 +805,26 @@ def _choice_json(choice) -> dict:
     return {"k": choice.k, "rule_satisfied": choice.rule_satisfied, "why": choice.why}
 
 
-def _agg_args(agg_cfg: dict) -> dict:
-    return {"mode": agg_cfg["mode"], "n_rollout": agg_cfg["n_rollout"], "include_first_action": agg_cfg["include_first_action"],
-            "window": agg_cfg["window"]}
-
-
 # ---- step 3: apply the chosen labels -------------------------------------------------------
-def step3_apply_labels(cfg: dict, echo: Printer = print) -> Path:
+def step3_apply_labels(cfg: Mapping | IntentionSettings, echo: Printer = print) -> Path:
     cfg = check_settings(cfg)
     run = read_labelled_run(cfg)
     run_dir, selection, corpus, records = run.run_dir, run.selection, run.corpus, run.records
     out_path = run_dir / "labelled.jsonl"
     check_step2_settings(selection, cfg)
-    fingerprint = _step3_fingerprint(selection, cfg)
+    fingerprint = _step3_fingerprint(selection, cfg.labels)
     meta_path = run_dir / "labelled.meta.json"
     chosen = run.chosen
-    if _up_to_date(out_path, meta_path, fingerprint, "labelled_digest") and _at_chosen_k(read_json(meta_path), chosen, cfg):
+    if _up_to_date(out_path, meta_path, fingerprint, "labelled_digest") and _at_chosen_k(read_json(meta_path), chosen, cfg.labels):
         echo(f"[step 3] up to date: {out_path}")
         return out_path
-    if cfg["labels"] == "behavioural":  # the exact partition instead of the clusters: the ceiling arm
+    if cfg.labels == "behavioural":  # the exact partition instead of the clusters: the ceiling arm
         behaviour = behavioural_labels(cfg, corpus, echo)
         utt_labels = corpus.utterance_labels(behaviour)
         chosen = {p: int(len(np.unique(v))) for p, v in behaviour.items()}
     else:
         utt_labels = run.labels_at(chosen)
-    agg = aggregate(corpus.table, utt_labels, **_agg_args(cfg["aggregation"]))
+    agg = aggregate(corpus.table, utt_labels, **cfg.aggregation.aggregate_args())
 
     by_id = {r["game_id"]: r for r in records}
     out_records = []
@@ -870,13 +852,13 @@ def step3_apply_labels(cfg: dict, echo: Printer = print) -> Path:
                     "kept": bool(agg.kept[s]),
                     "reward": float(agg.reward[s]) if agg.kept[s] else None,
                 })
-        record["intention"] = {"k": chosen, "mode": cfg["aggregation"]["mode"], "labels": cfg["labels"],
-                               "criterion": selection["chosen"]["criterion"] if cfg["labels"] == "clusters" else "behavioural"}
+        record["intention"] = {"k": chosen, "mode": cfg.aggregation.mode, "labels": cfg.labels,
+                               "criterion": selection["chosen"]["criterion"] if cfg.labels == "clusters" else "behavioural"}
         out_records.append(record)
     atomic_write_jsonl(out_path, out_records)
-    atomic_write_json(meta_path, {"fingerprint": fingerprint, "games": len(out_records), "k": chosen, "labels": cfg["labels"],
+    atomic_write_json(meta_path, {"fingerprint": fingerprint, "games": len(out_records), "k": chosen, "labels": cfg.labels,
                                   "labelled_digest": file_digest([out_path])})
-    at = f"{chosen}" if cfg["labels"] == "clusters" else f"the behavioural intentions ({chosen})"
+    at = f"{chosen}" if cfg.labels == "clusters" else f"the behavioural intentions ({chosen})"
     echo(f"[step 3] wrote {out_path} ({len(out_records)} games labelled at {at}, "
          f"{int(agg.kept.sum())}/{len(agg.kept)} steps kept)")
     return out_path
@@ -889,33 +871,34 @@ def _deciding_selection(selection: dict, window: int | None) -> dict:
     return {**deciding, "keys": "whole_history"} if selection.get("keys") == "whole_history" and window is not None else deciding
 
 
-def check_step2_settings(selection: dict, cfg: dict) -> None:
+def check_step2_settings(selection: dict, cfg: IntentionSettings) -> None:
     """The aggregation and selection settings are those step 2 chose k under: labels made under
     others would mix two runs (a k chosen for one γ, rewards aggregated with another)."""
-    recorded, window = selection.get("settings"), cfg["aggregation"]["window"]
+    recorded, window = selection.get("settings"), cfg.aggregation.window
     if isinstance(recorded, dict) and isinstance(recorded.get("selection"), dict):
         recorded = {**recorded, "selection": _deciding_selection(recorded["selection"], window)}
-    changed = differences(recorded, {"aggregation": cfg["aggregation"], "selection": _deciding_selection(cfg["selection"], window)})
+    changed = differences(recorded, {"aggregation": asdict(cfg.aggregation),
+                                     "selection": _deciding_selection(asdict(cfg.selection), window)})
     if changed:
         raise StaleInput(2, f"selection.json was made under other settings ({'; '.join(changed[:3])})")
 
 
-def _at_chosen_k(made: dict, chosen: dict, cfg: dict) -> bool:
+def _at_chosen_k(made: dict, chosen: dict, labels: str) -> bool:
     """Step 3's labels are at step 2's chosen k: not part of the fingerprint (a k chosen by hand in
     selection.json, as the release has its users do, keeps step 2's fingerprint), so compared here."""
-    return cfg["labels"] != "clusters" or made.get("k") == chosen
+    return labels != "clusters" or made.get("k") == chosen
 
 
-def _step3_fingerprint(selection: dict, cfg: dict) -> str:
+def _step3_fingerprint(selection: dict, labels: str) -> str:
     """What labelled.jsonl is made from: step 2's report and the labels chosen (step 4 checks it)."""
-    return json_digest({"step2": selection["fingerprint"], "labels": cfg["labels"]})
+    return json_digest({"step2": selection["fingerprint"], "labels": labels})
 
 
 def step3_labels(run_dir: Path, selection: dict, default: str) -> str:
     """The ``labels`` step 3 ran under, for runs whose step 2 did not record it: the choice whose
     fingerprint labelled.meta.json holds (else ``default``, which a later check of the run refuses)."""
     made = step_output(Path(run_dir) / "labelled.meta.json", 3)
-    return next((labels for labels in LABELS if _step3_fingerprint(selection, {"labels": labels}) == made.get("fingerprint")),
+    return next((labels for labels in LABELS if _step3_fingerprint(selection, labels) == made.get("fingerprint")),
                 default)
 
 
@@ -925,18 +908,18 @@ def _turn_of(record: dict, corpus: Corpus, u: int) -> int:
 
 
 # ---- step 4: the training set ----------------------------------------------------------------
-def step4_build_training_set(cfg: dict, echo: Printer = print) -> Path:
+def step4_build_training_set(cfg: Mapping | IntentionSettings, echo: Printer = print) -> Path:
     cfg = check_settings(cfg)
     labelled = _checked_labelled(cfg)
     out_path, meta_path, fingerprint = _step4_output(cfg, labelled)
     if _up_to_date(out_path, meta_path, fingerprint, "train_digest"):
         echo(f"[step 4] up to date: {out_path}")
         return out_path
-    render = family_of(cfg["game"]).observation_renderer(cfg["game"])
+    render = family_of(cfg.game).observation_renderer(cfg.game)
     samples = []
     for line, record in iter_jsonl(labelled):
-        if record.get("game") != cfg["game"]["name"]:  # rendered with another game's prompts otherwise
-            raise DataError(labelled, line, "game", f"{record.get('game')!r}, but this run's game is {cfg['game']['name']!r} "
+        if record.get("game") != cfg.game["name"]:  # rendered with another game's prompts otherwise
+            raise DataError(labelled, line, "game", f"{record.get('game')!r}, but this run's game is {cfg.game['name']!r} "
                                                     f"(give game={record.get('game')})")
         for i, turn in enumerate(record["turns"]):
             info = turn.get("intention", {})
@@ -961,38 +944,39 @@ def step4_build_training_set(cfg: dict, echo: Printer = print) -> Path:
     return out_path
 
 
-def _checked_labelled(cfg: dict) -> Path:
+def _checked_labelled(cfg: IntentionSettings) -> Path:
     """labelled.jsonl, after checking step 3 wrote it from the current selection.json and labels."""
-    run_dir = Path(cfg["run_dir"])
+    run_dir = Path(cfg.run_dir)
     labelled = run_dir / "labelled.jsonl"
     summary = step_output(run_dir / "utterances.json", 1)
-    files = input_files(cfg["input"])
+    files = input_files(cfg.input)
     if file_digest(files) != summary.get("input_digest"):  # as steps 2 and 3 refuse other trajectories
         raise StaleInput(1, f"the trajectories ({', '.join(map(str, files))}) are not those step 1 read")
     made = step_output(run_dir / "labelled.meta.json", 3)
     selection = step_output(run_dir / "selection.json", 2)
-    if made.get("fingerprint") != _step3_fingerprint(selection, cfg):
+    if made.get("fingerprint") != _step3_fingerprint(selection, cfg.labels):
         raise StaleInput(3, "labelled.jsonl was made from another selection.json or under other labels")
     chosen = (selection.get("chosen") or {}).get("k")
-    if not _at_chosen_k(made, chosen, cfg):
+    if not _at_chosen_k(made, chosen, cfg.labels):
         raise StaleInput(3, f"labelled.jsonl was labelled at k = {made.get('k')}, selection.json now chooses {chosen}")
     if not labelled.is_file() or file_digest([labelled]) != made.get("labelled_digest"):
         raise StaleInput(3, "labelled.jsonl is missing or changed since step 3 wrote it")
     return labelled
 
 
-def _step4_output(cfg: dict, labelled: Path) -> tuple[Path, Path, str]:
+def _step4_output(cfg: IntentionSettings, labelled: Path) -> tuple[Path, Path, str]:
     """train.json, its meta file, and the fingerprint step 4 writes it under."""
-    out_path = Path(cfg.get("train_out") or Path(cfg["run_dir"]) / "train.json")
+    out_path = Path(cfg.train_out or Path(cfg.run_dir) / "train.json")
     # prompts live in the game config; the format names the fields written (format 2: every agent step)
-    fingerprint = json_digest({"labelled": file_digest([labelled]), "game": cfg["game"], "format": TRAIN_FORMAT})
+    fingerprint = json_digest({"labelled": file_digest([labelled]), "game": cfg.game, "format": TRAIN_FORMAT})
     return out_path, out_path.with_suffix(".meta.json"), fingerprint
 
 
-def check_training_set(cfg: dict) -> Path:
+def check_training_set(cfg: Mapping | IntentionSettings) -> Path:
     """train.json of a run, after checking it is step 4's output of the run's current labelled.jsonl
     (itself step 3's of the current selection.json) as written: a tool that reads the training set
     beside a re-run step 1 or 2 would otherwise pair new labels with old samples, without a word."""
+    cfg = check_settings(cfg)
     out_path, meta_path, fingerprint = _step4_output(cfg, _checked_labelled(cfg))
     if not _up_to_date(out_path, meta_path, fingerprint, "train_digest"):
         raise StaleInput(4, f"{out_path} is missing, was made from another labelled.jsonl or game settings, or changed "
