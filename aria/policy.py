@@ -108,9 +108,9 @@ class Encoding:
     context: int | None = None  # the model's positions (model_context), when known
 
     @classmethod
-    def from_config(cls, data: Mapping[str, Any]) -> "Encoding":
-        return cls(int(data["max_prompt_tokens"]), bool(data.get("append_eos", True)), data.get("system_prompt"),
-                   data.get("over_long", "refuse"))
+    def of(cls, data) -> "Encoding":
+        """From a trainer's typed ``data`` section (:class:`aria.trainers.settings.DataSettings`)."""
+        return cls(data.max_prompt_tokens, data.append_eos, data.system_prompt, data.over_long)
 
     def for_model(self, model) -> "Encoding":
         """This encoding with the cutoff capped at the model's context, which it records."""

@@ -13,20 +13,21 @@ import hydra
 
 from aria.cli import check_command_line, command, protect_terminal
 from aria.io import atomic_write_json, check_output_file
-from aria.resources import load
+from aria.settings import typed
 from aria.trainers.grad_variance import gradient_variance
+from aria.trainers.settings import TrainerSettings
 
 
 @hydra.main(config_path="../config", config_name="reinforce_llm", version_base="1.3")
 def main(cfg) -> None:
     with command():  # bad settings or data, an unwritable out: one line, exit 2
-        c = load("reinforce_llm", cfg)
-        gv = c["grad_variance"]
-        check_output_file(gv["out"], "grad_variance.out")  # before the model loads, not after the work
-        result = gradient_variance(c, gv["max_samples"], gv["seed"], gv["methods"])
-        atomic_write_json(gv["out"], result)
+        c = typed(TrainerSettings, cfg, "reinforce_llm")
+        gv = c.grad_variance
+        check_output_file(gv.out, "grad_variance.out")  # before the model loads, not after the work
+        result = gradient_variance(c, gv.max_samples, gv.seed, gv.methods)
+        atomic_write_json(gv.out, result)
     print(json.dumps(result, indent=1))
-    print(f"[grad-variance] wrote {gv['out']}")
+    print(f"[grad-variance] wrote {gv.out}")
 
 
 if __name__ == "__main__":

@@ -305,7 +305,7 @@ def test_two_steps_of_trajectory_dpo_on_a_tiny_model(tmp_path, tiny_model_dir):
 
     tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
     base = AutoModelForCausalLM.from_pretrained(tiny_model_dir).eval()
-    encoding = Encoding.from_config(cfg["data"])
+    encoding = Encoding.of(trainer.cfg.data)
     with torch.no_grad():
         by_hand = [sum(float(naive_action_logprob(base, encoding.encode(tokenizer, s["observation"], s["action"])))
                        for s in STEPS[a:b]) for a, b in ((0, 3), (3, 5))]

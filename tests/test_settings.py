@@ -14,7 +14,8 @@ import pytest
 
 from aria.io import ConfigError
 from aria.resources import SCHEMAS, check_overrides, compose_config, config_dir
-from aria.settings import TrainerSettings, bounded, validated
+from aria.settings import bounded, validated
+from aria.trainers.settings import TrainerSettings
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -61,7 +61,8 @@ from aria.llm.registry import build_policy
 from aria.llm.served import EngineWatch, free_port, reload_weights, start_server, stop_server
 from aria.resources import check_overrides, compose_config, config_dir
 from aria.secrets import redact
-from aria.settings import ExperimentSettings, validated
+from aria.settings import ExperimentSettings, typed, validated
+from aria.trainers.settings import TrainerSettings
 from aria.trainers.methods import METHODS, trainer_for
 from aria.trajectories import describe, read_producer, read_trajectories
 
@@ -651,7 +652,7 @@ def check_override_lists(cfg: dict) -> None:
         composed = check_overrides("reinforce_llm", [f"model.path={cfg['base_model']}", "data.train_file=train.json",
                                                      *overrides], setting)
         try:
-            check_train_settings(composed, LOSSES)
+            check_train_settings(typed(TrainerSettings, composed), LOSSES)
         except ConfigError as err:
             raise ConfigError(f"{setting}: {err}") from None
 

@@ -28,15 +28,17 @@ from __future__ import annotations
 import copy
 import json
 import time
+from dataclasses import asdict
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Callable, Mapping, Sequence
 
 import numpy as np
 import torch
 
 from aria.data import read_training_set
 from aria.io import DataError, atomic_folder, atomic_write_json, atomic_write_json_rows, json_digest
-from aria.settings import CriticTrainerSettings, validated
+from aria.settings import typed
+from aria.trainers.settings import CriticTrainerSettings
 from aria.trainers.checkpoint import (RUN_RECORD, begin_checkpoint, check_output_dir_early, checkpoint_record,
                                       checkpoint_to_resume, finish_checkpoint, load_state, resume_position,
                                       resume_settings, run_record, save_state)
@@ -94,18 +96,18 @@ class CriticTrainer:
     """TD learning of :class:`~aria.trainers.critic.DoubleCritic` on a training set; ``cfg`` is the
     resolved config (``config/critic.yaml``)."""
 
-    def __init__(self, cfg: dict, on_step: Callable[[int], None] | None = None):
+    def __init__(self, cfg: Mapping | CriticTrainerSettings, on_step: Callable[[int], None] | None = None):
         from accelerate.utils import set_seed
 
         from aria.io import ConfigError
 
-        cfg = validated(CriticTrainerSettings, cfg, "critic settings")
+        cfg = typed(CriticTrainerSettings, cfg, "critic settings")
         check_train_settings(cfg, {}, loss_name="td")
-        c = cfg["critic"]
-        if c["v_target"] not in V_TARGETS:
-            raise ConfigError(f"critic.v_target: unknown {c['v_target']!r} (known: {', '.join(V_TARGETS)})")
-        self.cfg, t = cfg, cfg["train"]
-        self.train_path = cfg["data"]["train_file"]
+        c = cfg.critic
+        if c.v_target not in V_TARGETS:
+            raise ConfigError(f"critic.v_target: unknown {c.v_target!r} (known: {', '.join(V_TARGETS)})")
+        self.cfg, t = cfg, cfg.train
+        self.train_path = cfg.data.train_file
         # Data first: a bad file is one line before the encoder loads.
         self.steps = read_training_set(self.train_path)
         check_steps(self.steps, self.train_path)
@@ -116,42 +118,42 @@ class CriticTrainer:
         self.next_index, self.done = linked.next_index, linked.done
         self.rewards = turn_rewards(self.steps, self.done)
         train_games, held_games = held_out_split([{"game_id": s["game_id"]} for s in self.steps],
-                                                 cfg["data"]["eval_fraction"], cfg["seed"])
+                                                 cfg.data.eval_fraction, cfg.seed)
         held = {g["game_id"] for g in held_games}
         self.train_index = [i for i, s in enumerate(self.steps) if s["game_id"] not in held]
         self.eval_index = [i for i, s in enumerate(self.steps) if s["game_id"] in held]
         if not self.train_index:
             raise DataError(self.train_path, None, None, "no steps left for training after the held-out split")
-        limit = cfg["data"]["max_samples"]
+        limit = cfg.data.max_samples
         if limit and limit < len(self.train_index):  # a seeded subset of the transitions, in file order; each
             # still bootstraps from its own next history, which is encoded whether it is trained on or not
-            keep = np.sort(np.random.default_rng(cfg["seed"]).choice(len(self.train_index), size=limit, replace=False))
+            keep = np.sort(np.random.default_rng(cfg.seed).choice(len(self.train_index), size=limit, replace=False))
             self.train_index = [self.train_index[i] for i in keep]
 
-        self.output_dir = Path(cfg["output_dir"])
+        self.output_dir = Path(cfg.output_dir)
         self.accelerator = make_accelerator(cfg, self.output_dir, output_dir=self.output_dir)
         check_output_dir_early(self.output_dir, resume_settings(cfg))  # another run's final/: before the models load
         self.on_step = on_step  # called after every optimizer step (tests use it to interrupt a run)
-        set_seed(cfg["seed"])
-        critic = DoubleCritic(c["encoder"], c["hidden"], c["max_tokens"])
-        if c["init"]:  # go on from an earlier critic (the online loop's previous iteration)
-            load_critic(c["init"], critic)
+        set_seed(cfg.seed)
+        critic = DoubleCritic(c.encoder, c.hidden, c.max_tokens)
+        if c.init:  # go on from an earlier critic (the online loop's previous iteration)
+            load_critic(c.init, critic)
         # θ̄ starts equal to θ; it computes targets only, without dropout (a target is not a draw)
         self.target = copy.deepcopy(critic).requires_grad_(False).eval()
-        if not c["train_encoder"]:  # heads only: one encoding of each text, shared with the target copy
+        if not c.train_encoder:  # heads only: one encoding of each text, shared with the target copy
             self.target.freeze_encoder(critic.freeze_encoder())
-        fit_accumulation(self.accelerator, t, -(-len(self.train_index) // t["micro_batch_size"]), "critic")
-        world, accumulation = self.accelerator.num_processes, t["gradient_accumulation_steps"]
+        fit_accumulation(self.accelerator, t, -(-len(self.train_index) // t.micro_batch_size), "critic")
+        world, accumulation = self.accelerator.num_processes, t.gradient_accumulation_steps
         self.micro_per_epoch = len(self._epoch_batches(0))
         self.steps_per_epoch = self.micro_per_epoch // accumulation
         if self.steps_per_epoch == 0:
             raise DataError(self.train_path, None, None, f"{len(self.train_index)} training steps make no full optimizer "
-                            f"step with micro_batch_size={t['micro_batch_size']}, accumulation={accumulation}, "
+                            f"step with micro_batch_size={t.micro_batch_size}, accumulation={accumulation}, "
                             f"processes={world}")
-        self.total_steps = self.steps_per_epoch * t["epochs"]
+        self.total_steps = self.steps_per_epoch * t.epochs
         # What a checkpoint was trained on: resuming on other data or settings would mix two runs.
         self.data_digest = json_digest([[s["game_id"], s.get("role"), s["turn"], s["observation"], s["action"]]
-                                        for s in self.steps] + self.rewards.tolist() + [c, t["micro_batch_size"]],
+                                        for s in self.steps] + self.rewards.tolist() + [asdict(c), t.micro_batch_size],
                                        sort_keys=False)
         optimizer, self.scheduler = build_optimizer(critic, t, self.total_steps)
         self.model, self.optimizer = self.accelerator.prepare(critic, optimizer)
@@ -164,7 +166,7 @@ class CriticTrainer:
 
     def targets(self, indices: Sequence[int]) -> tuple[tuple[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]:
         """The TD targets of the steps ``indices`` from the target copy: (Q targets, V targets)."""
-        c, device = self.cfg["critic"], self.accelerator.device
+        c, device = self.cfg.critic, self.accelerator.device
         index = torch.tensor(list(indices))
         reward, done, nxt = self.rewards[index].to(device), self.done[index].to(device), self.next_index[index]
         histories, utterances = self._texts(indices)
@@ -175,8 +177,8 @@ class CriticTrainer:
             if len(going_on):
                 v1, v2 = self.target.values([self.steps[int(j)]["observation"] for j in nxt[going_on]])
                 next_v1[going_on.to(device)], next_v2[going_on.to(device)] = v1, v2
-        q_target = (q_targets(reward, done, next_v1, c["gamma"]), q_targets(reward, done, next_v2, c["gamma"]))
-        return q_target, v_targets(tq1, tq2, c["v_target"])
+        q_target = (q_targets(reward, done, next_v1, c.gamma), q_targets(reward, done, next_v2, c.gamma))
+        return q_target, v_targets(tq1, tq2, c.v_target)
 
     def micro_loss(self, indices: Sequence[int]) -> torch.Tensor:
         q_target, v_target = self.targets(indices)
@@ -185,17 +187,17 @@ class CriticTrainer:
 
     # ---- the data order ----
     def _epoch_batches(self, epoch: int) -> list[list[int]]:
-        t = self.cfg["train"]
+        t = self.cfg.train
         batches = [[self.train_index[i] for i in batch]
-                   for batch in _plain_batches(len(self.train_index), t["micro_batch_size"], self.cfg["seed"], epoch)]
+                   for batch in _plain_batches(len(self.train_index), t.micro_batch_size, self.cfg.seed, epoch)]
         return batches_for_process(batches, self.accelerator.process_index, self.accelerator.num_processes,
-                                   t["gradient_accumulation_steps"])
+                                   t.gradient_accumulation_steps)
 
     # ---- the loop ----
     def train(self) -> dict:
         from tqdm.auto import tqdm
 
-        acc, t = self.accelerator, self.cfg["train"]
+        acc, t = self.accelerator, self.cfg.train
         resumed = self.resume()
         metrics_path = self.output_dir / "metrics.jsonl"
         bar = tqdm(total=self.total_steps, initial=self.state.step, disable=not acc.is_local_main_process,
@@ -205,13 +207,13 @@ class CriticTrainer:
 
         def micro_step(indices: list[int]) -> None:
             loss, _ = accumulate_step(acc, self.model, self.optimizer, self.scheduler, lambda: self.micro_loss(indices),
-                                      t["max_grad_norm"])
+                                      t.max_grad_norm)
             window.append(float(loss.detach()))
 
         def after_step() -> None:
             nonlocal window, start
-            polyak_update(self.target, acc.unwrap_model(self.model), self.cfg["critic"]["tau"])
-            if self.state.step % self.cfg["logging"]["log_every"] == 0 or self.state.step == self.total_steps:
+            polyak_update(self.target, acc.unwrap_model(self.model), self.cfg.critic.tau)
+            if self.state.step % self.cfg.logging.log_every == 0 or self.state.step == self.total_steps:
                 loss = acc.reduce(torch.tensor(np.mean(window), device=acc.device), reduction="mean").item()
                 record = {"step": self.state.step, "epoch": self.state.epoch, "loss": round(loss, 6),
                           "lr": self.scheduler.get_last_lr()[0], "seconds": round(time.perf_counter() - start, 2)}
@@ -221,12 +223,12 @@ class CriticTrainer:
                         handle.write(json.dumps(record) + "\n")
                 bar.set_postfix(loss=f"{loss:.4f}")
                 window, start = [], time.perf_counter()
-            if self.state.step % t["save_freq"] == 0:
+            if self.state.step % t.save_freq == 0:
                 self.save_checkpoint()
             if self.on_step:
                 self.on_step(self.state.step)
 
-        run_epochs(acc, self.state, t["epochs"], self._epoch_batches, micro_step, after_step, bar)
+        run_epochs(acc, self.state, t.epochs, self._epoch_batches, micro_step, after_step, bar)
         diagnostics = self.diagnostics()
         final = self.save_final(diagnostics)
         out = self.write_advantages()
@@ -239,7 +241,7 @@ class CriticTrainer:
         """``(Q_1, Q_2, V_1, V_2)`` of the steps ``indices``, in evaluation mode, on the CPU."""
         model = self.accelerator.unwrap_model(self.model)
         model.eval()
-        out, size = [], self.cfg["train"]["micro_batch_size"]
+        out, size = [], self.cfg.train.micro_batch_size
         for start in range(0, len(indices), size):
             out.append([h.float().cpu() for h in model(*self._texts(indices[start: start + size]))])
         model.train()
@@ -253,7 +255,7 @@ class CriticTrainer:
         if not self.eval_index:
             return {}
         q1, q2, _, _ = self.heads(self.eval_index)
-        size = self.cfg["train"]["micro_batch_size"]
+        size = self.cfg.train.micro_batch_size
         held_targets = [self.targets(self.eval_index[start: start + size])[0] for start in range(0, len(self.eval_index), size)]
         errors = torch.cat([q1 - torch.cat([t[0].float().cpu() for t in held_targets]),
                             q2 - torch.cat([t[1].float().cpu() for t in held_targets])])
@@ -270,7 +272,7 @@ class CriticTrainer:
     def write_advantages(self) -> Path:
         """A copy of the training set, each step with ``advantage``, ``critic_q`` and ``critic_v``:
         what ``method=archer`` trains the actor on."""
-        out = Path(self.cfg["out"])
+        out = Path(self.cfg.out)
         if self.accelerator.is_main_process:
             q1, q2, v1, v2 = self.heads(list(range(len(self.steps))))
             a, q, v = advantages(q1, q2, v1, v2), torch.minimum(q1, q2), torch.minimum(v1, v2)
@@ -292,7 +294,7 @@ class CriticTrainer:
             save_state(tmp / "optimizer.safetensors", self.optimizer.state_dict())
             save_state(tmp / "scheduler.safetensors", self.scheduler.state_dict())
         return finish_checkpoint(acc, tmp, final, checkpoint_record(self),
-                                 self.cfg["train"]["keep_checkpoints"])
+                                 self.cfg.train.keep_checkpoints)
 
     def resume(self) -> Path | None:
         found = checkpoint_to_resume(self)
@@ -313,11 +315,11 @@ class CriticTrainer:
         acc, out = self.accelerator, self.output_dir / "final"
         acc.wait_for_everyone()
         if acc.is_main_process:
-            c = self.cfg["critic"]
+            c = self.cfg.critic
             with atomic_folder(out) as tmp:
                 save_state(tmp / "critic.safetensors", self._critic_state())
-                atomic_write_json(tmp / "critic.json", {"encoder": c["encoder"], "hidden": c["hidden"],
-                                                        "max_tokens": c["max_tokens"], "steps": self.state.step,
+                atomic_write_json(tmp / "critic.json", {"encoder": c.encoder, "hidden": c.hidden,
+                                                        "max_tokens": c.max_tokens, "steps": self.state.step,
                                                         "train_file": str(self.train_path), **diagnostics})
                 atomic_write_json(tmp / RUN_RECORD, run_record(resume_settings(self.cfg, self.micro_per_epoch),
                                                                self.data_digest))

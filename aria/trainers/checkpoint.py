@@ -21,6 +21,7 @@ import json
 import random
 import shutil
 import sys
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Callable, Protocol
 
@@ -29,6 +30,7 @@ import torch
 
 from aria.io import ResumeMismatch, atomic_write_json, atomic_write_text, differences, model_digest, replace_folder
 from aria.trainers.engine import RUN_RECORD, TrainState
+from aria.trainers.settings import CriticTrainerSettings, TrainerSettings
 
 _META_KEY = "aria_state"
 
@@ -224,7 +226,7 @@ NOT_RESUME_SETTINGS = ("output_dir", "scale_name", "logging", "grad_variance", "
                        "train.keep_checkpoints", "data.train_file", "model.path")
 
 
-def resume_settings(cfg: dict, micro_per_epoch: int | None = None) -> dict:
+def resume_settings(cfg: TrainerSettings | CriticTrainerSettings, micro_per_epoch: int | None = None) -> dict:
     """What a checkpoint's run and the run resuming it must share, besides the data: every setting
     but :data:`NOT_RESUME_SETTINGS`, the weights the training started from (``model.weights``,
     :func:`aria.io.model_digest`) and the micro-batches of an epoch (a position in the epoch means
@@ -233,7 +235,7 @@ def resume_settings(cfg: dict, micro_per_epoch: int | None = None) -> dict:
     carried the adapter over."""
     from aria.llm.embedded import resolve_model_path
 
-    settings = json.loads(json.dumps(cfg, default=str))  # a plain copy
+    settings = json.loads(json.dumps(asdict(cfg), default=str))  # a plain copy
     for key in NOT_RESUME_SETTINGS:
         *parents, last = key.split(".")
         section = settings
@@ -241,8 +243,8 @@ def resume_settings(cfg: dict, micro_per_epoch: int | None = None) -> dict:
             section = section.get(name) if isinstance(section, dict) else None
         if isinstance(section, dict):
             section.pop(last, None)
-    if isinstance(settings.get("model"), dict) and "path" in cfg.get("model", {}):
-        settings["model"]["weights"] = model_digest(resolve_model_path(cfg["model"]["path"]))
+    if isinstance(cfg, TrainerSettings):  # the critic's encoder is named by its own settings
+        settings["model"]["weights"] = model_digest(resolve_model_path(cfg.model.path))
     if micro_per_epoch is not None:
         settings["micro_per_epoch"] = micro_per_epoch
     return settings

@@ -42,7 +42,7 @@ class TrajectoryDPOTrainer(OfflineTrainer):
     unit = "pairs"
     name = "trajectory dpo"
 
-    def __init__(self, cfg: dict, on_step=None):
+    def __init__(self, cfg, on_step=None):
         super().__init__(cfg, on_step)
         self.reference = self.reference_logprobs()  # [n_trajectories]
 
@@ -53,7 +53,7 @@ class TrajectoryDPOTrainer(OfflineTrainer):
         (chosen, rejected) trajectory indices."""
         pairs = self.apply_method(samples, method_pairs)
         if not pairs:
-            raise DataError(self.train_path, None, None, f"method {self.cfg['method']!r} finds no pair of a won and a "
+            raise DataError(self.train_path, None, None, f"method {self.cfg.method!r} finds no pair of a won and a "
                             "lost game with the same target")
         pairs = self.subset(pairs)
         trajectories = list(dict.fromkeys(t for pair in pairs for t in pair))
@@ -111,7 +111,7 @@ class TrajectoryDPOTrainer(OfflineTrainer):
         model = self.accelerator.unwrap_model(self.model)
         was_training = model.training
         model.eval()
-        per_pair = self.cfg["train"]["micro_batch_size"]
+        per_pair = self.cfg.train.micro_batch_size
         out = []
         with torch.no_grad():
             for start in range(0, len(self.pairs), per_pair):

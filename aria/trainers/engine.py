@@ -20,36 +20,37 @@ from aria import threads
 from aria.io import atomic_folder, atomic_write_json, hold_output
 from aria.llm.merge_record import stale_merges_of
 from aria.trainers.losses import LOSS_OPTION_CHECKS
+from aria.trainers.settings import CriticTrainerSettings, EngineTrainSettings, TrainerSettings, TrainSettings
 
 #: Optimizers by name (config ``train.optimizer``).
 OPTIMIZERS: dict[str, type[torch.optim.Optimizer]] = {"adamw": torch.optim.AdamW, "adam": torch.optim.Adam}
 
 
-def check_train_settings(cfg: dict, losses: Mapping[str, Callable], loss_name: str | None = None,
+def check_train_settings(cfg: TrainerSettings | CriticTrainerSettings, losses: Mapping[str, Callable], loss_name: str | None = None,
                          check_scheduler: bool = True) -> None:
     """Reject a name no registry knows (packing, optimizer, loss, scheduler), in one line naming
     the setting, before anything loads. The ranges (lr > 0, save_freq >= 1, ...) were checked with
-    the types when the config entered (:func:`aria.settings.validated`).
+    the types when the config entered (:mod:`aria.trainers.settings`).
 
     ``loss_name``: the trainer's own loss, when the config's ``loss.name`` does not choose it;
     ``check_scheduler=False`` leaves :func:`check_lr_scheduler` to the caller."""
     from aria.io import ConfigError
     from aria.packing import PACKINGS
 
-    t = cfg["train"]
+    t = cfg.train
 
-    if "packing" in t and t["packing"] not in PACKINGS:  # the critic's batches are not packed
-        raise ConfigError(f"train.packing: unknown {t.get('packing')!r} (known: {', '.join(PACKINGS)})")
-    if t["optimizer"] not in OPTIMIZERS:
-        raise ConfigError(f"train.optimizer: unknown {t['optimizer']!r} (known: {', '.join(sorted(OPTIMIZERS))})")
-    if loss_name is None and cfg["loss"]["name"] not in losses:
-        raise ConfigError(f"loss.name: unknown {cfg['loss']['name']!r} (known: {', '.join(sorted(losses))})")
-    name = loss_name or cfg["loss"]["name"]
-    if name in LOSS_OPTION_CHECKS and (problem := LOSS_OPTION_CHECKS[name](dict(cfg["loss"].get(name) or {}))):
+    if isinstance(t, TrainSettings) and t.packing not in PACKINGS:  # the critic's batches are not packed
+        raise ConfigError(f"train.packing: unknown {t.packing!r} (known: {', '.join(PACKINGS)})")
+    if t.optimizer not in OPTIMIZERS:
+        raise ConfigError(f"train.optimizer: unknown {t.optimizer!r} (known: {', '.join(sorted(OPTIMIZERS))})")
+    if loss_name is None and cfg.loss.name not in losses:
+        raise ConfigError(f"loss.name: unknown {cfg.loss.name!r} (known: {', '.join(sorted(losses))})")
+    name = loss_name or cfg.loss.name
+    if name in LOSS_OPTION_CHECKS and (problem := LOSS_OPTION_CHECKS[name](cfg.loss.options(name))):
         raise ConfigError(f"loss.{name}: {problem}")
-    if not (t["threads"] == "auto" or (t["threads"].isdigit() and int(t["threads"]) >= 1)):
-        raise ConfigError(f"train.threads: expected auto or a number of threads >= 1, got {t['threads']!r}")
-    check_mixed_precision(t["mixed_precision"], cfg.get("device", "auto"))
+    if not (t.threads == "auto" or (t.threads.isdigit() and int(t.threads) >= 1)):
+        raise ConfigError(f"train.threads: expected auto or a number of threads >= 1, got {t.threads!r}")
+    check_mixed_precision(t.mixed_precision, cfg.device)
     if check_scheduler:
         check_lr_scheduler(t)
 
@@ -71,7 +72,7 @@ def check_mixed_precision(value: str, device: str) -> None:
                           "(pip install torchao); or use auto, bf16 or fp16")
 
 
-def check_lr_scheduler(t: dict) -> None:
+def check_lr_scheduler(t: EngineTrainSettings) -> None:
     """``train.lr_scheduler`` is one of transformers' schedulers. Its own check because the names
     come with transformers' trainer utilities, which import peft (about 5 s on 2 cores): a trainer
     checks its data before this, so a bad file is one line within seconds."""
@@ -80,8 +81,8 @@ def check_lr_scheduler(t: dict) -> None:
     from aria.io import ConfigError
 
     schedulers = [s.value for s in SchedulerType]
-    if t["lr_scheduler"] not in schedulers:
-        raise ConfigError(f"train.lr_scheduler: unknown {t['lr_scheduler']!r} (known: {', '.join(schedulers)})")
+    if t.lr_scheduler not in schedulers:
+        raise ConfigError(f"train.lr_scheduler: unknown {t.lr_scheduler!r} (known: {', '.join(schedulers)})")
 
 
 def resolve_mixed_precision(value: str) -> str:
@@ -95,7 +96,7 @@ def resolve_mixed_precision(value: str) -> str:
     return "bf16" if native_bf16("cpu") else "no"
 
 
-def make_accelerator(cfg: dict, project_dir: Path | None = None, log_with: str | None = None,
+def make_accelerator(cfg: TrainerSettings | CriticTrainerSettings, project_dir: Path | None = None, log_with: str | None = None,
                      output_dir: Path | None = None):
     """The run's :class:`accelerate.Accelerator`: accumulation, mixed precision and device from
     ``cfg``, and the process's training threads (``train.threads``, :mod:`aria.threads`). The main
@@ -107,11 +108,11 @@ def make_accelerator(cfg: dict, project_dir: Path | None = None, log_with: str |
     """
     from accelerate import Accelerator
 
-    t = cfg["train"]
-    on_cpu = use_cpu(cfg.get("device", "auto"))
-    threads.configure(t["threads"])
-    acc = Accelerator(gradient_accumulation_steps=t["gradient_accumulation_steps"],
-                      mixed_precision=resolve_mixed_precision(t["mixed_precision"]),
+    t = cfg.train
+    on_cpu = use_cpu(cfg.device)
+    threads.configure(t.threads)
+    acc = Accelerator(gradient_accumulation_steps=t.gradient_accumulation_steps,
+                      mixed_precision=resolve_mixed_precision(t.mixed_precision),
                       cpu=on_cpu, step_scheduler_with_optimizer=False,
                       log_with=log_with or None, project_dir=str(project_dir) if project_dir else None)
     check_one_group(acc.num_processes)
@@ -144,32 +145,31 @@ def check_one_group(num_processes: int, environ: Mapping[str, str] | None = None
                           "and the device setting")
 
 
-def fit_accumulation(acc, t: dict, micro_batches: int, who: str) -> None:
+def fit_accumulation(acc, t: EngineTrainSettings, micro_batches: int, who: str) -> None:
     """Where an epoch's ``micro_batches`` give each process fewer than ``train.gradient_accumulation_steps``
     (a small ``data.max_samples``), accumulate over all of them: one optimizer step an epoch, said in
     one line, instead of no step at all. A run with at least one full step is left as it is."""
     per_process = micro_batches // acc.num_processes
-    if 0 < per_process < t["gradient_accumulation_steps"]:
+    if 0 < per_process < t.gradient_accumulation_steps:
         if acc.is_main_process:
             print(f"[{who}] {micro_batches} micro-batches an epoch make no step of gradient_accumulation_steps="
-                  f"{t['gradient_accumulation_steps']} on {acc.num_processes} process(es): accumulating over "
+                  f"{t.gradient_accumulation_steps} on {acc.num_processes} process(es): accumulating over "
                   f"{per_process}, one optimizer step an epoch")
-        t["gradient_accumulation_steps"] = acc.gradient_accumulation_steps = per_process
+        t.gradient_accumulation_steps = acc.gradient_accumulation_steps = per_process
 
 
-def warmup_steps(t: dict, total_steps: int) -> int:
+def warmup_steps(t: EngineTrainSettings, total_steps: int) -> int:
     """``train.warmup_steps`` when set, else ``ceil(train.warmup_ratio × total_steps)``."""
-    return int(t["warmup_steps"]) if t.get("warmup_steps") else int(math.ceil(t["warmup_ratio"] * total_steps))
+    return int(t.warmup_steps) if t.warmup_steps else int(math.ceil(t.warmup_ratio * total_steps))
 
 
-def build_optimizer(model, t: dict, total_steps: int):
+def build_optimizer(model, t: EngineTrainSettings, total_steps: int):
     """(optimizer, scheduler) for the trainable parameters of ``model``, from the ``train`` section."""
     from transformers import get_scheduler
 
     params = [p for p in model.parameters() if p.requires_grad]
-    optimizer = OPTIMIZERS[t["optimizer"]](params, lr=t["lr"], betas=tuple(t["betas"]), eps=t["eps"],
-                                           weight_decay=t["weight_decay"])
-    scheduler = get_scheduler(t["lr_scheduler"], optimizer, num_warmup_steps=warmup_steps(t, total_steps),
+    optimizer = OPTIMIZERS[t.optimizer](params, lr=t.lr, betas=tuple(t.betas), eps=t.eps, weight_decay=t.weight_decay)
+    scheduler = get_scheduler(t.lr_scheduler, optimizer, num_warmup_steps=warmup_steps(t, total_steps),
                               num_training_steps=total_steps)
     return optimizer, scheduler
 

@@ -37,7 +37,9 @@ from __future__ import annotations
 
 import io
 import time
+from dataclasses import asdict
 from pathlib import Path
+from typing import Mapping
 
 import numpy as np
 import torch
@@ -45,7 +47,9 @@ import torch
 from aria.data import read_training_set
 from aria.io import DataError, atomic_write_bytes
 from aria.policy import Encoding, PromptTooLong, action_logprobs, collate, load_policy
+from aria.settings import typed
 from aria.trainers.methods import method_weights
+from aria.trainers.settings import TrainerSettings
 
 
 def snr_from_gram(gram: np.ndarray, weights: np.ndarray) -> float | None:
@@ -119,7 +123,7 @@ def bootstrap_snr(gram: np.ndarray, weights: dict[str, np.ndarray], reference: s
     return out
 
 
-def gradient_variance(cfg: dict, max_samples: int = 256, seed: int = 0, methods: list[str] | None = None,
+def gradient_variance(cfg: Mapping | TrainerSettings, max_samples: int = 256, seed: int = 0, methods: list[str] | None = None,
                       weightings: dict[str, list[float]] | None = None, bootstrap: int = 0,
                       gram_out: str | Path | None = None) -> dict:
     """See the module doc. ``weightings``: further weights to compare from the same gradients, one
@@ -127,18 +131,19 @@ def gradient_variance(cfg: dict, max_samples: int = 256, seed: int = 0, methods:
     reported as ``<measure>_weighting_<name>``. ``bootstrap``: resamples for the SNR intervals
     (0: none, and no gradient is kept); ``gram_out``: an ``.npz`` for the Gram matrix, the chosen
     samples and each weighting's weights on them."""
-    m, d = cfg["model"], cfg["data"]
-    samples = read_training_set(d["train_file"])
+    cfg = typed(TrainerSettings, cfg, "trainer settings")
+    m, d = cfg.model, cfg.data
+    samples = read_training_set(d.train_file)
     missing = [i for i, s in enumerate(samples) if "step_return" not in s]
     if missing:
-        raise DataError(d["train_file"], None, f"sample {missing[0]}.step_return",
+        raise DataError(d.train_file, None, f"sample {missing[0]}.step_return",
                         "missing (the raw return is needed; pipeline step 4 writes it)")
-    methods = list(methods or [cfg["method"]])
+    methods = list(methods or [cfg.method])
     for method in methods:
         try:
             weights = np.nan_to_num(method_weights(method, samples), nan=0.0)
         except KeyError as error:
-            raise DataError(d["train_file"], None, None, error.args[0]) from None
+            raise DataError(d.train_file, None, None, error.args[0]) from None
         for s, w in zip(samples, weights):
             s[f"weight_{method}"] = float(w)
     for name, values in (weightings or {}).items():
@@ -148,14 +153,14 @@ def gradient_variance(cfg: dict, max_samples: int = 256, seed: int = 0, methods:
             s[f"weighting_{name}"] = float(np.nan_to_num(w, nan=0.0))
     kept = [i for i, s in enumerate(samples) if s["reward"] is not None]
     if not kept:
-        raise DataError(d["train_file"], None, None, "no sample has an aggregated reward (none was kept)")
+        raise DataError(d.train_file, None, None, "no sample has an aggregated reward (none was kept)")
     rng = np.random.default_rng(seed)
     chosen = sorted(np.asarray(kept)[rng.choice(len(kept), size=min(max_samples, len(kept)), replace=False)].tolist())
     # A LoRA adapter's A matrices are drawn at random (B starts at 0, so the gradient lives in B and
     # depends on A): the seed fixes them too, or two runs of one command differ.
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        tokenizer, model = load_policy(m["path"], m["dtype"], m["lora"] if m["lora"]["enabled"] else None)
+        tokenizer, model = load_policy(m.path, m.dtype, asdict(m.lora) if m.lora.enabled else None)
     model.eval()  # no dropout: the variance is over samples, not over dropout masks
     params = [p for p in model.parameters() if p.requires_grad]
     n_params = sum(p.numel() for p in params)
@@ -165,13 +170,13 @@ def gradient_variance(cfg: dict, max_samples: int = 256, seed: int = 0, methods:
     sums = {k: torch.zeros(n_params, dtype=torch.float64) for k in kinds}
     squares = {k: 0.0 for k in kinds}
     kept_grads = torch.zeros((len(chosen), n_params), dtype=torch.float32) if bootstrap else None
-    encoding = Encoding.from_config(d).for_model(model)  # the prompts as the policy played them (aria.policy)
+    encoding = Encoding.of(d).for_model(model)  # the prompts as the policy played them (aria.policy)
     encoded = {}
     for i in chosen:  # all of them before the first gradient: an over-long prompt is refused at once
         try:
             encoded[i] = encoding.encode(tokenizer, samples[i]["observation"], samples[i]["action"])
         except PromptTooLong as too_long:
-            raise DataError(d["train_file"], None, f"sample {i}.observation", f"{too_long} (data.max_prompt_tokens; "
+            raise DataError(d.train_file, None, f"sample {i}.observation", f"{too_long} (data.max_prompt_tokens; "
                             "data.over_long=cut_left cuts it on the left as the release did)") from None
     start = time.perf_counter()
     for row, i in enumerate(chosen):
@@ -189,8 +194,8 @@ def gradient_variance(cfg: dict, max_samples: int = 256, seed: int = 0, methods:
     n = len(chosen)
     outcome = {(s.get("game_id"), s.get("role")): bool(s.get("success")) for s in samples}
     result = {"samples": n, "methods": methods, "games": len(outcome), "games_won": sum(outcome.values()),
-              "trainable_parameters": n_params, "train_file": str(d["train_file"]), "model": str(m["path"]),
-              "lora": bool(m["lora"]["enabled"]), "seed": seed, "seconds": round(time.perf_counter() - start, 2)}
+              "trainable_parameters": n_params, "train_file": str(d.train_file), "model": str(m.path),
+              "lora": bool(m.lora.enabled), "seed": seed, "seconds": round(time.perf_counter() - start, 2)}
     for kind, field in kinds.items():
         mean = sums[kind] / n
         result[f"trace_cov_{kind}"] = squares[kind] / n - float(mean.dot(mean))

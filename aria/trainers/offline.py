@@ -42,8 +42,9 @@ from __future__ import annotations
 
 import json
 import time
+from dataclasses import asdict
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 import numpy as np
 import torch
@@ -51,7 +52,8 @@ import torch
 from aria.data import read_training_set
 from aria.io import DataError, atomic_write_json, json_digest
 from aria.secrets import redact
-from aria.settings import TrainerSettings, validated
+from aria.settings import typed
+from aria.trainers.settings import TrainerSettings
 from aria.trainers.checkpoint import (begin_checkpoint, check_output_dir_early, checkpoint_record,
                                       checkpoint_to_resume, finish_checkpoint, latest_checkpoint, load_plain_state,
                                       load_state, resume_position, resume_settings, run_record, save_plain_state,
@@ -136,37 +138,37 @@ class OfflineTrainer:
     #: the progress bar's name
     name = "reinforce"
 
-    def __init__(self, cfg: dict, on_step: Callable[[int], None] | None = None):
+    def __init__(self, cfg: Mapping | TrainerSettings, on_step: Callable[[int], None] | None = None):
         from accelerate.utils import set_seed
 
-        cfg = validated(self.settings, cfg, "trainer settings")
+        cfg = typed(self.settings, cfg, "trainer settings")
         check_train_settings(cfg, self.losses, self.loss_name, check_scheduler=False)
         self.cfg = cfg
-        t = cfg["train"]
+        t = cfg.train
         # Data: read and check everything before the scheduler's name (its check imports peft,
         # about 5 s on 2 cores), the accelerator and the model; a bad file is one line in seconds.
-        self.train_path = cfg["data"]["train_file"]
+        self.train_path = cfg.data.train_file
         self.file_samples = read_training_set(self.train_path)
         self.samples = self.select_samples(self.file_samples)
         check_lr_scheduler(t)
 
-        self.output_dir = Path(cfg["output_dir"])
-        self.accelerator = make_accelerator(cfg, self.output_dir, cfg["logging"]["report_to"], output_dir=self.output_dir)
+        self.output_dir = Path(cfg.output_dir)
+        self.accelerator = make_accelerator(cfg, self.output_dir, cfg.logging.report_to, output_dir=self.output_dir)
         check_output_dir_early(self.output_dir, resume_settings(cfg))  # another run's final/: before the model loads
         self.on_step = on_step  # called after every optimizer step (tests use it to interrupt a run)
-        set_seed(cfg["seed"])
+        set_seed(cfg.seed)
 
-        m = cfg["model"]
-        self.tokenizer, model = load_model(m["path"], self.head, m["dtype"],
-                                           m["lora"] if m["lora"]["enabled"] else None, m["gradient_checkpointing"])
-        self.encoding = Encoding.from_config(cfg["data"]).for_model(model)  # the cutoff capped at the model's context
+        m = cfg.model
+        self.tokenizer, model = load_model(m.path, self.head, m.dtype,
+                                           asdict(m.lora) if m.lora.enabled else None, m.gradient_checkpointing)
+        self.encoding = Encoding.of(cfg.data).for_model(model)  # the cutoff capped at the model's context
         self.encoded: list[EncodedSample] = self.encode_all(self.samples)
         self.rewards = torch.tensor([float(s[self.target_field]) for s in self.samples])
-        self.packing = t["packing"]
+        self.packing = t.packing
         self.break_even = attention_break_even(model)  # which micro-batches are cheaper in rows (aria.packing)
-        loss_name = self.loss_name or cfg["loss"]["name"]
+        loss_name = self.loss_name or cfg.loss.name
         self.loss_fn = self.losses[loss_name]
-        self.loss_options = dict(cfg["loss"].get(loss_name) or {})  # the section named like the loss
+        self.loss_options = cfg.loss.options(loss_name)  # the section named like the loss
         self.token_loss = loss_name in TOKEN_LOSSES  # reads each action token against the start model
         # What a checkpoint was trained on: resuming on other data (or in another order, or
         # under a loss with a reference) would silently mix two runs.
@@ -177,22 +179,22 @@ class OfflineTrainer:
         self.data_digest = json_digest(fingerprint, sort_keys=False)
 
         fit_accumulation(self.accelerator, t, len(self._all_batches(0)), "train")
-        world, accumulation = self.accelerator.num_processes, t["gradient_accumulation_steps"]
+        world, accumulation = self.accelerator.num_processes, t.gradient_accumulation_steps
         self.micro_per_epoch = len(self._epoch_batches(0))
         self.steps_per_epoch = self.micro_per_epoch // accumulation
         if self.steps_per_epoch == 0:
             raise DataError(self.train_path, None, None, f"{len(self.unit_lengths())} {self.unit} make no full optimizer step with "
-                            f"micro_batch_size={t['micro_batch_size']}, accumulation={accumulation}, processes={world}")
-        self.total_steps = self.steps_per_epoch * t["epochs"]
+                            f"micro_batch_size={t.micro_batch_size}, accumulation={accumulation}, processes={world}")
+        self.total_steps = self.steps_per_epoch * t.epochs
 
         optimizer, scheduler = build_optimizer(model, t, self.total_steps)
         if self._deepspeed:  # no dataloader goes through prepare(), so DeepSpeed is told the sizes here
             ds = self.accelerator.state.deepspeed_plugin.deepspeed_config
-            ds["train_micro_batch_size_per_gpu"] = t["micro_batch_size"]
-            ds["gradient_clipping"] = t["max_grad_norm"] or 0.0
+            ds["train_micro_batch_size_per_gpu"] = t.micro_batch_size
+            ds["gradient_clipping"] = t.max_grad_norm or 0.0
         self.model, self.optimizer = self.accelerator.prepare(model, optimizer)
         self.scheduler = scheduler
-        if self.target_field == "weight" and not get_method(cfg["method"]).sft_marker \
+        if self.target_field == "weight" and not get_method(cfg.method).sft_marker \
                 and "sft_reward" in self.loss_options:
             # A reward of exactly −1 marks a demonstration only in the release's ARIA files; a
             # normalised advantage (StarPO, GiGPO) can be exactly −1 and must stay an advantage.
@@ -226,7 +228,7 @@ class OfflineTrainer:
         negative = float((weights < 0).float().mean()) if len(weights) else 0.0
         if negative > 0:
             print(f"[train] warning: {negative:.0%} of the {self.unit} have a negative weight (method "
-                  f"{self.cfg['method']}): REINFORCE on fixed actions is unbounded below for them, so their "
+                  f"{self.cfg.method}): REINFORCE on fixed actions is unbounded below for them, so their "
                   "log-probabilities can be driven to -inf over epochs (docs/pipeline.md, ArCHer); watch the "
                   "loss and the policy's movement")
 
@@ -238,7 +240,7 @@ class OfflineTrainer:
         weights = self.apply_method(samples, method_weights)
         samples = [dict(s, weight=float(w)) for s, w in zip(samples, weights) if np.isfinite(w)]
         if not samples:
-            raise DataError(self.train_path, None, None, f"method {self.cfg['method']!r} trains on none "
+            raise DataError(self.train_path, None, None, f"method {self.cfg.method!r} trains on none "
                             "of the samples")
         return self.subset(samples)
 
@@ -248,8 +250,8 @@ class OfflineTrainer:
         missing field names the file."""
         from aria.io import ConfigError
 
-        check_samples(samples, self.train_path, empty_actions=self.cfg["data"]["append_eos"])
-        name = self.cfg["method"]
+        check_samples(samples, self.train_path, empty_actions=self.cfg.data.append_eos)
+        name = self.cfg.method
         if name not in METHODS:
             raise ConfigError(f"method: unknown {name!r} (known: {', '.join(sorted(METHODS))})")
         try:
@@ -259,9 +261,9 @@ class OfflineTrainer:
 
     def subset(self, samples: list[dict]) -> list[dict]:
         """All of ``samples``, or a seeded subset of ``data.max_samples`` of them in file order."""
-        limit = self.cfg["data"].get("max_samples")
+        limit = self.cfg.data.max_samples
         if limit and limit < len(samples):  # a seeded subset, in file order (small CPU runs)
-            keep = np.sort(np.random.default_rng(self.cfg["seed"]).choice(len(samples), size=limit, replace=False))
+            keep = np.sort(np.random.default_rng(self.cfg.seed).choice(len(samples), size=limit, replace=False))
             samples = [samples[i] for i in keep]
         return samples
 
@@ -281,7 +283,7 @@ class OfflineTrainer:
                 where = next((i for i, s in enumerate(self.file_samples) if s["observation"] == sample["observation"]
                               and s["action"] == sample["action"]), None)
                 raise DataError(self.train_path, None, f"sample {where}.observation", f"{too_long}: the policy played it "
-                                f"whole, so it is not cut (data.max_prompt_tokens={self.cfg['data']['max_prompt_tokens']}, "
+                                f"whole, so it is not cut (data.max_prompt_tokens={self.cfg.data.max_prompt_tokens}, "
                                 f"the model's context {e.context}); raise data.max_prompt_tokens up to the context, or set "
                                 "data.over_long=cut_left to cut it on the left as the release did") from None
         if self.accelerator.is_main_process and encoded:
@@ -351,7 +353,7 @@ class OfflineTrainer:
         if latest_checkpoint(self.output_dir) is not None:
             raise DataError(str(path), None, None, "checkpoints in this output_dir have no reference log-probs of "
                             "their start model; remove the output_dir's checkpoints/ to start again")
-        size, world = self.cfg["train"]["micro_batch_size"], acc.num_processes
+        size, world = self.cfg.train.micro_batch_size, acc.num_processes
         mine = np.array_split(np.arange(len(self.encoded)), world)[acc.process_index].tolist()
         rounds = -(-((len(self.encoded) + world - 1) // world) // size)  # the most batches any process has
         found: list[tuple[int, torch.Tensor]] = []
@@ -379,29 +381,29 @@ class OfflineTrainer:
     # ---- the data order ----
     def _all_batches(self, epoch: int) -> list[list[int]]:
         """Every micro-batch of ``epoch``, before the processes split them."""
-        t = self.cfg["train"]
+        t = self.cfg.train
         lengths = self.unit_lengths()
-        if t["packing"] == "prefix_tree":
-            return game_ordered_batches(self.unit_groups(), t["micro_batch_size"], self.cfg["seed"], epoch)
-        if t["length_bucketing"]:
-            return length_bucketed_batches(lengths, t["micro_batch_size"], self.cfg["seed"], epoch, t["bucket_batches"])
-        return _plain_batches(len(lengths), t["micro_batch_size"], self.cfg["seed"], epoch)
+        if t.packing == "prefix_tree":
+            return game_ordered_batches(self.unit_groups(), t.micro_batch_size, self.cfg.seed, epoch)
+        if t.length_bucketing:
+            return length_bucketed_batches(lengths, t.micro_batch_size, self.cfg.seed, epoch, t.bucket_batches)
+        return _plain_batches(len(lengths), t.micro_batch_size, self.cfg.seed, epoch)
 
     def _epoch_batches(self, epoch: int) -> list[list[int]]:
         """This process's micro-batches of ``epoch``."""
         return batches_for_process(self._all_batches(epoch), self.accelerator.process_index, self.accelerator.num_processes,
-                                   self.cfg["train"]["gradient_accumulation_steps"])
+                                   self.cfg.train.gradient_accumulation_steps)
 
     # ---- the loop ----
     def train(self) -> dict:
         from tqdm.auto import tqdm
 
-        acc, t, log_cfg = self.accelerator, self.cfg["train"], self.cfg["logging"]
+        acc, t, log_cfg = self.accelerator, self.cfg.train, self.cfg.logging
         if self.token_loss:  # from the start model, so before a resume replaces it
             self.reference = self.reference_logprobs()
         resumed = self.resume()
-        if acc.is_main_process and log_cfg["report_to"]:
-            acc.init_trackers(log_cfg.get("run_name") or "aria_offline", config=_flat(redact(self.cfg)))
+        if acc.is_main_process and log_cfg.report_to:
+            acc.init_trackers(log_cfg.run_name or "aria_offline", config=_flat(redact(asdict(self.cfg))))
         metrics_path = self.output_dir / "metrics.jsonl"
         bar = tqdm(total=self.total_steps, initial=self.state.step, disable=not acc.is_local_main_process,
                    desc=self.name, dynamic_ncols=True)
@@ -410,16 +412,16 @@ class OfflineTrainer:
 
         def epoch_batches(epoch: int) -> list[list[int]]:
             batches = self._epoch_batches(epoch)
-            if log_cfg.get("write_data_order"):  # which samples this process trains on (to check the split)
+            if log_cfg.write_data_order:  # which samples this process trains on (to check the split)
                 atomic_write_json(self.output_dir / f"data_order_epoch{epoch}_rank{acc.process_index}.json", batches)
             return batches
 
         def micro_step(indices: list[int]) -> None:
             batch = self.make_batch(indices)
             # whole games make micro-batches of varying sizes: each counts as its share of a nominal one
-            scale = nominal_scale(indices, t["micro_batch_size"]) if self.packing == "prefix_tree" else 1.0
+            scale = nominal_scale(indices, t.micro_batch_size) if self.packing == "prefix_tree" else 1.0
             loss, grad_norm = accumulate_step(acc, self.model, self.optimizer, self.scheduler,
-                                              lambda: self.micro_loss(batch, indices) * scale, t["max_grad_norm"])
+                                              lambda: self.micro_loss(batch, indices) * scale, t.max_grad_norm)
             if grad_norm is not None:
                 window["grad_norm"] = grad_norm
             window["loss"] += float(loss.detach()) / scale  # the micro-batch's mean loss, as logged before
@@ -430,18 +432,18 @@ class OfflineTrainer:
 
         def after_step() -> None:
             nonlocal window, last
-            if self.state.step % log_cfg["log_every"] == 0 or self.state.step == self.total_steps:
+            if self.state.step % log_cfg.log_every == 0 or self.state.step == self.total_steps:
                 last = self._log(window, metrics_path, bar)
                 window = _new_window()
-            if self.state.step % t["save_freq"] == 0:
+            if self.state.step % t.save_freq == 0:
                 self.save_checkpoint()
             if self.on_step:
                 self.on_step(self.state.step)
 
-        run_epochs(acc, self.state, t["epochs"], epoch_batches, micro_step, after_step, bar)
+        run_epochs(acc, self.state, t.epochs, epoch_batches, micro_step, after_step, bar)
         extra = self.after_training()
         final = self.save_final()
-        if log_cfg["report_to"]:
+        if log_cfg.report_to:
             acc.end_training()
         return {"steps": self.state.step, "resumed_from": str(resumed) if resumed else None, "final": str(final), **last, **extra}
 
@@ -468,7 +470,7 @@ class OfflineTrainer:
             metrics_path.parent.mkdir(parents=True, exist_ok=True)
             with open(metrics_path, "a", encoding="utf-8") as handle:
                 handle.write(json.dumps(record) + "\n")
-            if self.cfg["logging"]["report_to"]:
+            if self.cfg.logging.report_to:
                 acc.log({k: v for k, v in record.items() if k != "step"}, step=self.state.step)
         bar.set_postfix(loss=f"{loss:.4f}", tok_s=f"{record['tokens_per_s']:.0f}", pad=f"{record['padded_fraction']:.2f}")
         return record
@@ -495,7 +497,7 @@ class OfflineTrainer:
         elif acc.is_main_process:
             save_plain_state(tmp, acc.unwrap_model(self.model), self.tokenizer, self.optimizer, self.scheduler)
         return finish_checkpoint(acc, tmp, final, checkpoint_record(self),
-                                 self.cfg["train"].get("keep_checkpoints"))
+                                 self.cfg.train.keep_checkpoints)
 
     def resume(self) -> Path | None:
         found = checkpoint_to_resume(self)
@@ -515,7 +517,7 @@ class OfflineTrainer:
         acc.wait_for_everyone()
         state_dict = acc.get_state_dict(self.model) if self._deepspeed else None  # every rank takes part in gathering
         return save_final_model(acc, self.model, self.tokenizer, self.output_dir / "final", self.encoding,
-                                {"steps": self.state.step, "train_file": str(self.train_path), "config": self.cfg}, state_dict,
+                                {"steps": self.state.step, "train_file": str(self.train_path), "config": asdict(self.cfg)}, state_dict,
                                 run_record(resume_settings(self.cfg, self.micro_per_epoch), self.data_digest))
 
 

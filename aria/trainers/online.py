@@ -53,9 +53,9 @@ import shutil
 import subprocess
 import sys
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Mapping
 
 import numpy as np
 import torch
@@ -64,7 +64,8 @@ from aria.io import ConfigError, ResumeMismatch, atomic_write_json, read_json
 from aria.packing import attention_break_even, sample_groups
 from aria.policy import Encoding, action_logprobs, collate_as, load_policy, model_folder
 from aria.resources import compose_config, config_dir
-from aria.settings import OnlineTrainerSettings, validated
+from aria.settings import typed
+from aria.trainers.settings import OnlineTrainerSettings
 from aria.trainers.checkpoint import (check_output_dir_early, begin_checkpoint, check_resume_settings, finish_checkpoint, latest_checkpoint,
                                       load_plain_state, load_rng_state, resume_settings, run_record, save_plain_state,
                                       set_rng_state, start_fresh, trim_metrics)
@@ -156,7 +157,7 @@ class OnlineTrainer:
     ``on_iteration(i)`` is called after iteration ``i`` is checkpointed (tests use it to interrupt).
     """
 
-    def __init__(self, cfg: dict, on_iteration: Callable[[int], None] | None = None):
+    def __init__(self, cfg: Mapping | OnlineTrainerSettings, on_iteration: Callable[[int], None] | None = None):
         from accelerate.utils import set_seed
 
         from aria.games.base import load_game_config
@@ -166,53 +167,52 @@ class OnlineTrainer:
         from aria.intention import pipeline
         from aria.trainers.reward_service import SCORERS, build_scorer
 
-        cfg = validated(OnlineTrainerSettings, cfg, "online trainer settings")
-        if cfg["reward_model"]["serve"]["name"] not in SCORERS:  # before the policy loads
-            raise ConfigError(f"reward_model.serve.name: unknown {cfg['reward_model']['serve']['name']!r} "
+        cfg = typed(OnlineTrainerSettings, cfg, "online trainer settings")
+        if cfg.reward_model.serve.name not in SCORERS:  # before the policy loads
+            raise ConfigError(f"reward_model.serve.name: unknown {cfg.reward_model.serve.name!r} "
                               f"(known: {', '.join(sorted(SCORERS))})")
-        if cfg["loss"]["name"] in TOKEN_LOSSES:  # its reference is computed once on a fixed training set
-            raise ConfigError(f"loss.name: {cfg['loss']['name']!r} is a loss of the offline trainer (its reference "
+        if cfg.loss.name in TOKEN_LOSSES:  # its reference is computed once on a fixed training set
+            raise ConfigError(f"loss.name: {cfg.loss.name!r} is a loss of the offline trainer (its reference "
                               "log-probs are those of a fixed training set); online, use reinforce")
         check_train_settings(cfg, LOSSES)
-        if cfg["online"]["advantage"] not in ADVANTAGES:
-            raise ConfigError(f"online.advantage: unknown {cfg['online']['advantage']!r} (known: {sorted(ADVANTAGES)})")
+        if cfg.online.advantage not in ADVANTAGES:
+            raise ConfigError(f"online.advantage: unknown {cfg.online.advantage!r} (known: {sorted(ADVANTAGES)})")
         self.cfg, self.on_iteration = cfg, on_iteration
-        t, o = cfg["train"], cfg["online"]
-        self.output_dir = Path(cfg["output_dir"])
+        t, o = cfg.train, cfg.online
+        self.output_dir = Path(cfg.output_dir)
         self.accelerator = make_accelerator(cfg, output_dir=self.output_dir)
         check_output_dir_early(self.output_dir, resume_settings(cfg))  # another run's final/: before the model loads
-        set_seed(cfg["seed"])
-        self.advantage = ADVANTAGES[o["advantage"]]
-        self.loss_fn = LOSSES[cfg["loss"]["name"]]
-        self.loss_options = dict(cfg["loss"].get(cfg["loss"]["name"]) or {})
+        set_seed(cfg.seed)
+        self.advantage = ADVANTAGES[o.advantage]
+        self.loss_fn = LOSSES[cfg.loss.name]
+        self.loss_options = cfg.loss.options(cfg.loss.name)
 
         # The games and their oracle (single-agent games only: online ARIA is not defined for two players).
         self.games = {}
-        for name in o["games"]:
+        for name in o.games:
             game_cfg = load_game_config(name)
-            if o["max_turns"] is not None:  # as the evaluation's max_turns: the game's rules, shortened
-                game_cfg["max_turns"] = o["max_turns"]
+            if o.max_turns is not None:  # as the evaluation's max_turns: the game's rules, shortened
+                game_cfg["max_turns"] = o.max_turns
             game_cfg = checked_game(game_cfg)
             if not family_of(game_cfg).online:
                 raise ConfigError(f"online.games: online ARIA plays single-agent games; {name!r} is a "
                                   f"{family_of(game_cfg).title} game")
-            self.games[name] = (game_cfg, build_game(game_cfg), build_oracle(cfg["oracle"], game_cfg))
-            pipeline.check_overrides_of(name, o["intention_overrides"], "online.intention_overrides")
+            self.games[name] = (game_cfg, build_game(game_cfg), build_oracle(cfg.oracle, game_cfg))
+            pipeline.check_overrides_of(name, o.intention_overrides, "online.intention_overrides")
 
-        m = cfg["model"]
-        if cfg["reward_model"]["init_path"]:  # named before the policy loads, not after
-            model_folder(cfg["reward_model"]["init_path"], "reward_model.init_path")
-        self.tokenizer, model = load_policy(m["path"], m["dtype"], m["lora"] if m["lora"]["enabled"] else None,
-                                            m["gradient_checkpointing"])
+        m = cfg.model
+        if cfg.reward_model.init_path:  # named before the policy loads, not after
+            model_folder(cfg.reward_model.init_path, "reward_model.init_path")
+        self.tokenizer, model = load_policy(m.path, m.dtype, asdict(m.lora) if m.lora.enabled else None,
+                                            m.gradient_checkpointing)
         # The actor trains on the prompts its rollouts were played with: the policy cuts a prompt
         # longer than rollout.max_prompt_tokens on the left, so training cuts it there too.
-        self.encoding = Encoding.from_config({**cfg["data"], "max_prompt_tokens": cfg["rollout"]["max_prompt_tokens"],
-                                              "over_long": "cut_left"})
-        self.total_steps = o["iterations"] * o["actor_updates"]
+        self.encoding = replace(Encoding.of(cfg.data), max_prompt_tokens=cfg.rollout.max_prompt_tokens, over_long="cut_left")
+        self.total_steps = o.iterations * o.actor_updates
         optimizer, self.scheduler = build_optimizer(model, t, self.total_steps)
         self.break_even = attention_break_even(model)  # which micro-batches are cheaper in rows (aria.packing)
         self.model, self.optimizer = self.accelerator.prepare(model, optimizer)
-        self.scorer = build_scorer(cfg["reward_model"], str(self.accelerator.device))
+        self.scorer = build_scorer(asdict(cfg.reward_model), str(self.accelerator.device))
         self.state = OnlineState()
         self._rng_to_restore: dict | None = None  # set by resume()
         self._rollout_copy = None  # the inference copy of the policy (rollout.dtype), made on first use
@@ -227,7 +227,7 @@ class OnlineTrainer:
         (:func:`sync_weights`). A bfloat16 copy decodes much faster on hardware with native
         bfloat16 than the float32 master weights under autocast."""
         policy = self.accelerator.unwrap_model(self.model)
-        dtype = self.cfg["rollout"].get("dtype")
+        dtype = self.cfg.rollout.dtype
         if not dtype:
             return policy
         if self._rollout_copy is None:
@@ -238,7 +238,7 @@ class OnlineTrainer:
 
             device = str(self.accelerator.device)
             self._rollout_copy = AutoModelForCausalLM.from_pretrained(
-                resolve_model_path(self.cfg["model"]["path"]), dtype=resolve_dtype(dtype, device)).to(device).eval()
+                resolve_model_path(self.cfg.model.path), dtype=resolve_dtype(dtype, device)).to(device).eval()
             self._rollout_copy.requires_grad_(False)
         sync_weights(policy, self._rollout_copy)
         return self._rollout_copy
@@ -250,13 +250,13 @@ class OnlineTrainer:
         from aria.llm.local import LocalChatModel
         from aria.trajectories import read_trajectories
 
-        acc, o, r = self.accelerator, self.cfg["online"], self.cfg["rollout"]
-        per_process = math.ceil(o["rollout_size"] / acc.num_processes)
+        acc, o, r = self.accelerator, self.cfg.online, self.cfg.rollout
+        per_process = math.ceil(o.rollout_size / acc.num_processes)
         model = self.rollout_model()
         policy = LocalChatModel.from_model(model, self.tokenizer, name=f"online-iter{iteration}",
-                                           max_new_tokens=r["max_new_tokens"], temperature=r["temperature"],
-                                           top_p=r["top_p"], max_prompt_tokens=r["max_prompt_tokens"],
-                                           reuse_cache=r["reuse_cache"], device=acc.device)
+                                           max_new_tokens=r.max_new_tokens, temperature=r.temperature,
+                                           top_p=r.top_p, max_prompt_tokens=r.max_prompt_tokens,
+                                           reuse_cache=r.reuse_cache, device=acc.device)
         records = []
         model.eval()
         try:
@@ -264,10 +264,10 @@ class OnlineTrainer:
                 for name, (game_cfg, game, oracle) in self.games.items():
                     path = self.rollout_file(iteration, name, acc.process_index)
                     # seed + iteration · processes + rank: distinct targets and game ids everywhere
-                    seed = self.cfg["seed"] + iteration * acc.num_processes + acc.process_index
+                    seed = self.cfg.seed + iteration * acc.num_processes + acc.process_index
                     summary = play_games(game, policy, oracle, path, per_process, seed=seed,
-                                         batch_size=o["rollout_batch_size"], system_prompt=r.get("system_prompt"),
-                                         progress=self.cfg["logging"]["progress"] and acc.is_local_main_process,
+                                         batch_size=o.rollout_batch_size, system_prompt=r.system_prompt,
+                                         progress=self.cfg.logging.progress and acc.is_local_main_process,
                                          reply_format=reply_format(game_cfg))
                     if summary.failed:
                         print(f"[online] iteration {iteration}: {summary.failed} {name} game(s) failed; see {path}",
@@ -292,14 +292,14 @@ class OnlineTrainer:
     # ---- 3. the actor update ------------------------------------------------------------------
     def actor_update(self, samples: list[dict], advantages: np.ndarray, iteration: int) -> dict:
         """``online.actor_updates`` REINFORCE steps on this iteration's steps (module doc)."""
-        acc, t = self.accelerator, self.cfg["train"]
-        updates = self.cfg["online"]["actor_updates"]
-        batch_size = t["micro_batch_size"] * t["gradient_accumulation_steps"]
+        acc, t = self.accelerator, self.cfg.train
+        updates = self.cfg.online.actor_updates
+        batch_size = t.micro_batch_size * t.gradient_accumulation_steps
         encoded = [self.encoding.encode(self.tokenizer, s["observation"], s["action"]) for s in samples]
         adv = torch.tensor(advantages, dtype=torch.float32)
-        packed = t["packing"] == "prefix_tree"
-        plan = update_batches(len(encoded), updates, batch_size, t["micro_batch_size"],
-                              seed=[self.cfg["seed"], iteration, acc.process_index],
+        packed = t.packing == "prefix_tree"
+        plan = update_batches(len(encoded), updates, batch_size, t.micro_batch_size,
+                              seed=[self.cfg.seed, iteration, acc.process_index],
                               lengths=[len(e.input_ids) for e in encoded],
                               groups=sample_groups(samples) if packed else None)
         losses, grad_norms = [], []
@@ -308,14 +308,14 @@ class OnlineTrainer:
             step_loss = 0.0
             for indices in micro_batches:
                 batch = {k: v.to(acc.device) for k, v in
-                         collate_as([encoded[i] for i in indices], self.tokenizer.pad_token_id, t["packing"],
+                         collate_as([encoded[i] for i in indices], self.tokenizer.pad_token_id, t.packing,
                                     self.break_even).items()}
                 def compute_loss():
                     logp = action_logprobs(self.model, batch)
                     return self.loss_fn(logp, adv[indices].to(logp.device), **self.loss_options)
 
                 loss, grad_norm = accumulate_step(acc, self.model, self.optimizer, self.scheduler, compute_loss,
-                                                  t["max_grad_norm"])
+                                                  t.max_grad_norm)
                 if grad_norm is not None:
                     grad_norms.append(grad_norm)
                 step_loss += float(loss.detach()) / len(micro_batches)
@@ -337,11 +337,11 @@ class OnlineTrainer:
         from aria.intention import pipeline
 
         samples = []
-        quiet = (lambda line: None) if not self.cfg["logging"]["progress"] else print
+        quiet = (lambda line: None) if not self.cfg.logging.progress else print
         for name in self.games:
             files = [str(f) for i in iterations for f in sorted(self.rollout_file(i, name, 0).parent.glob(f"{name}.rank*.jsonl"))]
             c = compose_config("intention", [f"game={name}", f"input=[{','.join(files)}]", f"run_dir={run_dir / name}",
-                                             f"seed={self.cfg['seed']}", *self.cfg["online"]["intention_overrides"]])
+                                             f"seed={self.cfg.seed}", *self.cfg.online.intention_overrides])
             pipeline.step1_embed_and_cluster(c, quiet)
             pipeline.step2_select_k(c, quiet)
             pipeline.step3_apply_labels(c, quiet)
@@ -353,14 +353,14 @@ class OnlineTrainer:
         """Train the reward model on ``train_file`` with :mod:`aria.trainers.launch_reward_model` in a child process
         (its own accelerate state and memory; ``reward_model.train_command`` may launch it on other
         devices), starting from the current reward model or the base; returns its ``eval.json``."""
-        rm = self.cfg["reward_model"]
-        start = self.state.rm_path if (rm["refresh_from"] == "current" and self.state.rm_path) else rm["base_path"]
-        command = list(rm["train_command"] or [sys.executable, "-m", "aria.trainers.launch_reward_model",
+        rm = self.cfg.reward_model
+        start = self.state.rm_path if (rm.refresh_from == "current" and self.state.rm_path) else rm.base_path
+        command = list(rm.train_command or [sys.executable, "-m", "aria.trainers.launch_reward_model",
                                                 "--config-dir", str(config_dir()), "--config-name", "reward_model"])
         command += [f"data.train_file={Path(train_file).resolve()}", f"model.path={start}",
-                    f"output_dir={Path(out_dir).resolve()}", f"seed={self.cfg['seed']}",
-                    f"data.max_prompt_tokens={rm['max_prompt_tokens']}", "data.over_long=cut_left",  # as the rollouts were played
-                    *rm["train_overrides"]]
+                    f"output_dir={Path(out_dir).resolve()}", f"seed={self.cfg.seed}",
+                    f"data.max_prompt_tokens={rm.max_prompt_tokens}", "data.over_long=cut_left",  # as the rollouts were played
+                    *rm.train_overrides]
         log_path = out_dir.parent / "train_rm.log"
         out_dir.parent.mkdir(parents=True, exist_ok=True)
         with open(log_path, "w", encoding="utf-8") as log_file:
@@ -387,7 +387,7 @@ class OnlineTrainer:
             shutil.rmtree(run_dir, ignore_errors=True)  # a refresh cut short before the checkpoint is redone whole
             start = time.perf_counter()
             if train_file is None:
-                window = self.cfg["online"]["refresh_window"]
+                window = self.cfg.online.refresh_window
                 first = self.state.window_start if not window else max(self.state.window_start, upto - window + 1)
                 train_file = self.aggregate_rollouts(range(first, upto + 1), run_dir)
                 info["rm_window"] = [first, upto]
@@ -404,25 +404,25 @@ class OnlineTrainer:
         return read_json(run_dir / "refresh.json") if not info else info
 
     def _due_for_refresh(self, steps_before: int) -> bool:
-        every = self.cfg["online"]["rm_refresh"]
+        every = self.cfg.online.rm_refresh
         return bool(every) and self.state.step // every > steps_before // every
 
     # ---- the loop ------------------------------------------------------------------------------
     def train(self) -> dict:
-        acc, o, rm = self.accelerator, self.cfg["online"], self.cfg["reward_model"]
+        acc, o, rm = self.accelerator, self.cfg.online, self.cfg.reward_model
         resumed = self.resume()
-        if self.state.rm_path is None and rm["init_path"]:
-            self.state.rm_path = str(rm["init_path"])
+        if self.state.rm_path is None and rm.init_path:
+            self.state.rm_path = str(rm.init_path)
         if self.state.rm_path is not None:
             self.scorer.load(self.state.rm_path)
-        elif rm["train_file"]:
-            self.refresh_reward_model(train_file=rm["train_file"])
+        elif rm.train_file:
+            self.refresh_reward_model(train_file=rm.train_file)
         if self._rng_to_restore is not None:
             set_rng_state(self._rng_to_restore)
             self._rng_to_restore = None
         metrics_path = self.output_dir / "metrics.jsonl"
         last: dict = {}
-        while self.state.iteration < o["iterations"]:
+        while self.state.iteration < o.iterations:
             i = self.state.iteration
             record = {"iteration": i}
             start = time.perf_counter()
@@ -453,7 +453,7 @@ class OnlineTrainer:
                 with open(metrics_path, "a", encoding="utf-8") as handle:
                     handle.write(json.dumps(record) + "\n")
                 print(_summary_line(record), flush=True)
-            if self.state.iteration % o["save_freq"] == 0 or self.state.iteration == o["iterations"]:
+            if self.state.iteration % o.save_freq == 0 or self.state.iteration == o.iterations:
                 self.save_checkpoint()
             last = record
             if self.on_iteration:
@@ -484,7 +484,7 @@ class OnlineTrainer:
             save_plain_state(tmp, acc.unwrap_model(self.model), self.tokenizer, self.optimizer, self.scheduler)
         return finish_checkpoint(acc, tmp, final, {**asdict(self.state), "world_size": acc.num_processes,
                                                    "total_steps": self.total_steps, "settings": resume_settings(self.cfg)},
-                                 self.cfg["train"].get("keep_checkpoints"))
+                                 self.cfg.train.keep_checkpoints)
 
     def resume(self) -> Path | None:
         checkpoint = latest_checkpoint(self.output_dir)
@@ -516,7 +516,7 @@ class OnlineTrainer:
     def save_final(self) -> Path:
         return save_final_model(self.accelerator, self.model, self.tokenizer, self.output_dir / "final", self.encoding,
                                 {"iterations": self.state.iteration, "steps": self.state.step,
-                                 "reward_model": self.state.rm_path, "config": self.cfg},
+                                 "reward_model": self.state.rm_path, "config": asdict(self.cfg)},
                                 run=run_record(resume_settings(self.cfg), ""))
 
 

@@ -33,7 +33,7 @@ from aria.io import DataError, atomic_write_json
 from aria.packing import (PrefixTreePack, is_tree_batch, prefix_tree_packs, score_position,  # noqa: F401  (re-exported)
                           tree_scores)
 from aria.policy import EncodedSample, cache_keyword, collate, load_model
-from aria.settings import RewardModelTrainerSettings
+from aria.trainers.settings import RewardModelTrainerSettings
 from aria.trainers.losses import RM_LOSSES, mse_loss, mse_weights, weighted_mse_loss  # noqa: F401  (re-exported)
 from aria.trainers.offline import OfflineTrainer, check_samples
 
@@ -164,8 +164,8 @@ class RewardModelTrainer(OfflineTrainer):
         samples = [s for s in samples if s["reward"] is not None]
         if not samples:
             raise DataError(self.train_path, None, None, "no sample has an aggregated reward (none was kept)")
-        d = self.cfg["data"]
-        train, self.eval_samples = held_out_split(samples, d["eval_fraction"], self.cfg["seed"])
+        d = self.cfg.data
+        train, self.eval_samples = held_out_split(samples, d.eval_fraction, self.cfg.seed)
         if not train:
             raise DataError(self.train_path, None, None, "no samples left for training after the held-out split")
         return self.subset(train)
@@ -187,7 +187,7 @@ class RewardModelTrainer(OfflineTrainer):
             return {}
         encoded = self.eval_encoded
         target = np.array([float(s["reward"]) for s in self.eval_samples])
-        score = score_encoded(self.model, encoded, self.tokenizer.pad_token_id, self.cfg["train"]["micro_batch_size"],
+        score = score_encoded(self.model, encoded, self.tokenizer.pad_token_id, self.cfg.train.micro_batch_size,
                               self.accelerator.device, packing=self.packing)
         loss = float(self.loss_fn(torch.tensor(score), torch.tensor(target), **self.loss_options))
         result = {"eval_samples": len(target), "eval_loss": round(loss, 6),
