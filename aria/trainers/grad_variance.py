@@ -134,28 +134,9 @@ def gradient_variance(cfg: Mapping | TrainerSettings, max_samples: int = 256, se
     cfg = typed(TrainerSettings, cfg, "trainer settings")
     m, d = cfg.model, cfg.data
     samples = read_training_set(d.train_file)
-    missing = [i for i, s in enumerate(samples) if "step_return" not in s]
-    if missing:
-        raise DataError(d.train_file, None, f"sample {missing[0]}.step_return",
-                        "missing (the raw return is needed; pipeline step 4 writes it)")
     methods = list(methods or [cfg.method])
-    for method in methods:
-        try:
-            weights = np.nan_to_num(method_weights(method, samples), nan=0.0)
-        except KeyError as error:
-            raise DataError(d.train_file, None, None, error.args[0]) from None
-        for s, w in zip(samples, weights):
-            s[f"weight_{method}"] = float(w)
-    for name, values in (weightings or {}).items():
-        if len(values) != len(samples):
-            raise ValueError(f"weighting {name!r}: {len(values)} values for {len(samples)} samples")
-        for s, w in zip(samples, values):
-            s[f"weighting_{name}"] = float(np.nan_to_num(w, nan=0.0))
-    kept = [i for i, s in enumerate(samples) if s["reward"] is not None]
-    if not kept:
-        raise DataError(d.train_file, None, None, "no sample has an aggregated reward (none was kept)")
-    rng = np.random.default_rng(seed)
-    chosen = sorted(np.asarray(kept)[rng.choice(len(kept), size=min(max_samples, len(kept)), replace=False)].tolist())
+    kinds = _weigh(samples, methods, weightings or {}, d.train_file)  # measure -> the sample field it weighs by
+    chosen = _chosen_samples(samples, max_samples, seed, d.train_file)
     # A LoRA adapter's A matrices are drawn at random (B starts at 0, so the gradient lives in B and
     # depends on A): the seed fixes them too, or two runs of one command differ.
     with torch.random.fork_rng(devices=[]):
@@ -164,23 +145,13 @@ def gradient_variance(cfg: Mapping | TrainerSettings, max_samples: int = 256, se
     model.eval()  # no dropout: the variance is over samples, not over dropout masks
     params = [p for p in model.parameters() if p.requires_grad]
     n_params = sum(p.numel() for p in params)
-    kinds = {"raw_step_return": "step_return", "aggregated_reward": "reward",
-             **{f"method_{method}": f"weight_{method}" for method in methods},
-             **{f"weighting_{name}": f"weighting_{name}" for name in weightings or {}}}
+    encoded = _encoded(samples, chosen, Encoding.of(d).for_model(model), tokenizer, d.train_file)
+
     sums = {k: torch.zeros(n_params, dtype=torch.float64) for k in kinds}
     squares = {k: 0.0 for k in kinds}
     kept_grads = torch.zeros((len(chosen), n_params), dtype=torch.float32) if bootstrap else None
-    encoding = Encoding.of(d).for_model(model)  # the prompts as the policy played them (aria.policy)
-    encoded = {}
-    for i in chosen:  # all of them before the first gradient: an over-long prompt is refused at once
-        try:
-            encoded[i] = encoding.encode(tokenizer, samples[i]["observation"], samples[i]["action"])
-        except PromptTooLong as too_long:
-            raise DataError(d.train_file, None, f"sample {i}.observation", f"{too_long} (data.max_prompt_tokens; "
-                            "data.over_long=cut_left cuts it on the left as the release did)") from None
     start = time.perf_counter()
     for row, i in enumerate(chosen):
-        s = samples[i]
         batch = collate([encoded[i]], tokenizer.pad_token_id)
         model.zero_grad(set_to_none=True)
         action_logprobs(model, batch)[0].backward()
@@ -188,37 +159,92 @@ def gradient_variance(cfg: Mapping | TrainerSettings, max_samples: int = 256, se
         if kept_grads is not None:
             kept_grads[row] = g.float()
         for kind, field in kinds.items():
-            v = float(s[field]) * g
+            v = float(samples[i][field]) * g
             sums[kind] += v
             squares[kind] += float(v.dot(v))
+
     n = len(chosen)
     outcome = {(s.get("game_id"), s.get("role")): bool(s.get("success")) for s in samples}
     result = {"samples": n, "methods": methods, "games": len(outcome), "games_won": sum(outcome.values()),
               "trainable_parameters": n_params, "train_file": str(d.train_file), "model": str(m.path),
               "lora": bool(m.lora.enabled), "seed": seed, "seconds": round(time.perf_counter() - start, 2)}
-    for kind, field in kinds.items():
+    weights = {kind: np.array([float(samples[i][field]) for i in chosen]) for kind, field in kinds.items()}
+    for kind in kinds:
         mean = sums[kind] / n
         result[f"trace_cov_{kind}"] = squares[kind] / n - float(mean.dot(mean))
         result[f"snr_{kind}"] = float(mean.dot(mean)) / result[f"trace_cov_{kind}"] if result[f"trace_cov_{kind}"] > 0 else None
         result[f"snr_corrected_{kind}"] = corrected_snr(result[f"snr_{kind}"], n)
-        rewards = np.array([float(samples[i][field]) for i in chosen])
-        result[f"reward_variance_{kind}"] = float(rewards.var())
+        result[f"reward_variance_{kind}"] = float(weights[kind].var())
     if kept_grads is not None:
-        gram = np.zeros((n, n))
-        for start_col in range(0, n_params, 1 << 18):  # float64 products a slice at a time
-            part = kept_grads[:, start_col:start_col + (1 << 18)].double()
-            gram += (part @ part.T).numpy()
-        weights = {kind: np.array([float(samples[i][field]) for i in chosen]) for kind, field in kinds.items()}
-        for kind, found in bootstrap_snr(gram, weights, "raw_step_return", bootstrap, seed).items():
-            result.update({f"{measure}_{kind}": value for measure, value in found.items() if measure != "snr_corrected"})
-        result["bootstrap"] = bootstrap
-        if gram_out is not None:  # the intervals can be drawn again, or for other weightings, without the model
-            buffer = io.BytesIO()  # n × n floats: half a megabyte at 256 samples
-            np.savez_compressed(buffer, gram=gram, chosen=np.asarray(chosen),
-                                **{f"weights_{kind}": w for kind, w in weights.items()})
-            atomic_write_bytes(gram_out, buffer.getvalue())
+        result.update(_bootstrapped(kept_grads, weights, chosen, bootstrap, seed, gram_out))
     raw = result["trace_cov_raw_step_return"]
     result["ratio_aggregated_over_raw"] = result["trace_cov_aggregated_reward"] / raw if raw > 0 else None
     for method in methods:
         result[f"ratio_method_{method}_over_raw"] = result[f"trace_cov_method_{method}"] / raw if raw > 0 else None
+    return result
+
+
+def _weigh(samples: list[dict], methods: list[str], weightings: dict[str, list[float]], train_file) -> dict[str, str]:
+    """Each method's weights (computed on the whole file: group statistics) and each extra
+    weighting written into the samples; returns measure -> the sample field it weighs by."""
+    missing = [i for i, s in enumerate(samples) if "step_return" not in s]
+    if missing:
+        raise DataError(train_file, None, f"sample {missing[0]}.step_return",
+                        "missing (the raw return is needed; pipeline step 4 writes it)")
+    for method in methods:
+        try:
+            weights = np.nan_to_num(method_weights(method, samples), nan=0.0)
+        except KeyError as error:
+            raise DataError(train_file, None, None, error.args[0]) from None
+        for s, w in zip(samples, weights):
+            s[f"weight_{method}"] = float(w)
+    for name, values in weightings.items():
+        if len(values) != len(samples):
+            raise ValueError(f"weighting {name!r}: {len(values)} values for {len(samples)} samples")
+        for s, w in zip(samples, values):
+            s[f"weighting_{name}"] = float(np.nan_to_num(w, nan=0.0))
+    return {"raw_step_return": "step_return", "aggregated_reward": "reward",
+            **{f"method_{method}": f"weight_{method}" for method in methods},
+            **{f"weighting_{name}": f"weighting_{name}" for name in weightings}}
+
+
+def _chosen_samples(samples: list[dict], max_samples: int, seed: int, train_file) -> list[int]:
+    """A seeded choice of at most ``max_samples`` of the steps the aggregation kept, in file order."""
+    kept = [i for i, s in enumerate(samples) if s["reward"] is not None]
+    if not kept:
+        raise DataError(train_file, None, None, "no sample has an aggregated reward (none was kept)")
+    rng = np.random.default_rng(seed)
+    return sorted(np.asarray(kept)[rng.choice(len(kept), size=min(max_samples, len(kept)), replace=False)].tolist())
+
+
+def _encoded(samples: list[dict], chosen: list[int], encoding: Encoding, tokenizer, train_file) -> dict:
+    """The chosen samples' tokens, as the policy played them (aria.policy); all of them before the
+    first gradient, so an over-long prompt is refused at once."""
+    encoded = {}
+    for i in chosen:
+        try:
+            encoded[i] = encoding.encode(tokenizer, samples[i]["observation"], samples[i]["action"])
+        except PromptTooLong as too_long:
+            raise DataError(train_file, None, f"sample {i}.observation", f"{too_long} (data.max_prompt_tokens; "
+                            "data.over_long=cut_left cuts it on the left as the release did)") from None
+    return encoded
+
+
+def _bootstrapped(kept_grads: torch.Tensor, weights: dict[str, np.ndarray], chosen: list[int], bootstrap: int,
+                  seed: int, gram_out: str | Path | None) -> dict:
+    """The SNR intervals from the Gram matrix of the kept gradients (:func:`bootstrap_snr`); the
+    matrix written to ``gram_out`` when given."""
+    n, n_params = kept_grads.shape
+    gram = np.zeros((n, n))
+    for start_col in range(0, n_params, 1 << 18):  # float64 products a slice at a time
+        part = kept_grads[:, start_col:start_col + (1 << 18)].double()
+        gram += (part @ part.T).numpy()
+    result = {}
+    for kind, found in bootstrap_snr(gram, weights, "raw_step_return", bootstrap, seed).items():
+        result.update({f"{measure}_{kind}": value for measure, value in found.items() if measure != "snr_corrected"})
+    result["bootstrap"] = bootstrap
+    if gram_out is not None:  # the intervals can be drawn again, or for other weightings, without the model
+        buffer = io.BytesIO()  # n × n floats: half a megabyte at 256 samples
+        np.savez_compressed(buffer, gram=gram, chosen=np.asarray(chosen), **{f"weights_{kind}": w for kind, w in weights.items()})
+        atomic_write_bytes(gram_out, buffer.getvalue())
     return result
