@@ -167,100 +167,111 @@ def build_corpus(records: Iterable[dict], spec: IntentionSpec, gamma: float = 0.
     is not a step (``reward_utils.get_multi_values`` loops over ``range(min_length - 1)``).
     ``sources``: each game's file and line, named by a problem found in its record.
     """
-    pools = {p: {} for p in spec.pools}  # pool -> {text: index}
-    vectors: dict[str, dict[int, np.ndarray]] = {p: {} for p in spec.pools}
-    missing: dict[str, str] = {}  # pool -> first game with a text lacking a precomputed embedding
-    dims: dict[str, int] = {}
-    rules = {r.name: r for r in spec.channels}
-    channel_index = {r.name: i for i, r in enumerate(spec.channels)}
-    role_index = {name: i for i, name in enumerate(spec.trained)}
-    u_game, u_pos, u_channel, u_pool, u_value = [], [], [], [], []
-    s_utt, s_role, s_game, s_turn, s_final, s_index, s_count, s_seat, s_rounds = [], [], [], [], [], [], [], [], []
-    s_intention: list[str | None] = []
-    game_ids: list[str] = []
-    skipped: list[dict] = []
-    pool_names = list(pools)
+    builder = _CorpusBuilder(spec, use_precomputed, discount)
     for record in records:
-        gid = record["game_id"]
-        with located(*(sources or {}).get(gid, (None, None))):
-            if record.get("status") == "failed":
-                skipped.append({"game_id": gid, "reason": "failed game"})
-                continue
-            if not record["turns"]:
-                skipped.append({"game_id": gid, "reason": "no turns"})
-                continue
-            two_player = "players" in record
-            utterances = list(_utterances(record, two_player))
-            for channel, _, i, _ in utterances:
-                if channel not in rules:
-                    raise DataError(None, None, f"turns[{i}].role", f"game {gid!r}: channel {channel!r} not in the game's intention config")
-            rounds = min(sum(1 for c, *_ in utterances if c == p) for p in record["players"]) if two_player \
-                else len(record["turns"])
-            if two_player and discount == "original" and rounds == 0:  # the release counts m = min(#Alice, #Bob)
-                skipped.append({"game_id": gid, "reason": "a player never spoke: no round under discount=original"})
-                continue
-            g = len(game_ids)
-            game_ids.append(gid)
-            counts = {role: sum(1 for c, *_ in utterances if c == role) for role in spec.trained}
-            seats = {role: (record["players"].index(role) if role in record["players"] else -1) if two_player else -1
-                     for role in spec.trained}
-            if two_player and discount == "original":
-                counts = {role: min(n, rounds) for role, n in counts.items()}
-            seen = {role: 0 for role in spec.trained}
-            for position, (channel, text, turn, vector) in enumerate(utterances):
-                rule = rules[channel]
-                u_game.append(g)
-                u_pos.append(position)
-                u_channel.append(channel_index[channel])
-                if rule.pool is None:
-                    u_pool.append(-1)
-                    u_value.append(LABEL_MAPS[rule.label_map](text))
-                else:
-                    texts = pools[rule.pool]
-                    if text not in texts:
-                        texts[text] = len(texts)
-                    u_pool.append(pool_names.index(rule.pool))
-                    u_value.append(texts[text])
-                    if use_precomputed and rule.pool not in missing:
-                        if vector is None:
-                            missing[rule.pool] = gid
-                        elif texts[text] not in vectors[rule.pool]:  # the first vector of a repeated text wins
-                            v = _check_vector(vector, gid, turn, dims.get(rule.pool))
-                            dims[rule.pool] = v.size
-                            vectors[rule.pool][texts[text]] = v
-                if channel in role_index and seen[channel] < counts[channel]:
-                    seen[channel] += 1
-                    s_utt.append(len(u_game) - 1)
-                    s_role.append(role_index[channel])
-                    s_game.append(g)
-                    s_turn.append(turn)
-                    s_intention.append(record["turns"][turn].get("intention"))
-                    s_index.append(seen[channel])
-                    s_count.append(counts[channel])
-                    s_seat.append(seats[channel])
-                    s_rounds.append(rounds)
-                    s_final.append(_final_reward(record, channel, two_player))
-    table = StepTable(
-        utterance_game=np.array(u_game, dtype=np.int64),
-        utterance_position=np.array(u_pos, dtype=np.int64),
-        utterance_channel=np.array(u_channel, dtype=np.int64),
-        step_utterance=np.array(s_utt, dtype=np.int64),
-        step_role=np.array(s_role, dtype=np.int64),
-        step_return=step_returns(np.array(s_final), np.array(s_index), np.array(s_count), gamma, discount,
-                                 np.array(s_seat), np.array(s_rounds)) if s_utt else np.zeros(0),
-    )
-    precomputed = {}
-    for pool, texts in pools.items():
-        have = vectors[pool]
-        precomputed[pool] = np.stack([have[i] for i in range(len(texts))]).astype(np.float32) \
-            if use_precomputed and pool not in missing and texts and len(have) == len(texts) else None
-    return Corpus(
-        table=table, game_ids=game_ids, pools={p: list(t) for p, t in pools.items()},
-        utterance_pool=np.array(u_pool, dtype=np.int64), utterance_value=np.array(u_value, dtype=np.int64),
-        step_game=np.array(s_game, dtype=np.int64), step_turn=np.array(s_turn, dtype=np.int64),
-        roles=list(spec.trained), precomputed=precomputed, skipped=skipped, step_intention=s_intention,
-        sources=dict(sources or {}),
-    )
+        with located(*(sources or {}).get(record["game_id"], (None, None))):
+            builder.add_game(record)
+    return builder.corpus(gamma, sources)
+
+
+class _CorpusBuilder:
+    """The columns of a :class:`Corpus`, filled a game at a time: one row per utterance (``u_*``)
+    and one per agent step (``s_*``), the distinct texts of every pool, and the precomputed
+    vectors the trajectories carry."""
+
+    def __init__(self, spec: IntentionSpec, use_precomputed: bool, discount: str):
+        self.spec, self.use_precomputed, self.discount = spec, use_precomputed, discount
+        self.rules = {r.name: r for r in spec.channels}
+        self.channel_index = {r.name: i for i, r in enumerate(spec.channels)}
+        self.role_index = {name: i for i, name in enumerate(spec.trained)}
+        self.pools: dict[str, dict[str, int]] = {p: {} for p in spec.pools}  # pool -> {text: index}
+        self.vectors: dict[str, dict[int, np.ndarray]] = {p: {} for p in spec.pools}
+        self.missing: dict[str, str] = {}  # pool -> first game with a text lacking a precomputed embedding
+        self.dims: dict[str, int] = {}
+        self.u: dict[str, list] = {k: [] for k in ("game", "pos", "channel", "pool", "value")}
+        self.s: dict[str, list] = {k: [] for k in ("utt", "role", "game", "turn", "final", "index", "count", "seat",
+                                                   "rounds", "intention")}
+        self.game_ids: list[str] = []
+        self.skipped: list[dict] = []
+
+    def add_game(self, record: dict) -> None:
+        gid, spec = record["game_id"], self.spec
+        if record.get("status") == "failed" or not record["turns"]:
+            self.skipped.append({"game_id": gid, "reason": "failed game" if record.get("status") == "failed" else "no turns"})
+            return
+        two_player = "players" in record
+        utterances = list(_utterances(record, two_player))
+        for channel, _, i, _ in utterances:
+            if channel not in self.rules:
+                raise DataError(None, None, f"turns[{i}].role", f"game {gid!r}: channel {channel!r} not in the game's intention config")
+        rounds = min(sum(1 for c, *_ in utterances if c == p) for p in record["players"]) if two_player \
+            else len(record["turns"])
+        if two_player and self.discount == "original" and rounds == 0:  # the release counts m = min(#Alice, #Bob)
+            self.skipped.append({"game_id": gid, "reason": "a player never spoke: no round under discount=original"})
+            return
+        g = len(self.game_ids)
+        self.game_ids.append(gid)
+        counts = {role: sum(1 for c, *_ in utterances if c == role) for role in spec.trained}
+        seats = {role: (record["players"].index(role) if role in record["players"] else -1) if two_player else -1
+                 for role in spec.trained}
+        if two_player and self.discount == "original":
+            counts = {role: min(n, rounds) for role, n in counts.items()}
+        seen = {role: 0 for role in spec.trained}
+        for position, (channel, text, turn, vector) in enumerate(utterances):
+            self._add_utterance(g, position, channel, text, turn, vector, gid)
+            if channel in self.role_index and seen[channel] < counts[channel]:
+                seen[channel] += 1
+                for key, value in (("utt", len(self.u["game"]) - 1), ("role", self.role_index[channel]), ("game", g),
+                                   ("turn", turn), ("intention", record["turns"][turn].get("intention")),
+                                   ("index", seen[channel]), ("count", counts[channel]), ("seat", seats[channel]),
+                                   ("rounds", rounds), ("final", _final_reward(record, channel, two_player))):
+                    self.s[key].append(value)
+
+    def _add_utterance(self, g: int, position: int, channel: str, text: str, turn: int, vector, gid: str) -> None:
+        rule = self.rules[channel]
+        self.u["game"].append(g)
+        self.u["pos"].append(position)
+        self.u["channel"].append(self.channel_index[channel])
+        if rule.pool is None:
+            self.u["pool"].append(-1)
+            self.u["value"].append(LABEL_MAPS[rule.label_map](text))
+            return
+        texts = self.pools[rule.pool]
+        if text not in texts:
+            texts[text] = len(texts)
+        self.u["pool"].append(list(self.pools).index(rule.pool))
+        self.u["value"].append(texts[text])
+        if self.use_precomputed and rule.pool not in self.missing:
+            if vector is None:
+                self.missing[rule.pool] = gid
+            elif texts[text] not in self.vectors[rule.pool]:  # the first vector of a repeated text wins
+                v = _check_vector(vector, gid, turn, self.dims.get(rule.pool))
+                self.dims[rule.pool] = v.size
+                self.vectors[rule.pool][texts[text]] = v
+
+    def corpus(self, gamma: float, sources: Mapping[str, tuple[Any, int]] | None) -> Corpus:
+        u, s = self.u, self.s
+        table = StepTable(
+            utterance_game=np.array(u["game"], dtype=np.int64),
+            utterance_position=np.array(u["pos"], dtype=np.int64),
+            utterance_channel=np.array(u["channel"], dtype=np.int64),
+            step_utterance=np.array(s["utt"], dtype=np.int64),
+            step_role=np.array(s["role"], dtype=np.int64),
+            step_return=step_returns(np.array(s["final"]), np.array(s["index"]), np.array(s["count"]), gamma, self.discount,
+                                     np.array(s["seat"]), np.array(s["rounds"])) if s["utt"] else np.zeros(0),
+        )
+        precomputed = {}
+        for pool, texts in self.pools.items():
+            have = self.vectors[pool]
+            precomputed[pool] = np.stack([have[i] for i in range(len(texts))]).astype(np.float32) \
+                if self.use_precomputed and pool not in self.missing and texts and len(have) == len(texts) else None
+        return Corpus(
+            table=table, game_ids=self.game_ids, pools={p: list(t) for p, t in self.pools.items()},
+            utterance_pool=np.array(u["pool"], dtype=np.int64), utterance_value=np.array(u["value"], dtype=np.int64),
+            step_game=np.array(s["game"], dtype=np.int64), step_turn=np.array(s["turn"], dtype=np.int64),
+            roles=list(self.spec.trained), precomputed=precomputed, skipped=self.skipped, step_intention=s["intention"],
+            sources=dict(sources or {}),
+        )
 
 
 def _final_reward(record: dict, role: str, two_player: bool) -> float:

@@ -546,19 +546,13 @@ def step2_select_k(cfg: Mapping | IntentionSettings, echo: Printer = print) -> d
     fingerprint = json_digest({"step1": summary["fingerprint"], "selection": scoring, "aggregation": asdict(agg_cfg),
                                "behaviour": cfg.behaviour, "labels": cfg.labels, "report": SELECTION_VERSION})
     out_path = run_dir / "selection.json"
-    if (selection := _up_to_date_json(out_path, fingerprint)) is not None:
-        # step 3 reads the labels too: an archive damaged since is step 1's to make again, not "up to date"
-        for name in ("labels.npz", "embeddings.npz"):
-            if _stamp(run_dir / name) != summary["fingerprint"]:
-                _check_stamp(_load_npz(run_dir / name, 1), name, summary)
+    if (selection := _step2_up_to_date(out_path, fingerprint, summary)) is not None:
         echo(f"[step 2] up to date: {out_path}")
         return selection
-    labels = _load_npz(run_dir / "labels.npz", 1)
-    embeddings = _load_npz(run_dir / "embeddings.npz", 1)
+    labels, embeddings = (_load_npz(run_dir / name, 1) for name in ("labels.npz", "embeddings.npz"))
     _check_stamp(labels, "labels.npz", summary)
     _check_stamp(embeddings, "embeddings.npz", summary)
     ks = [int(k) for k in labels["ks"]]
-    pools = list(corpus.pools)
 
     start = time.perf_counter()
     q_at_k, scored, variance = _aggregate_every_k(corpus, labels, ks, agg_cfg, paper_keys="keys" in scoring)
@@ -566,16 +560,12 @@ def step2_select_k(cfg: Mapping | IntentionSettings, echo: Printer = print) -> d
     start = time.perf_counter()
     per_pool = _cluster_indices(corpus, embeddings, labels, ks, summary, selection_cfg, cfg.seed)
     metrics_s = time.perf_counter() - start
-    curves = {
-        "split_score": [*split_scores(ks, scored).tolist(), float("nan")] if len(ks) > 1 else [float("nan")],
-        **{m: np.nanmean([per_pool[p][m] for p in pools], axis=0).tolist() if _any_finite(per_pool, pools, m)
-           else [float("nan")] * len(ks) for m in ("silhouette", "calinski_harabasz", "davies_bouldin")},
-    }
+    curves = _curves(ks, scored, per_pool, list(corpus.pools))
     recovery = _intention_recovery(corpus, labels, ks)
     behaviour = behavioural_labels(cfg, corpus, echo)
     against = _against_behaviour(corpus, labels, ks, behaviour, q_at_k, agg_cfg) if behaviour is not None else None
     claim = variance_claim(ks, variance["raw_kept"], variance["aggregated_kept"])
-    chosen, choices = _chosen_k(curves, ks, pools, selection_cfg)
+    chosen, choices = _chosen_k(curves, ks, list(corpus.pools), selection_cfg)
     report = {
         "fingerprint": fingerprint, "step1_fingerprint": summary["fingerprint"], "game": summary["game"], "ks": ks,
         "chosen": chosen, "choices_by_criterion": choices,
@@ -598,14 +588,40 @@ def step2_select_k(cfg: Mapping | IntentionSettings, echo: Printer = print) -> d
     # the plot first: the report is what a re-run takes as "step 2 done", so it is written last
     plot_selection(report, run_dir / "selection.png")
     atomic_write_json(out_path, report)
-    k_text = ", ".join(f"{p}: k={k}" for p, k in chosen["k"].items())
-    at = ks.index(next(iter(chosen["k"].values())))
-    echo(f"[step 2] {chosen['criterion']} chose {k_text} ({chosen['why']}); on the {variance['kept_fraction'][at]:.0%} "
-         f"of steps kept there Var(R)={variance['raw_kept'][at]:.4f}, Var(R~)={variance['aggregated_kept'][at]:.4f}"
-         + ("" if claim["holds"] else f"; Var(R~) > Var(R) at k={claim['violations']}"))
+    echo(_choice_line(report, variance))
     echo(f"[step 2] wrote {out_path} and {run_dir / 'selection.png'} (aggregation for {len(ks)} ks {aggregation_s:.2f}s, "
          f"cluster indices {metrics_s:.2f}s)")
     return report
+
+
+def _step2_up_to_date(out_path: Path, fingerprint: str, summary: dict) -> dict | None:
+    """Step 2's report when it was made under ``fingerprint`` and the arrays of step 1 beside it are
+    intact (step 3 reads the labels too: an archive damaged since is step 1's to make again)."""
+    selection = _up_to_date_json(out_path, fingerprint)
+    if selection is not None:
+        for name in ("labels.npz", "embeddings.npz"):
+            if _stamp(out_path.parent / name) != summary["fingerprint"]:
+                _check_stamp(_load_npz(out_path.parent / name, 1), name, summary)
+    return selection
+
+
+def _curves(ks: list[int], scored: np.ndarray, per_pool: dict, pools: list[str]) -> dict[str, list[float]]:
+    """The criteria's curves over k: SplitScore (none at the last k) and the cluster indices, pools averaged."""
+    return {
+        "split_score": [*split_scores(ks, scored).tolist(), float("nan")] if len(ks) > 1 else [float("nan")],
+        **{m: np.nanmean([per_pool[p][m] for p in pools], axis=0).tolist() if _any_finite(per_pool, pools, m)
+           else [float("nan")] * len(ks) for m in ("silhouette", "calinski_harabasz", "davies_bouldin")},
+    }
+
+
+def _choice_line(report: dict, variance: dict[str, list[float]]) -> str:
+    """What step 2 chose, and the variances of the steps kept at that k."""
+    chosen, claim, ks = report["chosen"], report["variance"]["claim"], report["ks"]
+    k_text = ", ".join(f"{p}: k={k}" for p, k in chosen["k"].items())
+    at = ks.index(next(iter(chosen["k"].values())))
+    return (f"[step 2] {chosen['criterion']} chose {k_text} ({chosen['why']}); on the {variance['kept_fraction'][at]:.0%} "
+            f"of steps kept there Var(R)={variance['raw_kept'][at]:.4f}, Var(R~)={variance['aggregated_kept'][at]:.4f}"
+            + ("" if claim["holds"] else f"; Var(R~) > Var(R) at k={claim['violations']}"))
 
 
 def _aggregate_every_k(corpus: Corpus, labels, ks: list[int], agg_cfg: AggregationSettings,

@@ -170,14 +170,27 @@ class OfflineTrainer:
         self.loss_fn = self.losses[loss_name]
         self.loss_options = cfg.loss.options(loss_name)  # the section named like the loss
         self.token_loss = loss_name in TOKEN_LOSSES  # reads each action token against the start model
-        # What a checkpoint was trained on: resuming on other data (or in another order, or
-        # under a loss with a reference) would silently mix two runs.
-        # (whole games a micro-batch since the cutoff became the paper's: a checkpoint of micro-batches cut
-        # every micro_batch_size samples is not continued under the new ones)
+        self.data_digest = self._data_digest(loss_name)
+        self._prepare(model)
+        self._sft_marker_rules()
+        self.state = TrainState()
+        self.token_stats: dict[str, float] = {}  # the clipped loss's per-micro-batch diagnostics
+        if self.accelerator.is_main_process:
+            self._announce()
+
+    def _data_digest(self, loss_name: str) -> str:
+        """What a checkpoint was trained on: resuming on other data (or in another order, or under a
+        loss with a reference) would silently mix two runs. (Whole games a micro-batch since the
+        cutoff became the paper's: a checkpoint of micro-batches cut every micro_batch_size samples
+        is not continued under the new ones.)"""
         fingerprint = self.fingerprint() + ([["packing", self.packing, "whole_games"]] if self.packing != "padded" else []) \
             + ([["loss", loss_name, self.loss_options]] if self.token_loss else [])
-        self.data_digest = json_digest(fingerprint, sort_keys=False)
+        return json_digest(fingerprint, sort_keys=False)
 
+    def _prepare(self, model) -> None:
+        """The epoch's micro-batches and optimizer steps, the optimizer and its schedule, and the
+        model and optimizer handed to accelerate."""
+        t = self.cfg.train
         fit_accumulation(self.accelerator, t, len(self._all_batches(0)), "train")
         world, accumulation = self.accelerator.num_processes, t.gradient_accumulation_steps
         self.micro_per_epoch = len(self._epoch_batches(0))
@@ -194,7 +207,10 @@ class OfflineTrainer:
             ds["gradient_clipping"] = t.max_grad_norm or 0.0
         self.model, self.optimizer = self.accelerator.prepare(model, optimizer)
         self.scheduler = scheduler
-        if self.target_field == "weight" and not get_method(cfg.method).sft_marker \
+
+    def _sft_marker_rules(self) -> None:
+        """Where a reward of exactly ``loss.reinforce.sft_reward`` may not mark a demonstration."""
+        if self.target_field == "weight" and not get_method(self.cfg.method).sft_marker \
                 and "sft_reward" in self.loss_options:
             # A reward of exactly −1 marks a demonstration only in the release's ARIA files; a
             # normalised advantage (StarPO, GiGPO) can be exactly −1 and must stay an advantage.
@@ -204,11 +220,12 @@ class OfflineTrainer:
             # R~ is exactly -1 (a two-player role that lost all) is a reward, and must not become
             # an imitation weight with the opposite sign.
             self.loss_options["sft_reward"] = None
-        self.state = TrainState()
-        self.token_stats: dict[str, float] = {}  # the clipped loss's per-micro-batch diagnostics
-        if self.accelerator.is_main_process and self.loss_fn is reinforce_loss:
+
+    def _announce(self) -> None:
+        """Negative weights, and what prefix-tree packing saves on this data, said once before training."""
+        if self.loss_fn is reinforce_loss:
             self.warn_negative_weights()
-        if self.accelerator.is_main_process and self.packing == "prefix_tree":
+        if self.packing == "prefix_tree":
             stats = self.packing_stats(self._epoch_batches(0))
             print(f"[train] prefix-tree packing: {stats['row_tokens']} tokens in rows -> {stats['tree_tokens']} in trees per "
                   f"epoch on this process ({stats['saving']}x fewer" + (f"; the games' own length, each history once: "
