@@ -13,7 +13,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
+from aria.games.settings import EvalSettings
 from aria.io import ConfigError, DataError, atomic_write_json, atomic_write_text, read_json
+from aria.settings import typed
 from aria.statistics import percent
 
 
@@ -96,25 +98,23 @@ def evaluate_model(cfg: Mapping[str, Any]) -> tuple[Path, dict]:
     from aria.games.family import checked_game, family_of
     from aria.llm.endpoint import check_server
     from aria.llm.registry import build_policy, reply_tokens_key
-    from aria.resources import load
-
-    cfg = load("eval", cfg)
-    p = cfg["policy"]
+    cfg = typed(EvalSettings, cfg, "eval")
+    p = cfg.policy
     # A served model (the usual case) or a local transformers model (policy=local: no server, the
     # same games and summaries; for a quick look at a small model on a CPU).
     served = p["name"] == "endpoint"
     reply_tokens = reply_tokens_key(p)
-    batch_size = cfg["batch_size"] or (p["concurrency"] if served else 16)
-    unknown = [e for e in cfg["envs"] if e not in known_games()]
+    batch_size = cfg.batch_size or (p["concurrency"] if served else 16)
+    unknown = [e for e in cfg.envs if e not in known_games()]
     if unknown:
         raise ConfigError(f"unknown environment(s) {unknown} (known: {known_games()})")
-    games = {env: checked_game(load_game_config(env)) for env in cfg["envs"]}
+    games = {env: checked_game(load_game_config(env)) for env in cfg.envs}
     two_player = [env for env, game in games.items() if family_of(game).seats > 1]  # against an opponent
     try:
         if served:
             check_server(p["base_url"], p.get("api_key"), p["model"])
-        if two_player and cfg["opponent"]["name"] == "endpoint":
-            o = cfg["opponent"]
+        if two_player and cfg.opponent["name"] == "endpoint":
+            o = cfg.opponent
             check_server(o["base_url"], o.get("api_key"), o["model"])
     except RuntimeError as err:
         raise ConfigError(str(err)) from None
@@ -122,22 +122,23 @@ def evaluate_model(cfg: Mapping[str, Any]) -> tuple[Path, dict]:
     if len(two_player) < len(games):
         from aria.games.question.oracle import check_oracle
 
-        check_oracle(cfg["oracle"])
+        check_oracle(cfg.oracle)
     if two_player:
         from aria.games.two_player.glee import config_set
 
         for env in two_player:
-            config_set(games[env], cfg["two_player"]["config_set"], "two_player.config_set")
-    out = Path(cfg["out"])
+            config_set(games[env], cfg.two_player.config_set, "two_player.config_set")
+    out = Path(cfg.out)
     policy = build_policy(p)
     summary = {"model": p["model"] if served else p["model_path"], "base_url": p.get("base_url"),
-               "oracle": cfg["oracle"]["name"], "seed": cfg["seed"], "num_games": cfg["num_games"],
-               "max_turns": cfg["max_turns"],
+               "oracle": cfg.oracle["name"], "seed": cfg.seed, "num_games": cfg.num_games,
+               "max_turns": cfg.max_turns,
                "sampling": {k: p.get(k) for k in ("temperature", "top_p", reply_tokens)},
                "environments": {}}
     if two_player:  # what the win rates were measured under (reply length matters a lot to a small model)
-        summary["two_player"] = {**{k: cfg["two_player"][k] for k in ("config_set", "games_per_config", "max_tokens")},
-                                 "opponent": {k: v for k, v in cfg["opponent"].items() if k != "api_key"}}  # no secrets in results
+        t = cfg.two_player
+        summary["two_player"] = {"config_set": t.config_set, "games_per_config": t.games_per_config, "max_tokens": t.max_tokens,
+                                 "opponent": {k: v for k, v in cfg.opponent.items() if k != "api_key"}}  # no secrets in results
     for env, game_cfg in games.items():
         summary["environments"][env] = family_of(game_cfg).evaluate_served(cfg, game_cfg, policy, out / env, batch_size)
     write_summary(out, summary)

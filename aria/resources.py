@@ -12,7 +12,8 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from aria.intention.settings import IntentionSettings
-from aria.settings import CollectSettings, EvalSettings, ExperimentSettings, validated
+from aria.games.settings import CollectSettings, EvalSettings
+from aria.settings import ExperimentSettings, validated
 from aria.trainers.settings import CriticTrainerSettings, OnlineTrainerSettings, RewardModelTrainerSettings, TrainerSettings
 
 REPO_ROOT = Path(__file__).resolve().parent.parent

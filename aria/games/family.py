@@ -19,14 +19,15 @@ from pathlib import Path
 from typing import Any, Callable, Mapping, Protocol
 
 from aria.io import ConfigError
-from aria.settings import CollectSettings, QuestionGameSettings, TwoPlayerGameSettings, validated
+from aria.games.settings import CollectSettings, EvalSettings, QuestionGameSettings, TwoPlayerGameSettings
+from aria.settings import typed, validated
 
 Printer = Callable[[str], None]
 
 
 class GameFamily(Protocol):
     kind: str                             # the game config's ``kind``
-    settings: type                        # the game config's schema (aria.settings)
+    settings: type                        # the game config's schema (aria.games.settings)
     title: str                            # how messages name it
     outcome: str                          # what an evaluation counts: "success" or "win"
     seats: int                            # seats the policy plays in an evaluation (each its own games)
@@ -35,7 +36,7 @@ class GameFamily(Protocol):
     def observation_renderer(self, game_cfg: Mapping[str, Any]) -> Callable[[dict, int], str]:
         """``render(record, turn_index) -> observation``: what the policy saw before that turn."""
 
-    def collect(self, cfg: Mapping[str, Any]):
+    def collect(self, cfg: CollectSettings):
         """A collection from ``config/collect.yaml`` (``scripts/collect_games.py``) -> PlaySummary."""
 
     def rules(self, game_cfg: Mapping[str, Any], producer: Mapping[str, Any] | None) -> Callable[[dict], str | None]:
@@ -83,7 +84,7 @@ class GameFamily(Protocol):
     def summary_table(self, summary: Mapping[str, Any], envs: list[str]) -> list[str]:
         """The lines of ``summary.md`` for the environments ``envs`` (of this family) of an evaluation."""
 
-    def evaluate_served(self, cfg: Mapping[str, Any], game_cfg: dict, policy, out: Path, batch_size: int) -> dict:
+    def evaluate_served(self, cfg: EvalSettings, game_cfg: dict, policy, out: Path, batch_size: int) -> dict:
         """One environment of ``evaluation/evaluate.py`` (``config/eval.yaml``) played into the folder
         ``out``: its summary (:mod:`aria.statistics`), with the generation cost and the reply format used."""
 
@@ -195,15 +196,15 @@ class QuestionFamily:
         from aria.statistics import generation_cost, summarize_games
         from aria.trajectories import read_trajectories
 
-        if cfg["structured_output"] is not None:
-            game_cfg["structured_output"] = cfg["structured_output"]
-        if cfg["max_turns"] is not None:
-            game_cfg["max_turns"] = cfg["max_turns"]
+        if cfg.structured_output is not None:
+            game_cfg["structured_output"] = cfg.structured_output
+        if cfg.max_turns is not None:
+            game_cfg["max_turns"] = cfg.max_turns
         transcripts = out / "transcripts.jsonl"
         tokens, seconds = getattr(policy, "generated_tokens", 0), getattr(policy, "generation_seconds", 0.0)
-        run = play_games(build_game(game_cfg), policy, build_oracle(cfg["oracle"], game_cfg), transcripts,
-                         num_games=cfg["num_games"], seed=cfg["seed"], batch_size=batch_size, progress=cfg["progress"],
-                         force_new=cfg["force_new"], reply_format=reply_format(game_cfg))
+        run = play_games(build_game(game_cfg), policy, build_oracle(cfg.oracle, game_cfg), transcripts,
+                         num_games=cfg.num_games, seed=cfg.seed, batch_size=batch_size, progress=cfg.progress,
+                         force_new=cfg.force_new, reply_format=reply_format(game_cfg))
         print(f"[eval] {game_cfg['name']}: {run.line()}")
         return {**summarize_games(list(read_trajectories(transcripts)), game_cfg["invalid_answer"]),
                 "generation": generation_cost(policy, tokens, seconds),
@@ -343,16 +344,16 @@ class TwoPlayerFamily:
         from aria.llm.registry import build_policy
         from aria.statistics import generation_cost
 
-        tp = cfg["two_player"]
-        if tp["structured_output"] is not None:
-            game_cfg["structured_output"] = tp["structured_output"]
+        tp = cfg.two_player
+        if tp.structured_output is not None:
+            game_cfg["structured_output"] = tp.structured_output
         # a policy of its own: the reply length of a two-player turn is its own setting
-        configs = config_set(game_cfg, tp["config_set"], "two_player.config_set")
-        player = PolicyPlayer(build_policy({**cfg["policy"], reply_tokens_key(cfg["policy"]): tp["max_tokens"]}))
+        configs = config_set(game_cfg, tp.config_set, "two_player.config_set")
+        player = PolicyPlayer(build_policy({**cfg.policy, reply_tokens_key(cfg.policy): tp.max_tokens}))
         summary = evaluate_two_player(game_cfg, configs, player,
-                                      build_player(cfg["opponent"], game_cfg["name"], player), out,
-                                      games_per_config=tp["games_per_config"], seed=cfg["seed"], batch_size=batch_size,
-                                      progress=cfg["progress"], force_new=cfg["force_new"])
+                                      build_player(cfg.opponent, game_cfg["name"], player), out,
+                                      games_per_config=tp.games_per_config, seed=cfg.seed, batch_size=batch_size,
+                                      progress=cfg.progress, force_new=cfg.force_new)
         return {**summary, "generation": generation_cost(player.model, 0, 0.0),
                 "structured_output": structured_output(game_cfg, self.kind)}
 
@@ -383,7 +384,7 @@ def family_of_summary(summary: Mapping[str, Any]) -> GameFamily:
 
 
 def checked_game(game_cfg: Mapping[str, Any]) -> dict:
-    """A game config checked against its family's schema (:mod:`aria.settings`), as a plain dict:
+    """A game config checked against its family's schema (:mod:`aria.games.settings`), as a plain dict:
     what every command does with the game it is given, before it plays."""
     return validated(family_of(game_cfg).settings, game_cfg, f"game {game_cfg.get('name', '?')}")
 
@@ -392,6 +393,6 @@ def collect_from_config(cfg: Mapping[str, Any]):
     """A collection from ``config/collect.yaml`` (``scripts/collect_games.py``): the settings are
     checked before any model loads, then the game's family plays (question games against the
     oracle; two-player games with ``opponent`` in the other seat) -> PlaySummary."""
-    cfg = validated(CollectSettings, cfg, "collect")
-    cfg["game"] = checked_game(cfg["game"])
-    return family_of(cfg["game"]).collect(cfg)
+    cfg = typed(CollectSettings, cfg, "collect")
+    cfg.game = checked_game(cfg.game)
+    return family_of(cfg.game).collect(cfg)

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
 from aria.games.base import structured_output
+from aria.games.settings import CollectSettings
 from aria.games.question.game import QuestionGame, Target, build_game, target_schedule
 from aria.games.question.oracle import Oracle, OracleRequest, build_oracle, check_oracle
 from aria.llm.base import ChatModel, OutputFormat, concurrent
@@ -205,19 +206,19 @@ def _record_turn(game: QuestionGame, g: _LiveGame, action: str, question: str | 
 
 
 # ---- building the pieces from config ----------------------------------------------------
-def collect_questions(cfg: Mapping[str, Any]) -> PlaySummary:
+def collect_questions(cfg: CollectSettings) -> PlaySummary:
     """A question-game collection from a (Hydra) config: ``game``, ``policy``, ``oracle`` + run
     options (:func:`aria.games.family.collect_from_config` checks the settings first)."""
-    game = build_game(cfg["game"])
-    check_oracle(cfg["oracle"])  # before the policy's model loads
-    policy = build_policy(cfg["policy"])
+    game = build_game(cfg.game)
+    check_oracle(cfg.oracle)  # before the policy's model loads
+    policy = build_policy(cfg.policy)
     try:
-        oracle = build_oracle(cfg["oracle"], cfg["game"])
+        oracle = build_oracle(cfg.oracle, cfg.game)
         return play_games(
-            game, policy, oracle, cfg["out"], num_games=cfg["num_games"], seed=cfg["seed"],
-            batch_size=cfg["batch_size"], system_prompt=cfg["system_prompt"], progress=cfg["progress"],
-            force_new=cfg["force_new"],
-            reply_format=reply_format(cfg["game"]),
+            game, policy, oracle, cfg.out, num_games=cfg.num_games, seed=cfg.seed,
+            batch_size=cfg.batch_size, system_prompt=cfg.system_prompt, progress=cfg.progress,
+            force_new=cfg.force_new,
+            reply_format=reply_format(cfg.game),
         )
     finally:
         getattr(policy, "close", lambda: None)()  # a policy=vllm server goes with the run

@@ -40,6 +40,7 @@ from typing import Any, Mapping, Sequence
 
 from aria.data import Transcript
 from aria.games.base import structured_output
+from aria.games.settings import CollectSettings
 from aria.games.two_player.glee import (PLAYERS, GameConfig, Match, Move, config_set, config_to_dict,
                                       normalized_rewards, winner)
 from aria.games.two_player.glee_text import shown_text, system_prompt
@@ -397,26 +398,26 @@ def build_player(cfg: Mapping[str, Any], game: str, policy: PolicyPlayer | None 
     return PolicyPlayer(build_policy({"name": kind, **options}, setting="opponent"))
 
 
-def collect_two_player_from_config(cfg: Mapping[str, Any]) -> PlaySummary:
+def collect_two_player_from_config(cfg: CollectSettings) -> PlaySummary:
     """Self-play (or policy vs opponent) collection from a Hydra config (``config/collect.yaml``)."""
     from aria.llm.registry import build_policy
 
-    game_cfg = cfg["game"]
-    configs = config_set(game_cfg, cfg["config_set"])  # what can be checked, before a model loads
-    check_player(cfg["opponent"], "opponent")
-    if cfg["policy"]["name"] == "scripted":  # the question games' expert (before: a KeyError in its game builder)
+    game_cfg = cfg.game
+    configs = config_set(game_cfg, cfg.config_set)  # what can be checked, before a model loads
+    check_player(cfg.opponent, "opponent")
+    if cfg.policy["name"] == "scripted":  # the question games' expert (before: a KeyError in its game builder)
         from aria.io import ConfigError
 
         raise ConfigError(f"policy=scripted is the question games' expert; {game_cfg['name']} is played by a model "
                           "(policy=vllm, local or endpoint; a scripted player sits in the other seat: opponent=scripted)")
-    policy = PolicyPlayer(build_policy(cfg["policy"]))
+    policy = PolicyPlayer(build_policy(cfg.policy))
     seats = {"alice": policy, "bob": policy}
     try:
-        opponent = build_player(cfg["opponent"], game_cfg["name"], policy)
-        seats = {"alice": policy, "bob": opponent} if cfg["policy_role"] == "alice" else {"alice": opponent, "bob": policy}
-        return play_two_player(game_cfg, configs, seats, cfg["out"], games_per_config=cfg["games_per_config"],
-                               seed=cfg["seed"], batch_size=cfg["batch_size"], progress=cfg["progress"],
-                               force_new=cfg["force_new"])
+        opponent = build_player(cfg.opponent, game_cfg["name"], policy)
+        seats = {"alice": policy, "bob": opponent} if cfg.policy_role == "alice" else {"alice": opponent, "bob": policy}
+        return play_two_player(game_cfg, configs, seats, cfg.out, games_per_config=cfg.games_per_config,
+                               seed=cfg.seed, batch_size=cfg.batch_size, progress=cfg.progress,
+                               force_new=cfg.force_new)
     finally:  # policy=vllm servers go with the run
         for player in {id(p): p for p in seats.values()}.values():
             getattr(getattr(player, "model", None), "close", lambda: None)()
