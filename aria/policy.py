@@ -252,7 +252,7 @@ def load_model(model_path: str, head: str = "causal_lm", dtype: str = "float32",
     A new score head is said in one line, unless ``head_follows`` (the base of a LoRA reward
     model, whose adapter brings the trained head).
     """
-    from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification, AutoTokenizer
+    from transformers import AutoModelForCausalLM, AutoTokenizer
 
     if head not in HEADS:
         raise ValueError(f"unknown model head {head!r} (known: {', '.join(HEADS)})")
@@ -272,27 +272,7 @@ def load_model(model_path: str, head: str = "causal_lm", dtype: str = "float32",
     if head == "causal_lm":
         model = AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, dtype))
     else:
-        from transformers.utils import logging as hf_logging
-
-        # transformers logs a many-line "LOAD REPORT" (ANSI colours included) for the head a causal-LM
-        # folder lacks, also while it loads the base under a LoRA reward model whose adapter then
-        # brings the trained head; what is missing in the end is said here in one line instead
-        verbosity = hf_logging.get_verbosity()
-        hf_logging.set_verbosity_error()
-        try:
-            model, info = AutoModelForSequenceClassification.from_pretrained(path, num_labels=1, dtype=getattr(torch, dtype),
-                                                                             output_loading_info=True)
-        finally:
-            hf_logging.set_verbosity(verbosity)
-        missing = sorted(info["missing_keys"])
-        if require_head and missing:
-            raise ValueError(f"the model folder has no trained score head (missing {missing[:3]}): a causal-LM folder? "
-                             "Score with a reward model trained by scripts/train_rm.py")
-        new_head = all(key.startswith("score.") for key in missing)
-        if missing and not (new_head and head_follows):
-            print(f"[model] {model_path}: " + ("a new score head, randomly initialised (to be trained)" if new_head else
-                  f"weights not in the folder, randomly initialised: {', '.join(missing[:5])}"
-                  f"{' ...' if len(missing) > 5 else ''}"))
+        model = _score_model(path, dtype, model_path, require_head, head_follows)
         model.config.pad_token_id = tokenizer.pad_token_id
     if gradient_checkpointing:
         model.gradient_checkpointing_enable()
@@ -305,6 +285,33 @@ def load_model(model_path: str, head: str = "causal_lm", dtype: str = "float32",
                                                      target_modules=targets,
                                                      task_type="CAUSAL_LM" if head == "causal_lm" else "SEQ_CLS"))
     return tokenizer, model
+
+
+def _score_model(path: Path, dtype: str, model_path: str, require_head: bool, head_follows: bool):
+    """A one-output sequence-classification model from ``path`` (:func:`load_model`'s ``score`` head)."""
+    from transformers import AutoModelForSequenceClassification
+    from transformers.utils import logging as hf_logging
+
+    # transformers logs a many-line "LOAD REPORT" (ANSI colours included) for the head a causal-LM
+    # folder lacks, also while it loads the base under a LoRA reward model whose adapter then
+    # brings the trained head; what is missing in the end is said here in one line instead
+    verbosity = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()
+    try:
+        model, info = AutoModelForSequenceClassification.from_pretrained(path, num_labels=1, dtype=getattr(torch, dtype),
+                                                                         output_loading_info=True)
+    finally:
+        hf_logging.set_verbosity(verbosity)
+    missing = sorted(info["missing_keys"])
+    if require_head and missing:
+        raise ValueError(f"the model folder has no trained score head (missing {missing[:3]}): a causal-LM folder? "
+                         "Score with a reward model trained by scripts/train_rm.py")
+    new_head = all(key.startswith("score.") for key in missing)
+    if missing and not (new_head and head_follows):
+        print(f"[model] {model_path}: " + ("a new score head, randomly initialised (to be trained)" if new_head else
+              f"weights not in the folder, randomly initialised: {', '.join(missing[:5])}"
+              f"{' ...' if len(missing) > 5 else ''}"))
+    return model
 
 
 def check_lora_targets(path: Path, targets: list[str], model_path: str, head: str = "causal_lm") -> None:

@@ -42,7 +42,7 @@ from aria.trainers.settings import CriticTrainerSettings
 from aria.trainers.checkpoint import (RUN_RECORD, begin_checkpoint, check_output_dir_early, checkpoint_record,
                                       checkpoint_to_resume, finish_checkpoint, load_state, resume_position,
                                       resume_settings, run_record, save_state)
-from aria.trainers.critic import (V_TARGETS, DoubleCritic, advantages, critic_loss, polyak_update, q_targets,
+from aria.trainers.critic import (DoubleCritic, advantages, critic_loss, polyak_update, q_targets,
                                   transitions, v_targets)
 from aria.trainers.engine import (TrainState, accumulate_step, build_optimizer, check_train_settings, fit_accumulation,
                                   make_accelerator, run_epochs)
@@ -99,36 +99,12 @@ class CriticTrainer:
     def __init__(self, cfg: Mapping | CriticTrainerSettings, on_step: Callable[[int], None] | None = None):
         from accelerate.utils import set_seed
 
-        from aria.io import ConfigError
-
         cfg = typed(CriticTrainerSettings, cfg, "critic settings")
         check_train_settings(cfg, {}, loss_name="td")
         c = cfg.critic
-        if c.v_target not in V_TARGETS:
-            raise ConfigError(f"critic.v_target: unknown {c.v_target!r} (known: {', '.join(V_TARGETS)})")
         self.cfg, t = cfg, cfg.train
         self.train_path = cfg.data.train_file
-        # Data first: a bad file is one line before the encoder loads.
-        self.steps = read_training_set(self.train_path)
-        check_steps(self.steps, self.train_path)
-        try:
-            linked = transitions(self.steps)
-        except ValueError as error:
-            raise DataError(self.train_path, None, None, str(error)) from None
-        self.next_index, self.done = linked.next_index, linked.done
-        self.rewards = turn_rewards(self.steps, self.done)
-        train_games, held_games = held_out_split([{"game_id": s["game_id"]} for s in self.steps],
-                                                 cfg.data.eval_fraction, cfg.seed)
-        held = {g["game_id"] for g in held_games}
-        self.train_index = [i for i, s in enumerate(self.steps) if s["game_id"] not in held]
-        self.eval_index = [i for i, s in enumerate(self.steps) if s["game_id"] in held]
-        if not self.train_index:
-            raise DataError(self.train_path, None, None, "no steps left for training after the held-out split")
-        limit = cfg.data.max_samples
-        if limit and limit < len(self.train_index):  # a seeded subset of the transitions, in file order; each
-            # still bootstraps from its own next history, which is encoded whether it is trained on or not
-            keep = np.sort(np.random.default_rng(cfg.seed).choice(len(self.train_index), size=limit, replace=False))
-            self.train_index = [self.train_index[i] for i in keep]
+        self._read_steps()  # data first: a bad file is one line before the encoder loads
 
         self.output_dir = Path(cfg.output_dir)
         self.accelerator = make_accelerator(cfg, self.output_dir, output_dir=self.output_dir)
@@ -159,6 +135,30 @@ class CriticTrainer:
         self.model, self.optimizer = self.accelerator.prepare(critic, optimizer)
         self.target.to(self.accelerator.device)
         self.state = TrainState()
+
+    def _read_steps(self) -> None:
+        """The training set's steps, linked to their next steps, with their turn rewards, split into
+        the steps trained on and the held-out games' (``data.eval_fraction``), and at most
+        ``data.max_samples`` of the former."""
+        data, seed = self.cfg.data, self.cfg.seed
+        self.steps = read_training_set(self.train_path)
+        check_steps(self.steps, self.train_path)
+        try:
+            linked = transitions(self.steps)
+        except ValueError as error:
+            raise DataError(self.train_path, None, None, str(error)) from None
+        self.next_index, self.done = linked.next_index, linked.done
+        self.rewards = turn_rewards(self.steps, self.done)
+        _, held_games = held_out_split([{"game_id": s["game_id"]} for s in self.steps], data.eval_fraction, seed)
+        held = {g["game_id"] for g in held_games}
+        self.train_index = [i for i, s in enumerate(self.steps) if s["game_id"] not in held]
+        self.eval_index = [i for i, s in enumerate(self.steps) if s["game_id"] in held]
+        if not self.train_index:
+            raise DataError(self.train_path, None, None, "no steps left for training after the held-out split")
+        if data.max_samples and data.max_samples < len(self.train_index):  # a seeded subset of the transitions, in file
+            # order; each still bootstraps from its own next history, which is encoded whether it is trained on or not
+            keep = np.sort(np.random.default_rng(seed).choice(len(self.train_index), size=data.max_samples, replace=False))
+            self.train_index = [self.train_index[i] for i in keep]
 
     # ---- one micro-batch ----
     def _texts(self, indices: Sequence[int]) -> tuple[list[str], list[str]]:

@@ -31,8 +31,7 @@ from typing import Sequence
 
 import torch
 
-#: How each V head's target is formed from the target Q heads (module docstring).
-V_TARGETS = ("paired", "min")
+from aria.trainers.settings import V_TARGETS
 
 
 @dataclass(frozen=True)

@@ -17,6 +17,8 @@ from omegaconf import MISSING
 
 from aria.settings import bounded
 
+#: How each V head of ArCHer's critic gets its target from the target Q heads (aria.trainers.critic).
+V_TARGETS = ("paired", "min")
 #: Where a trainer computes (``device``): ``auto`` a GPU when one is visible, else the CPU.
 DEVICES = ("auto", "cpu", "cuda")
 
@@ -251,7 +253,7 @@ class CriticModelSettings:
     max_tokens: int = bounded(ge=1)
     gamma: float = bounded(ge=0, le=1)
     tau: float = bounded(gt=0, le=1, why="the target critic's step toward the critic; 0 would never move it")
-    v_target: str = MISSING
+    v_target: str = bounded(one_of=V_TARGETS)
     train_encoder: bool = MISSING
     init: Optional[str] = MISSING
 
