@@ -18,6 +18,7 @@
 """
 from __future__ import annotations
 
+import argparse
 import errno
 import os
 import signal
@@ -27,7 +28,11 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
-from aria.io import ConfigError
+from aria.io import ConfigError, DataError, InUse, hold_folder
+from aria.resources import config_dir, hydra_message, load
+from aria.secrets import RedactingStream, command_line_secrets
+from aria.settings import out_of_bounds
+from aria.trajectories import ResumeMismatch
 
 EXIT_BAD_INPUT = 2
 EXIT_INTERRUPTED = 130  # 128 + SIGINT
@@ -38,9 +43,6 @@ def number(kind: type = int, **rules: float) -> Callable[[str], Any]:
     """An argparse ``type``: a ``kind`` (int or float) within ``rules`` (those of
     :func:`aria.settings.bounded`: ``ge``, ``gt``, ``le``, ``lt``). Out of range, argparse's own
     one line with the usage and exit status 2, before anything loads."""
-    import argparse
-
-    from aria.settings import out_of_bounds
 
     def parse(text: str):
         try:
@@ -56,7 +58,6 @@ def number(kind: type = int, **rules: float) -> Callable[[str], Any]:
 
 def torch_device(text: str) -> str:
     """An argparse ``type``: a device torch knows (``cpu``, ``cuda``, ``cuda:1``)."""
-    import argparse
 
     import torch
 
@@ -69,8 +70,6 @@ def torch_device(text: str) -> str:
 
 def _expected_errors() -> tuple[type[BaseException], ...]:
     from aria.intention.pipeline import StaleInput
-    from aria.io import DataError, InUse
-    from aria.trajectories import ResumeMismatch
 
     return DataError, ConfigError, ResumeMismatch, StaleInput, InUse, FileNotFoundError
 
@@ -89,7 +88,6 @@ def protect_terminal(argv: list[str] | None = None) -> None:
     errors, "Error executing job with overrides: [...]", its "use +key=value" hints) repeat the
     command line. Every command calls it first, before Hydra reads the command line; from then on
     a Ctrl-C before the command's work is one line too."""
-    from aria.secrets import RedactingStream, command_line_secrets
 
     secrets = command_line_secrets(sys.argv[1:] if argv is None else argv)
     for name in ("stdout", "stderr"):
@@ -119,8 +117,6 @@ def check_command_line(config_name: str, argv: list[str] | None = None) -> None:
     from hydra import compose, initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
     from hydra.errors import HydraException, MissingConfigException
-
-    from aria.resources import config_dir, hydra_message
 
     args = sys.argv[1:] if argv is None else argv
     name, overrides, i = config_name, [], 0
@@ -248,8 +244,6 @@ def run_step(step: Callable[[dict, Callable[[str], None]], Any], cfg) -> None:
     :mod:`aria.intention.pipeline`): bad input prints one line and exits with status 2; Ctrl-C says
     what was kept (the embedding cache and the k sweep save as they go) and exits 130."""
     from aria.games.family import checked_game
-    from aria.io import DataError, hold_folder
-    from aria.resources import load
 
     try:
         with command(kept=lambda: f"the saved progress in {cfg.run_dir}"):

@@ -13,8 +13,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
+from aria.games.base import known_games, load_game_config
+from aria.games.question.oracle import check_oracle
 from aria.games.settings import EvalSettings
+from aria.games.two_player.glee import config_set
 from aria.io import ConfigError, DataError, atomic_write_json, atomic_write_text, read_json
+from aria.llm.registry import build_policy, reply_tokens_key
 from aria.settings import typed
 from aria.statistics import percent
 
@@ -94,10 +98,8 @@ def evaluate_model(cfg: Mapping[str, Any]) -> tuple[Path, dict]:
 
     Checks the settings, the environments' names and the servers first (one
     :class:`~aria.io.ConfigError` naming the URL and what ``/v1/models`` returned)."""
-    from aria.games.base import known_games, load_game_config
     from aria.games.family import checked_game, family_of
     from aria.llm.endpoint import check_server
-    from aria.llm.registry import build_policy, reply_tokens_key
     cfg = typed(EvalSettings, cfg, "eval")
     p = cfg.policy
     # A served model (the usual case) or a local transformers model (policy=local: no server, the
@@ -120,12 +122,8 @@ def evaluate_model(cfg: Mapping[str, Any]) -> tuple[Path, dict]:
         raise ConfigError(str(err)) from None
     # what would otherwise fail after the policy's model loaded
     if len(two_player) < len(games):
-        from aria.games.question.oracle import check_oracle
-
         check_oracle(cfg.oracle)
     if two_player:
-        from aria.games.two_player.glee import config_set
-
         for env in two_player:
             config_set(games[env], cfg.two_player.config_set, "two_player.config_set")
     out = Path(cfg.out)

@@ -17,12 +17,19 @@ per sample. ``tests/test_policy.py`` checks a padded batch against one sample at
 """
 from __future__ import annotations
 
+import inspect
+import json
+import shutil
+import warnings
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any, Iterator, Mapping, Sequence
 
 import torch
+
+from aria.io import ConfigError, DataError, atomic_folder, atomic_write_json, check_output_folder, read_json
+from aria.llm.embedded import resolve_model_path
 
 
 @dataclass(frozen=True)
@@ -124,16 +131,11 @@ class Encoding:
                              self.over_long, self.context)
 
     def save(self, folder: Path) -> None:
-        from aria.io import atomic_write_json
-
         atomic_write_json(Path(folder) / ENCODING_FILE, asdict(self))
 
     @classmethod
     def saved_in(cls, folder: Path, default: "Encoding") -> "Encoding":
         """The encoding saved in ``folder``, or ``default`` for a model written before it was saved."""
-        from aria.io import read_json
-
-        from aria.io import DataError
 
         path = Path(folder) / ENCODING_FILE
         if not path.is_file():
@@ -258,8 +260,6 @@ def load_model(model_path: str, head: str = "causal_lm", dtype: str = "float32",
         raise ValueError(f"unknown model head {head!r} (known: {', '.join(HEADS)})")
     path = model_folder(model_path, setting)
     if lora and not (path / "config.json").is_file():
-        from aria.io import ConfigError
-
         # transformers would load the adapter onto its base and peft add a second one; the save
         # would then hold the new adapter only, and a merge of it lose the first
         raise ConfigError(f"{setting}: {model_path!r} is a LoRA adapter, and training a new adapter on it would "
@@ -321,8 +321,6 @@ def check_lora_targets(path: Path, targets: list[str], model_path: str, head: st
     from accelerate import init_empty_weights
     from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForSequenceClassification
 
-    from aria.io import ConfigError
-
     missing = targets
     if targets:
         with init_empty_weights():
@@ -340,7 +338,6 @@ def cache_keyword(model) -> str:
     """The keyword a model's forward takes its KV cache under: ``cache`` in the transformers
     releases that renamed it (``past_key_values`` then warns on every call, and goes in 5.40),
     ``past_key_values`` before them. A peft wrapper passes it on to the model it wraps."""
-    import inspect
 
     inner = model.get_base_model() if hasattr(model, "get_base_model") else model
     return "cache" if "cache" in inspect.signature(type(inner).forward).parameters else "past_key_values"
@@ -350,7 +347,6 @@ def cache_keyword(model) -> str:
 def peft_quietly() -> Iterator[None]:
     """peft reads transformers' deprecated ``is_gradient_checkpointing`` whenever it wraps a model,
     a FutureWarning on every start that is peft's to change, not ours: silenced around peft's calls only."""
-    import warnings
 
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)
@@ -362,8 +358,6 @@ def model_folder(model_path: str, setting: str, adapter: bool = True) -> Path:
     a folder at all (else a traceback from transformers' hub code), with a ``config.json`` (else
     transformers' tokenizer error), or an ``adapter_config.json`` where an adapter may stand
     (``adapter``); a problem is one line naming ``setting``."""
-    from aria.io import ConfigError
-    from aria.llm.embedded import resolve_model_path
 
     path = resolve_model_path(model_path)
     if not path.is_dir():
@@ -389,8 +383,6 @@ def check_whole_model(path: Path, setting: str) -> None:
     the folder holds weights; else transformers fails after other work, with a traceback."""
     from transformers import AutoConfig
 
-    from aria.io import ConfigError
-
     try:
         AutoConfig.from_pretrained(path)
     except (OSError, ValueError, KeyError, TypeError) as err:  # bad JSON, no model_type, an unknown architecture
@@ -409,14 +401,10 @@ def load_policy(model_path: str, dtype: str = "float32", lora: dict[str, Any] | 
 def merge_lora(adapter_dir: Path, out_dir: Path, base: str | None = None, dtype: str = "float32") -> Path:
     """Merge the LoRA adapter in ``adapter_dir`` into its base model; write a full model folder
     (tokenizer included) to ``out_dir``, whole or not at all (:func:`aria.io.atomic_folder`)."""
-    import json
-    import shutil
 
     from peft import PeftModel
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from aria.io import atomic_folder, check_output_folder
-    from aria.llm.embedded import resolve_model_path
     from aria.llm.merge_record import MERGE_FILE, write_merge_record
 
     config_path = adapter_dir / "adapter_config.json"
@@ -425,8 +413,6 @@ def merge_lora(adapter_dir: Path, out_dir: Path, base: str | None = None, dtype:
     named = base or json.loads(config_path.read_text())["base_model_name_or_path"]
     where = "--base" if base else f"{config_path}: base_model_name_or_path"
     if not resolve_model_path(named).is_dir():
-        from aria.io import ConfigError
-
         raise ConfigError(f"{where}: {named!r} is no model folder (give the adapter's base model folder with --base)")
     base_path = model_folder(named, where, adapter=False)  # a whole model: readable config, weights
     # Before the models load: the output may replace an earlier merge, never the adapter, the base, or other files.

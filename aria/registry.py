@@ -6,6 +6,10 @@ import importlib
 import inspect
 from typing import Any, Mapping
 
+from aria.io import ConfigError
+from aria.secrets import is_secret_key
+from aria.settings import out_of_bounds
+
 
 def load_object(path: str) -> Any:
     """The attribute named by ``"package.module:attribute"``."""
@@ -33,8 +37,6 @@ def check_options(cls: type, options: Mapping[str, Any], setting: str, what: str
     """``options`` for ``cls(**options)``, checked before it is built (before a model loads): a key
     its constructor does not take, a value out of :data:`OPTION_BOUNDS`, or a ``device`` torch
     does not know is a ``ConfigError`` naming ``setting.key`` (``what``: "the local policy")."""
-    from aria.io import ConfigError
-    from aria.secrets import is_secret_key
 
     parameters = inspect.signature(cls).parameters.values()
     open_ended = any(p.kind is p.VAR_KEYWORD for p in parameters)  # takes any key: only the ranges are checked
@@ -51,8 +53,6 @@ def check_options(cls: type, options: Mapping[str, Any], setting: str, what: str
 
 
 def _option_problem(key: str, value: Any) -> str | None:
-    from aria.settings import out_of_bounds
-
     if value is None:
         return None
     if key == "device":

@@ -7,14 +7,18 @@ explicit paths through the Hydra config.
 """
 from __future__ import annotations
 
+import copy
 import os
+import re
 from pathlib import Path
 from typing import Any, Mapping
 
-from aria.intention.settings import IntentionSettings
 from aria.games.settings import CollectSettings, EvalSettings
+from aria.intention.settings import IntentionSettings
+from aria.io import ConfigError
 from aria.settings import ExperimentSettings, validated
-from aria.trainers.settings import CriticTrainerSettings, OnlineTrainerSettings, RewardModelTrainerSettings, TrainerSettings
+from aria.trainers.settings import (CriticTrainerSettings, OnlineTrainerSettings, RewardModelTrainerSettings,
+                                    TrainerSettings)
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
@@ -90,7 +94,6 @@ def compose_config(name: str, overrides: list[str]) -> dict:
     resume (a Hydra compose costs 65-85 ms of CPU), so a process keeps what it composed and hands
     out copies; a changed YAML file or environment composes anew.
     """
-    import copy
 
     from hydra import compose, initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
@@ -120,8 +123,6 @@ def check_overrides(name: str, overrides: list[str], setting: str) -> dict:
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
 
-    from aria.io import ConfigError
-
     try:
         return compose_config(name, overrides)  # checked against SCHEMAS[name]
     except ConfigError as err:
@@ -134,7 +135,6 @@ def hydra_message(err: Exception) -> str:
     """Hydra's error as one line. Its hint for a key the config lacks ("To append to your config
     use +key=value") is dropped: every config here has a schema that refuses a new key, so the
     key is a misspelling and the hint would lead to a second refusal."""
-    import re
 
     text = " ".join(str(err).split())
     missing = re.match(r"Could not override '([^']+)'\.\s*;?\s*To append to your config use \+", text)

@@ -39,6 +39,7 @@ from typing import Any, Callable, Protocol, Sequence
 
 from tqdm.auto import tqdm
 
+from aria.io import ResumeMismatch
 from aria.trajectories import TrajectoryWriter
 
 
@@ -175,7 +176,6 @@ def run_games(
 def check_resumed(kind: GameKind, jobs: dict[str, Any], writer: TrajectoryWriter) -> None:
     """Every game the output already holds is one this run plays, and is that game by its rules
     (:meth:`GameKind.check`): a resumed file continues only its own games, and counts none twice."""
-    from aria.io import ResumeMismatch
 
     for gid, record in writer.done.items():
         line = writer.lines.get(gid)

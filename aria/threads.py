@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import math
 import os
+import sys
 import time
 from pathlib import Path
 from typing import Callable
@@ -169,8 +170,6 @@ def wait_policy(others: float) -> str:
 
 
 if __name__ == "__main__":
-    import sys
-
     if sys.argv[1:] == ["vllm-wait-policy"]:
         print(wait_policy(others_now()))
     elif sys.argv[1:] == ["others"]:

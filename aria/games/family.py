@@ -18,9 +18,16 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Callable, Mapping, Protocol
 
-from aria.io import ConfigError
+from aria.data import Transcript
+from aria.games.base import structured_output
+from aria.games.question.game import build_game
+from aria.games.question.oracle import build_oracle, check_oracle
 from aria.games.settings import CollectSettings, EvalSettings, QuestionGameSettings, TwoPlayerGameSettings
+from aria.games.two_player.glee import PLAYERS, config_set, other
+from aria.io import ConfigError
+from aria.llm.registry import build_policy, reply_tokens_key
 from aria.settings import typed, validated
+from aria.trajectories import describe, read_trajectories
 
 Printer = Callable[[str], None]
 
@@ -98,8 +105,6 @@ class QuestionFamily:
     online = True
 
     def observation_renderer(self, game_cfg):
-        from aria.games.question.game import build_game
-
         game = build_game(game_cfg)
         return lambda record, index: game.prompt_before_turn(record["turns"], index)
 
@@ -109,7 +114,6 @@ class QuestionFamily:
         return collect_questions(cfg)
 
     def rules(self, game_cfg, producer):
-        from aria.games.question.game import build_game
         from aria.games.question.play import rule_problem
 
         game = build_game(game_cfg)
@@ -121,8 +125,6 @@ class QuestionFamily:
         return section["games"]
 
     def play(self, cfg, policy, out, seed, section):
-        from aria.games.question.game import build_game
-        from aria.games.question.oracle import build_oracle
         from aria.games.question.play import play_games, reply_format
 
         return play_games(build_game(cfg["game"]), policy, build_oracle(cfg["oracle"], cfg["game"]), out,
@@ -130,10 +132,7 @@ class QuestionFamily:
                           force_new=True, reply_format=reply_format(cfg["game"]))
 
     def collection_producer(self, cfg, section, seed, made_by):
-        from aria.games.question.game import build_game
-        from aria.games.question.oracle import build_oracle
         from aria.games.question.play import question_producer, reply_format
-        from aria.trajectories import describe
 
         return question_producer(build_game(cfg["game"]), seed, made_by, describe(build_oracle(cfg["oracle"], cfg["game"])),
                                  reply_format=reply_format(cfg["game"]))
@@ -167,8 +166,6 @@ class QuestionFamily:
         return summary.failed
 
     def check_experiment(self, cfg):
-        from aria.games.question.oracle import check_oracle
-
         check_oracle(cfg["oracle"])  # the counts are checked with the types (aria.settings)
 
     def headline(self, summary):
@@ -189,12 +186,8 @@ class QuestionFamily:
         return lines
 
     def evaluate_served(self, cfg, game_cfg, policy, out, batch_size):
-        from aria.games.base import structured_output
-        from aria.games.question.game import build_game
-        from aria.games.question.oracle import build_oracle
         from aria.games.question.play import play_games, reply_format
         from aria.statistics import generation_cost, summarize_games
-        from aria.trajectories import read_trajectories
 
         if cfg.structured_output is not None:
             game_cfg["structured_output"] = cfg.structured_output
@@ -220,8 +213,6 @@ class TwoPlayerFamily:
     online = False  # online ARIA is defined for single-agent games (the paper's online experiments)
 
     def observation_renderer(self, game_cfg):
-        from aria.data import Transcript
-
         return Transcript.from_config(game_cfg).render
 
     def collect(self, cfg):
@@ -235,12 +226,9 @@ class TwoPlayerFamily:
         return rule_problem
 
     def games_in(self, game_cfg, section):
-        from aria.games.two_player.glee import config_set
-
         return len(config_set(game_cfg, section["config_set"])) * section["games_per_config"]
 
     def play(self, cfg, policy, out, seed, section):
-        from aria.games.two_player.glee import config_set
         from aria.games.two_player.play import PolicyPlayer, play_two_player
 
         player = PolicyPlayer(policy)
@@ -255,14 +243,10 @@ class TwoPlayerFamily:
         return where
 
     def evaluation_seats(self, out):
-        from aria.games.two_player.glee import PLAYERS
-
         return [(out / f"as_{role}.jsonl", role) for role in PLAYERS]
 
     def evaluation_files(self, cfg, out, made_by):
-        from aria.games.two_player.glee import other
         from aria.games.two_player.play import build_player
-        from aria.trajectories import describe
 
         e = cfg["eval"]
         opponent = describe(build_player(e["opponent"], cfg["game"]["name"]))
@@ -270,7 +254,6 @@ class TwoPlayerFamily:
                 for file, role in self.evaluation_seats(out)]
 
     def evaluation_ids(self, cfg):
-        from aria.games.two_player.glee import config_set
         from aria.games.two_player.play import game_id
 
         e = cfg["eval"]
@@ -283,7 +266,6 @@ class TwoPlayerFamily:
         return sum(t["role"] == role for t in record["turns"])
 
     def evaluate(self, cfg, policy, out, echo):
-        from aria.games.two_player.glee import config_set
         from aria.games.two_player.play import PolicyPlayer, build_player, evaluate_two_player
 
         e = cfg["eval"]
@@ -295,7 +277,6 @@ class TwoPlayerFamily:
         return summary["overall"]["failed"]
 
     def check_experiment(self, cfg):
-        from aria.games.two_player.glee import config_set
         from aria.games.two_player.play import check_player, schema_options
 
         if cfg["warm_start"]["enabled"]:
@@ -337,11 +318,7 @@ class TwoPlayerFamily:
                 "|---|---|---|---|---|---|---|---|---|---|", *rows]
 
     def evaluate_served(self, cfg, game_cfg, policy, out, batch_size):
-        from aria.games.base import structured_output
-        from aria.games.two_player.glee import config_set
         from aria.games.two_player.play import PolicyPlayer, build_player, evaluate_two_player
-        from aria.llm.registry import reply_tokens_key
-        from aria.llm.registry import build_policy
         from aria.statistics import generation_cost
 
         tp = cfg.two_player
@@ -359,7 +336,6 @@ class TwoPlayerFamily:
 
     @staticmethod
     def _producer(cfg, section, seed, seats):
-        from aria.games.two_player.glee import config_set
         from aria.games.two_player.play import two_player_producer
 
         return two_player_producer(cfg["game"], config_set(cfg["game"], section["config_set"]), seats, seed)

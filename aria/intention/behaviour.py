@@ -17,6 +17,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Iterable, Mapping
 
+from aria.games.question.oracle import OracleRequest
+
 
 @dataclass(frozen=True)
 class Signature:
@@ -33,7 +35,6 @@ def signatures(game, oracle, actions: Iterable[str]) -> dict[str, Signature]:
     :class:`~aria.games.question.oracle.Oracle`). An oracle that fails to answer raises
     RuntimeError naming the question and the target: a signature with a hole would merge
     intentions that differ."""
-    from aria.games.question.oracle import OracleRequest
 
     questions = {action: game.extract_question(action) for action in dict.fromkeys(actions)}
     asked = list(dict.fromkeys(q for q in questions.values() if q is not None))

@@ -15,6 +15,7 @@ after a crash) embeds only texts it has not seen.
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 import logging
 import random
@@ -25,7 +26,8 @@ from typing import Callable, Protocol, Sequence
 
 import numpy as np
 
-from aria.io import atomic_write_bytes
+from aria.io import ConfigError, atomic_write_bytes
+from aria.registry import check_options
 
 log = logging.getLogger(__name__)
 
@@ -149,8 +151,6 @@ EMBEDDERS: dict[str, Callable[..., Embedder]] = {
 
 def check_embedder(cfg: dict):
     """The backend ``cfg`` names, its options checked (before a model loads or a text is sent)."""
-    from aria.io import ConfigError
-    from aria.registry import check_options
 
     name = cfg.get("name")
     if name not in EMBEDDERS:
@@ -200,8 +200,6 @@ class EmbeddingCache:
                     self.vectors[text] = vector
 
     def save(self) -> None:
-        import io
-
         texts = list(self.vectors)
         matrix = np.stack([self.vectors[t] for t in texts]) if texts else np.zeros((0, 0), np.float32)
         buffer = io.BytesIO()

@@ -36,14 +36,21 @@ from typing import Any, Callable, Mapping
 import numpy as np
 
 from aria.games.family import family_of
+from aria.games.question.game import build_game
+from aria.games.question.oracle import build_oracle
+from aria.games.two_player.glee import winner
 from aria.intention.aggregate import AGGREGATION_MODES, DISCOUNTS, aggregate
 from aria.intention.cluster import CLUSTERINGS, cluster_all_k, distinct_points, k_range
 from aria.intention.corpus import Corpus, IntentionSpec, build_corpus
-from aria.intention.embed import EmbeddingCache, build_embedder, check_embedder, embedder_key, embedder_name, text_digest
+from aria.intention.embed import (EmbeddingCache, build_embedder, check_embedder, embedder_key, embedder_name,
+                                  text_digest)
 from aria.intention.select import SELECTORS, ClusterQuality, choose_k, split_scores
-from aria.intention.settings import LABELS, AggregationSettings, ClusteringSettings, IntentionSettings, SelectionSettings
-from aria.io import (ConfigError, DataError, atomic_write_bytes, atomic_write_json, atomic_write_json_rows, atomic_write_jsonl, file_digest,
-                     differences, iter_jsonl, json_digest, located, read_json, writer_of)
+from aria.intention.settings import (LABELS, AggregationSettings, ClusteringSettings, IntentionSettings,
+                                     SelectionSettings)
+from aria.io import (ConfigError, DataError, atomic_write_bytes, atomic_write_json, atomic_write_json_rows,
+                     atomic_write_jsonl, differences, file_digest, iter_jsonl, json_digest, located, read_json,
+                     writer_of)
+from aria.resources import check_overrides, dataset_file
 from aria.settings import typed
 from aria.trajectories import VectorWidth, iter_trajectories, read_producer
 
@@ -247,7 +254,6 @@ def check_overrides_of(game: str, overrides: list[str], setting: str) -> Intenti
     ``intention_overrides``, the online trainer's), composed and checked as :func:`check_settings`
     checks a step's, a problem one line naming ``setting``: before any training, not at the
     labelling an iteration or two in."""
-    from aria.resources import check_overrides
 
     composed = check_overrides("intention", [f"game={game}", "input=games.jsonl", *overrides], setting)
     try:
@@ -444,10 +450,7 @@ def behavioural_labels(cfg: Mapping | IntentionSettings, corpus: Corpus, echo: P
     game_cfg = dict(cfg.game)
     if cfg.behaviour == "never" or not has_offline_oracle(game_cfg):  # check_labels refused what needs them
         return None
-    from aria.games.question.game import build_game
-    from aria.games.question.oracle import build_oracle
     from aria.intention.behaviour import partition, signatures
-    from aria.resources import dataset_file
 
     path = Path(cfg.run_dir) / "behaviour.json"
     fingerprint = json_digest({"version": BEHAVIOUR_VERSION, "pools": {p: text_digest(t) for p, t in corpus.pools.items()},
@@ -1008,7 +1011,6 @@ def _final_reward_of(record: dict, role: str) -> float:
 def _won(record: dict, role: str) -> bool:
     if "players" not in record:
         return bool(record["success"])
-    from aria.games.two_player.glee import winner
 
     meta = record.get("meta") or {}
     # the recorded winner (None: a tie), else the role with the strictly higher reward (imported logs)

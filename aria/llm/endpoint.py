@@ -19,6 +19,7 @@ from typing import Any, Callable, Sequence
 
 import openai
 
+from aria.io import ConfigError
 from aria.llm.base import Completion, Message, OutputFormat
 
 _MAX_ERROR_CHARS = 300
@@ -36,8 +37,6 @@ def _default_api_key(api_key: str | None) -> str:
     that is not a string (``api_key=[sk-...]`` reads as a list) is refused without its value, where
     the client would have sent its text form."""
     if api_key is not None and not isinstance(api_key, str):
-        from aria.io import ConfigError
-
         raise ConfigError(f"api_key: expected a string (the key itself), got a {type(api_key).__name__}: "
                           "give the key as a plain value, or in $OPENAI_API_KEY")
     if api_key is not None:

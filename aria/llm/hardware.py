@@ -13,6 +13,7 @@ and by the benchmarks.
 """
 from __future__ import annotations
 
+import json
 import os
 import sys
 from pathlib import Path
@@ -72,8 +73,6 @@ if __name__ == "__main__":
     if command == "vllm-dtype":
         print(vllm_cpu_dtype(cpu_flags()))
     elif command == "flags":
-        import json
-
         print(json.dumps(describe()))
     else:
         sys.exit(f"usage: {sys.argv[0]} vllm-dtype | flags")

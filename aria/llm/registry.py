@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
+from aria.io import ConfigError
 from aria.llm.base import ChatModel
 from aria.registry import check_options, load_object
 
@@ -32,7 +33,6 @@ def check_policy(cfg: Mapping[str, Any], setting: str = "policy") -> tuple[type,
     """The class and options of the policy ``cfg`` names, checked before anything loads: a name
     not registered, or options :func:`aria.registry.check_options` refuses, is a ``ConfigError``
     naming ``setting`` (the config section: ``policy``, ``opponent``)."""
-    from aria.io import ConfigError
 
     options = dict(cfg)
     kind = options.pop("name", None)

@@ -11,13 +11,19 @@ the process exits. Nothing is started when every game is already in the file.
 from __future__ import annotations
 
 import atexit
+import json
+import os
 import socket
 import subprocess
 import threading
+import urllib.error
+import urllib.request
 from pathlib import Path
 from typing import Mapping, Sequence
 
+from aria.io import model_digest, read_json
 from aria.llm.base import Completion, Message, OutputFormat
+from aria.llm.embedded import resolve_model_path
 
 #: The server script shipped in the package (scripts/serve_vllm.sh runs the same file).
 SERVE_SCRIPT = Path(__file__).with_name("serve_vllm.sh")
@@ -44,13 +50,10 @@ def start_server(model_dir: Path, name: str, port: int, log: Path | None = None,
     are served on the model, a request naming one as its model (``VLLM_LORA_MODULES``).
     ``reloadable`` lets :func:`reload_weights` swap the served weights for another model's of the
     same architecture (vLLM's development endpoints, ``VLLM_SERVER_DEV_MODE=1``, on 127.0.0.1)."""
-    import os
 
     # The server is stopped when this process ends, even by SIGKILL (the script's watcher).
     env = {**os.environ, "SERVED_MODEL_NAME": name, "VLLM_PARENT_PID": str(os.getpid())}
     if adapters:
-        from aria.io import read_json
-
         if any(" " in str(folder) or " " in adapter or "=" in adapter for adapter, folder in adapters.items()):
             raise ValueError(f"adapters: names and folders without spaces (and names without '='), got {dict(adapters)}")
         rank = max(int(read_json(Path(folder) / "adapter_config.json")["r"]) for folder in adapters.values())
@@ -80,9 +83,6 @@ def reload_weights(base_url: str, model_dir: Path, timeout_s: float = 600.0) -> 
     server must be started ``reloadable`` and the model must have the served one's architecture
     and shapes (a trained copy of it); the served name stays. RuntimeError with the server's reply
     if either call fails."""
-    import json
-    import urllib.error
-    import urllib.request
 
     root = base_url.rstrip("/").removesuffix("/v1")
     calls = [("/collective_rpc", {"method": "reload_weights", "kwargs": {"weights_path": str(Path(model_dir).resolve())}}),
@@ -105,7 +105,6 @@ def server_metrics(base_url: str, timeout_s: float = 10.0) -> dict[str, float]:
     its labels, by name: ``vllm:prompt_tokens_total``, ``vllm:prefix_cache_queries_total`` and
     ``vllm:prefix_cache_hits_total`` (tokens), ``vllm:generation_tokens_total``,
     ``vllm:num_requests_running``, ..."""
-    import urllib.request
 
     root = base_url.rstrip("/").removesuffix("/v1")
     with urllib.request.urlopen(f"{root}/metrics", timeout=timeout_s) as response:
@@ -217,8 +216,6 @@ class ServedChatModel:
     def __init__(self, model_path: str = "embedded", temperature: float = 1.0, top_p: float | None = 1.0,
                  max_tokens: int = 48, concurrency: int = 16, timeout_s: float = 120.0, max_retries: int = 3,
                  seed: int | None = None, log: str | None = None):
-        from aria.io import model_digest
-        from aria.llm.embedded import resolve_model_path
 
         self.model_dir = resolve_model_path(model_path)
         self.name = f"vllm:{self.model_dir.name}"

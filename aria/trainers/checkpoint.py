@@ -29,6 +29,7 @@ import numpy as np
 import torch
 
 from aria.io import ResumeMismatch, atomic_write_json, atomic_write_text, differences, model_digest, replace_folder
+from aria.llm.embedded import resolve_model_path
 from aria.trainers.engine import RUN_RECORD, TrainState
 from aria.trainers.settings import CriticTrainerSettings, TrainerSettings
 
@@ -233,7 +234,6 @@ def resume_settings(cfg: TrainerSettings | CriticTrainerSettings, micro_per_epoc
     nothing under another batching). Before, a checkpoint's optimizer and scheduler silently
     replaced a changed lr, a changed seed reordered the rest of the data, and another base model
     carried the adapter over."""
-    from aria.llm.embedded import resolve_model_path
 
     settings = json.loads(json.dumps(asdict(cfg), default=str))  # a plain copy
     for key in NOT_RESUME_SETTINGS:

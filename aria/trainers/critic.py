@@ -31,6 +31,7 @@ from typing import Sequence
 
 import torch
 
+from aria.io import ConfigError
 from aria.trainers.settings import V_TARGETS
 
 
@@ -125,7 +126,6 @@ class DoubleCritic(torch.nn.Module):
             self.encoder.pooler = None
         context = getattr(self.encoder.config, "max_position_embeddings", None)
         if context is not None and max_tokens > context:  # else a shape error inside the encoder's first batch
-            from aria.io import ConfigError
 
             raise ConfigError(f"critic.max_tokens: {max_tokens} is more than the encoder's {context} positions "
                               f"({encoder_path}); set critic.max_tokens={context} or less")

@@ -8,6 +8,7 @@ Checkpoints and resume are :mod:`aria.trainers.checkpoint`.
 """
 from __future__ import annotations
 
+import importlib.util
 import math
 import os
 from dataclasses import dataclass
@@ -17,7 +18,7 @@ from typing import Callable, Mapping
 import torch
 
 from aria import threads
-from aria.io import atomic_folder, atomic_write_json, hold_output
+from aria.io import ConfigError, atomic_folder, atomic_write_json, hold_output
 from aria.llm.merge_record import stale_merges_of
 from aria.trainers.losses import LOSS_OPTION_CHECKS
 from aria.trainers.settings import CriticTrainerSettings, EngineTrainSettings, TrainerSettings, TrainSettings
@@ -34,7 +35,6 @@ def check_train_settings(cfg: TrainerSettings | CriticTrainerSettings, losses: M
 
     ``loss_name``: the trainer's own loss, when the config's ``loss.name`` does not choose it;
     ``check_scheduler=False`` leaves :func:`check_lr_scheduler` to the caller."""
-    from aria.io import ConfigError
     from aria.packing import PACKINGS
 
     t = cfg.train
@@ -58,9 +58,6 @@ def check_train_settings(cfg: TrainerSettings | CriticTrainerSettings, losses: M
 def check_mixed_precision(value: str, device: str) -> None:
     """fp8 trains only on a CUDA device with transformer_engine or torchao (accelerate's fp8
     backends); elsewhere accelerate would stop with a traceback once the trainer starts."""
-    import importlib.util
-
-    from aria.io import ConfigError
 
     if value != "fp8":
         return
@@ -77,8 +74,6 @@ def check_lr_scheduler(t: EngineTrainSettings) -> None:
     come with transformers' trainer utilities, which import peft (about 5 s on 2 cores): a trainer
     checks its data before this, so a bad file is one line within seconds."""
     from transformers import SchedulerType
-
-    from aria.io import ConfigError
 
     schedulers = [s.value for s in SchedulerType]
     if t.lr_scheduler not in schedulers:
@@ -125,7 +120,6 @@ def use_cpu(device: str) -> bool:
     """Whether ``device`` (config ``device``) trains on the CPU: ``cpu``, or ``auto`` on a machine
     without a GPU. Saying so to accelerate matters beyond placement: only then does it join the
     processes of a CPU launch (``config/accelerate/cpu_2proc.yaml``) into one gloo group."""
-    from aria.io import ConfigError
 
     if device == "cuda" and not torch.cuda.is_available():
         raise ConfigError("device=cuda: this process sees no CUDA device (torch.cuda.is_available() is false); "
@@ -136,7 +130,6 @@ def use_cpu(device: str) -> bool:
 def check_one_group(num_processes: int, environ: Mapping[str, str] | None = None) -> None:
     """Refuse a launch whose processes did not join one group: each would train on all of the
     data, as many times over as there are processes, and write the same output folder."""
-    from aria.io import ConfigError
 
     launched = int((os.environ if environ is None else environ).get("WORLD_SIZE", "1") or 1)
     if launched > 1 and num_processes != launched:

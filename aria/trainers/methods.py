@@ -32,6 +32,8 @@ from the kind. ArCHer is a ``weights`` method too: its critic is trained first
 from __future__ import annotations
 
 from dataclasses import dataclass
+from difflib import SequenceMatcher
+from os.path import commonprefix
 from typing import Callable, Sequence, Union
 
 import numpy as np
@@ -273,8 +275,6 @@ def similarity_groups(texts: Sequence[str], threshold: float) -> np.ndarray:
     ``threshold``, else starts a group. The texts are compared after the prefix they all share
     (see :func:`gigpo_similar`). ``quick_ratio`` bounds the ratio from above, so it only skips
     comparisons that cannot match."""
-    from difflib import SequenceMatcher
-    from os.path import commonprefix
 
     if not 0.0 < threshold < 1.0:
         raise ValueError(f"similarity threshold must be in (0, 1) (verl-agent's rule), got {threshold}")

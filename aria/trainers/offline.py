@@ -50,21 +50,22 @@ import numpy as np
 import torch
 
 from aria.data import read_training_set
-from aria.io import DataError, atomic_write_json, json_digest
+from aria.io import ConfigError, DataError, atomic_write_json, json_digest
+from aria.packing import (attention_break_even, game_ordered_batches, games_floor, nominal_scale, packing_stats,
+                          sample_groups)
+from aria.policy import (EncodedSample, Encoding, PromptTooLong, action_logprobs, action_token_logprobs, collate_as,
+                         load_model)
 from aria.secrets import redact
 from aria.settings import typed
-from aria.trainers.settings import TrainerSettings
-from aria.trainers.checkpoint import (begin_checkpoint, check_output_dir_early, checkpoint_record,
-                                      checkpoint_to_resume, finish_checkpoint, latest_checkpoint, load_plain_state,
-                                      load_state, resume_position, resume_settings, run_record, save_plain_state,
-                                      save_state)
-from aria.packing import attention_break_even, game_ordered_batches, games_floor, nominal_scale, packing_stats, sample_groups
-from aria.policy import EncodedSample, Encoding, PromptTooLong, action_logprobs, action_token_logprobs, collate_as, load_model
+from aria.trainers.checkpoint import (begin_checkpoint, check_output_dir_early, checkpoint_record, checkpoint_to_resume,
+                                      finish_checkpoint, latest_checkpoint, load_plain_state, load_state,
+                                      resume_position, resume_settings, run_record, save_plain_state, save_state)
 from aria.trainers.engine import (OPTIMIZERS, TrainState, accumulate_step, build_optimizer,  # noqa: F401
                                   check_lr_scheduler, check_train_settings, fit_accumulation, make_accelerator,
                                   resolve_mixed_precision, run_epochs, save_final_model)
 from aria.trainers.losses import LOSSES, TOKEN_LOSSES, reinforce_loss  # noqa: F401  (re-exported)
 from aria.trainers.methods import METHODS, get_method, method_weights
+from aria.trainers.settings import TrainerSettings
 
 
 # ---- data ------------------------------------------------------------------------------------------
@@ -265,7 +266,6 @@ class OfflineTrainer:
         """``apply(method name, samples)`` (:func:`~aria.trainers.methods.method_weights` or
         ``method_pairs``) after checking the samples; an unknown method is a config error and a
         missing field names the file."""
-        from aria.io import ConfigError
 
         check_samples(samples, self.train_path, empty_actions=self.cfg.data.append_eos)
         name = self.cfg.method

@@ -60,19 +60,25 @@ from typing import Callable, Mapping
 import numpy as np
 import torch
 
+from aria.games.base import load_game_config
+from aria.games.question.game import build_game
+from aria.games.question.oracle import build_oracle
 from aria.io import ConfigError, ResumeMismatch, atomic_write_json, read_json
+from aria.llm.embedded import resolve_model_path
 from aria.packing import attention_break_even, sample_groups
 from aria.policy import Encoding, action_logprobs, collate_as, load_policy, model_folder
 from aria.resources import compose_config, config_dir
 from aria.settings import typed
-from aria.trainers.settings import OnlineTrainerSettings
-from aria.trainers.checkpoint import (check_output_dir_early, begin_checkpoint, check_resume_settings, finish_checkpoint, latest_checkpoint,
-                                      load_plain_state, load_rng_state, resume_settings, run_record, save_plain_state,
-                                      set_rng_state, start_fresh, trim_metrics)
-from aria.trainers.losses import ADVANTAGES, LOSSES, TOKEN_LOSSES, rm_score, rm_score_centered  # noqa: F401  (re-exported)
+from aria.trainers.checkpoint import (begin_checkpoint, check_output_dir_early, check_resume_settings,
+                                      finish_checkpoint, latest_checkpoint, load_plain_state, load_rng_state,
+                                      resume_settings, run_record, save_plain_state, set_rng_state, start_fresh,
+                                      trim_metrics)
 from aria.trainers.engine import (accumulate_step, build_optimizer, check_train_settings, make_accelerator,
                                   save_final_model)
-
+from aria.trainers.losses import (ADVANTAGES, LOSSES, TOKEN_LOSSES, rm_score,  # noqa: F401  (re-exported)
+                                  rm_score_centered)
+from aria.trainers.settings import OnlineTrainerSettings
+from aria.trajectories import read_trajectories
 
 #: Variables through which torchrun and accelerate tell a process it belongs to a launched group.
 _LAUNCHER_VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE",
@@ -160,10 +166,7 @@ class OnlineTrainer:
     def __init__(self, cfg: Mapping | OnlineTrainerSettings, on_iteration: Callable[[int], None] | None = None):
         from accelerate.utils import set_seed
 
-        from aria.games.base import load_game_config
         from aria.games.family import checked_game, family_of
-        from aria.games.question.game import build_game
-        from aria.games.question.oracle import build_oracle
         from aria.intention import pipeline
         from aria.trainers.reward_service import SCORERS, build_scorer
 
@@ -233,7 +236,6 @@ class OnlineTrainer:
         if self._rollout_copy is None:
             from transformers import AutoModelForCausalLM
 
-            from aria.llm.embedded import resolve_model_path
             from aria.llm.local import resolve_dtype
 
             device = str(self.accelerator.device)
@@ -248,7 +250,6 @@ class OnlineTrainer:
         finished records (failed games are kept in the file, not trained on)."""
         from aria.games.question.play import play_games, reply_format
         from aria.llm.local import LocalChatModel
-        from aria.trajectories import read_trajectories
 
         acc, o, r = self.accelerator, self.cfg.online, self.cfg.rollout
         per_process = math.ceil(o.rollout_size / acc.num_processes)

@@ -39,14 +39,17 @@ import hmac
 import json
 import logging
 import os
+import shutil
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
 import numpy as np
+
+from aria.io import ConfigError, atomic_folder
 
 log = logging.getLogger(__name__)
 
@@ -118,9 +121,7 @@ def merge_if_adapter(model_dir: str | Path) -> Path:
     """Make ``model_dir`` a full reward-model folder: a LoRA adapter there is merged into its base
     (the adapter moves to ``<model_dir>.adapter``); a full folder is left as it is. A full folder
     can start the next refresh and be served without peft."""
-    import shutil
 
-    from aria.io import atomic_folder
     from aria.policy import ENCODING_FILE
 
     model_dir = Path(model_dir)
@@ -178,8 +179,6 @@ class InProcessScorer:
             self.load(model_dir)
 
     def load(self, model_dir: str | Path) -> None:
-        from dataclasses import replace
-
         from aria.policy import Encoding
 
         self.tokenizer, self.model = load_scoring_model(model_dir, self.dtype, self.device)
@@ -309,8 +308,6 @@ def build_scorer(reward_model: dict, device: str = "cpu"):
     """The scorer named by ``reward_model["serve"]["name"]`` (no model loaded yet)."""
     serve = dict(reward_model["serve"])
     if serve["name"] not in SCORERS:
-        from aria.io import ConfigError
-
         raise ConfigError(f"reward_model.serve.name: unknown {serve['name']!r} (known: {', '.join(sorted(SCORERS))})")
     return SCORERS[serve["name"]](serve, reward_model, device)
 

@@ -29,6 +29,7 @@ the same whatever the batch it was played in, and a resumed collection plays the
 """
 from __future__ import annotations
 
+import json
 import random
 from dataclasses import dataclass
 from functools import lru_cache
@@ -36,7 +37,9 @@ from typing import Any, Mapping, Sequence
 
 from aria.games.question.game import QuestionGame, build_game
 from aria.games.question.text import normalize
+from aria.io import read_json
 from aria.llm.base import Completion, Message
+from aria.resources import dataset_file
 
 #: Answer classes the expert compares (an answer's first word).
 YES, NO, OTHER = "yes", "no", "other"
@@ -195,8 +198,6 @@ class ExpertQuestioner:
 
     def __init__(self, game_cfg: Mapping[str, Any]):
         from aria.games.question.knowledge_base import KnowledgeBaseOracle
-        from aria.io import read_json
-        from aria.resources import dataset_file
 
         self.game = build_game(game_cfg)
         if self.game.family not in _INTENTIONS:
@@ -302,8 +303,6 @@ class ExpertQuestioner:
 
 @lru_cache(maxsize=8)
 def _expert_for(game_key: str) -> ExpertQuestioner:
-    import json
-
     return ExpertQuestioner(json.loads(game_key))
 
 
@@ -317,8 +316,6 @@ class ScriptedExpertPolicy:
     """
 
     def __init__(self, game: Mapping[str, Any], epsilon: float = 0.0, seed: int = 0, name: str = "scripted"):
-        import json
-
         if not 0.0 <= float(epsilon) <= 1.0:
             raise ValueError(f"epsilon: expected a probability in [0, 1], got {epsilon!r}")
         game = _plain(game)

@@ -20,7 +20,9 @@ from typing import Any, Mapping, Sequence
 
 from aria.games.base import load_game_config
 from aria.games.question.text import PhraseIndex, extract_question
-from aria.io import DataError, read_json
+from aria.io import DataError
+from aria.io import json_digest as digest
+from aria.io import read_json
 from aria.resources import dataset_file
 
 
@@ -128,7 +130,6 @@ class QuestionGame:
         """What decides how a game is played and scored, for a file's producer record: a resumed
         file continues only under the same rules (a lower ``max_turns`` would otherwise mix games
         of two lengths). Long texts and lists are recorded by digest."""
-        from aria.io import json_digest as digest
 
         return {"family": self.family, "max_turns": self.max_turns, "max_question_chars": self.max_question_chars,
                 "invalid_answer": self.invalid_answer, "win_answer": self.win_answer, "single_guess": self.single_guess,

@@ -14,8 +14,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Protocol, Sequence
 
+from aria.io import ConfigError
 from aria.llm.base import Completion
-from aria.registry import load_object
+from aria.registry import check_options, load_object
 
 
 @dataclass(frozen=True)
@@ -58,8 +59,6 @@ def check_oracle(cfg: Mapping[str, Any]) -> Callable[..., Oracle]:
     """The factory of the oracle ``cfg`` names, its options checked before anything loads (an
     unknown name, a key it does not take, a value out of range: a ``ConfigError`` naming
     ``oracle.<key>``, :func:`aria.registry.check_options`)."""
-    from aria.io import ConfigError
-    from aria.registry import check_options
 
     options = dict(cfg)
     name = options.pop("name", None)

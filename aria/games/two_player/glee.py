@@ -40,6 +40,8 @@ import math
 from dataclasses import asdict, dataclass, field
 from typing import Any, ClassVar, Mapping, Sequence
 
+from aria.io import ConfigError
+
 PLAYERS = ("alice", "bob")
 DECISIONS = ("accept", "reject", "walk_away")
 OUTCOMES = ("deal", "no_deal", "walk_away")
@@ -183,7 +185,6 @@ def expand_grid(game: str, grid: Mapping[str, Sequence[Any]]) -> list[GameConfig
 def config_set(game_cfg: Mapping[str, Any], name: str, setting: str = "config_set") -> list[GameConfig]:
     """A named set of configurations from ``config/game/<game>.yaml`` (``config_sets:``); a name
     it does not have is a ``ConfigError`` naming ``setting``, where the name was given."""
-    from aria.io import ConfigError
 
     sets = game_cfg.get("config_sets") or {}
     if name not in sets:

@@ -42,14 +42,16 @@ from aria.data import Transcript
 from aria.games.base import structured_output
 from aria.games.settings import CollectSettings
 from aria.games.two_player.glee import (PLAYERS, GameConfig, Match, Move, config_set, config_to_dict,
-                                      normalized_rewards, winner)
+                                        normalized_rewards, other, winner)
 from aria.games.two_player.glee_text import shown_text, system_prompt
 from aria.games.two_player.offers import MESSAGE_CHARS, OFFER_STEPS, ParseError, parse_reply, reply_schema
 from aria.games.two_player.scripted import SCRIPTED_PLAYERS, reply_json
 from aria.io import ConfigError, json_digest
 from aria.llm.base import ChatModel, Completion, Message, OutputFormat, concurrent
+from aria.llm.registry import build_policy, check_policy
+from aria.registry import check_options
 from aria.scheduler import PlaySummary, run_games
-from aria.trajectories import describe, make_two_player_record
+from aria.trajectories import describe, make_two_player_record, read_trajectories
 
 SYSTEM_PROMPT_KEYS = {"alice": "player_1_system_prompt", "bob": "player_2_system_prompt"}
 
@@ -367,8 +369,6 @@ def check_player(cfg: Mapping[str, Any], setting: str = "opponent") -> None:
     """A seat's config checked before any model loads: ``self`` takes no options, ``scripted`` a
     ``strength`` in [0, 1], a policy its own (:func:`aria.llm.registry.check_policy`); a problem
     is a ``ConfigError`` naming ``setting.<key>``."""
-    from aria.llm.registry import check_policy
-    from aria.registry import check_options
 
     options = dict(cfg)
     kind = options.pop("name", None)
@@ -393,20 +393,17 @@ def build_player(cfg: Mapping[str, Any], game: str, policy: PolicyPlayer | None 
         return policy
     if kind == "scripted":
         return ScriptedPlayer(game, float(options.get("strength", 1.0)))
-    from aria.llm.registry import build_policy
 
     return PolicyPlayer(build_policy({"name": kind, **options}, setting="opponent"))
 
 
 def collect_two_player_from_config(cfg: CollectSettings) -> PlaySummary:
     """Self-play (or policy vs opponent) collection from a Hydra config (``config/collect.yaml``)."""
-    from aria.llm.registry import build_policy
 
     game_cfg = cfg.game
     configs = config_set(game_cfg, cfg.config_set)  # what can be checked, before a model loads
     check_player(cfg.opponent, "opponent")
     if cfg.policy["name"] == "scripted":  # the question games' expert (before: a KeyError in its game builder)
-        from aria.io import ConfigError
 
         raise ConfigError(f"policy=scripted is the question games' expert; {game_cfg['name']} is played by a model "
                           "(policy=vllm, local or endpoint; a scripted player sits in the other seat: opponent=scripted)")
@@ -442,9 +439,7 @@ def evaluate_two_player(
     Returns the environment's summary: per seat and over both seats
     (:func:`aria.statistics.summarize_two_player`), plus the opponent and the configurations used.
     """
-    from aria.games.two_player.glee import other
     from aria.statistics import summarize_two_player
-    from aria.trajectories import read_trajectories
 
     games: dict[str, list[dict]] = {}
     for role in PLAYERS:
