@@ -295,16 +295,16 @@ def headline(report: dict) -> list[dict]:
     """docs/benchmarks.md's summary rows of a report: per set and trainer timed both ways, trees against rows."""
     precision = report["settings"]["mixed_precision"]
     model = report["settings"]["model"]
-    trained = ("" if precision == "no" else f" in {precision}") + ("" if model == "embedded" else f", model {Path(model).name}")
+    trained = ("" if precision == "no" else f", {precision}") + ("" if model == "embedded" else f", {Path(model).name}")
     rows = []
     for key, runs in report["runs"].items():
         if key == "online" or not all(runs.get(way) for way in WAYS):
             continue
         name, trainer = key.split("/")
         tree = runs["prefix_tree"][0]
-        rows.append({"compares": f"one epoch of {TRAINER_NAMES[trainer]} on {SET_NAMES.get(name, name)} ({tree['samples']:,} "
-                                 f"samples){trained}: per-step rows against prefix trees",
-                     "result": f"trees {faster(median_seconds(runs['padded']), median_seconds(runs['prefix_tree']))}, "
+        rows.append({"compares": "one epoch on the same samples: per-step rows against prefix trees",
+                     "result": f"{TRAINER_NAMES[trainer]} on {SET_NAMES.get(name, name)} ({tree['samples']:,} samples{trained}): "
+                               f"trees {faster(median_seconds(runs['padded']), median_seconds(runs['prefix_tree']))}, "
                                f"{tree['row_tokens'] / tree['tokens']:.2f}x fewer tokens"})
     return rows
 
@@ -314,8 +314,8 @@ def headline_cutoffs(before: dict, after: dict, key: str = "gmc/reinforce") -> l
     before (prompts cut, in trees) against whole histories in trees of whole games."""
     then, now = before["runs"][key]["prefix_tree"], after["runs"][key]["prefix_tree"]
     memory = max(r["peak_rss_mb"] for r in then) / max(r["peak_rss_mb"] for r in now)
-    return [{"compares": f"one epoch of REINFORCE on {now[0]['samples']} Guess My City steps: prompts cut at 512 in trees "
-                         "(the preset before) against whole histories in trees of whole games",
+    return [{"compares": f"one epoch of REINFORCE on {now[0]['samples']} Guess My City steps: prompts cut at 512, in trees "
+                         "(the preset before), against whole histories in trees of whole games",
              "result": f"{faster(median_seconds(then), median_seconds(now))}, {then[0]['tokens'] / now[0]['tokens']:.1f}x "
                        f"fewer tokens, {memory:.1f}x less memory"}]
 

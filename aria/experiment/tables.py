@@ -189,8 +189,9 @@ def grouping() -> str:
 
 #: docs/benchmarks.md's summary, in the page's order: (the benchmark, the link to its section, the script of
 #: ``benchmarks/`` whose ``headline`` summarises the reports, or ``script:function``, and the reports under
-#: ``benchmarks/results/`` given to it). Only current comparisons: a superseded report (an older run, another
-#: day's machine) is no row, unless it is the baseline the current one is compared with.
+#: ``benchmarks/results/`` given to it). Entries of one benchmark measured on one machine share a row. Only
+#: current comparisons: a superseded report (an older run, another day's machine) is no row, unless it is the
+#: baseline the current one is compared with.
 BENCHMARK_ROWS: tuple[tuple[str, str, str, tuple[str, ...]], ...] = (
     ("Generation engines", "#generation-engines", "generation_engines", ("generation_engines.json",)),
     ("Generation engines", "#generation-engines", "generation_engines", ("generation_engines_compiled.json",)),
@@ -212,12 +213,12 @@ BENCHMARK_ROWS: tuple[tuple[str, str, str, tuple[str, ...]], ...] = (
     ("Intention pipeline", "#intention-pipeline-sweep", "intention_sweep", ("intention_sweep_realistic.json",)),
     ("Intention pipeline", "#intention-pipeline-sweep", "intention_sweep", ("intention_sweep.json",)),
     ("Offline trainer", "#offline-trainer-against-a-bare-loop", "offline_trainer_vs_bare", ("offline_trainer_vs_bare.json",)),
-    ("GPU paths", "#on-a-gpu", "gpu_paths", ("gpu_paths_h200.json",)),
-    ("GPU training packing", "#on-a-gpu", "training_packing", ("training_packing_h200_135m.json",)),
-    ("GPU training packing", "#on-a-gpu", "training_packing", ("training_packing_h200_1.7b.json",)),
-    ("GPU DeepSpeed", "#on-a-gpu", "gpu_paths", ("gpu_paths_deepspeed_h200.json",)),
-    ("GPU ArCHer critic", "#on-a-gpu", "gpu_paths", ("gpu_paths_archer_h200.json",)),
-    ("GPU ArCHer critic", "#on-a-gpu", "gpu_paths", ("gpu_paths_archer_speed_h200.json",)),
+    ("On a GPU", "#on-a-gpu", "gpu_paths", ("gpu_paths_h200.json",)),
+    ("On a GPU", "#on-a-gpu", "training_packing", ("training_packing_h200_135m.json",)),
+    ("On a GPU", "#on-a-gpu", "training_packing", ("training_packing_h200_1.7b.json",)),
+    ("On a GPU", "#on-a-gpu", "gpu_paths", ("gpu_paths_deepspeed_h200.json",)),
+    ("On a GPU", "#on-a-gpu", "gpu_paths", ("gpu_paths_archer_h200.json",)),
+    ("On a GPU", "#on-a-gpu", "gpu_paths", ("gpu_paths_archer_speed_h200.json",)),
     ("Constrained decoding", "games.md#two-player-games-bargaining-and-negotiation", "constrained_decoding",
      ("constrained_decoding.json",)),
     ("Scripted expert", "experiments.md#the-testbed", "expert_games", ("expert_games.json",)),
@@ -262,17 +263,26 @@ def recorded_machine(report: dict[str, Any]) -> str:
 
 
 def benchmarks(results: Path = BENCHMARK_RESULTS) -> str:
-    """docs/benchmarks.md's summary table: a row per current comparison (:data:`BENCHMARK_ROWS`), written by
-    its script's headline from the reports in ``results``."""
-    lines = ["| benchmark | what it compares | result | machine | from |", "|---|---|---|---|---|"]
+    """docs/benchmarks.md's summary table: a row per benchmark and machine (:data:`BENCHMARK_ROWS`), its cells
+    the headlines of its scripts from the reports in ``results``, one a line."""
+    rows: list[dict[str, Any]] = []
     for title, where, script, files in BENCHMARK_ROWS:
         name, _, function = script.partition(":")
         reports = [read_json(results / file) for file in files]
         machine = " / ".join(dict.fromkeys(recorded_machine(r) for r in reports))  # each machine once
-        sources = ", ".join(f"[`{file}`](../benchmarks/results/{file})" for file in files)
-        for row in getattr(benchmark_script(name), function or "headline")(*reports):
-            cells = (f"[{title}]({where})", row["compares"], row["result"], machine, sources)
-            lines.append("| " + " | ".join(cell.replace("|", "\\|") for cell in cells) + " |")
+        if not rows or (rows[-1]["title"], rows[-1]["machine"]) != (title, machine):
+            rows.append({"title": title, "where": where, "machine": machine, "compares": [], "results": [], "files": []})
+        row = rows[-1]
+        for item in getattr(benchmark_script(name), function or "headline")(*reports):
+            row["compares"] += [item["compares"]] if item["compares"] not in row["compares"] else []
+            row["results"].append(item["result"])
+        row["files"] += files
+    lines = ["| benchmark | what it compares | result | machine | from |", "|---|---|---|---|---|"]
+    for row in rows:
+        sources = ", ".join(f"[`{file}`](../benchmarks/results/{file})" for file in row["files"])
+        cells = (f"[{row['title']}]({row['where']})", "<br>".join(row["compares"]), "<br>".join(row["results"]),
+                 row["machine"], sources)
+        lines.append("| " + " | ".join(cell.replace("|", "\\|") for cell in cells) + " |")
     return "\n".join(lines) + "\n"
 
 
