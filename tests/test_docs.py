@@ -162,6 +162,7 @@ def test_rendered_blocks_are_their_committed_runs_rendering(tmp_path):
     from aria.experiment.tables import DOCUMENTS, render, stale_blocks
 
     assert stale_blocks() == [], "python scripts/render_docs.py rewrites them"
+    assert "<!-- rendered: benchmarks -->" in (REPO / "docs" / "benchmarks.md").read_text(encoding="utf-8")
     readme = (REPO / "README.md").read_text(encoding="utf-8")
     assert "<!-- rendered: aggregation -->" in readme and "| 2 | −3.7, −0.2 |" in readme
     for name in DOCUMENTS:
