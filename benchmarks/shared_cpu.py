@@ -247,11 +247,11 @@ def render_serving(report: dict) -> str:
 def headline(report: dict) -> list[dict]:
     """docs/benchmarks.md's summary row of a report: the setting tried against ``old``, for training
     (``new`` or ``passive``) or for the server (``new``: the choice at start; ``spin``: the capped spin)."""
-    old, summary = report["summary"]["old"], report["summary"]
+    old, summary, settings = report["summary"]["old"], report["summary"], report["settings"]
     if "serve_alone" in old:
         if "spin" in summary:
             spin = summary["spin"]["serve_alone"]
-            return [{"compares": "an idle vLLM server's spin capped (`GOMP_SPINCOUNT=3000000`) against `ACTIVE`'s",
+            return [{"compares": f"an idle vLLM server's spin capped (`{settings['spin']}`) against `{settings['old']}`",
                      "result": f"idle server: cores kept busy {spin['idle_cores']:.2f} against {old['serve_alone']['idle_cores']:.2f}; "
                                f"alone {spin['median_s']:.1f} s against {old['serve_alone']['median_s']:.1f} s"}]
         new = summary["new"]
@@ -259,7 +259,6 @@ def headline(report: dict) -> list[dict]:
                  "result": f"server: beside a busy thread it chose {new['serve_busy_thread']['omp_wait_policy']}, "
                            f"{new['serve_busy_thread']['median_s']:.1f} s against {old['serve_busy_thread']['median_s']:.1f} s "
                            f"spinning; alone it chose {new['serve_alone']['omp_wait_policy']}"}]
-    settings = report["settings"]
     if "passive" in summary:
         passive = summary["passive"]
         return [{"compares": f"the same, sleeping threads (`{settings['passive']}`) against spinning",

@@ -274,7 +274,8 @@ def benchmarks(results: Path = BENCHMARK_RESULTS) -> str:
             rows.append({"title": title, "where": where, "machine": machine, "compares": [], "results": [], "files": []})
         row = rows[-1]
         for item in getattr(benchmark_script(name), function or "headline")(*reports):
-            row["compares"] += [item["compares"]] if item["compares"] not in row["compares"] else []
+            if item["compares"] not in row["compares"]:  # several results of one comparison share its words
+                row["compares"].append(item["compares"])
             row["results"].append(item["result"])
         row["files"] += files
     lines = ["| benchmark | what it compares | result | machine | from |", "|---|---|---|---|---|"]
