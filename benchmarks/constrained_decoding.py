@@ -175,6 +175,26 @@ def policy(repeats: int) -> None:
     _write("policy", result)
 
 
+def headline(report: dict) -> list[dict]:
+    """docs/benchmarks.md's summary rows of the report: the two engines, and the policy free against constrained."""
+    rows = []
+    if "engines" in report:
+        fast, slow = report["engines"]["llguidance"], report["engines"]["xgrammar"]
+        rows.append({"compares": f"llguidance against xgrammar: a token's masks for {report['engines']['rows']} rows of the "
+                                 "Bargaining answer schema",
+                     "result": f"llguidance {slow['ms_per_token_16_rows'] / fast['ms_per_token_16_rows']:.1f}x faster "
+                               f"({fast['ms_per_token_16_rows']:.2f} ms against {slow['ms_per_token_16_rows']:.2f} ms); "
+                               f"compiles in {1000 * fast['compile_s']:.0f} ms against {1000 * slow['compile_s']:.0f} ms"})
+    if "policy" in report:
+        free, schema = report["policy"]["free"], report["policy"]["json_schema"]
+        rows.append({"compares": f"the local policy answering Bargaining offers ({report['policy']['rows']} games at once): "
+                                 "free against under the turn's JSON schema",
+                     "result": f"constrained: {schema['legal_share']:.1%} legal moves against {free['legal_share']:.1%}; a batch "
+                               f"{free['seconds_per_batch_median'] / schema['seconds_per_batch_median']:.2f}x faster "
+                               f"({schema['mean_reply_tokens']:.0f} tokens a reply against {free['mean_reply_tokens']:.0f})"})
+    return rows
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("part", choices=["engines", "policy"])

@@ -117,6 +117,13 @@ BUGS = [
 ]
 
 
+def headline(report: dict) -> list[dict]:
+    """docs/benchmarks.md's summary row of the report."""
+    caught = sum(b["caught"] and b["passes_without_the_bug"] for b in report["bugs"])
+    return [{"compares": "each planted bug's test with the bug against without it (it must fail, then pass)",
+             "result": f"{caught} of {len(report['bugs'])} bugs caught"}]
+
+
 def main() -> None:
     results = []
     with tempfile.TemporaryDirectory(prefix="aria-bugs-") as tmp:

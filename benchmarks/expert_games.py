@@ -25,6 +25,19 @@ from aria.trajectories import read_trajectories
 GAMES = ["twenty_questions_subset", "guess_my_city_subset", "twenty_questions", "guess_my_city"]
 
 
+def headline(report: dict) -> list[dict]:
+    """docs/benchmarks.md's summary row of the report: greedy against the lowest other ε, per game."""
+    epsilons = sorted({r["epsilon"] for r in report["rows"]})
+    by = {(r["game"], r["epsilon"]): r for r in report["rows"]}
+    low, high = epsilons[0], epsilons[-1]
+    turns = "; ".join(f"{by[(game, low)]['mean_turns']:.1f} → {by[(game, high)]['mean_turns']:.1f} ({game})"
+                      for game in GAMES if (game, low) in by and (game, high) in by)
+    won = min(r["win_rate"] for r in report["rows"])
+    return [{"compares": f"the scripted expert at ε = {low:g} against ε = {high:g} (the chance of a random question "
+                         f"or guess), {report['rows'][0]['games']} games a game",
+             "result": ("every game won" if won == 1 else f"at least {won:.0%} won") + f"; mean turns {turns}"}]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--games", type=int, default=100)

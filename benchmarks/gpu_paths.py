@@ -483,6 +483,52 @@ def check_archer_speed(train_file: Path, encoder: Path, work: Path, steps: int =
     return found
 
 
+def headline(report: dict) -> list[dict]:
+    """docs/benchmarks.md's summary rows of a report, one per kind of check it holds (a check that
+    raised is said to have failed)."""
+    checks = report["checks"]
+    failed = [name for name, check in checks.items() if "error" in check]
+    result = {name: check["result"] for name, check in checks.items() if "result" in check}
+    rows = []
+    if "packing" in result:
+        float32 = [v for name, v in result["packing"].items() if "/float32/" in name]
+        generation = result["generation"].values()  # float32 and bfloat16
+        rows.append({"compares": "the CPU tests' exactness properties on the GPU (trees against rows, batched generation "
+                                 "against unbatched, a resumed run against a whole one)",
+                     "result": f"exactness: float32 trees = rows within {max(v['loss_rel_diff'] for v in float32):.1e} (loss), "
+                               f"{max(v['grad_rel_diff'] for v in float32):.1e} (gradient); generation equal on "
+                               f"{sum(g['turns_with_equal_replies'] for g in generation)} of {sum(g['turns'] for g in generation)} "
+                               f"turns (float32, bfloat16); the resumed bf16 run "
+                               f"{'bit-identical' if result['resume']['bit_identical'] else 'not bit-identical'}"})
+    if "deepspeed" in result:
+        offload, plain = result["deepspeed"], result.get("deepspeed_no_offload")
+        without = "" if plain is None else f", {plain['seconds'] / plain['plain_seconds']:.1f}x without offload"
+        resumed = "bit-identical" if offload["resumed_bit_identical"] else f"within {offload['resumed_max_abs_diff']:.1e}"
+        rows.append({"compares": "offline REINFORCE under DeepSpeed ZeRO-3 (the shipped config, CPU offload) against "
+                                 "the same run without, bf16",
+                     "result": f"DeepSpeed: {offload['seconds'] / offload['plain_seconds']:.1f}x as long{without}; "
+                               f"{len(offload['checkpoints'])} checkpoints saved; resumed {resumed}; LoRA weights a median "
+                               f"{offload['median_relative_diff_to_plain']:.0%} apart"})
+    if "archer" in result:
+        critic = result["archer"]
+        rows.append({"compares": "ArCHer's critic (bf16) against the planted games' hand values",
+                     "result": f"critic: largest Q error {critic['encoder_learning']['largest_q_error_from_hand_values']:.3f} "
+                               f"(encoder learning), {critic['encoder_frozen']['largest_q_error_from_hand_values']:.3f} "
+                               f"(encoder frozen); resume {'bit-identical' if critic['resume']['bit_identical'] else 'not bit-identical'}"})
+    if "archer_speed" in result:
+        settings = dict(result["archer_speed"])
+        # a second call in one process, where present: its later settings ran after CUDA's warm-up
+        for key, value in sorted(report.get("rerun_in_one_process", {}).get("results", {}).items()):
+            settings[key.split("_", 1)[1]] = value
+        fp32, bf16 = (settings[name]["seconds_per_step_after_the_first"] for name in ("encoder_learning_fp32", "encoder_learning_bf16"))
+        samples = settings["encoder_learning_fp32"]["samples_per_step"]
+        rows.append({"compares": f"a critic optimizer step ({samples} samples, encoder learning) in bf16 autocast against float32",
+                     "result": f"critic step: bf16 {bf16 / fp32:.2f}x the time of float32 ({bf16:.2f} s against {fp32:.2f} s)"})
+    if failed:
+        rows.append({"compares": "checks that raised", "result": ", ".join(failed)})
+    return rows
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--out", default="benchmarks/results/gpu_paths.json")

@@ -408,6 +408,45 @@ def machine() -> dict:
             "cpus": os.cpu_count(), "torch_threads": torch.get_num_threads(), "platform": platform.platform()}
 
 
+def headline(report: dict) -> list[dict]:
+    """docs/benchmarks.md's summary rows of a report: for the realistic case the default steps 1-4 against
+    the unaccelerated sweep and Ward, and the default's clusters against plain k-means; for the
+    synthetic case the two k-means seedings and the two aggregations."""
+    if report["benchmark"] == "intention_sweep_realistic":
+        steps = report["steps_1_to_4"]
+        variants = report["variants"]
+        unaccelerated = next(v for name, v in variants.items() if name.startswith("unaccelerated"))
+        ward = next(v for name, v in variants.items() if name.startswith("method=ward"))
+        pools = report["quality"]["per_pool"]
+
+        def sse(key: str) -> str:
+            return ", ".join(f"{pools[pool][key]['median']:.3f} ({pool})" for pool in ("questions", "answers"))
+
+        def k(chosen: dict) -> str:
+            return "/".join(str(v) for v in sorted(set(chosen.values())))
+
+        same_k = (f"the same k = {k(steps['chosen_k'])}" if steps["chosen_k"] == unaccelerated["chosen_k"] else
+                  f"k = {k(steps['chosen_k'])} against {k(unaccelerated['chosen_k'])}")
+        games = f"{report['data']['games']} realistic Guess My City games"
+        return [{"compares": f"pipeline steps 1-4 on {games}: the default sweep against the unaccelerated one and Ward "
+                             "(the release's)",
+                 "result": f"steps 1-4: {steps['seconds_median']:.1f} s, {steps['peak_rss_mb']:.0f} MB; "
+                           f"{unaccelerated['seconds'] / steps['seconds_median']:.1f}x faster than unaccelerated "
+                           f"({same_k}), {ward['seconds'] / steps['seconds_median']:.1f}x than Ward "
+                           f"({ward['peak_rss_mb'] / 1024:.1f} GB)"},
+                {"compares": "its clusters against plain k-means (scikit-learn, raw vectors)",
+                 "result": f"within-cluster SSE over plain k-means' (median over k): {sse('sse_default_over_plain')}; "
+                           f"plain k-means with another seed: {sse('sse_plain_other_seed_over_plain')}"}]
+    seeding, aggregation = report["kmeans_seeding"], report["aggregation_all_k"]
+    data = f"{report['data']['utterances_clustered']:,} synthetic utterances"
+    return [{"compares": f"k-means over k = {report['data']['ks']} ({data}): one shared k-means++ seeding against one per k",
+             "result": f"shared seeding {seeding['per_k_sweep_s'] / seeding['shared_sweep_s']:.1f}x faster, within-cluster "
+                       f"SSE ratio {seeding['sse_shared_over_per_k']['median']:.2f} (median)"},
+            {"compares": "aggregation for every k: the vectorised prefix tree against a dictionary over label tuples",
+             "result": f"vectorised aggregation {aggregation['python_dicts_median_s'] / aggregation['vectorised_median_s']:.1f}x faster, "
+                       + ("the same results" if aggregation["results_agree"] else "**results differ**")}]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--case", choices=("realistic", "synthetic"), default="realistic")

@@ -111,6 +111,20 @@ def render(report: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def headline(report: dict) -> list[dict]:
+    """docs/benchmarks.md's summary rows of a report: how faithful the served adapter is in each
+    precision, and what serving it costs an evaluation against the merged model."""
+    fidelity = "; ".join(f"{row['update_over_error']:,.0f} in {dtype}" for dtype, row in report["dtypes"].items())
+    rows = [{"compares": "a LoRA adapter served by vLLM on its base against the trained model in transformers",
+             "result": f"update / serving error: {fidelity}"}]
+    if "evaluation" in report:
+        ev = report["evaluation"]
+        merged, lora = ev["merged_float32"]["games_s"], ev["lora_float32"]["games_s"]
+        rows.append({"compares": f"{ev['games']} evaluation games: the merged model against the base with the adapter",
+                     "result": f"merged {lora / merged:.1f}x faster ({merged:.0f} s against {lora:.0f} s)"})
+    return rows
+
+
 def main() -> None:
     from peft import PeftModel
     from transformers import AutoModelForCausalLM, AutoTokenizer

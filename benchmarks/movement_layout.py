@@ -43,6 +43,15 @@ def render(report: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def headline(report: dict) -> list[dict]:
+    """docs/benchmarks.md's summary row of a report."""
+    padded, tree = report["ways"]["padded"], report["ways"]["prefix_tree"]
+    return [{"compares": f"movement scored on {report['steps']} held-out steps: padded rows against whole games in prefix trees",
+             "result": f"trees {padded['seconds'] / tree['seconds']:.1f}x faster, "
+                       f"{padded['tokens_computed'] / tree['tokens_computed']:.1f}x fewer tokens; "
+                       f"token KL {padded['token_kl']:.6f} and {tree['token_kl']:.6f}"}]
+
+
 def main() -> None:
     from aria.experiment.runner import held_out_steps
     from aria.experiment.layout import Layout

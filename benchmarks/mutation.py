@@ -96,6 +96,16 @@ json.dump({"files": files, "not_killed": survivors}, sys.stdout)
     return result
 
 
+def headline(report: dict, before: dict | None = None) -> list[dict]:
+    """docs/benchmarks.md's summary row of a report, against the older suite's report ``before`` where given."""
+    totals = report["totals"]
+    against = "" if before is None else (f", against {before['totals']['score']:.1%} by the tests of "
+                                         f"{before['tests_from']}")
+    return [{"compares": "mutants of the method's core (mutmut): the suite now" +
+                         ("" if before is None else " against an older suite"),
+             "result": f"{totals['score']:.1%} of {totals['total']:,} mutants killed{against}"}]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--tests-from", help="git revision whose tests/ judge the mutants (default: the working tree's)")

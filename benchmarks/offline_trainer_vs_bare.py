@@ -103,6 +103,15 @@ def fixed_collate(items, pad_id: int, prompt_len: int, action_len: int) -> dict:
             "action_mask": torch.tensor(action), "prompt_len": torch.tensor(plens)}
 
 
+def headline(report: dict) -> list[dict]:
+    """docs/benchmarks.md's summary row of a report."""
+    tokens_per_s = report["median_tokens_per_s"]
+    return [{"compares": f"the offline trainer against a bare training loop and against fixed-length padding "
+                         f"(the original's), {report['samples']} samples",
+             "result": f"{tokens_per_s['trainer'] / tokens_per_s['bare']:.2f}x the bare loop's tokens/s, "
+                       f"{tokens_per_s['trainer'] / tokens_per_s['fixed_padding']:.2f}x fixed padding's"}]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--train-file", default=str(REPO_ROOT / "outputs/intention/twenty_questions/train.json"))

@@ -132,6 +132,19 @@ def main() -> None:
     print(f"[bench] wrote {args.out}")
 
 
+def headline(report: dict) -> list[dict]:
+    """docs/benchmarks.md's summary row of a report: the fastest prefix-tree way against the baseline."""
+    rows = {r["way"]: r for r in report["rows"]}
+    base = rows[report["baseline"]]
+    best = min((r for r in report["rows"] if r["way"].startswith("prefix_tree")), key=lambda r: r["median_seconds"])
+    pack = best["way"].split("_")[2]  # prefix_tree_<tokens>_<dtype>
+    return [{"compares": f"reward-model scores of {report['settings']['steps']} Guess My City steps: padded rows "
+                         f"against prefix trees, {best['dtype']}",
+             "result": f"trees {base['median_seconds'] / best['median_seconds']:.2f}x faster at {int(pack):,} tokens a pass "
+                       f"(the fastest tried), {base['token_positions'] / best['token_positions']:.1f}x fewer token "
+                       f"positions; scores within {best['max_abs_diff_from_padded_float32']:.1e}"}]
+
+
 def _padded_chunks(lengths: list[int], batch_size: int) -> list[list[int]]:
     order = sorted(range(len(lengths)), key=lengths.__getitem__)
     return [order[i : i + batch_size] for i in range(0, len(order), batch_size)]

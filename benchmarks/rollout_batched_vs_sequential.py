@@ -45,6 +45,15 @@ def run(variant: str, batch_size: int, reuse_cache: bool, games: int, seed: int,
     }
 
 
+def headline(report: dict) -> list[dict]:
+    """docs/benchmarks.md's summary row of a report."""
+    by = {r["variant"]: r for r in report["runs"]}
+    batched, single = by["batched"], by["one_at_a_time"]
+    return [{"compares": f"the same {batched['games']} Twenty Questions games played {batched['batch_size']} at a time "
+                         "against one at a time",
+             "result": f"batched {batched['turns_per_s'] / single['turns_per_s']:.2f}x the turns/s"}]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--games", type=int, default=32)

@@ -201,6 +201,27 @@ def floor(args, games: Path, generated_tokens: int, rates: dict) -> dict:
             "floor_seconds": round(max(compute_s, bandwidth_s), 1)}
 
 
+def way_words(name: str) -> str:
+    """A way in words: "48 games, each on its own, KV blocks of 32"."""
+    way = WAYS[name]
+    scheduling = "in step" if way["scheduling"] == "in_step" else "each on its own"
+    return f"{way['concurrency']} games {scheduling}, KV blocks of {way['block_size']}"
+
+
+def headline(report: dict) -> list[dict]:
+    """docs/benchmarks.md's summary row of a report: the way now against the way before where both
+    ran, and against the floor."""
+    by_way = {r["way"]: r for r in report["ways"]}
+    now, floor_s = by_way[NOW], report["floor"]["floor_seconds"]
+    games = f"{now['games']} evaluation games in {report['settings']['dtype']}"
+    against_floor = f"{now['seconds'] / floor_s:.2f}x the floor ({now['seconds']:.0f} s against {floor_s:.0f} s)"
+    if BEFORE in by_way:
+        return [{"compares": f"{games}: {way_words(BEFORE)} (before) against {way_words(NOW)} (now)",
+                 "result": f"{by_way[BEFORE]['seconds'] / now['seconds']:.2f}x faster; {against_floor}"}]
+    return [{"compares": f"{games}, {way_words(NOW)}, against the floor (a perfect prefix cache at the CPU's measured rates)",
+             "result": against_floor}]
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--model", required=True, help="a Hugging Face model folder (the warm-started model)")

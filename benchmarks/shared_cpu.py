@@ -244,6 +244,35 @@ def render_serving(report: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def headline(report: dict) -> list[dict]:
+    """docs/benchmarks.md's summary row of a report: the setting tried against ``old``, for training
+    (``new`` or ``passive``) or for the server (``new``: the choice at start; ``spin``: the capped spin)."""
+    old, summary, settings = report["summary"]["old"], report["summary"], report["settings"]
+    if "serve_alone" in old:
+        if "spin" in summary:
+            spin = summary["spin"]["serve_alone"]
+            return [{"compares": f"an idle vLLM server's spin capped (`{settings['spin']}`) against `{settings['old']}`",
+                     "result": f"idle server: cores kept busy {spin['idle_cores']:.2f} against {old['serve_alone']['idle_cores']:.2f}; "
+                               f"alone {spin['median_s']:.1f} s against {old['serve_alone']['median_s']:.1f} s"}]
+        new = summary["new"]
+        return [{"compares": "a vLLM server's OpenMP wait chosen at start against always spinning (`ACTIVE`)",
+                 "result": f"server: beside a busy thread it chose {new['serve_busy_thread']['omp_wait_policy']}, "
+                           f"{new['serve_busy_thread']['median_s']:.1f} s against {old['serve_busy_thread']['median_s']:.1f} s "
+                           f"spinning; alone it chose {new['serve_alone']['omp_wait_policy']}"}]
+    if "passive" in summary:
+        passive = summary["passive"]
+        return [{"compares": f"the same, sleeping threads (`{settings['passive']}`) against spinning",
+                 "result": f"sleeping: {passive['busy_thread']['x_alone_train']:.1f}x its time alone beside a busy thread "
+                           f"(spinning {old['busy_thread']['x_alone_train']:.1f}x), alone "
+                           f"{passive['alone']['median_train_s'] / old['alone']['median_train_s']:.2f}x the spinning time"}]
+    new = summary["new"]
+    return [{"compares": f"one epoch of training beside other work: `{settings['new']}` against `{settings['old']}` (old)",
+             "result": f"{settings['new']}: {new['busy_thread']['x_alone_train']:.1f}x its time alone beside a busy thread "
+                       f"(old {old['busy_thread']['x_alone_train']:.1f}x), {new['second_job']['x_alone_train']:.1f}x "
+                       f"beside a second job (old {old['second_job']['x_alone_train']:.1f}x), alone "
+                       f"{new['alone']['median_train_s'] / old['alone']['median_train_s']:.2f}x the old time"}]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--train-file", type=Path, default=DEFAULT_TRAIN)

@@ -48,6 +48,15 @@ def summarize(folder: Path) -> dict:
                                                      "wall": round(r["wall"], 1)} for r in slowest]}
 
 
+def headline(report: dict) -> list[dict]:
+    """docs/benchmarks.md's summary row of a report."""
+    top = report["by_file"][0]
+    return [{"compares": "the test suite's CPU seconds: its workers' own against their child processes', by file",
+             "result": f"{report['tests']} tests, {report['cpu_seconds']:.0f} CPU s, "
+                       f"{report['children_seconds'] / report['cpu_seconds']:.0%} in child processes; "
+                       f"the costliest file {top['file']} ({top['share']:.0%})"}]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--from", dest="source", type=Path, help="summarize this folder of an earlier run")

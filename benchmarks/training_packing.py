@@ -277,6 +277,49 @@ def render_cutoffs(before: dict, after: dict, *others: dict, key: str = "gmc/rei
     return "\n".join(lines) + "\n"
 
 
+#: How the summary names a set (the name before ``=`` in ``--sets``) and a trainer.
+SET_NAMES = {"tq": "Twenty Questions", "gmc": "Guess My City", "barg": "Bargaining self-play", "bargaining": "Bargaining self-play"}
+TRAINER_NAMES = {"reinforce": "REINFORCE", "reward_model": "the reward model"}
+
+
+def median_seconds(runs: list[dict]) -> float:
+    return statistics.median(r["seconds"] for r in runs)
+
+
+def faster(before_s: float, after_s: float) -> str:
+    """ "1.71x faster", or "1.28x slower" where ``after_s`` took longer."""
+    return f"{before_s / after_s:.2f}x faster" if after_s <= before_s else f"{after_s / before_s:.2f}x slower"
+
+
+def headline(report: dict) -> list[dict]:
+    """docs/benchmarks.md's summary rows of a report: per set and trainer timed both ways, trees against rows."""
+    precision = report["settings"]["mixed_precision"]
+    model = report["settings"]["model"]
+    trained = ("" if precision == "no" else f", {precision}") + ("" if model == "embedded" else f", {Path(model).name}")
+    rows = []
+    for key, runs in report["runs"].items():
+        if key == "online" or not all(runs.get(way) for way in WAYS):
+            continue
+        name, trainer = key.split("/")
+        tree = runs["prefix_tree"][0]
+        rows.append({"compares": "one epoch on the same samples: per-step rows against prefix trees",
+                     "result": f"{TRAINER_NAMES[trainer]} on {SET_NAMES.get(name, name)} ({tree['samples']:,} samples{trained}): "
+                               f"trees {faster(median_seconds(runs['padded']), median_seconds(runs['prefix_tree']))}, "
+                               f"{tree['row_tokens'] / tree['tokens']:.2f}x fewer tokens"})
+    return rows
+
+
+def headline_cutoffs(before: dict, after: dict, key: str = "gmc/reinforce") -> list[dict]:
+    """docs/benchmarks.md's summary row of the whole-history comparison (:func:`render_cutoffs`): the preset
+    before (prompts cut, in trees) against whole histories in trees of whole games."""
+    then, now = before["runs"][key]["prefix_tree"], after["runs"][key]["prefix_tree"]
+    memory = max(r["peak_rss_mb"] for r in then) / max(r["peak_rss_mb"] for r in now)
+    return [{"compares": f"one epoch of REINFORCE on {now[0]['samples']} Guess My City steps: prompts cut at 512, in trees "
+                         "(the preset before), against whole histories in trees of whole games",
+             "result": f"{faster(median_seconds(then), median_seconds(now))}, {then[0]['tokens'] / now[0]['tokens']:.1f}x "
+                       f"fewer tokens, {memory:.1f}x less memory"}]
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--sets", nargs="*", default=[],

@@ -162,6 +162,7 @@ def test_rendered_blocks_are_their_committed_runs_rendering(tmp_path):
     from aria.experiment.tables import DOCUMENTS, render, stale_blocks
 
     assert stale_blocks() == [], "python scripts/render_docs.py rewrites them"
+    assert "<!-- rendered: benchmarks -->" in (REPO / "docs" / "benchmarks.md").read_text(encoding="utf-8")
     readme = (REPO / "README.md").read_text(encoding="utf-8")
     assert "<!-- rendered: aggregation -->" in readme and "| 2 | −3.7, −0.2 |" in readme
     for name in DOCUMENTS:
@@ -176,10 +177,12 @@ def test_rendered_blocks_are_their_committed_runs_rendering(tmp_path):
 def test_render_docs_check_exits_1_on_a_stale_block_and_rendering_mends_it(tmp_path):
     import sys
 
+    from aria.experiment.tables import DOCUMENTS
+
     script = [sys.executable, str(REPO / "scripts" / "render_docs.py")]
     done = subprocess.run([*script, "--check"], capture_output=True, text=True)
     assert done.returncode == 0 and done.stdout == "", done.stdout + done.stderr
-    for name in ("README.md", "docs/experiments.md"):  # a count changed inside the grouping block only
+    for name in DOCUMENTS:  # a count changed inside the grouping block only
         text = (REPO / name).read_text(encoding="utf-8")
         start, end = text.find("<!-- rendered: grouping -->"), text.find("<!-- /rendered: grouping -->")
         if start >= 0:
@@ -189,5 +192,37 @@ def test_render_docs_check_exits_1_on_a_stale_block_and_rendering_mends_it(tmp_p
     done = subprocess.run([*script, "--check", "--root", str(tmp_path)], capture_output=True, text=True)
     assert done.returncode == 1 and done.stdout == "stale: docs/experiments.md: grouping (python scripts/render_docs.py rewrites it)\n"
     subprocess.run([*script, "--root", str(tmp_path)], check=True, capture_output=True)
-    for name in ("README.md", "docs/experiments.md"):
+    for name in DOCUMENTS:
         assert (tmp_path / name).read_text(encoding="utf-8") == (REPO / name).read_text(encoding="utf-8")
+
+
+def test_the_benchmark_summary_follows_its_reports(tmp_path):
+    """docs/benchmarks.md's summary is computed from the committed reports: in a copy of them with the
+    one-at-a-time rollouts twice as slow, the rollout row's speed-up doubles and no other row changes."""
+    import json
+    import shutil
+
+    from aria.experiment.tables import BENCHMARK_RESULTS, benchmarks
+
+    results = tmp_path / "results"
+    shutil.copytree(BENCHMARK_RESULTS, results)
+    path = results / "rollout_batched_vs_sequential.json"
+    report = json.loads(path.read_text(encoding="utf-8"))
+    runs = {r["variant"]: r for r in report["runs"]}
+    ratio = runs["batched"]["turns_per_s"] / runs["one_at_a_time"]["turns_per_s"]
+    runs["one_at_a_time"]["turns_per_s"] /= 2
+    path.write_text(json.dumps(report), encoding="utf-8")
+
+    committed, changed = benchmarks().splitlines(), benchmarks(results).splitlines()
+    differ = [(a, b) for a, b in zip(committed, changed) if a != b]
+    assert len(committed) == len(changed) and len(differ) == 1
+    assert f"batched {ratio:.2f}x the turns/s" in differ[0][0] and f"batched {2 * ratio:.2f}x the turns/s" in differ[0][1]
+
+
+def test_every_benchmark_report_is_a_summary_row_or_says_why_not():
+    """A report added to benchmarks/results/ is summarised in docs/benchmarks.md, or named as superseded."""
+    from aria.experiment.tables import BENCHMARK_REPORTS_NOT_ROWS, BENCHMARK_RESULTS, BENCHMARK_ROWS
+
+    in_rows = {file for *_, files in BENCHMARK_ROWS for file in files}
+    assert not in_rows & set(BENCHMARK_REPORTS_NOT_ROWS)
+    assert {p.name for p in BENCHMARK_RESULTS.glob("*.json")} == in_rows | set(BENCHMARK_REPORTS_NOT_ROWS)

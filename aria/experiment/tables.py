@@ -12,23 +12,29 @@ results predate the per-game outcomes). A block ``SECTION:FOLDER`` is one sectio
 table (:data:`SECTIONS`, the functions that write ``table.md``) from ``FOLDER``'s results.json. ``python scripts/render_docs.py`` rewrites every block in
 place; ``--check`` (and ``tests/test_docs.py``) fails naming the file and block whose text is not
 its rendering. A figure typed into a block is overwritten; one typed outside a block is not
-checked, so results belong in blocks.
+checked, so results belong in blocks. The ``benchmarks`` block of docs/benchmarks.md is the
+summary of the committed benchmark reports under ``benchmarks/results/``, each row written by the
+``headline`` function of the script that wrote the report (:data:`BENCHMARK_ROWS`).
 """
 from __future__ import annotations
 
+import functools
+import importlib.util
 import re
 from pathlib import Path
 from typing import Any, Callable
 
 from aria.experiment import report
 from aria.io import read_json
+from aria.llm.hardware import label
 from aria.power import runs_detectable_difference, runs_needed
 from aria.statistics import mcnemar, pool_runs
 
 REPO = Path(__file__).resolve().parents[2]
 RESULTS = REPO / "results" / "experiments"
+BENCHMARK_RESULTS = REPO / "benchmarks" / "results"
 #: The Markdown files that may hold rendered blocks.
-DOCUMENTS = ("README.md", "docs/experiments.md")
+DOCUMENTS = ("README.md", "docs/experiments.md", "docs/benchmarks.md")
 MARK = re.compile(r"<!-- rendered: (?P<name>[\w:-]+) -->\n(?P<body>.*?)<!-- /rendered: (?P=name) -->", re.S)
 
 
@@ -181,8 +187,109 @@ def grouping() -> str:
     return "\n".join(lines) + "\n"
 
 
+#: docs/benchmarks.md's summary, in the page's order: (the benchmark, the link to its section, the script of
+#: ``benchmarks/`` whose ``headline`` summarises the reports, or ``script:function``, and the reports under
+#: ``benchmarks/results/`` given to it). Entries of one benchmark measured on one machine share a row. Only
+#: current comparisons: a superseded report (an older run, another day's machine) is no row, unless it is the
+#: baseline the current one is compared with.
+BENCHMARK_ROWS: tuple[tuple[str, str, str, tuple[str, ...]], ...] = (
+    ("Generation engines", "#generation-engines", "generation_engines", ("generation_engines.json",)),
+    ("Generation engines", "#generation-engines", "generation_engines", ("generation_engines_compiled.json",)),
+    ("Evaluation through vLLM", "#evaluation-through-vllm-only-new-tokens", "served_evaluation", ("served_evaluation.json",)),
+    ("Evaluation through vLLM", "#evaluation-through-vllm-only-new-tokens", "served_evaluation",
+     ("served_evaluation_avx2.json",)),
+    ("LoRA serving", "#lora-adapters-served-on-their-base", "lora_serving", ("lora_serving.json",)),
+    ("Shared CPU", "#training-on-a-shared-cpu", "shared_cpu", ("shared_cpu.json",)),
+    ("Shared CPU", "#training-on-a-shared-cpu", "shared_cpu", ("shared_cpu_passive.json",)),
+    ("Shared CPU", "#training-on-a-shared-cpu", "shared_cpu", ("shared_cpu_serving.json",)),
+    ("Shared CPU", "#training-on-a-shared-cpu", "shared_cpu", ("shared_cpu_idle.json",)),
+    ("Training packing", "#training-in-prefix-tree-packs", "training_packing", ("training_packing_avx2.json",)),
+    ("Training packing", "#training-in-prefix-tree-packs", "training_packing", ("training_packing_avx2_bargaining.json",)),
+    ("Whole histories", "#whole-histories-guess-my-city-as-played", "training_packing:headline_cutoffs",
+     ("whole_histories_gmc_before.json", "whole_histories_gmc.json")),
+    ("Movement", "#movement-in-whole-games", "movement_layout", ("movement_layout.json",)),
+    ("Reward-model scoring", "#reward-model-scoring", "reward_scoring", ("reward_scoring.json",)),
+    ("Batched rollouts", "#batched-rollouts", "rollout_batched_vs_sequential", ("rollout_batched_vs_sequential.json",)),
+    ("Intention pipeline", "#intention-pipeline-sweep", "intention_sweep", ("intention_sweep_realistic.json",)),
+    ("Intention pipeline", "#intention-pipeline-sweep", "intention_sweep", ("intention_sweep.json",)),
+    ("Offline trainer", "#offline-trainer-against-a-bare-loop", "offline_trainer_vs_bare", ("offline_trainer_vs_bare.json",)),
+    ("On a GPU", "#on-a-gpu", "gpu_paths", ("gpu_paths_h200.json",)),
+    ("On a GPU", "#on-a-gpu", "training_packing", ("training_packing_h200_135m.json",)),
+    ("On a GPU", "#on-a-gpu", "training_packing", ("training_packing_h200_1.7b.json",)),
+    ("On a GPU", "#on-a-gpu", "gpu_paths", ("gpu_paths_deepspeed_h200.json",)),
+    ("On a GPU", "#on-a-gpu", "gpu_paths", ("gpu_paths_archer_h200.json",)),
+    ("On a GPU", "#on-a-gpu", "gpu_paths", ("gpu_paths_archer_speed_h200.json",)),
+    ("Constrained decoding", "games.md#two-player-games-bargaining-and-negotiation", "constrained_decoding",
+     ("constrained_decoding.json",)),
+    ("Scripted expert", "experiments.md#the-testbed", "expert_games", ("expert_games.json",)),
+    ("Deliberate bugs", "testing.md#testing-the-tests", "deliberate_bugs", ("deliberate_bugs.json",)),
+    ("Mutation testing", "testing.md#mutation-testing", "mutation", ("mutation.json", "mutation_before.json")),
+    ("The suite's CPU", "testing.md#running-the-tests", "suite_cpu", ("suite_cpu.json",)),
+)
+
+#: The reports of ``benchmarks/results/`` that are no row of the summary, and why.
+BENCHMARK_REPORTS_NOT_ROWS = {
+    "training_packing.json": "the first CPU run of trees against rows, before micro-batches were laid out by cost; "
+                             "training_packing_avx2*.json measure the code now",
+    "training_packing_avx2_gmc.json": "Guess My City with prompts cut at 512, the preset before whole histories",
+    "whole_histories_gmc_dense.json": "another tree attention: a row of the whole-history table",
+    "whole_histories_gmc_trunk.json": "another tree attention: a row of the whole-history table",
+    "whole_histories_gmc_trunk_bf16.json": "another tree attention in bf16: a row of the whole-history table",
+    "whole_histories_gmc_bf16.json": "the default in bf16: a row of the whole-history table",
+    "grad_variance_twenty_questions_subset.json": "written by scripts/grad_variance.py, no script of benchmarks/",
+}
+
+
+@functools.cache
+def benchmark_script(name: str):
+    """The script ``benchmarks/NAME.py`` as a module, loaded by its path: the folder is no package."""
+    spec = importlib.util.spec_from_file_location(f"benchmark_{name}", REPO / "benchmarks" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def recorded_machine(report: dict[str, Any]) -> str:
+    """The machine as a benchmark's report names it: its GPU, else its CPU (:func:`aria.llm.hardware.label`),
+    else "not recorded" (older reports kept only Python's and torch's threads)."""
+    machine = report.get("machine", {})
+    gpu = report.get("gpu") or machine.get("gpu")
+    if gpu:
+        return f"{gpu} GPU" + (f" (host: {machine['cpu_model']}, {machine['cores']} cores)" if "cpu_model" in machine else "")
+    if "cpu_model" in machine:
+        return label(machine)
+    threads = machine.get("threads") or machine.get("torch_threads")
+    return "not recorded" + (f" ({threads} threads)" if threads else "")
+
+
+def benchmarks(results: Path = BENCHMARK_RESULTS) -> str:
+    """docs/benchmarks.md's summary table: a row per benchmark and machine (:data:`BENCHMARK_ROWS`), its cells
+    the headlines of its scripts from the reports in ``results``, one a line."""
+    rows: list[dict[str, Any]] = []
+    for title, where, script, files in BENCHMARK_ROWS:
+        name, _, function = script.partition(":")
+        reports = [read_json(results / file) for file in files]
+        machine = " / ".join(dict.fromkeys(recorded_machine(r) for r in reports))  # each machine once
+        if not rows or (rows[-1]["title"], rows[-1]["machine"]) != (title, machine):
+            rows.append({"title": title, "where": where, "machine": machine, "compares": [], "results": [], "files": []})
+        row = rows[-1]
+        for item in getattr(benchmark_script(name), function or "headline")(*reports):
+            if item["compares"] not in row["compares"]:  # several results of one comparison share its words
+                row["compares"].append(item["compares"])
+            row["results"].append(item["result"])
+        row["files"] += files
+    lines = ["| benchmark | what it compares | result | machine | from |", "|---|---|---|---|---|"]
+    for row in rows:
+        sources = ", ".join(f"[`{file}`](../benchmarks/results/{file})" for file in row["files"])
+        cells = (f"[{row['title']}]({row['where']})", "<br>".join(row["compares"]), "<br>".join(row["results"]),
+                 row["machine"], sources)
+        lines.append("| " + " | ".join(cell.replace("|", "\\|") for cell in cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
 #: Every block a document may hold, by name.
-BLOCKS: dict[str, Callable[[], str]] = {"aggregation": aggregation, "arms": arms, "grouping": grouping}
+BLOCKS: dict[str, Callable[[], str]] = {"aggregation": aggregation, "arms": arms, "grouping": grouping,
+                                        "benchmarks": benchmarks}
 
 
 #: The sections of a run's table a document may show, ``SECTION:FOLDER``.
