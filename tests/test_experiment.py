@@ -1004,7 +1004,7 @@ def test_an_embedding_endpoint_that_fails_in_the_labelling_stage_is_one_line(tmp
     ("intention_overrides=['aggregation.window=-1']",
      "intention_overrides: aggregation.window: expected an integer >= 0 (null: the whole history), got -1"),
     ("+variants={exact:{method:aria,intention_overrides:['labels=exact']}}",
-     "variants.exact.intention_overrides: labels: 'exact' is not one of ('clusters', 'behavioural')"),
+     "variants.exact.intention_overrides: labels: expected one of clusters, behavioural, got 'exact'"),
 ])
 def test_arm_movement_and_preflight_settings_are_checked_before_any_work(override, message):
     from aria.io import ConfigError
