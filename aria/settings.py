@@ -236,17 +236,18 @@ def validated(schema: type, cfg: Mapping | Any, where: str = "") -> dict:
     """``cfg`` (a dict, an OmegaConf config or a ``schema`` instance, interpolations resolved or
     not) checked against ``schema``, as a plain dict with the declared types; a problem is one
     :class:`ConfigError` naming the setting (and ``where`` the settings came from, when given)."""
-    return OmegaConf.to_container(_checked(schema, cfg, where), resolve=True)
+    return _checked(schema, cfg, where)[1]
 
 
 def typed(schema: type, cfg: Mapping | Any, where: str = ""):
     """``cfg`` checked as :func:`validated` checks it, as an instance of ``schema`` (its sections
     instances of theirs; a field typed ``Any`` keeps a plain dict or list): what the code that owns
     a schema reads as attributes."""
-    return OmegaConf.to_object(_checked(schema, cfg, where))
+    return OmegaConf.to_object(_checked(schema, cfg, where)[0])
 
 
-def _checked(schema: type, cfg: Mapping | Any, where: str):
+def _checked(schema: type, cfg: Mapping | Any, where: str) -> tuple[Any, dict]:
+    """(the merged OmegaConf config, its values as a plain dict), types and bounds checked."""
     try:
         merged = OmegaConf.merge(OmegaConf.structured(schema), cfg)
         values = OmegaConf.to_container(merged, resolve=True, throw_on_missing=True)
@@ -254,7 +255,7 @@ def _checked(schema: type, cfg: Mapping | Any, where: str):
         raise ConfigError(_one_line(err, where)) from None
     if problem := _check_bounds(schema, values):
         raise ConfigError(f"{where + ': ' if where else ''}{problem}")
-    return merged
+    return merged, values
 
 
 def resolved(cfg: Any) -> dict:

@@ -87,12 +87,9 @@ def test_broken_links_are_found(tmp_path):
 
 def benchmark_module(name: str):
     """A benchmark script of ``benchmarks/`` as a module (the folder is no package)."""
-    import importlib.util
+    from aria.experiment.tables import benchmark_script
 
-    spec = importlib.util.spec_from_file_location(f"benchmark_{name}", REPO / "benchmarks" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return benchmark_script(name)
 
 
 @pytest.mark.parametrize(("script", "report"), [("shared_cpu", "shared_cpu.json"), ("shared_cpu", "shared_cpu_serving.json"),

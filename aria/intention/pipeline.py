@@ -249,6 +249,12 @@ def check_settings(cfg: Mapping | IntentionSettings) -> IntentionSettings:
     return cfg
 
 
+def _settings(cfg: Mapping | IntentionSettings) -> IntentionSettings:
+    """Settings a step has checked already (an :class:`IntentionSettings`) as they are; a mapping
+    from another caller (the grouping tool, the runner's pre-flight) checked first."""
+    return cfg if isinstance(cfg, IntentionSettings) else check_settings(cfg)
+
+
 def check_overrides_of(game: str, overrides: list[str], setting: str) -> IntentionSettings:
     """The labelling another command runs for ``game`` under ``overrides`` (the experiment's
     ``intention_overrides``, the online trainer's), composed and checked as :func:`check_settings`
@@ -446,7 +452,7 @@ def behavioural_labels(cfg: Mapping | IntentionSettings, corpus: Corpus, echo: P
     every target; other pools (Guess My City's free-form answers) by their exact text, since the
     oracle's answer is a function of (question, target). Cached in ``run_dir/behaviour.json`` under a
     fingerprint of the pools' texts and the game, so the oracle answers each text once."""
-    cfg = check_settings(cfg)
+    cfg = _settings(cfg)
     game_cfg = dict(cfg.game)
     if cfg.behaviour == "never" or not has_offline_oracle(game_cfg):  # check_labels refused what needs them
         return None
@@ -723,7 +729,7 @@ class LabelledRun:
 
 
 def read_labelled_run(cfg: Mapping | IntentionSettings) -> LabelledRun:
-    cfg = check_settings(cfg)
+    cfg = _settings(cfg)
     run_dir = Path(cfg.run_dir)
     summary = step_output(run_dir / "utterances.json", 1)
     selection = step_output(run_dir / "selection.json", 2)
@@ -743,7 +749,7 @@ def preflight(cfg: Mapping | IntentionSettings, fixed_ks: list[int]) -> dict:
     these games, said before any training. Keys as ``aggregation.window`` cuts them."""
     from aria.intention.aggregate import key_sharing
 
-    cfg = check_settings(cfg)
+    cfg = _settings(cfg)
     run = read_labelled_run(cfg)
     check_step2_settings(run.selection, cfg)
     corpus, window = run.corpus, cfg.aggregation.window
@@ -995,7 +1001,7 @@ def check_training_set(cfg: Mapping | IntentionSettings) -> Path:
     """train.json of a run, after checking it is step 4's output of the run's current labelled.jsonl
     (itself step 3's of the current selection.json) as written: a tool that reads the training set
     beside a re-run step 1 or 2 would otherwise pair new labels with old samples, without a word."""
-    cfg = check_settings(cfg)
+    cfg = _settings(cfg)
     out_path, meta_path, fingerprint = _step4_output(cfg, _checked_labelled(cfg))
     if not _up_to_date(out_path, meta_path, fingerprint, "train_digest"):
         raise StaleInput(4, f"{out_path} is missing, was made from another labelled.jsonl or game settings, or changed "
