@@ -9,7 +9,8 @@ A Markdown file holds a rendered block between two markers::
 and :data:`BLOCKS` names the function that writes each block from the committed files under
 ``results/experiments/`` (each run's ``results.json``, and ``outcomes.json`` where a run's
 results predate the per-game outcomes). A block ``SECTION:FOLDER`` is one section of a run's own
-table (:data:`SECTIONS`, the functions that write ``table.md``) from ``FOLDER``'s results.json. ``python scripts/render_docs.py`` rewrites every block in
+table (:data:`SECTIONS`, the functions that write ``table.md``; ``reevaluated`` shows models played
+again with more games by ``scripts/reevaluate.py``) from ``FOLDER``'s results.json. ``python scripts/render_docs.py`` rewrites every block in
 place; ``--check`` (and ``tests/test_docs.py``) fails naming the file and block whose text is not
 its rendering. A figure typed into a block is overwritten; one typed outside a block is not
 checked, so results belong in blocks. The ``benchmarks`` block of docs/benchmarks.md is the
@@ -28,7 +29,7 @@ from aria.experiment import report
 from aria.io import read_json
 from aria.llm.hardware import label
 from aria.power import runs_detectable_difference, runs_needed
-from aria.statistics import mcnemar, pool_runs
+from aria.statistics import mcnemar, pool_runs, wilson_interval
 
 REPO = Path(__file__).resolve().parents[2]
 RESULTS = REPO / "results" / "experiments"
@@ -292,10 +293,34 @@ BLOCKS: dict[str, Callable[[], str]] = {"aggregation": aggregation, "arms": arms
                                         "benchmarks": benchmarks}
 
 
+def reevaluated_lines(results: dict[str, Any]) -> list[str]:
+    """Models evaluated again with more games (``scripts/reevaluate.py``): each model's success,
+    then the comparisons its results.json names, paired by game (the same target)."""
+    e = results["eval"]
+    lines = [f"Each model played {results['games']} games of the `{results['preset']}` preset's evaluation "
+             f"({results['game']}, seed {e['seed']}, temperature {e['temperature']:g}, {results['engine']}) on "
+             f"{results['cpu']}; the same targets for every model, so any two are paired game by game.", "",
+             "| model | where it came from | won | success (95% CI) |", "|---|---|---|---|"]
+    models = {m["name"]: m for m in results["models"]}
+    for m in results["models"]:
+        wins, n = m["won"].count("1"), len(m["won"])
+        low, high = wilson_interval(wins, n)
+        lines.append(f"| {m['name']} | {m['about']} | {wins} / {n} | {100 * wins / n:.1f}% ({100 * low:.1f}–{100 * high:.1f}) |")
+    lines += ["", "| first − second | pairs | won by the first only / the second only | difference, points (95% CI) "
+              "| exact McNemar p |", "|---|---|---|---|---|"]
+    for first, second in results["compare"]:
+        a, b = ({g: w == "1" for g, w in zip(models[name]["game_ids"], models[name]["won"])} for name in (first, second))
+        keys = sorted(set(a) & set(b))
+        t = mcnemar([a[k] for k in keys], [b[k] for k in keys])
+        lines.append(f"| {first} − {second} | {t['pairs']} | {t['first_only']} / {t['second_only']} | "
+                     f"{_points(t['difference'])} ({_interval(t['difference_ci95'])}) | {t['p_value']:.3g} |")
+    return lines
+
+
 #: The sections of a run's table a document may show, ``SECTION:FOLDER``.
 SECTIONS: dict[str, Callable[[dict], list[str]]] = {
     "pooled": report.pooled_lines, "preflight": report.preflight_lines, "movement": report.movement_lines,
-    "paired": report.paired_lines}
+    "paired": report.paired_lines, "reevaluated": reevaluated_lines}
 
 
 def block(name: str, source: str = "") -> str:
