@@ -10,15 +10,12 @@ from __future__ import annotations
 import copy
 import os
 import re
+from importlib import import_module
 from pathlib import Path
 from typing import Any, Mapping
 
-from aria.games.settings import CollectSettings, EvalSettings
-from aria.intention.settings import IntentionSettings
 from aria.io import ConfigError
-from aria.settings import ExperimentSettings, validated
-from aria.trainers.settings import (CriticTrainerSettings, OnlineTrainerSettings, RewardModelTrainerSettings,
-                                    TrainerSettings)
+from aria.settings import validated
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
@@ -54,22 +51,29 @@ def dataset_file(name: str | os.PathLike) -> Path:
     return dataset_dir() / path
 
 
-#: The schema of each config in config/, by its name there.
-SCHEMAS: dict[str, type] = {
-    "reinforce_llm": TrainerSettings,
-    "reward_model": RewardModelTrainerSettings,
-    "onlinereinforce_llm": OnlineTrainerSettings,
-    "experiment": ExperimentSettings,
-    "collect": CollectSettings,
-    "intention": IntentionSettings,
-    "eval": EvalSettings,
-    "critic": CriticTrainerSettings,
+#: The schema of each config in config/, by its name there: ``module:class`` beside the code that
+#: reads it, imported when asked for (this module sits below every package, which imports it).
+SCHEMAS: dict[str, str] = {
+    "reinforce_llm": "aria.trainers.settings:TrainerSettings",
+    "reward_model": "aria.trainers.settings:RewardModelTrainerSettings",
+    "onlinereinforce_llm": "aria.trainers.settings:OnlineTrainerSettings",
+    "critic": "aria.trainers.settings:CriticTrainerSettings",
+    "experiment": "aria.experiment.settings:ExperimentSettings",
+    "collect": "aria.games.settings:CollectSettings",
+    "eval": "aria.games.settings:EvalSettings",
+    "intention": "aria.intention.settings:IntentionSettings",
 }
+
+
+def schema(name: str) -> type:
+    """The schema of ``config/<name>.yaml`` (:data:`SCHEMAS`)."""
+    module, _, cls = SCHEMAS[name].partition(":")
+    return getattr(import_module(module), cls)
 
 
 def load(name: str, cfg: Mapping | Any) -> dict:
     """The config of ``config/<name>.yaml`` (a Hydra config or a dict), checked (:func:`validated`)."""
-    return validated(SCHEMAS[name], cfg, name)
+    return validated(schema(name), cfg, name)
 
 
 

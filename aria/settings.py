@@ -1,5 +1,4 @@
-"""Typed settings: how a config is checked once where it enters, and the schemas not yet moved
-next to the code that reads them.
+"""Typed settings: how a config is checked once where it enters.
 
 Each command's config (a Hydra composition of ``config/<name>.yaml``, or a dict a caller builds)
 is checked against its schema before any work: a key the schema does not know, a value of the
@@ -8,8 +7,9 @@ left as ``???`` is one :class:`~aria.io.ConfigError` naming the setting. :func:`
 an instance of the schema, read as attributes (``cfg.aggregation.gamma``) by the code that owns
 it; :func:`validated` a plain dict with the declared types, for the commands still read by key
 (``1`` becomes ``1.0`` for a float, ``"3"`` becomes ``3`` for an int). A schema lives beside the
-code that reads it (:mod:`aria.intention.settings`); ``aria.resources.SCHEMAS`` names each
-config's.
+code that reads it (:mod:`aria.intention.settings`, :mod:`aria.trainers.settings`,
+:mod:`aria.games.settings`, :mod:`aria.experiment.settings`); ``aria.resources.SCHEMAS`` names
+each config's.
 
 Where the defaults live: the YAML files hold every value and its explanation, so a field that
 the YAML always sets is ``MISSING`` here (no second default to drift from the first). A field
@@ -27,8 +27,8 @@ from __future__ import annotations
 
 import math
 from pathlib import PurePath
-from dataclasses import dataclass, field, fields, is_dataclass
-from typing import Any, Dict, List, Mapping, Optional, get_args, get_origin, get_type_hints
+from dataclasses import field, fields, is_dataclass
+from typing import Any, Mapping, get_args, get_origin, get_type_hints
 
 from omegaconf import MISSING, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
@@ -125,111 +125,6 @@ def _check_bounds(schema: type, values: Mapping[str, Any], prefix: str = "") -> 
                 if problem := _check_bounds(get_args(hint)[1], item, f"{key}.{name}."):
                     return problem
     return None
-
-
-# --- The experiment runner (config/experiment.yaml and its presets in config/experiment/) --------
-
-@dataclass
-class WarmStartSettings:
-    enabled: bool = MISSING
-    games: int = bounded(ge=0, le=MAX_GAMES)  # >= 1 when enabled (aria.experiment.runner.check_settings)
-    epsilon: float = bounded(ge=0, le=1)
-    seed: int = bounded(ge=0)
-    train_overrides: List[str] = MISSING
-
-
-@dataclass
-class PlaySettings:
-    """A collection or an evaluation: ``games`` for a question game; ``config_set`` and
-    ``games_per_config`` for a two-player one (docs/games.md)."""
-    games: Optional[int] = bounded(ge=1, le=MAX_GAMES, default=None)
-    config_set: Optional[str] = None
-    games_per_config: Optional[int] = bounded(ge=1, le=MAX_GAMES, default=None)
-    temperature: float = bounded(ge=0)
-    max_tokens: int = bounded(ge=1)
-    batch_size: Optional[int] = bounded(ge=1)
-
-
-@dataclass
-class EvalPlaySettings(PlaySettings):
-    seed: int = bounded(ge=0)
-    opponent: Optional[Any] = None  # two-player: who sits in the other seat (config/opponent/)
-
-
-@dataclass
-class VariantSettings:
-    method: str = MISSING
-    intention_overrides: List[str] = field(default_factory=list)
-
-
-@dataclass
-class VllmSettings:
-    eager: bool = MISSING
-    restarts: int = bounded(ge=0)
-
-
-@dataclass
-class ExperimentGradVarianceSettings:
-    enabled: bool = MISSING
-    max_samples: int = MISSING
-
-
-@dataclass
-class MovementSettings:
-    enabled: bool = MISSING
-    steps: int = bounded(ge=1)
-    min_token_kl: float = bounded(ge=0, why="nats")
-    kl_from: str = bounded(one_of=("lower_bound", "estimate"))  # what min_token_kl is held against
-    min_weight_share: float = bounded(ge=0, le=1)
-    min_kept_share: float = bounded(ge=0, le=1)
-
-
-@dataclass
-class ReportSettings:
-    paired: Optional[List[str]] = MISSING
-    more_pairs: List[List[str]] = MISSING
-    discordant_share: float = bounded(gt=0, le=1)
-    verdict_on: str = bounded(one_of=("runs", "pairs"))  # aria.experiment.report.VERDICTS
-    between_run_sd: float = bounded(ge=0, le=1)
-    preflight_ks: List[int] = bounded(each={"ge": 2})
-    movement: MovementSettings = field(default_factory=MovementSettings)
-
-
-@dataclass
-class ArcherArmSettings:
-    critic_overrides: List[str] = MISSING
-    actor_warmup_iterations: int = bounded(ge=0)
-
-
-@dataclass
-class ExperimentSettings:
-    """config/experiment.yaml with a preset of config/experiment/."""
-    name: str = MISSING
-    run_dir: str = MISSING
-    results_dir: str = MISSING
-    report_only: bool = MISSING
-    game: Any = MISSING  # a config group (config/game/)
-    oracle: Any = MISSING  # a config group (config/oracle/)
-    base_model: str = MISSING
-    methods: List[str] = MISSING
-    variants: Dict[str, VariantSettings] = MISSING
-    seeds: List[int] = bounded(nonempty=True, each={"ge": 0})
-    seeds_by_method: Dict[str, List[int]] = MISSING
-    iterations: int = MISSING
-    iterations_by_method: Dict[str, int] = MISSING
-    engine: str = bounded(one_of=("vllm", "local"))
-    vllm: VllmSettings = field(default_factory=VllmSettings)
-    policy_dtype: Optional[str] = bounded(one_of=("float32", "bfloat16", "float16"))
-    launcher: Optional[str] = MISSING
-    warm_start: WarmStartSettings = field(default_factory=WarmStartSettings)
-    collect: PlaySettings = field(default_factory=PlaySettings)
-    intention_overrides: List[str] = MISSING
-    train_overrides: List[str] = MISSING
-    train_overrides_by_method: Dict[str, List[str]] = MISSING
-    archer: ArcherArmSettings = field(default_factory=ArcherArmSettings)
-    eval: EvalPlaySettings = field(default_factory=EvalPlaySettings)
-    grad_variance: ExperimentGradVarianceSettings = field(default_factory=ExperimentGradVarianceSettings)
-    report: ReportSettings = field(default_factory=ReportSettings)
 
 
 def validated(schema: type, cfg: Mapping | Any, where: str = "") -> dict:

@@ -59,20 +59,20 @@ def main() -> None:
             raise ConfigError(f"models: no model folder (config.json) at {', '.join(missing)}")
         cfg = check_settings(compose_config("experiment", [f"experiment={args.preset}", f"run_dir={args.run_dir}",
                                                            f"results_dir={args.out}", *args.set, f"eval.games={args.games}"]))
-        if family_of(cfg["game"]).kind != "question":
+        if family_of(cfg.game).kind != "question":
             raise ConfigError(f"--preset {args.preset}: reevaluation pairs question games by target; "
-                              f"{cfg['game']['name']} is a two-player game")
+                              f"{cfg.game['name']} is a two-player game")
         args.run_dir.mkdir(parents=True, exist_ok=True)
-        generator, e = Generator(cfg, print), cfg["eval"]
+        generator, e = Generator(cfg, print), cfg.eval
         try:
             for name, path in models.items():
                 out = args.run_dir / f"{name}.jsonl"
-                if not evaluation_done(cfg, out, generator.describe(Path(path), e, e["seed"])):
-                    generator.play(Path(path), e, e["seed"], lambda policy: evaluate_arm(cfg, policy, out, print))
+                if not evaluation_done(cfg, out, generator.describe(Path(path), e, e.seed)):
+                    generator.play(Path(path), e, e.seed, lambda policy: evaluate_arm(cfg, policy, out, print))
         finally:
             generator.stop()
-        results = {"preset": args.preset, "game": cfg["game"]["name"], "games": args.games,
-                   "eval": {k: e[k] for k in ("seed", "temperature", "max_tokens")}, "engine": cfg["engine"],
+        results = {"preset": args.preset, "game": cfg.game["name"], "games": args.games,
+                   "eval": {"seed": e.seed, "temperature": e.temperature, "max_tokens": e.max_tokens}, "engine": cfg.engine,
                    "cpu": label(describe()), "compare": [list(c) for c in compare], "models": []}
         for name, path in models.items():
             games = sorted((g for g in read_trajectories(args.run_dir / f"{name}.jsonl") if g.get("status") != "failed"),

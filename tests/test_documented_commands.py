@@ -83,14 +83,14 @@ def test_every_documented_hydra_command_composes_under_its_schema(command):
     a key the config does not have, or a value out of its bounds, fails here."""
     from hydra import compose, initialize_config_dir
 
-    from aria.resources import SCHEMAS
+    from aria.resources import SCHEMAS, schema
     from aria.settings import validated
 
     name = hydra_config_name(command)
     with initialize_config_dir(config_dir=str(REPO / "config"), version_base="1.3"):
         cfg = compose(config_name=name, overrides=overrides(command))
     if name in SCHEMAS:
-        validated(SCHEMAS[name], cfg, f"{command.file}:{command.line}")
+        validated(schema(name), cfg, f"{command.file}:{command.line}")
 
 
 def test_the_two_commands_of_the_front_door_are_the_first_block():

@@ -10,17 +10,26 @@ import json
 import math
 import re
 import socket
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 from aria.experiment import runner as experiment
-from aria.experiment.report import mcnemar, preflight_row_name, render_table, wilson_interval
+from aria.experiment.settings import ExperimentSettings
+from aria.experiment.report import mcnemar, movement_rule, preflight_row_name, render_table, wilson_interval
 from aria.games.family import family_of
 from aria.io import atomic_write_json
 from aria.statistics import paired_difference_interval
 from aria.resources import compose_config, config_dir
+from aria.settings import typed
+
+
+def settings(*overrides: str) -> ExperimentSettings:
+    """The experiment's settings as the runner reads them, composed with ``overrides`` (types and
+    ranges checked; the base model and the override lists not, as the runner's own check does)."""
+    return typed(ExperimentSettings, compose_config("experiment", list(overrides)))
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -172,9 +181,8 @@ def test_the_movement_verdict_by_hand(tmp_path):
     from aria.experiment.layout import Layout
     from aria.experiment.report import moved_from_parent
 
-    cfg = {"run_dir": str(tmp_path), "game": {"name": "twenty_questions_subset"}, "variants": {},
-           "report": {"movement": {"min_token_kl": 0.01, "kl_from": "estimate", "min_weight_share": 0.001,
-                                   "min_kept_share": 0.0}}}
+    cfg = settings(f"run_dir={tmp_path}", "report.movement.min_token_kl=0.01", "report.movement.kl_from=estimate",
+                   "report.movement.min_weight_share=0.001", "report.movement.min_kept_share=0.0")
     lay = Layout(cfg)
     parent = {f"g{i}": {"success": i < 3, "turns": 5} for i in range(10)}   # won 3
     child = {f"g{i}": {"success": i < 5, "turns": 5} for i in range(10)}    # won 5: +2 pairs, none lost
@@ -200,15 +208,15 @@ def test_the_movement_verdict_by_hand(tmp_path):
     assert measured(0.5, 0.0009)["movement"]["moved"] is False      # the served weights are the parent's
     assert "key" not in measured(0.5, 0.5)["movement"]
     # the rule of new presets: the KL's lower end, and the update kept at the served precision
-    cfg["report"]["movement"].update(kl_from="lower_bound", min_kept_share=0.5)
+    cfg.report.movement.kl_from, cfg.report.movement.min_kept_share = "lower_bound", 0.5
     assert measured(0.03, 0.5, low=0.012)["movement"]["moved"] is True
     assert measured(0.03, 0.5, low=0.004)["movement"]["moved"] is False   # a mean above 0.01, an interval not
     assert measured(0.03, 0.5, low=0.012, kept=0.125)["movement"]["moved"] is False  # bfloat16 rounded the update away
     assert measured(0.03, 0.5)["movement"]["moved"] is None               # measured before the KL had an interval
-    cfg["report"]["movement"].update(kl_from="estimate", min_kept_share=0.0)
+    cfg.report.movement.kl_from, cfg.report.movement.min_kept_share = "estimate", 0.0
 
     results = {"name": "t", "game": "twenty_questions_subset", "eval_games": 10, "eval_seed": 7,
-               "movement_rule": cfg["report"]["movement"], "gradient_variance": {}, "intention_recovery": None,
+               "movement_rule": movement_rule(cfg), "gradient_variance": {}, "intention_recovery": None,
                "pooled": [], "arms": [{"method": "aria", "seed": 0, "iteration": 1, "games": 10, "wins": 5, "success": 0.5,
                                        "ci95": list(wilson_interval(5, 10)), "mean_turns": 5.0,
                                        **measured(0.0099, 0.5)}],
@@ -219,7 +227,7 @@ def test_the_movement_verdict_by_hand(tmp_path):
     assert "**Uninformative: the policy did not move** (by the movement rule above: aria seed 0)" in table
     assert "An arm moved when its KL is at least 0.01, at least 0.1% of its weights changed at the served precision " \
            "(report.movement" in table
-    results["movement_rule"] = {**cfg["report"]["movement"], "kl_from": "lower_bound", "min_kept_share": 0.5}
+    results["movement_rule"] = {**movement_rule(cfg), "kl_from": "lower_bound", "min_kept_share": 0.5}
     results["arms"][0].update(measured(0.03, 0.5, low=0.012))
     table = render_table(results)
     assert "| aria | 0 | 1 | 0.03 (0.012–0.048) |" in table
@@ -301,7 +309,7 @@ def test_the_runner_resumes_at_every_stage_to_the_same_table(tmp_path, tiny_expe
     # every trained arm measured against its parent on the same held-out steps, with a verdict
     trained = [r for r in results["arms"] if r["iteration"] > 0]
     assert len(trained) == 4 and all(r["movement"]["steps"] == trained[0]["movement"]["steps"] > 0 for r in trained)
-    dtype = experiment.served_dtype(tiny_experiment(straight_root))
+    dtype = experiment.served_dtype(typed(ExperimentSettings, tiny_experiment(straight_root)))
     assert all(r["movement"]["token_kl"] >= 0 and r["movement"]["weights"]["dtype"] == dtype
                and isinstance(r["movement"]["moved"], bool) and r["against_parent"]["pairs"] == 4 for r in trained)
     assert "**Did training move the policy?**" in table and table.count(f"% at {dtype} (") == 4
@@ -620,8 +628,8 @@ def test_a_launcher_trains_the_module_in_a_process_of_its_own_to_the_same_weight
     weights = {}
     for name, launcher in (("in_process", None), ("launched", f"{sys.executable} {recorder}")):
         # behaviour cloning: the tiny model never wins, so every return (and any RL gradient) is zero
-        model = experiment.train({**cfg, "launcher": launcher}, "bc", train_file, start, tmp_path / name, 0,
-                                 cfg["train_overrides"], print)
+        model = experiment.train(typed(ExperimentSettings, {**cfg, "launcher": launcher}), "bc", train_file, start,
+                                 tmp_path / name, 0, cfg["train_overrides"], print)
         weights[name] = load_file(model / "model.safetensors")
         assert (tmp_path / name / "train" / "final" / "aria_training.json").is_file()
     argv = json.loads((tmp_path / "argv.json").read_text())
@@ -693,7 +701,7 @@ def test_eta_uses_the_times_of_finished_stages_of_the_same_kind():
 def test_the_warm_start_training_does_not_time_the_arms_training(tmp_path):
     """The warm start's behaviour cloning is a stage of its own kind: an arm's training, many
     times longer, is not estimated by it (the powered preset's ETA read 38 minutes for 26 hours)."""
-    cfg = compose_config("experiment", ["experiment=powered", f"run_dir={tmp_path}"])
+    cfg = settings("experiment=powered", f"run_dir={tmp_path}")
     stages = experiment.plan(cfg, generator=None, echo=print)
     kinds = {stage.name: stage.kind for stage in stages}
     assert kinds["warm start: behaviour cloning"] == "warm start training"
@@ -707,7 +715,7 @@ def test_an_iterations_stages_run_kind_by_kind_so_that_one_server_plays_the_arms
     """Collections, then trainings, then evaluations, then movements, each over the arms: the
     evaluations follow each other (one server, its weights reloaded) and no training or movement
     runs between two of them."""
-    cfg = compose_config("experiment", ["experiment=cpu", f"run_dir={tmp_path}"])
+    cfg = settings("experiment=cpu", f"run_dir={tmp_path}")
     names = [s.name for s in experiment.plan(cfg, experiment.Generator(cfg, print), print)]
     seed0 = [n.removeprefix("seed 0 · ") for n in names if n.startswith("seed 0 · ")]
     arms = ["aria", "no_aggregation", "filtered_bc", "bc"]
@@ -731,17 +739,17 @@ def test_a_server_takes_the_next_models_weights_only_when_they_fit_its_architect
 
 
 def test_methods_may_run_fewer_iterations_than_the_others(tmp_path):
-    cfg = compose_config("experiment", ["experiment=cpu", f"run_dir={tmp_path}"])
-    assert [experiment.iterations_of(cfg, m) for m in cfg["methods"]] == [2, 2, 1, 1]
+    cfg = settings("experiment=cpu", f"run_dir={tmp_path}")
+    assert [experiment.iterations_of(cfg, m) for m in cfg.methods] == [2, 2, 1, 1]
     names = [s.name for s in experiment.plan(cfg, experiment.Generator(cfg, print), print)]
     # per seed: aria and no_aggregation 2 iterations, filtered_bc and bc 1, 4 stages each, + gradient variance
     assert len(names) == 3 + 1 + 2 * ((2 + 2 + 1 + 1) * 4 + 1)
     assert "seed 1 · filtered_bc · iteration 1: evaluate" in names
     assert not any("bc · iteration 2" in n for n in names)
     with pytest.raises(ValueError, match="iterations_by_method.bc: expected a whole number >= 1, got 0"):
-        experiment.iterations_of({**cfg, "iterations_by_method": {"bc": 0}}, "bc")
+        experiment.iterations_of(replace(cfg, iterations_by_method={"bc": 0}), "bc")
     # and on fewer seeds: bc on seed 1 only
-    fewer = {**cfg, "seeds_by_method": {"bc": [1]}}
+    fewer = replace(cfg, seeds_by_method={"bc": [1]})
     names = [s.name for s in experiment.plan(fewer, experiment.Generator(fewer, print), print)]
     assert "seed 1 · bc · iteration 1: evaluate" in names and not any(n.startswith("seed 0 · bc") for n in names)
 
@@ -815,14 +823,15 @@ def test_a_two_player_experiment_runs_self_play_and_evaluates_against_the_oppone
     producer = json.loads((run / "s0" / "it1-shared" / "games.jsonl.producer.json").read_text())["producer"]
     assert producer["structured_output"] == "json_schema" and producer["seats"]["alice"] == producer["seats"]["bob"]
     # the collection counts as done only under exactly its settings: with free replies it is played again
-    games, n, seed = run / "s0" / "it1-shared" / "games.jsonl", experiment.games_of(cfg, cfg["collect"]), producer["seed"]
-    family, made_by = family_of(cfg["game"]), producer["seats"]["alice"]
-    assert experiment.games_done(games, n, family.collection_producer(cfg, cfg["collect"], seed, made_by))
-    free = {**cfg, "game": {**cfg["game"], "structured_output": "none"}}
-    assert not experiment.games_done(games, n, family.collection_producer(free, free["collect"], seed, made_by))
+    cfg = experiment.check_settings(cfg)  # as the runner reads it
+    games, n, seed = run / "s0" / "it1-shared" / "games.jsonl", experiment.games_of(cfg, cfg.collect), producer["seed"]
+    family, made_by = family_of(cfg.game), producer["seats"]["alice"]
+    assert experiment.games_done(games, n, family.collection_producer(cfg, cfg.collect, seed, made_by))
+    free = replace(cfg, game={**cfg.game, "structured_output": "none"})
+    assert not experiment.games_done(games, n, family.collection_producer(free, free.collect, seed, made_by))
     # nor under other rules: fewer re-prompts allowed for an illegal move
-    strict = {**cfg, "game": {**cfg["game"], "max_reprompts": 0}}
-    assert not experiment.games_done(games, n, family.collection_producer(strict, strict["collect"], seed, made_by))
+    strict = replace(cfg, game={**cfg.game, "max_reprompts": 0})
+    assert not experiment.games_done(games, n, family.collection_producer(strict, strict.collect, seed, made_by))
     for role in ("alice", "bob"):
         assert (run / "s0" / "aria" / "it1" / "eval" / f"as_{role}.jsonl").is_file()
     # movement measured on the policy's own turns in both seats of the base model's evaluation
@@ -1032,7 +1041,7 @@ def test_the_oracle_and_the_opponent_are_checked_before_any_work(overrides, mess
 def test_a_report_needs_neither_the_model_nor_the_launcher():
     cfg = experiment.check_settings(compose_config("experiment", ["report_only=true", "base_model=/not/here",
                                                                   "launcher=nosuchcommand launch"]))
-    assert cfg["base_model"] == "/not/here"
+    assert cfg.base_model == "/not/here"
     experiment.check_settings(compose_config("experiment", ["warm_start.enabled=false", "warm_start.games=0"]))
 
 
@@ -1048,7 +1057,7 @@ def test_arms_with_signed_weights_train_with_the_bounded_loss_and_the_others_wit
         "experiment=paper_single", "base_model=embedded", "oracle.base_url=http://127.0.0.1:1/v1", "oracle.model=m",
         "methods=[aria,no_aggregation,starpo,gigpo,gigpo_similar,archer,gigpo_fine]",
         "+variants={gigpo_fine:{method:gigpo,intention_overrides:['selection.fixed_k=20']}}"]))
-    shared = cfg["train_overrides"]
+    shared = cfg.train_overrides
     assert shared and not any(o.startswith("loss.") for o in shared)
     for arm in ("aria", "no_aggregation"):
         assert train_overrides_of(cfg, arm) == shared

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from aria.experiment.settings import PlaySettings
 from aria.games.base import load_game_config
 from aria.games.family import FAMILIES, QuestionFamily, TwoPlayerFamily, family_of
 from aria.io import ConfigError
@@ -40,9 +41,9 @@ def test_outcomes_and_seats_of_hand_made_records():
 
 
 def test_games_in_a_section():
-    section = {"config_set": "eval48", "games_per_config": 3}  # the 48-configuration evaluation set
+    section = PlaySettings(config_set="eval48", games_per_config=3)  # the 48-configuration evaluation set
     assert FAMILIES["two_player"].games_in(load_game_config("bargaining"), section) == 3 * 48
-    assert FAMILIES["question"].games_in(load_game_config("twenty_questions"), {"games": 7}) == 7
+    assert FAMILIES["question"].games_in(load_game_config("twenty_questions"), PlaySettings(games=7)) == 7
 
 
 def test_the_collection_command_checks_its_counts_per_family_before_any_model_loads():

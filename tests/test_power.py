@@ -2,6 +2,8 @@
 against a simulation of paired games scored by the experiment's own test."""
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 
@@ -97,31 +99,36 @@ def test_the_runner_says_first_what_its_pairs_can_detect():
     from aria.io import ConfigError
     from aria.experiment.runner import check_settings
     from aria.experiment.report import planned_power
+    from aria.experiment.settings import ExperimentSettings
     from aria.resources import compose_config
+    from aria.settings import typed
 
-    cfg = compose_config("experiment", ["eval.games=200", "seeds=[0,1]", "report.discordant_share=0.355"])
+    def settings(*overrides: str) -> ExperimentSettings:
+        return typed(ExperimentSettings, compose_config("experiment", list(overrides)))
+
+    cfg = settings("eval.games=200", "seeds=[0,1]", "report.discordant_share=0.355")
     line = planned_power(cfg)
     found = detectable_difference(400, 0.355)
-    runs = runs_detectable_difference(2, 200, 0.355, cfg["report"]["between_run_sd"] ** 2)
+    runs = runs_detectable_difference(2, 200, 0.355, cfg.report.between_run_sd ** 2)
     assert runs is None  # two runs (t with 1 df) detect nothing at Twenty Questions' spread
     assert line.startswith("the paired test (aria against no_aggregation) has 200 pairs a seed and iteration over 2 seed(s): "
                            f"400 pairs detect {100 * found:.1f} points; over training runs (the method): 2 runs of 200 pairs "
                            "detect no difference at a between-run spread of 2.7 points (report.between_run_sd); "
                            f"each arm against its parent: over 2 seed(s) 400 pairs "
                            f"detect {100 * found:.1f} points; with 80% power at the 5% level"), line
-    six = compose_config("experiment", ["eval.games=600", "seeds=[0,1,2,3,4,5]"])
+    six = settings("eval.games=600", "seeds=[0,1,2,3,4,5]")
     assert f"6 runs of 600 pairs detect {100 * runs_detectable_difference(6, 600, 0.355, 0.027 ** 2):.1f} points" \
         in planned_power(six)
-    one = compose_config("experiment", ["seeds=[0]"])
+    one = settings("seeds=[0]")
     assert "over training runs (the method): one run an arm gives no method-level test" in planned_power(one)
     # an arm outside the paired test on fewer seeds: its own detectable difference
-    fewer = {**cfg, "methods": ["aria", "no_aggregation", "bc"], "seeds_by_method": {"bc": [1]}}
+    fewer = replace(cfg, methods=["aria", "no_aggregation", "bc"], seeds_by_method={"bc": [1]})
     assert f"over 1 seed(s) 200 pairs detect {100 * detectable_difference(200, 0.355):.1f} points; over 2 seed(s)" in planned_power(fewer)
     # Bargaining: every configuration in both seats
-    barg = compose_config("experiment", ["experiment=bargaining", "seeds=[0]"])
+    barg = settings("experiment=bargaining", "seeds=[0]")
     assert "has 192 pairs a seed and iteration (both seats) over 1 seed(s): 192 pairs detect" in planned_power(barg)  # 48 configurations x 2 games x 2 seats
     with pytest.raises(ConfigError, match=r"report.discordant_share: expected a finite number > 0 and <= 1, got 0"):
-        check_settings({**cfg, "report": {**cfg["report"], "discordant_share": 0}})
+        check_settings(compose_config("experiment", ["report.discordant_share=0"]))
 
 
 # ---- training runs as the unit (aria.statistics.pool_runs, aria.power.runs_power) --------------------

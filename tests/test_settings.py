@@ -13,7 +13,7 @@ from typing import List, Optional
 import pytest
 
 from aria.io import ConfigError
-from aria.resources import SCHEMAS, check_overrides, compose_config, config_dir
+from aria.resources import SCHEMAS, check_overrides, compose_config, config_dir, schema
 from aria.settings import bounded, validated
 from aria.trainers.settings import TrainerSettings
 
@@ -44,7 +44,7 @@ SHIPPED = [
 @pytest.mark.parametrize(("name", "overrides"), SHIPPED, ids=[f"{n}:{','.join(o)}" for n, o in SHIPPED])
 def test_every_shipped_config_fits_its_schema(name, overrides):
     cfg = compose_config(name, overrides)  # composes and validates
-    assert set(cfg) == set(SCHEMAS[name].__dataclass_fields__)
+    assert set(cfg) == set(schema(name).__dataclass_fields__)
 
 
 def test_every_top_level_config_has_a_schema():

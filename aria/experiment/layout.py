@@ -9,6 +9,7 @@ import json
 import shutil
 from pathlib import Path
 
+from aria.experiment.settings import ExperimentSettings, PlaySettings
 from aria.games.family import family_of
 from aria.io import ConfigError, atomic_folder, check_output_folder
 
@@ -17,10 +18,10 @@ from aria.io import ConfigError, atomic_folder, check_output_folder
 class Layout:
     """Every path of an experiment's run folder (``run_dir``)."""
 
-    def __init__(self, cfg: dict):
-        self.root = Path(cfg["run_dir"])
-        self.family = family_of(cfg["game"])
-        self.variants = set(cfg["variants"])
+    def __init__(self, cfg: ExperimentSettings):
+        self.root = Path(cfg.run_dir)
+        self.family = family_of(cfg.game)
+        self.variants = set(cfg.variants)
 
     @property
     def warm(self) -> Path:
@@ -56,46 +57,46 @@ class Layout:
         return self.family.evaluation_output(where)
 
 
-def method_of(cfg: dict, arm: str) -> str:
+def method_of(cfg: ExperimentSettings, arm: str) -> str:
     """The training method of an arm: the arm's own name, or a variant's ``method``."""
-    variant = cfg["variants"].get(arm)
-    return variant["method"] if variant else arm
+    variant = cfg.variants.get(arm)
+    return variant.method if variant else arm
 
 
-def intention_overrides_of(cfg: dict, arm: str) -> list[str]:
+def intention_overrides_of(cfg: ExperimentSettings, arm: str) -> list[str]:
     """The pipeline overrides an arm labels its games with: ``intention_overrides``, then a variant's own."""
-    variant = cfg["variants"].get(arm)
-    return [*cfg["intention_overrides"], *(variant.get("intention_overrides") or [] if variant else [])]
+    variant = cfg.variants.get(arm)
+    return [*cfg.intention_overrides, *(variant.intention_overrides if variant else [])]
 
 
-def train_overrides_of(cfg: dict, arm: str) -> list[str]:
+def train_overrides_of(cfg: ExperimentSettings, arm: str) -> list[str]:
     """The trainer overrides an arm trains with: ``train_overrides``, then its method's own
     (``train_overrides_by_method``; a variant has its method's)."""
-    return [*cfg["train_overrides"], *cfg["train_overrides_by_method"].get(method_of(cfg, arm), [])]
+    return [*cfg.train_overrides, *cfg.train_overrides_by_method.get(method_of(cfg, arm), [])]
 
 
-def seeds_of(cfg: dict, method: str) -> list:
+def seeds_of(cfg: ExperimentSettings, method: str) -> list:
     """The seeds ``method`` runs: ``seeds_by_method[method]`` (some of ``seeds``), else ``seeds``; an
     arm outside the paired test may run fewer, its detectable difference stated with its rows."""
-    seeds = cfg["seeds_by_method"].get(method, cfg["seeds"])
-    if not seeds or any(s not in cfg["seeds"] for s in seeds):
-        raise ConfigError(f"seeds_by_method.{method}: expected a non-empty list of some of seeds {cfg['seeds']}, got {seeds!r}")
+    seeds = cfg.seeds_by_method.get(method, cfg.seeds)
+    if not seeds or any(s not in cfg.seeds for s in seeds):
+        raise ConfigError(f"seeds_by_method.{method}: expected a non-empty list of some of seeds {cfg.seeds}, got {seeds!r}")
     return seeds
 
 
-def iterations_of(cfg: dict, method: str) -> int:
+def iterations_of(cfg: ExperimentSettings, method: str) -> int:
     """How many iterations ``method`` runs: ``iterations_by_method[method]``, else ``iterations``."""
-    n = cfg["iterations_by_method"].get(method, cfg["iterations"])
+    n = cfg.iterations_by_method.get(method, cfg.iterations)
     if n < 1:
-        setting = f"iterations_by_method.{method}" if method in cfg["iterations_by_method"] else "iterations"
+        setting = f"iterations_by_method.{method}" if method in cfg.iterations_by_method else "iterations"
         raise ConfigError(f"{setting}: expected a whole number >= 1, got {n!r}")
     return n
 
 
-def games_of(cfg: dict, section: dict) -> int:
+def games_of(cfg: ExperimentSettings, section: PlaySettings) -> int:
     """How many games a collection or evaluation plays: ``games``, or for a two-player game every
     configuration of ``config_set`` ``games_per_config`` times (per seat, in an evaluation)."""
-    return family_of(cfg["game"]).games_in(cfg["game"], section)
+    return family_of(cfg.game).games_in(cfg.game, section)
 
 
 # ---- a run folder without its weights -----------------------------------------------------------------

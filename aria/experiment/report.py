@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from aria.experiment.layout import Layout, games_of, iterations_of, seeds_of
+from aria.experiment.settings import ExperimentSettings
 from aria.games.family import family_of
 from aria.io import atomic_save_figure, atomic_write_json, atomic_write_text, read_json
 from aria.llm.hardware import describe, label
@@ -29,53 +30,53 @@ from aria.statistics import ALPHA, POWER, mcnemar, percent, pool_runs, sensitivi
 from aria.trajectories import read_trajectories
 
 
-def paired_arms(cfg: dict) -> tuple[str, str] | None:
+def paired_arms(cfg: ExperimentSettings) -> tuple[str, str] | None:
     """The two arms of the paired test: ``report.paired`` when both are in ``methods``, else none."""
-    paired = cfg["report"]["paired"]
-    return tuple(paired) if paired and set(paired) <= set(cfg["methods"]) else None
+    paired = cfg.report.paired
+    return tuple(paired) if paired and set(paired) <= set(cfg.methods) else None
 
 
-def tested_pairs(cfg: dict) -> list[tuple[str, str]]:
+def tested_pairs(cfg: ExperimentSettings) -> list[tuple[str, str]]:
     """Every paired test of the table: ``report.paired`` (the one the preset is sized for) first,
     then ``report.more_pairs``."""
     main = paired_arms(cfg)
-    more = [tuple(p) for p in cfg["report"]["more_pairs"] if tuple(p) != main]
+    more = [tuple(p) for p in cfg.report.more_pairs if tuple(p) != main]
     return ([main] if main else []) + more
 
 
-def planned_power(cfg: dict, power: float = POWER, alpha: float = ALPHA) -> str:
+def planned_power(cfg: ExperimentSettings, power: float = POWER, alpha: float = ALPHA) -> str:
     """One line, said before a run starts: the pairs of its paired test per iteration and the
     difference they detect with ``power`` at the discordant share named in ``report``."""
 
-    seats, share = family_of(cfg["game"]).seats, cfg["report"]["discordant_share"]
+    seats, share = family_of(cfg.game).seats, cfg.report.discordant_share
 
     def detects(seeds: int) -> str:
-        pairs = games_of(cfg, cfg["eval"]) * seats * seeds
+        pairs = games_of(cfg, cfg.eval) * seats * seeds
         found = detectable_difference(pairs, share, power, alpha)
         return f"{pairs} pairs detect " + (f"{100 * found:.1f} points" if found is not None else "no difference")
 
-    per_seed = f"{games_of(cfg, cfg['eval']) * seats} pairs a seed and iteration{' (both seats)' if seats == 2 else ''}"
+    per_seed = f"{games_of(cfg, cfg.eval) * seats} pairs a seed and iteration{' (both seats)' if seats == 2 else ''}"
     if paired_arms(cfg) is None:
-        line = f"no paired test between arms (report.paired: {cfg['report']['paired'] or 'null'}, methods: {cfg['methods']}); {per_seed}"
+        line = f"no paired test between arms (report.paired: {cfg.report.paired or 'null'}, methods: {cfg.methods}); {per_seed}"
     else:
         first, second = paired_arms(cfg)
         both = [s for s in seeds_of(cfg, first) if s in seeds_of(cfg, second)]
         line = f"the paired test ({first} against {second}) has {per_seed} over {len(both)} seed(s): {detects(len(both))}"
-        line += f"; over training runs (the method): {runs_detect(len(both), games_of(cfg, cfg['eval']) * seats, cfg, power, alpha)}"
+        line += f"; over training runs (the method): {runs_detect(len(both), games_of(cfg, cfg.eval) * seats, cfg, power, alpha)}"
     for first, second in tested_pairs(cfg)[1 if paired_arms(cfg) else 0:]:
         both = [s for s in seeds_of(cfg, first) if s in seeds_of(cfg, second)]
         line += f"; also {first} against {second} over {len(both)} seed(s): {detects(len(both))}"
-    others = sorted({len(seeds_of(cfg, m)) for m in cfg["methods"]})
+    others = sorted({len(seeds_of(cfg, m)) for m in cfg.methods})
     against = "; ".join(f"over {n} seed(s) {detects(n)}" for n in others)
     return (f"{line}; each arm against its parent: {against}; with {100 * power:.0f}% power at the {100 * alpha:g}% level "
             f"and a discordant share of {share} (report.discordant_share)")
 
 
-def runs_detect(runs: int, pairs: int, cfg: dict, power: float = POWER, alpha: float = ALPHA) -> str:
+def runs_detect(runs: int, pairs: int, cfg: ExperimentSettings, power: float = POWER, alpha: float = ALPHA) -> str:
     """What the method-level test of ``runs`` training runs an arm detects, at the between-run
     spread in ``report.between_run_sd``."""
 
-    sd, share = cfg["report"]["between_run_sd"], cfg["report"]["discordant_share"]
+    sd, share = cfg.report.between_run_sd, cfg.report.discordant_share
     if runs < 2:
         return "one run an arm gives no method-level test"
     found = runs_detectable_difference(runs, pairs, share, sd ** 2, power, alpha)
@@ -103,11 +104,11 @@ def outcomes(path: Path, family, expected: set[str]) -> dict[str, dict] | None:
     return out
 
 
-def evaluation_ids(cfg: dict) -> set[str]:
+def evaluation_ids(cfg: ExperimentSettings) -> set[str]:
     """The game ids of one arm's evaluation under the settings (``eval``): game ``i`` of the
     evaluation seed for ``i < eval.games``, or of every configuration of ``eval.config_set``."""
 
-    return family_of(cfg["game"]).evaluation_ids(cfg)
+    return family_of(cfg.game).evaluation_ids(cfg)
 
 
 def _row(games: list[dict]) -> dict[str, Any]:
@@ -117,18 +118,18 @@ def _row(games: list[dict]) -> dict[str, Any]:
             "mean_turns": sum(g["turns"] for g in games) / n if n else None}
 
 
-def collect_results(cfg: dict) -> dict[str, Any]:
+def collect_results(cfg: ExperimentSettings) -> dict[str, Any]:
     """Everything ``results.json`` holds (module doc), from the run folder."""
 
-    lay, n_eval, expected = Layout(cfg), games_of(cfg, cfg["eval"]), evaluation_ids(cfg)
+    lay, n_eval, expected = Layout(cfg), games_of(cfg, cfg.eval), evaluation_ids(cfg)
     evaluations: dict[tuple[str, int, int], dict[str, dict]] = {}
     base_games = outcomes(lay.evaluation("", 0, 0), lay.family, expected)
     if base_games is not None:
-        for seed in cfg["seeds"]:
-            for method in cfg["methods"]:
+        for seed in cfg.seeds:
+            for method in cfg.methods:
                 evaluations[(method, seed, 0)] = base_games
-    for seed in cfg["seeds"]:
-        for method in cfg["methods"]:
+    for seed in cfg.seeds:
+        for method in cfg.methods:
             for it in range(1, iterations_of(cfg, method) + 1):
                 games = outcomes(lay.evaluation(method, seed, it), lay.family, expected)
                 if games is not None:
@@ -143,18 +144,18 @@ def collect_results(cfg: dict) -> dict[str, Any]:
             arm.update(moved_from_parent(cfg, lay, evaluations, arm["method"], arm["seed"], arm["iteration"]))
     pooled = []
     if base_games is not None:
-        label = "warm start" if cfg["warm_start"]["enabled"] else "base model"
+        label = "warm start" if cfg.warm_start.enabled else "base model"
         pooled.append({"method": label, "iteration": 0, "seeds": 1, **_row(list(base_games.values()))})
-    for method in cfg["methods"]:
+    for method in cfg.methods:
         for it in range(1, iterations_of(cfg, method) + 1):
-            seeds = [s for s in cfg["seeds"] if (method, s, it) in evaluations]
+            seeds = [s for s in cfg.seeds if (method, s, it) in evaluations]
             if seeds:
                 games = [g for s in seeds for g in evaluations[(method, s, it)].values()]
                 pooled.append({"method": method, "iteration": it, "seeds": len(seeds), **_row(games)})
     tests = []
     for first, second, it in [(x, y, it) for x, y in tested_pairs(cfg)
                               for it in range(1, max(iterations_of(cfg, m) for m in (x, y)) + 1)]:
-        seeds = [s for s in cfg["seeds"] if (first, s, it) in evaluations and (second, s, it) in evaluations]
+        seeds = [s for s in cfg.seeds if (first, s, it) in evaluations and (second, s, it) in evaluations]
         if not seeds:
             continue
         a, b, per_seed = [], [], []
@@ -176,10 +177,10 @@ def collect_results(cfg: dict) -> dict[str, Any]:
         still = sorted(f"{m} seed {s}" for (m, s), moved in verdicts.items() if moved is False)
         unknown = sorted(f"{m} seed {s}" for (m, s), moved in verdicts.items() if moved is None)
         tests[-1]["not_moved"], tests[-1]["movement_unknown"] = still, unknown
-        tests[-1]["verdict_on"] = cfg["report"]["verdict_on"]
+        tests[-1]["verdict_on"] = cfg.report.verdict_on
         tests[-1]["verdict"] = verdict(tests[-1], still)
     variance = {}
-    for seed in cfg["seeds"]:
+    for seed in cfg.seeds:
         path = lay.shared(seed) / "grad_variance.json"
         if path.is_file():
             variance[str(seed)] = {k: v for k, v in read_json(path).items() if k != "key"}
@@ -189,10 +190,10 @@ def collect_results(cfg: dict) -> dict[str, Any]:
         s = read_json(selection)
         recovery = {"chosen_k": s["chosen"]["k"], "ks": s["ks"], **(s.get("intention_recovery") or {})}
     two_player = lay.family.seats > 1
-    opponent = cfg["eval"]["opponent"] if two_player else None
+    opponent = cfg.eval.opponent if two_player else None
     preflight, behaviour = {}, {}
-    for seed in cfg["seeds"]:
-        for method in cfg["methods"]:
+    for seed in cfg.seeds:
+        for method in cfg.methods:
             for it in range(1, iterations_of(cfg, method) + 1):
                 where = lay.intention(method, seed, it) / "preflight.json"
                 shared = where == lay.intention("", seed, it) / "preflight.json"
@@ -202,9 +203,9 @@ def collect_results(cfg: dict) -> dict[str, Any]:
                     against = behaviour_at_chosen_k(where.parent / "selection.json")
                     if against:
                         behaviour[name] = against
-    rule = {k: cfg["report"]["movement"][k] for k in ("min_token_kl", "kl_from", "min_weight_share", "min_kept_share")}
-    return {"name": cfg["name"], "game": cfg["game"]["name"], "two_player": two_player, "opponent": opponent,
-            "eval_games": n_eval, "eval_seed": cfg["eval"]["seed"], "movement_rule": rule, "preflight": preflight,
+    rule = movement_rule(cfg)
+    return {"name": cfg.name, "game": cfg.game["name"], "two_player": two_player, "opponent": opponent,
+            "eval_games": n_eval, "eval_seed": cfg.eval.seed, "movement_rule": rule, "preflight": preflight,
             "outcome_keys": keys, "arms": arms, "pooled": pooled, "paired_tests": tests, "gradient_variance": variance,
             "intention_recovery": recovery, "behaviour": behaviour}
 
@@ -252,7 +253,7 @@ def behaviour_at_chosen_k(selection_path: Path) -> dict | None:
             "closest_k": ks[best], "at_closest_k": pick(best)}
 
 
-def moved_from_parent(cfg: dict, lay, evaluations: dict, method: str, seed: int, iteration: int) -> dict[str, Any]:
+def moved_from_parent(cfg: ExperimentSettings, lay, evaluations: dict, method: str, seed: int, iteration: int) -> dict[str, Any]:
     """An arm against the model it started from: success paired by game (difference with its
     interval), and the movement measures with the verdict of ``report.movement`` (moved when the
     token KL and the share of weights changed at the served precision both reach their thresholds)."""
@@ -266,11 +267,18 @@ def moved_from_parent(cfg: dict, lay, evaluations: dict, method: str, seed: int,
                                  **sensitivity(test)}
     path = lay.movement(method, seed, iteration)
     if path.is_file():
-        m, rule = read_json(path), cfg["report"]["movement"]
+        m = read_json(path)
         m.pop("key", None)
-        m["moved"] = moved(m, rule)
+        m["moved"] = moved(m, movement_rule(cfg))
         out["movement"] = m
     return out
+
+
+def movement_rule(cfg: ExperimentSettings) -> dict[str, Any]:
+    """The rule a trained arm is judged moved by (``report.movement``), as results.json records it."""
+    m = cfg.report.movement
+    return {"min_token_kl": m.min_token_kl, "kl_from": m.kl_from, "min_weight_share": m.min_weight_share,
+            "min_kept_share": m.min_kept_share}
 
 
 def moved(m: dict[str, Any], rule: dict[str, Any]) -> bool | None:
@@ -589,12 +597,12 @@ def plot(results: dict[str, Any], out: Path) -> None:
     atomic_save_figure(fig, out, dpi=120)
 
 
-def run_record(cfg: dict, wall_seconds: float | None = None, resumed: bool | None = None) -> dict[str, Any]:
+def run_record(cfg: ExperimentSettings, wall_seconds: float | None = None, resumed: bool | None = None) -> dict[str, Any]:
     """Where and how long: the CPU (:func:`aria.llm.hardware.describe`), each stage's seconds (the
     run folder's ``stage_times.json``; a stage resumed over several runs counts them all), and, from
     the command that ran the stages, its wall time and whether it continued an earlier run's stages."""
 
-    times_path = Path(cfg["run_dir"]) / "stage_times.json"
+    times_path = Path(cfg.run_dir) / "stage_times.json"
     stages = {name: round(t["seconds"], 1) for name, t in read_json(times_path).items() if "seconds" in t} \
         if times_path.is_file() else {}
     machine = describe()
@@ -602,10 +610,10 @@ def run_record(cfg: dict, wall_seconds: float | None = None, resumed: bool | Non
             "wall_seconds": None if wall_seconds is None else round(wall_seconds, 1), "resumed": resumed}
 
 
-def write_results(cfg: dict, run: dict[str, Any] | None = None) -> Path:
+def write_results(cfg: ExperimentSettings, run: dict[str, Any] | None = None) -> Path:
     """``results.json``, ``table.md`` and the plot (module doc); ``run`` (:func:`run_record`) says
     where and how long the run that wrote them took."""
-    out = Path(cfg["results_dir"])
+    out = Path(cfg.results_dir)
     out.mkdir(parents=True, exist_ok=True)
     results = {**collect_results(cfg), "run": run or run_record(cfg)}
     atomic_write_json(out / "results.json", results)

@@ -42,13 +42,14 @@ import shlex
 import shutil
 import subprocess
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 from aria.experiment.layout import (COPY_MARK, Layout, games_of, intention_overrides_of, is_stage_folder, iterations_of,
                                     method_of, seeds_of, train_overrides_of)
 from aria.experiment.report import evaluation_ids, planned_power, preflight_row_name, run_record, write_results
+from aria.experiment.settings import ExperimentSettings
 from aria.games.base import structured_output
 from aria.games.family import checked_game, family_of
 from aria.intention import pipeline
@@ -61,9 +62,9 @@ from aria.llm.registry import build_policy
 from aria.llm.served import EngineWatch, free_port, reload_weights, start_server, stop_server
 from aria.resources import check_overrides, compose_config, config_dir
 from aria.secrets import redact
-from aria.settings import ExperimentSettings, typed, validated
-from aria.trainers.settings import TrainerSettings
+from aria.settings import typed
 from aria.trainers.methods import METHODS, trainer_for
+from aria.trainers.settings import TrainerSettings
 from aria.trajectories import describe, read_producer, read_trajectories
 
 # torch, the trainers and the model loaders (3-5 s to import on 2 cores, `python -X importtime`) are
@@ -88,16 +89,16 @@ class Stage:
 class Generator:
     """Policies for the experiment's models; with ``engine: vllm`` one server at a time (module doc)."""
 
-    def __init__(self, cfg: dict, echo: Printer):
+    def __init__(self, cfg: ExperimentSettings, echo: Printer):
         self.cfg, self.echo = cfg, echo
-        self.engine = cfg["engine"]  # vllm or local (check_settings)
+        self.engine = cfg.engine  # vllm or local (check_settings)
         self._served: tuple[Path, dict] | None = None
 
     def describe(self, model_dir: Path, settings: dict, seed: int) -> dict:
         """What a policy of :meth:`policy` records as its producer: the engine, the model and its
         version (a retrained model is another policy, so its old games are not continued), the sampling."""
         return {"engine": self.engine, "model_path": recorded_path(self.cfg, model_dir), "model_version": model_version(model_dir),
-                "dtype": served_dtype(self.cfg), "temperature": settings["temperature"], "max_tokens": settings["max_tokens"],
+                "dtype": served_dtype(self.cfg), "temperature": settings.temperature, "max_tokens": settings.max_tokens,
                 "seed": seed if self.engine == "local" else None}
 
     def policy(self, model_dir: Path, settings: dict, seed: int):
@@ -105,8 +106,8 @@ class Generator:
         the in-process sampler starts from ``seed``, so a stage run again samples the same games."""
 
         if self.engine == "local":
-            policy = build_policy({"name": "local", "model_path": str(model_dir), "temperature": settings["temperature"],
-                                   "max_new_tokens": settings["max_tokens"], "seed": seed, "dtype": served_dtype(self.cfg)})
+            policy = build_policy({"name": "local", "model_path": str(model_dir), "temperature": settings.temperature,
+                                   "max_new_tokens": settings.max_tokens, "seed": seed, "dtype": served_dtype(self.cfg)})
             policy.settings = self.describe(model_dir, settings, seed)
             return policy
         if self._served is not None and self._served[0] != model_dir and same_architecture(self._served[0], model_dir):
@@ -123,17 +124,17 @@ class Generator:
 
             start = time.perf_counter()
             # the server's log beside the model it serves, or in the run folder for a model outside it
-            root = Path(self.cfg["run_dir"]).resolve()
+            root = Path(self.cfg.run_dir).resolve()
             log = model_dir.parent / "vllm.log" if model_dir.resolve().is_relative_to(root) else root / "vllm-base.log"
-            info = start_server(model_dir, "policy", free_port(), log, eager=self.cfg["vllm"]["eager"],
-                                dtype=self.cfg["policy_dtype"], reloadable=True)
+            info = start_server(model_dir, "policy", free_port(), log, eager=self.cfg.vllm.eager,
+                                dtype=self.cfg.policy_dtype, reloadable=True)
             self._served = (model_dir, info)
             self._watch = EngineWatch(info["PID"])
             self.echo(f"[experiment] vLLM serves {model_dir} (started in {time.perf_counter() - start:.0f}s)")
         info = self._served[1]
         policy = build_policy({"name": "endpoint", "base_url": info["BASE_URL"], "model": info["MODEL_NAME"],
-                               "temperature": settings["temperature"], "max_tokens": settings["max_tokens"],
-                               "concurrency": settings["batch_size"], "api_key": "EMPTY", "timeout_s": 300,
+                               "temperature": settings.temperature, "max_tokens": settings.max_tokens,
+                               "concurrency": settings.batch_size, "api_key": "EMPTY", "timeout_s": 300,
                                "gone": self._watch.reason})
         # What made a game is the model and its sampling, not this run's port: a resumed file continues.
         policy.settings = self.describe(model_dir, settings, seed)
@@ -150,15 +151,15 @@ class Generator:
         this generator started ended (killed, out of memory), the server is started again and
         ``games`` runs again, which plays only the failed games, up to ``vllm.restarts`` times:
         an unattended run of many hours goes on instead of stopping at the first lost server."""
-        for restart in range(self.cfg["vllm"]["restarts"] + 1):
+        for restart in range(self.cfg.vllm.restarts + 1):
             try:
                 return games(self.policy(model_dir, settings, seed))
             except GamesFailed as failed:
                 lost = self._watch.reason() if self.engine == "vllm" and self._served is not None else None
-                if lost is None or restart == self.cfg["vllm"]["restarts"]:
+                if lost is None or restart == self.cfg.vllm.restarts:
                     raise
                 self.echo(f"[experiment] {failed}; the vLLM server had ended ({lost}): starting it again "
-                          f"({restart + 1} of vllm.restarts={self.cfg['vllm']['restarts']})")
+                          f"({restart + 1} of vllm.restarts={self.cfg.vllm.restarts})")
                 self.stop()
 
 
@@ -183,10 +184,10 @@ class GamesFailed(RuntimeError):
 
 
 # ---- the stages' work ---------------------------------------------------------------------------------
-def recorded_path(cfg: dict, path: Path) -> str:
+def recorded_path(cfg: ExperimentSettings, path: Path) -> str:
     """``path`` as the run's records (producers, training markers) hold it: relative to ``run_dir``
     when inside it, so a run folder copied or moved elsewhere resumes instead of redoing its work."""
-    root, resolved = Path(cfg["run_dir"]).resolve(), Path(path).resolve()
+    root, resolved = Path(cfg.run_dir).resolve(), Path(path).resolve()
     return str(resolved.relative_to(root)) if resolved.is_relative_to(root) else str(path)
 
 
@@ -197,30 +198,30 @@ def model_version(model_dir: Path) -> str:
     return file_digest(marker) if marker.is_file() else str(model_dir)
 
 
-def play(cfg: dict, policy, out: Path, seed: int, section: dict, echo: Printer, what: str) -> Path:
+def play(cfg: ExperimentSettings, policy, out: Path, seed: int, section: dict, echo: Printer, what: str) -> Path:
     """The games of a collection (``section`` = ``collect``, or the warm start's) into ``out``: the
     question game against the oracle, or two-player self-play (the game's family). Resumes game by
     game; games of another policy, e.g. of a model since retrained, are moved aside and played again."""
-    summary = family_of(cfg["game"]).play(cfg, policy, out, seed, section)
+    summary = family_of(cfg.game).play(cfg, policy, out, seed, section)
     echo(f"[experiment] {what}: {summary.line()}")
     if summary.failed:
         raise GamesFailed(summary.failed, out)
     return out
 
 
-def evaluate_arm(cfg: dict, policy, out: Path, echo: Printer) -> Path:
+def evaluate_arm(cfg: ExperimentSettings, policy, out: Path, echo: Printer) -> Path:
     """The evaluation of ``policy`` into ``out`` (:meth:`Layout.evaluation`): the ``eval`` games
     against the oracle, or against ``eval.opponent`` in both seats (two-player games)."""
-    failed = family_of(cfg["game"]).evaluate(cfg, policy, out, echo)
+    failed = family_of(cfg.game).evaluate(cfg, policy, out, echo)
     if failed:
         raise GamesFailed(failed, out)
     return out
 
 
-def evaluation_done(cfg: dict, out: Path, policy: dict) -> bool:
+def evaluation_done(cfg: ExperimentSettings, out: Path, policy: dict) -> bool:
     """Whether the evaluation at ``out`` (:meth:`Layout.evaluation`) is complete for ``policy``."""
-    n = games_of(cfg, cfg["eval"])
-    return all(games_done(file, n, producer) for file, _, producer in family_of(cfg["game"]).evaluation_files(cfg, out, policy))
+    n = games_of(cfg, cfg.eval)
+    return all(games_done(file, n, producer) for file, _, producer in family_of(cfg.game).evaluation_files(cfg, out, policy))
 
 
 def games_done(path: Path, num_games: int, producer: dict) -> bool:
@@ -235,15 +236,15 @@ def games_done(path: Path, num_games: int, producer: dict) -> bool:
 STEP1_FILES = ("embedding_cache", "embeddings.npz", "labels.npz", "utterances.json")
 
 
-def label(cfg: dict, trajectories: Path, out_dir: Path, seed: int, echo: Printer, steps: int = 4,
+def label(cfg: ExperimentSettings, trajectories: Path, out_dir: Path, seed: int, echo: Printer, steps: int = 4,
           overrides: list[str] | None = None, step1_from: Path | None = None) -> Path:
     """Pipeline steps 1..``steps`` on ``trajectories`` in ``out_dir`` (each step skips itself when up
     to date), under ``intention_overrides`` or the given ``overrides``. ``step1_from``: a folder
     where step 1 already ran on the same games, whose outputs are linked here first (step 1 checks
     its fingerprint, so under other clustering settings it runs again, from the linked embedding cache)."""
 
-    c = compose_config("intention", [f"game={cfg['game']['name']}", f"input={trajectories}", f"seed={seed}",
-                                     f"run_dir={out_dir}", *(cfg["intention_overrides"] if overrides is None else overrides)])
+    c = compose_config("intention", [f"game={cfg.game['name']}", f"input={trajectories}", f"seed={seed}",
+                                     f"run_dir={out_dir}", *(cfg.intention_overrides if overrides is None else overrides)])
     quiet = lambda line: None  # noqa: E731  (the stage line says what happened)
     if step1_from is not None and not (out_dir / "utterances.json").is_file():
         out_dir.mkdir(parents=True, exist_ok=True)
@@ -266,7 +267,7 @@ def label(cfg: dict, trajectories: Path, out_dir: Path, seed: int, echo: Printer
     on = " (trains on the behavioural intentions)" if c["labels"] == "behavioural" and steps >= 3 else ""
     echo(f"[experiment] labelled {trajectories.name}: k = {chosen}{on}")
     if steps >= 4:  # said before training: where keys are not shared, ARIA trains as its ablation
-        found = pipeline.preflight(c, cfg["report"]["preflight_ks"])
+        found = pipeline.preflight(c, cfg.report.preflight_ks)
         atomic_write_json(out_dir / "preflight.json", found)
         window = "" if found["window"] is None else f" (keys of the last {found['window']} turns)"
         echo(f"[experiment] pre-flight: steps that share their intention key with another step{window}: "
@@ -280,7 +281,7 @@ def critic_summary(found: dict) -> str:
             f"{found.get('eval_ranking_accuracy')} (same turn {found.get('eval_ranking_accuracy_same_turn')})")
 
 
-def train_critic(cfg: dict, train_file: Path, out_dir: Path, seed: int, init: Path | None, echo: Printer) -> Path:
+def train_critic(cfg: ExperimentSettings, train_file: Path, out_dir: Path, seed: int, init: Path | None, echo: Printer) -> Path:
     """ArCHer's critic on ``train_file`` (from ``init``, the previous iteration's critic, when
     given), in ``out_dir``; returns the training set with each step's advantage. Resumes itself.
 
@@ -293,9 +294,9 @@ def train_critic(cfg: dict, train_file: Path, out_dir: Path, seed: int, init: Pa
         echo(f"[experiment] critic: done ({critic_summary(read_json(done))})")
         return out_dir / "train.json"
     overrides = [f"data.train_file={train_file}", f"output_dir={out_dir}", f"seed={seed}",
-                 f"critic.init={init if init else 'null'}", *cfg["archer"]["critic_overrides"]]
-    if cfg["launcher"]:
-        command = [*shlex.split(cfg["launcher"]), "-m", "aria.trainers.launch_critic", "--config-dir", str(config_dir()),
+                 f"critic.init={init if init else 'null'}", *cfg.archer.critic_overrides]
+    if cfg.launcher:
+        command = [*shlex.split(cfg.launcher), "-m", "aria.trainers.launch_critic", "--config-dir", str(config_dir()),
                    "--config-name", "critic", *overrides]
         if subprocess.run(command).returncode != 0:
             raise RuntimeError(f"critic training failed: {' '.join(command)} (run the experiment again to resume it)")
@@ -314,7 +315,7 @@ def train_critic(cfg: dict, train_file: Path, out_dir: Path, seed: int, init: Pa
     return out
 
 
-def train(cfg: dict, method: str, train_file: Path, start_model: Path, out_dir: Path, seed: int, overrides: list[str],
+def train(cfg: ExperimentSettings, method: str, train_file: Path, start_model: Path, out_dir: Path, seed: int, overrides: list[str],
           echo: Printer, critic_init: Path | None = None, actor: bool = True,
           model_unread: Callable[[], bool] = lambda: False) -> Path:
     """Train ``method`` on ``train_file`` from ``start_model``; merge the adapter into ``out_dir/model``.
@@ -333,7 +334,7 @@ def train(cfg: dict, method: str, train_file: Path, start_model: Path, out_dir: 
                   "start_model": recorded_path(cfg, start_model), "start_model_version": model_version(start_model), "seed": seed,
                   "overrides": list(overrides)}
     if method == "archer":
-        trained_on.update(critic_overrides=list(cfg["archer"]["critic_overrides"]), actor=actor,
+        trained_on.update(critic_overrides=list(cfg.archer.critic_overrides), actor=actor,
                           critic_init=str(critic_init) if critic_init else None)
     trained_on = json.loads(json.dumps(redact(trained_on)))  # as the marker is written: a key is never on disk
     marker = out_dir / "trained_on.json"
@@ -363,8 +364,8 @@ def train(cfg: dict, method: str, train_file: Path, start_model: Path, out_dir: 
             return model
     overrides = [f"data.train_file={train_file}", f"output_dir={out_dir / 'train'}", f"seed={seed}",
                  f"model.path={start_model}", f"method={method}", "logging.report_to=null", *overrides]
-    if cfg["launcher"]:  # several GPUs: the trainer runs under accelerate in processes of its own
-        command = [*shlex.split(cfg["launcher"]), "-m", "aria.trainers.launch", "--config-dir", str(config_dir()),
+    if cfg.launcher:  # several GPUs: the trainer runs under accelerate in processes of its own
+        command = [*shlex.split(cfg.launcher), "-m", "aria.trainers.launch", "--config-dir", str(config_dir()),
                    "--config-name", "reinforce_llm", *overrides]
         if subprocess.run(command).returncode != 0:
             raise RuntimeError(f"training failed: {' '.join(command)} (run the experiment again to resume it)")
@@ -384,10 +385,10 @@ def train(cfg: dict, method: str, train_file: Path, start_model: Path, out_dir: 
     return model
 
 
-def bc_training_set(cfg: dict, trajectories: Path, out: Path) -> Path:
+def bc_training_set(cfg: ExperimentSettings, trajectories: Path, out: Path) -> Path:
     """Every step of the expert's games as a sample (behaviour cloning needs no rewards)."""
 
-    render = family_of(cfg["game"]).observation_renderer(cfg["game"])
+    render = family_of(cfg.game).observation_renderer(cfg.game)
     samples = [{"observation": render(r, i), "action": t["action"], "reward": 1.0, "game_id": r["game_id"], "turn": i}
                for r in read_trajectories(trajectories) for i, t in enumerate(r["turns"])]
     if not out.is_file() or read_json(out) != samples:
@@ -395,15 +396,15 @@ def bc_training_set(cfg: dict, trajectories: Path, out: Path) -> Path:
     return out
 
 
-def served_dtype(cfg: dict) -> str:
+def served_dtype(cfg: ExperimentSettings) -> str:
     """The precision this run's policy plays in (``policy_dtype``, else what the engine chooses):
     an update smaller than its step is rounded away before the model plays."""
-    chosen = cfg["policy_dtype"]
+    chosen = cfg.policy_dtype
     if chosen is not None:
         return chosen
     import torch
 
-    if cfg["engine"] == "local":  # the local policy's "auto"
+    if cfg.engine == "local":  # the local policy's "auto"
         from aria.llm.local import resolve_dtype
 
         return str(resolve_dtype("auto", "cuda" if torch.cuda.is_available() else "cpu")).removeprefix("torch.")
@@ -413,13 +414,13 @@ def served_dtype(cfg: dict) -> str:
     return vllm_cpu_dtype(cpu_flags())
 
 
-def held_out_steps(cfg: dict, lay: Layout) -> list[dict]:
+def held_out_steps(cfg: ExperimentSettings, lay: Layout) -> list[dict]:
     """The policy's steps in the starting model's iteration-0 evaluation games, as step samples
     (``observation``, ``action``, ``success`` of the game): held out from every training set, the
     same for every arm."""
 
-    family = family_of(cfg["game"])
-    render, expected, where = family.observation_renderer(cfg["game"]), evaluation_ids(cfg), lay.evaluation("", 0, 0)
+    family = family_of(cfg.game)
+    render, expected, where = family.observation_renderer(cfg.game), evaluation_ids(cfg), lay.evaluation("", 0, 0)
     steps = []
     for file, role in family.evaluation_seats(where):
         for r in read_trajectories(file):
@@ -431,28 +432,28 @@ def held_out_steps(cfg: dict, lay: Layout) -> list[dict]:
     return steps
 
 
-def movement_key(cfg: dict, parent: Path, child: Path, steps: list[dict]) -> dict:
+def movement_key(cfg: ExperimentSettings, parent: Path, child: Path, steps: list[dict]) -> dict:
     """What a movement file was measured on: both models' versions, the precision, the held-out steps."""
     return {"parent": recorded_path(cfg, parent), "parent_version": model_version(parent),
-            "child_version": model_version(child), "served_dtype": served_dtype(cfg), "steps": cfg["report"]["movement"]["steps"],
+            "child_version": model_version(child), "served_dtype": served_dtype(cfg), "steps": cfg.report.movement.steps,
             "held_out_sha256": json_digest(steps, length=None)}
 
 
-def movement_done(cfg: dict, lay: Layout, parent: Path, child: Path, out: Path) -> bool:
+def movement_done(cfg: ExperimentSettings, lay: Layout, parent: Path, child: Path, out: Path) -> bool:
     return out.is_file() and read_json(out).get("key") == movement_key(cfg, parent, child, held_out_steps(cfg, lay))
 
 
-def movement_stage(cfg: dict, lay: Layout, parent: Path, child: Path, out: Path, echo: Printer) -> Path:
+def movement_stage(cfg: ExperimentSettings, lay: Layout, parent: Path, child: Path, out: Path, echo: Printer) -> Path:
     """How far ``child`` moved from ``parent`` on the held-out steps (:func:`aria.experiment.movement.movement`),
     written to ``out`` under a key of both models' versions and the settings."""
     from aria.experiment.movement import movement
 
-    m, steps = cfg["report"]["movement"], held_out_steps(cfg, lay)
+    m, steps = cfg.report.movement, held_out_steps(cfg, lay)
     key = movement_key(cfg, parent, child, steps)
     if out.is_file() and read_json(out).get("key") == key:
         return out
     start = time.perf_counter()
-    result = movement(parent, child, steps, key["served_dtype"], max_steps=m["steps"], seed=0, source=str(lay.evaluation("", 0, 0)))
+    result = movement(parent, child, steps, key["served_dtype"], max_steps=m.steps, seed=0, source=str(lay.evaluation("", 0, 0)))
     atomic_write_json(out, {"key": key, **result, "seconds": time.perf_counter() - start})
     w = result["weights"]
     echo(f"[experiment] {recorded_path(cfg, child)} against {recorded_path(cfg, parent)}: token KL {result['token_kl']:.4g}, "
@@ -461,30 +462,32 @@ def movement_stage(cfg: dict, lay: Layout, parent: Path, child: Path, out: Path,
 
 
 # ---- the plan -------------------------------------------------------------------------------------------
-def plan(cfg: dict, generator: Generator, echo: Printer) -> list[Stage]:
+def plan(cfg: ExperimentSettings, generator: Generator, echo: Printer) -> list[Stage]:
     """Every stage of the experiment, in the order they run (module doc)."""
 
     lay = Layout(cfg)
-    w, c, e = cfg["warm_start"], cfg["collect"], cfg["eval"]
+    w, c, e = cfg.warm_start, cfg.collect, cfg.eval
     stages: list[Stage] = []
-    base = resolve_model_path(cfg["base_model"])
+    base = resolve_model_path(cfg.base_model)
     warm_model = lay.model("", 0, 0)
 
-    if w["enabled"]:
+    if w.enabled:
         expert_games = lay.warm / "expert.jsonl"
+        # the expert plays as a collection does, its own number of games, 64 at a time (no server)
+        expert_section = replace(c, games=w.games, batch_size=64)
 
         def warm_collect():
-            expert = build_policy({"name": "scripted", "game": cfg["game"], "epsilon": w["epsilon"], "seed": w["seed"]})
-            if not games_done(expert_games, w["games"], family_of(cfg["game"]).collection_producer(cfg, w, w["seed"], describe(expert))):
-                play(cfg, expert, expert_games, w["seed"], {"games": w["games"], "batch_size": 64}, echo, "expert games")
+            expert = build_policy({"name": "scripted", "game": cfg.game, "epsilon": w.epsilon, "seed": w.seed})
+            if not games_done(expert_games, w.games, family_of(cfg.game).collection_producer(cfg, expert_section, w.seed, describe(expert))):
+                play(cfg, expert, expert_games, w.seed, expert_section, echo, "expert games")
 
         def warm_train():
             train_file = bc_training_set(cfg, expert_games, lay.warm / "train.json")
-            train(cfg, "bc", train_file, base, lay.warm, w["seed"], w["train_overrides"], echo)
+            train(cfg, "bc", train_file, base, lay.warm, w.seed, w.train_overrides, echo)
 
         stages += [Stage("warm start: expert games", "expert", warm_collect),
                    Stage("warm start: intention recovery on the expert games", "label",
-                         lambda: label(cfg, expert_games, lay.warm / "intention", w["seed"], echo, steps=2)),
+                         lambda: label(cfg, expert_games, lay.warm / "intention", w.seed, echo, steps=2)),
                    # a kind of its own: the expert's ~45 optimizer steps timed the powered preset's
                    # arms (~840 steps each) at 10 minutes apiece, an ETA 20 times too short
                    Stage("warm start: behaviour cloning", "warm start training", warm_train)]
@@ -496,8 +499,8 @@ def plan(cfg: dict, generator: Generator, echo: Printer) -> list[Stage]:
 
     def evaluate(method: str, seed: int, iteration: int):
         out, model = lay.evaluation(method, seed, iteration), model_of(method, seed, iteration)
-        if not evaluation_done(cfg, out, generator.describe(model, e, e["seed"])):
-            generator.play(model, e, e["seed"], lambda policy: evaluate_arm(cfg, policy, out, echo))
+        if not evaluation_done(cfg, out, generator.describe(model, e, e.seed)):
+            generator.play(model, e, e.seed, lambda policy: evaluate_arm(cfg, policy, out, echo))
 
     def model_unread(method: str, seed: int, iteration: int) -> bool:
         """Whether no stage left reads this arm's model: its evaluation and movement are done and no
@@ -506,14 +509,14 @@ def plan(cfg: dict, generator: Generator, echo: Printer) -> list[Stage]:
         have one iteration.)"""
         model = lay.model(method, seed, iteration)
         if iteration < iterations_of(cfg, method) or not evaluation_done(cfg, lay.evaluation(method, seed, iteration),
-                                                                          generator.describe(model, e, e["seed"])):
+                                                                          generator.describe(model, e, e.seed)):
             return False
-        return not cfg["report"]["movement"]["enabled"] or movement_done(
+        return not cfg.report.movement.enabled or movement_done(
             cfg, lay, model_of(method, seed, iteration - 1), model, lay.movement(method, seed, iteration))
 
-    stages.append(Stage(f"iteration 0: evaluate the {'warm start' if w['enabled'] else 'base model'}", "eval", lambda: evaluate("", 0, 0)))
-    for seed in cfg["seeds"]:
-        arms = [m for m in cfg["methods"] if seed in seeds_of(cfg, m)]
+    stages.append(Stage(f"iteration 0: evaluate the {'warm start' if w.enabled else 'base model'}", "eval", lambda: evaluate("", 0, 0)))
+    for seed in cfg.seeds:
+        arms = [m for m in cfg.methods if seed in seeds_of(cfg, m)]
         # An iteration's stages by kind, each kind over the arms: the arms' games are played one
         # after the other through one server, its weights reloaded between them (Generator.policy),
         # and every training, labelling and movement runs with no server on the cores.
@@ -527,7 +530,7 @@ def plan(cfg: dict, generator: Generator, echo: Printer) -> list[Stage]:
                     # the collection seed differs per seed and iteration; evaluation keeps its own
                     model, game_seed = model_of(method, seed, it - 1), 1000 * seed + it
                     made_by = generator.describe(model, c, game_seed)
-                    if not games_done(games, games_of(cfg, c), family_of(cfg["game"]).collection_producer(cfg, c, game_seed, made_by)):
+                    if not games_done(games, games_of(cfg, c), family_of(cfg.game).collection_producer(cfg, c, game_seed, made_by)):
                         generator.play(model, c, game_seed, lambda policy: play(
                             cfg, policy, games, game_seed, c, echo, f"collection {where.name}"))
 
@@ -541,43 +544,43 @@ def plan(cfg: dict, generator: Generator, echo: Printer) -> list[Stage]:
                     train(cfg, method_of(cfg, method), train_file, model_of(method, seed, it - 1), lay.arm(method, seed, it),
                           seed, train_overrides_of(cfg, method), echo,
                           critic_init=previous_critic,
-                          actor=it > cfg["archer"]["actor_warmup_iterations"],
+                          actor=it > cfg.archer.actor_warmup_iterations,
                           model_unread=lambda: model_unread(method, seed, it))
 
                 tag = f"seed {seed} · {method} · iteration {it}"
                 stage_sets["collect"].append(Stage(f"{tag}: collect", "collect", collect))
                 stage_sets["train"].append(Stage(f"{tag}: label and train", "train", fit))
                 stage_sets["eval"].append(Stage(f"{tag}: evaluate", "eval", lambda m=method, s=seed, i=it: evaluate(m, s, i)))
-                if cfg["report"]["movement"]["enabled"]:
+                if cfg.report.movement.enabled:
                     stage_sets["movement"].append(Stage(f"{tag}: how far the policy moved", "movement", lambda m=method, s=seed, i=it: movement_stage(
                         cfg, lay, model_of(m, s, i - 1), model_of(m, s, i), lay.movement(m, s, i), echo)))
             stages += [stage for kind in stage_sets.values() for stage in kind]
-        if cfg["grad_variance"]["enabled"] and cfg["methods"]:
+        if cfg.grad_variance.enabled and cfg.methods:
             stages.append(Stage(f"seed {seed}: gradient variance of the methods on the iteration-1 samples", "variance",
                                 lambda seed=seed: gradient_variance_stage(cfg, lay, seed, warm_model, echo)))
     return stages
 
 
-def gradient_variance_stage(cfg: dict, lay: Layout, seed: int, model: Path, echo: Printer) -> Path:
+def gradient_variance_stage(cfg: ExperimentSettings, lay: Layout, seed: int, model: Path, echo: Printer) -> Path:
     from aria.trainers.grad_variance import gradient_variance
 
     out = lay.shared(seed) / "grad_variance.json"
     train_file = lay.shared(seed) / "intention" / "train.json"
-    methods = list(dict.fromkeys(method_of(cfg, m) for m in cfg["methods"]))  # on the shared labels: one row per method
+    methods = list(dict.fromkeys(method_of(cfg, m) for m in cfg.methods))  # on the shared labels: one row per method
     if "archer" in methods:  # its weights are its critic's advantages, on the same steps (iteration 1's critic)
-        arm = next(m for m in cfg["methods"] if method_of(cfg, m) == "archer")
+        arm = next(m for m in cfg.methods if method_of(cfg, m) == "archer")
         critic_file = lay.arm(arm, seed, 1) / "critic" / "train.json"
         if critic_file.is_file():
             train_file = critic_file
         else:
             methods.remove("archer")
-    g = cfg["grad_variance"]
+    g = cfg.grad_variance
     key = {"train_json_sha256": file_digest(train_file, length=None), "model": str(model),
-           "methods": cfg["methods"], "max_samples": g["max_samples"], "seed": seed}
+           "methods": cfg.methods, "max_samples": g.max_samples, "seed": seed}
     if out.is_file() and read_json(out).get("key") == key:
         return out
-    config = compose_config("reinforce_llm", [f"data.train_file={train_file}", f"model.path={model}", *cfg["train_overrides"]])
-    result = gradient_variance(config, g["max_samples"], seed, [m for m in methods if m != "traj_dpo"])
+    config = compose_config("reinforce_llm", [f"data.train_file={train_file}", f"model.path={model}", *cfg.train_overrides])
+    result = gradient_variance(config, g.max_samples, seed, [m for m in methods if m != "traj_dpo"])
     atomic_write_json(out, {"key": key, **result})
     echo(f"[experiment] gradient variance, seed {seed}: {result['samples']} samples in {result['seconds']:.0f}s")
     return out
@@ -589,87 +592,88 @@ def _duration(seconds: float) -> str:
     return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m" if seconds >= 3600 else f"{seconds // 60}m{seconds % 60:02d}s"
 
 
-def check_settings(cfg: dict) -> dict:
+def check_settings(cfg: Mapping) -> ExperimentSettings:
     """Every setting the stages will read, checked before any work starts: a bad one is a
     :class:`~aria.io.ConfigError` naming it, not a traceback minutes into the run. Returns the
-    settings with the types of :class:`aria.settings.ExperimentSettings`, which checks the keys,
-    the types and the ranges; what is checked here is what refers to other settings or registries."""
+    settings as an :class:`aria.experiment.settings.ExperimentSettings` (its types check the keys,
+    the types and the ranges; what is checked here is what refers to other settings or registries),
+    which every stage reads as attributes."""
 
-    cfg = validated(ExperimentSettings, cfg, "experiment")
-    cfg["game"] = checked_game(cfg["game"])
-    run_dir, results_dir = Path(cfg["run_dir"]).resolve(), Path(cfg["results_dir"]).resolve()
+    cfg = typed(ExperimentSettings, cfg, "experiment")
+    cfg.game = checked_game(cfg.game)
+    run_dir, results_dir = Path(cfg.run_dir).resolve(), Path(cfg.results_dir).resolve()
     if results_dir == run_dir or run_dir in results_dir.parents and is_stage_folder(results_dir.relative_to(run_dir).parts[0]):
-        raise ConfigError(f"results_dir: {cfg['results_dir']} is the run folder or one of its stages' folders: its table "
+        raise ConfigError(f"results_dir: {cfg.results_dir} is the run folder or one of its stages' folders: its table "
                           "would mix with the run's files (give a folder outside run_dir, or run_dir/results)")
     # what failed only when first used: the model after the expert's games, the launcher at the
     # first training (a report of finished stages needs neither)
-    if not cfg["report_only"]:  # a whole model: the stages merge adapters onto it and serve it
+    if not cfg.report_only:  # a whole model: the stages merge adapters onto it and serve it
         from aria.policy import model_folder  # (torch: not at the runner's start, which checks settings first)
 
-        model_folder(cfg["base_model"], "base_model", adapter=False)
-    if not cfg["report_only"] and cfg["launcher"] and shutil.which((shlex.split(cfg["launcher"]) or [""])[0]) is None:
-        raise ConfigError(f"launcher: {cfg['launcher']!r} does not start with a command on PATH "
+        model_folder(cfg.base_model, "base_model", adapter=False)
+    if not cfg.report_only and cfg.launcher and shutil.which((shlex.split(cfg.launcher) or [""])[0]) is None:
+        raise ConfigError(f"launcher: {cfg.launcher!r} does not start with a command on PATH "
                           "(e.g. accelerate launch --config_file config/accelerate/gpu_8.yaml; null: train in this process)")
-    if cfg["warm_start"]["enabled"] and cfg["warm_start"]["games"] < 1:
-        raise ConfigError(f"warm_start.games: expected an integer >= 1 (or warm_start.enabled=false), got {cfg['warm_start']['games']}")
-    check_variants(cfg["variants"], METHODS)
-    unknown = [m for m in cfg["methods"] if m not in METHODS and m not in cfg["variants"]]
+    if cfg.warm_start.enabled and cfg.warm_start.games < 1:
+        raise ConfigError(f"warm_start.games: expected an integer >= 1 (or warm_start.enabled=false), got {cfg.warm_start.games}")
+    check_variants(cfg.variants, METHODS)
+    unknown = [m for m in cfg.methods if m not in METHODS and m not in cfg.variants]
     if unknown:
         raise ConfigError(f"methods: unknown {unknown} (known: {', '.join(sorted(METHODS))}, or a name of variants)")
-    if len(set(cfg["methods"])) != len(cfg["methods"]):
-        raise ConfigError(f"methods: each arm once, got {cfg['methods']}")
-    unknown = [m for m in cfg["train_overrides_by_method"] if m not in METHODS]
+    if len(set(cfg.methods)) != len(cfg.methods):
+        raise ConfigError(f"methods: each arm once, got {cfg.methods}")
+    unknown = [m for m in cfg.train_overrides_by_method if m not in METHODS]
     if unknown:
         raise ConfigError(f"train_overrides_by_method: unknown method {unknown} (known: {', '.join(sorted(METHODS))}; "
                           "a variant trains with its method's)")
-    paired = cfg["report"]["paired"]
+    paired = cfg.report.paired
     if paired is not None and (len(paired) != 2 or len(set(paired)) != 2):
         raise ConfigError(f"report.paired: expected two arms (or null: no paired test), got {paired!r}")
-    known = set(METHODS) | set(cfg["variants"])
+    known = set(METHODS) | set(cfg.variants)
     if paired is not None and not set(paired) <= known:  # an arm not run this time is fine, an arm no one can run is not
         raise ConfigError(f"report.paired: unknown {sorted(set(paired) - known)} (known: {', '.join(sorted(known))})")
-    for i, pair in enumerate(cfg["report"]["more_pairs"]):
-        if len(pair) != 2 or len(set(pair)) != 2 or not set(pair) <= set(cfg["methods"]):
-            raise ConfigError(f"report.more_pairs[{i}]: expected two different arms of methods {cfg['methods']}, got {pair!r}")
-    for method in [*cfg["methods"], *cfg["iterations_by_method"], *cfg["seeds_by_method"]]:
+    for i, pair in enumerate(cfg.report.more_pairs):
+        if len(pair) != 2 or len(set(pair)) != 2 or not set(pair) <= set(cfg.methods):
+            raise ConfigError(f"report.more_pairs[{i}]: expected two different arms of methods {cfg.methods}, got {pair!r}")
+    for method in [*cfg.methods, *cfg.iterations_by_method, *cfg.seeds_by_method]:
         iterations_of(cfg, method)
         seeds_of(cfg, method)
-    if not cfg["methods"]:
+    if not cfg.methods:
         iterations_of(cfg, "")
-    family = family_of(cfg["game"])
-    structured_output(cfg["game"], family.kind)
+    family = family_of(cfg.game)
+    structured_output(cfg.game, family.kind)
     family.check_experiment(cfg)
     check_override_lists(cfg)  # last: each composition is a Hydra start
     return cfg
 
 
-def check_override_lists(cfg: dict) -> None:
+def check_override_lists(cfg: ExperimentSettings) -> None:
     """The trainer's and the labelling's override lists, composed as their stages will compose them."""
     from aria.trainers.engine import check_train_settings
     from aria.trainers.losses import LOSSES
 
     def check_trainer(overrides: list[str], setting: str) -> None:  # keys and types, then values (a loss's name)
-        composed = check_overrides("reinforce_llm", [f"model.path={cfg['base_model']}", "data.train_file=train.json",
+        composed = check_overrides("reinforce_llm", [f"model.path={cfg.base_model}", "data.train_file=train.json",
                                                      *overrides], setting)
         try:
             check_train_settings(typed(TrainerSettings, composed), LOSSES)
         except ConfigError as err:
             raise ConfigError(f"{setting}: {err}") from None
 
-    check_trainer(cfg["train_overrides"], "train_overrides")
-    for method, overrides in cfg["train_overrides_by_method"].items():
-        check_trainer([*cfg["train_overrides"], *overrides], f"train_overrides_by_method.{method}")
-    if any(method_of(cfg, m) == "archer" for m in cfg["methods"]):
-        check_overrides("critic", ["data.train_file=train.json", *cfg["archer"]["critic_overrides"]],
+    check_trainer(cfg.train_overrides, "train_overrides")
+    for method, overrides in cfg.train_overrides_by_method.items():
+        check_trainer([*cfg.train_overrides, *overrides], f"train_overrides_by_method.{method}")
+    if any(method_of(cfg, m) == "archer" for m in cfg.methods):
+        check_overrides("critic", ["data.train_file=train.json", *cfg.archer.critic_overrides],
                         "archer.critic_overrides")
-    if cfg["warm_start"]["enabled"]:
-        check_trainer(cfg["warm_start"]["train_overrides"], "warm_start.train_overrides")
-    labelling = {"intention_overrides": cfg["intention_overrides"]}
-    for name, variant in cfg["variants"].items():
-        labelling[f"variants.{name}.intention_overrides"] = [*cfg["intention_overrides"], *variant["intention_overrides"]]
+    if cfg.warm_start.enabled:
+        check_trainer(cfg.warm_start.train_overrides, "warm_start.train_overrides")
+    labelling = {"intention_overrides": cfg.intention_overrides}
+    for name, variant in cfg.variants.items():
+        labelling[f"variants.{name}.intention_overrides"] = [*cfg.intention_overrides, *variant.intention_overrides]
 
     for setting, overrides in labelling.items():
-        pipeline.check_overrides_of(cfg["game"]["name"], overrides, setting)
+        pipeline.check_overrides_of(cfg.game["name"], overrides, setting)
 
 
 def check_variants(variants: dict, methods: dict) -> None:
@@ -677,35 +681,35 @@ def check_variants(variants: dict, methods: dict) -> None:
     for name, v in variants.items():
         if name in methods:
             raise ConfigError(f"variants.{name}: the name of a method; give the variant a name of its own")
-        if v["method"] not in methods:
-            raise ConfigError(f"variants.{name}.method: expected one of {', '.join(sorted(methods))}, got {v['method']!r}")
-        if not all("=" in o for o in v["intention_overrides"]):
+        if v.method not in methods:
+            raise ConfigError(f"variants.{name}.method: expected one of {', '.join(sorted(methods))}, got {v.method!r}")
+        if not all("=" in o for o in v.intention_overrides):
             raise ConfigError(f"variants.{name}.intention_overrides: expected a list of key=value overrides, "
-                              f"got {v['intention_overrides']!r}")
+                              f"got {v.intention_overrides!r}")
 
 
-def run(cfg: dict, echo: Printer = print) -> Path:
+def run(cfg: Mapping, echo: Printer = print) -> Path:
     """Run (or resume) every stage, then write the results (module doc); with ``report_only``,
     only the results of what is finished (:func:`report`)."""
     cfg = check_settings(cfg)
-    root = Path(cfg["run_dir"])
-    if cfg["report_only"] and not (root / "experiment.json").is_file():  # before results_dir is made
+    root = Path(cfg.run_dir)
+    if cfg.report_only and not (root / "experiment.json").is_file():  # before results_dir is made
         raise ConfigError(f"run_dir: {root} holds no run (no experiment.json): report_only reports a run started before")
-    check_writable(cfg["results_dir"])
-    if cfg["report_only"]:
+    check_writable(cfg.results_dir)
+    if cfg.report_only:
         return report(cfg, root, echo)
     with hold_folder(root):  # a second run into this run_dir is refused, naming this one
         return _run(cfg, root, echo)
 
 
-def _check_run_dir(cfg: dict, root: Path) -> None:
+def _check_run_dir(cfg: ExperimentSettings, root: Path) -> None:
     settings = root / "experiment.json"
-    if settings.is_file() and read_json(settings).get("name") != cfg["name"]:
+    if settings.is_file() and read_json(settings).get("name") != cfg.name:
         raise ConfigError(f"run_dir: {root} holds the experiment {read_json(settings).get('name')!r}, "
-                          f"not {cfg['name']!r}: give each experiment its own run_dir")
+                          f"not {cfg.name!r}: give each experiment its own run_dir")
 
 
-def report(cfg: dict, root: Path, echo: Printer) -> Path:
+def report(cfg: ExperimentSettings, root: Path, echo: Printer) -> Path:
     """The table of a run so far, no stage run: a run of several sessions, or one going on in
     another process (its folder is only read), shows the arms whose evaluation is complete and
     names the others; the run's own end writes the whole table over it."""
@@ -716,17 +720,17 @@ def report(cfg: dict, root: Path, echo: Printer) -> Path:
     out = write_results(cfg)
     # the table's rows are the arms whose every evaluation game is played
     tabled = {(r["method"], r["seed"], r["iteration"]) for r in read_json(out / "results.json")["arms"]}
-    missing = [f"{m} seed {s} iteration {i}" for m in cfg["methods"] for s in seeds_of(cfg, m)
+    missing = [f"{m} seed {s} iteration {i}" for m in cfg.methods for s in seeds_of(cfg, m)
                for i in range(1, iterations_of(cfg, m) + 1) if (m, s, i) not in tabled]
     echo(f"[experiment] report only: {out / 'table.md'}; not evaluated yet: {', '.join(missing) or 'none'}")
     return out
 
 
-def _run(cfg: dict, root: Path, echo: Printer) -> Path:
+def _run(cfg: ExperimentSettings, root: Path, echo: Printer) -> Path:
     echo(f"[experiment] {planned_power(cfg)}")
     _check_run_dir(cfg, root)
     (root / COPY_MARK).unlink(missing_ok=True)  # a copy resumed is a run of its own: no later copy may replace it
-    atomic_write_json(root / "experiment.json", cfg)
+    atomic_write_json(root / "experiment.json", asdict(cfg))
     times_path = root / "stage_times.json"
     times: dict[str, dict] = read_json(times_path) if times_path.is_file() else {}
     generator = Generator(cfg, echo)

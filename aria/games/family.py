@@ -33,6 +33,11 @@ Printer = Callable[[str], None]
 
 
 class GameFamily(Protocol):
+    """What differs between the two kinds of game. In the experiment's methods ``cfg`` is the
+    experiment's settings (``aria.experiment.settings.ExperimentSettings``, not imported here:
+    the experiment imports the games) and ``section`` its ``collect`` or ``eval``, read as
+    attributes; ``game_cfg`` is a game config, which stays a mapping."""
+
     kind: str                             # the game config's ``kind``
     settings: type                        # the game config's schema (aria.games.settings)
     title: str                            # how messages name it
@@ -51,13 +56,13 @@ class GameFamily(Protocol):
         breaks the game's rules, or None; ``producer``: the record beside its file
         (:class:`~aria.trajectories.TrajectoryWriter`), None where the file has none."""
 
-    def games_in(self, game_cfg: Mapping[str, Any], section: Mapping[str, Any]) -> int:
+    def games_in(self, game_cfg: Mapping[str, Any], section: Any) -> int:
         """Games a collection or evaluation section plays (per seat, in an evaluation)."""
 
-    def play(self, cfg: Mapping[str, Any], policy, out: Path, seed: int, section: Mapping[str, Any]):
+    def play(self, cfg: Any, policy, out: Path, seed: int, section: Any):
         """The experiment's collection (self-play for two players) into ``out`` -> PlaySummary."""
 
-    def collection_producer(self, cfg: Mapping[str, Any], section: Mapping[str, Any], seed: int, made_by: dict) -> dict:
+    def collection_producer(self, cfg: Any, section: Any, seed: int, made_by: dict) -> dict:
         """The producer record :meth:`play` writes for a policy described by ``made_by``."""
 
     def evaluation_output(self, where: Path) -> Path:
@@ -66,10 +71,10 @@ class GameFamily(Protocol):
     def evaluation_seats(self, out: Path) -> list[tuple[Path, str | None]]:
         """(file, the policy's role, None for a question game) of each file of the evaluation at ``out``."""
 
-    def evaluation_files(self, cfg: Mapping[str, Any], out: Path, made_by: dict) -> list[tuple[Path, str | None, dict]]:
+    def evaluation_files(self, cfg: Any, out: Path, made_by: dict) -> list[tuple[Path, str | None, dict]]:
         """:meth:`evaluation_seats` with the producer record each file's games are played under."""
 
-    def evaluation_ids(self, cfg: Mapping[str, Any]) -> set[str]:
+    def evaluation_ids(self, cfg: Any) -> set[str]:
         """The game ids of one evaluation under the settings (``eval``), in each seat."""
 
     def won(self, record: dict, role: str | None) -> bool:
@@ -78,10 +83,10 @@ class GameFamily(Protocol):
     def turns(self, record: dict, role: str | None) -> int:
         """The policy's own turns in ``record``."""
 
-    def evaluate(self, cfg: Mapping[str, Any], policy, out: Path, echo: Printer) -> int:
+    def evaluate(self, cfg: Any, policy, out: Path, echo: Printer) -> int:
         """The experiment's evaluation of ``policy`` into ``out``; returns the number of failed games."""
 
-    def check_experiment(self, cfg: Mapping[str, Any]) -> None:
+    def check_experiment(self, cfg: Any) -> None:
         """The family's own experiment settings, one :class:`ConfigError` line before any work."""
 
     def headline(self, summary: Mapping[str, Any]) -> tuple[float | None, list[float], int, int]:
@@ -122,20 +127,20 @@ class QuestionFamily:
         return lambda record: rule_problem(game, record, max_turns if isinstance(max_turns, int) else None)
 
     def games_in(self, game_cfg, section):
-        return section["games"]
+        return section.games
 
     def play(self, cfg, policy, out, seed, section):
         from aria.games.question.play import play_games, reply_format
 
-        return play_games(build_game(cfg["game"]), policy, build_oracle(cfg["oracle"], cfg["game"]), out,
-                          num_games=section["games"], seed=seed, batch_size=section["batch_size"], progress=False,
-                          force_new=True, reply_format=reply_format(cfg["game"]))
+        return play_games(build_game(cfg.game), policy, build_oracle(cfg.oracle, cfg.game), out,
+                          num_games=section.games, seed=seed, batch_size=section.batch_size, progress=False,
+                          force_new=True, reply_format=reply_format(cfg.game))
 
     def collection_producer(self, cfg, section, seed, made_by):
         from aria.games.question.play import question_producer, reply_format
 
-        return question_producer(build_game(cfg["game"]), seed, made_by, describe(build_oracle(cfg["oracle"], cfg["game"])),
-                                 reply_format=reply_format(cfg["game"]))
+        return question_producer(build_game(cfg.game), seed, made_by, describe(build_oracle(cfg.oracle, cfg.game)),
+                                 reply_format=reply_format(cfg.game))
 
     def evaluation_output(self, where):
         return where.with_suffix(".jsonl")
@@ -144,14 +149,14 @@ class QuestionFamily:
         return [(out, None)]
 
     def evaluation_files(self, cfg, out, made_by):
-        e = cfg["eval"]
-        return [(out, None, self.collection_producer(cfg, e, e["seed"], made_by))]
+        e = cfg.eval
+        return [(out, None, self.collection_producer(cfg, e, e.seed, made_by))]
 
     def evaluation_ids(self, cfg):
         from aria.games.question.play import game_id
 
-        e = cfg["eval"]
-        return {game_id(cfg["game"]["name"], e["seed"], i) for i in range(e["games"])}
+        e = cfg.eval
+        return {game_id(cfg.game["name"], e.seed, i) for i in range(e.games)}
 
     def won(self, record, role):
         return bool(record["success"])
@@ -160,13 +165,13 @@ class QuestionFamily:
         return len(record["turns"])
 
     def evaluate(self, cfg, policy, out, echo):
-        e = cfg["eval"]
-        summary = self.play(cfg, policy, out, e["seed"], e)
+        e = cfg.eval
+        summary = self.play(cfg, policy, out, e.seed, e)
         echo(f"[experiment] evaluation {out.parent.name}: {summary.line()}")
         return summary.failed
 
     def check_experiment(self, cfg):
-        check_oracle(cfg["oracle"])  # the counts are checked with the types (aria.settings)
+        check_oracle(cfg.oracle)  # the counts are checked with the types (aria.settings)
 
     def headline(self, summary):
         return summary["success_rate"], summary["success_rate_ci95"], summary["finished"], summary["failed"]
@@ -226,15 +231,15 @@ class TwoPlayerFamily:
         return rule_problem
 
     def games_in(self, game_cfg, section):
-        return len(config_set(game_cfg, section["config_set"])) * section["games_per_config"]
+        return len(config_set(game_cfg, section.config_set)) * section.games_per_config
 
     def play(self, cfg, policy, out, seed, section):
         from aria.games.two_player.play import PolicyPlayer, play_two_player
 
         player = PolicyPlayer(policy)
-        return play_two_player(cfg["game"], config_set(cfg["game"], section["config_set"]), {"alice": player, "bob": player},
-                               out, games_per_config=section["games_per_config"], seed=seed,
-                               batch_size=section["batch_size"], progress=False, force_new=True)
+        return play_two_player(cfg.game, config_set(cfg.game, section.config_set), {"alice": player, "bob": player},
+                               out, games_per_config=section.games_per_config, seed=seed,
+                               batch_size=section.batch_size, progress=False, force_new=True)
 
     def collection_producer(self, cfg, section, seed, made_by):
         return self._producer(cfg, section, seed, {"alice": made_by, "bob": made_by})
@@ -248,16 +253,16 @@ class TwoPlayerFamily:
     def evaluation_files(self, cfg, out, made_by):
         from aria.games.two_player.play import build_player
 
-        e = cfg["eval"]
-        opponent = describe(build_player(e["opponent"], cfg["game"]["name"]))
-        return [(file, role, self._producer(cfg, e, e["seed"], {role: made_by, other(role): opponent}))
+        e = cfg.eval
+        opponent = describe(build_player(e.opponent, cfg.game["name"]))
+        return [(file, role, self._producer(cfg, e, e.seed, {role: made_by, other(role): opponent}))
                 for file, role in self.evaluation_seats(out)]
 
     def evaluation_ids(self, cfg):
         from aria.games.two_player.play import game_id
 
-        e = cfg["eval"]
-        return {game_id(c, e["seed"], i) for c in config_set(cfg["game"], e["config_set"]) for i in range(e["games_per_config"])}
+        e = cfg.eval
+        return {game_id(c, e.seed, i) for c in config_set(cfg.game, e.config_set) for i in range(e.games_per_config)}
 
     def won(self, record, role):
         return record["meta"]["winner"] == role
@@ -268,30 +273,30 @@ class TwoPlayerFamily:
     def evaluate(self, cfg, policy, out, echo):
         from aria.games.two_player.play import PolicyPlayer, build_player, evaluate_two_player
 
-        e = cfg["eval"]
+        e = cfg.eval
         player = PolicyPlayer(policy)
-        summary = evaluate_two_player(cfg["game"], config_set(cfg["game"], e["config_set"]), player,
-                                      build_player(e["opponent"], cfg["game"]["name"], player), out,
-                                      games_per_config=e["games_per_config"], seed=e["seed"], batch_size=e["batch_size"],
+        summary = evaluate_two_player(cfg.game, config_set(cfg.game, e.config_set), player,
+                                      build_player(e.opponent, cfg.game["name"], player), out,
+                                      games_per_config=e.games_per_config, seed=e.seed, batch_size=e.batch_size,
                                       progress=False, echo=lambda line: echo(f"[experiment] {line}"), force_new=True)
         return summary["overall"]["failed"]
 
     def check_experiment(self, cfg):
         from aria.games.two_player.play import check_player, schema_options
 
-        if cfg["warm_start"]["enabled"]:
-            raise ConfigError(f"warm_start.enabled: the scripted expert plays question games, not {cfg['game']['name']}; "
+        if cfg.warm_start.enabled:
+            raise ConfigError(f"warm_start.enabled: the scripted expert plays question games, not {cfg.game['name']}; "
                               "a two-player game starts from the base model (warm_start.enabled=false, as experiment=bargaining)")
-        schema_options(cfg["game"])
+        schema_options(cfg.game)
         for name in ("collect", "eval"):
-            section = cfg[name]
+            section = getattr(cfg, name)
             for key in ("config_set", "games_per_config"):
-                if section.get(key) is None:
+                if getattr(section, key) is None:
                     raise ConfigError(f"{name}.{key}: a two-player game needs it (see config/experiment/bargaining.yaml)")
-            config_set(cfg["game"], section["config_set"], f"{name}.config_set")
-        if not cfg["eval"].get("opponent"):
+            config_set(cfg.game, section.config_set, f"{name}.config_set")
+        if not cfg.eval.opponent:
             raise ConfigError("eval.opponent: a two-player evaluation needs an opponent (see config/experiment/bargaining.yaml)")
-        check_player(cfg["eval"]["opponent"], "eval.opponent")
+        check_player(cfg.eval.opponent, "eval.opponent")
 
     def headline(self, summary):
         o = summary["overall"]  # both seats
@@ -338,7 +343,7 @@ class TwoPlayerFamily:
     def _producer(cfg, section, seed, seats):
         from aria.games.two_player.play import two_player_producer
 
-        return two_player_producer(cfg["game"], config_set(cfg["game"], section["config_set"]), seats, seed)
+        return two_player_producer(cfg.game, config_set(cfg.game, section.config_set), seats, seed)
 
 
 #: ``kind`` of a game config -> its family.

@@ -1,0 +1,118 @@
+"""The experiment's settings: ``config/experiment.yaml`` with a preset of ``config/experiment/``,
+checked once by :func:`aria.experiment.runner.check_settings` and read as attributes by the
+runner, the layout, the report and the game families (``cfg.eval.games``).
+
+Two sections stay mappings and say so: ``game`` (a config group whose shape is its family's,
+checked by :func:`aria.games.family.checked_game`) and ``oracle`` (checked by the oracle registry).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Optional
+
+from omegaconf import MISSING
+
+from aria.settings import MAX_GAMES, bounded
+
+
+@dataclass
+class WarmStartSettings:
+    enabled: bool = MISSING
+    games: int = bounded(ge=0, le=MAX_GAMES)  # >= 1 when enabled (aria.experiment.runner.check_settings)
+    epsilon: float = bounded(ge=0, le=1)
+    seed: int = bounded(ge=0)
+    train_overrides: List[str] = MISSING
+
+
+@dataclass
+class PlaySettings:
+    """A collection or an evaluation: ``games`` for a question game; ``config_set`` and
+    ``games_per_config`` for a two-player one (docs/games.md)."""
+    games: Optional[int] = bounded(ge=1, le=MAX_GAMES, default=None)
+    config_set: Optional[str] = None
+    games_per_config: Optional[int] = bounded(ge=1, le=MAX_GAMES, default=None)
+    temperature: float = bounded(ge=0)
+    max_tokens: int = bounded(ge=1)
+    batch_size: Optional[int] = bounded(ge=1)
+
+
+@dataclass
+class EvalPlaySettings(PlaySettings):
+    seed: int = bounded(ge=0)
+    opponent: Optional[Any] = None  # two-player: who sits in the other seat (config/opponent/)
+
+
+@dataclass
+class VariantSettings:
+    method: str = MISSING
+    intention_overrides: List[str] = field(default_factory=list)
+
+
+@dataclass
+class VllmSettings:
+    eager: bool = MISSING
+    restarts: int = bounded(ge=0)
+
+
+@dataclass
+class ExperimentGradVarianceSettings:
+    enabled: bool = MISSING
+    max_samples: int = MISSING
+
+
+@dataclass
+class MovementSettings:
+    enabled: bool = MISSING
+    steps: int = bounded(ge=1)
+    min_token_kl: float = bounded(ge=0, why="nats")
+    kl_from: str = bounded(one_of=("lower_bound", "estimate"))  # what min_token_kl is held against
+    min_weight_share: float = bounded(ge=0, le=1)
+    min_kept_share: float = bounded(ge=0, le=1)
+
+
+@dataclass
+class ReportSettings:
+    paired: Optional[List[str]] = MISSING
+    more_pairs: List[List[str]] = MISSING
+    discordant_share: float = bounded(gt=0, le=1)
+    verdict_on: str = bounded(one_of=("runs", "pairs"))  # aria.experiment.report.VERDICTS
+    between_run_sd: float = bounded(ge=0, le=1)
+    preflight_ks: List[int] = bounded(each={"ge": 2})
+    movement: MovementSettings = field(default_factory=MovementSettings)
+
+
+@dataclass
+class ArcherArmSettings:
+    critic_overrides: List[str] = MISSING
+    actor_warmup_iterations: int = bounded(ge=0)
+
+
+@dataclass
+class ExperimentSettings:
+    """config/experiment.yaml with a preset of config/experiment/."""
+    name: str = MISSING
+    run_dir: str = MISSING
+    results_dir: str = MISSING
+    report_only: bool = MISSING
+    game: Any = MISSING  # a config group (config/game/)
+    oracle: Any = MISSING  # a config group (config/oracle/)
+    base_model: str = MISSING
+    methods: List[str] = MISSING
+    variants: Dict[str, VariantSettings] = MISSING
+    seeds: List[int] = bounded(nonempty=True, each={"ge": 0})
+    seeds_by_method: Dict[str, List[int]] = MISSING
+    iterations: int = MISSING
+    iterations_by_method: Dict[str, int] = MISSING
+    engine: str = bounded(one_of=("vllm", "local"))
+    vllm: VllmSettings = field(default_factory=VllmSettings)
+    policy_dtype: Optional[str] = bounded(one_of=("float32", "bfloat16", "float16"))
+    launcher: Optional[str] = MISSING
+    warm_start: WarmStartSettings = field(default_factory=WarmStartSettings)
+    collect: PlaySettings = field(default_factory=PlaySettings)
+    intention_overrides: List[str] = MISSING
+    train_overrides: List[str] = MISSING
+    train_overrides_by_method: Dict[str, List[str]] = MISSING
+    archer: ArcherArmSettings = field(default_factory=ArcherArmSettings)
+    eval: EvalPlaySettings = field(default_factory=EvalPlaySettings)
+    grad_variance: ExperimentGradVarianceSettings = field(default_factory=ExperimentGradVarianceSettings)
+    report: ReportSettings = field(default_factory=ReportSettings)
