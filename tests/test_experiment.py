@@ -17,13 +17,13 @@ import numpy as np
 import pytest
 
 from aria.experiment import runner as experiment
-from aria.experiment.settings import ExperimentSettings
 from aria.experiment.report import mcnemar, movement_rule, preflight_row_name, render_table, wilson_interval
+from aria.experiment.settings import ExperimentSettings
 from aria.games.family import family_of
 from aria.io import atomic_write_json
-from aria.statistics import paired_difference_interval
 from aria.resources import compose_config, config_dir
 from aria.settings import typed
+from aria.statistics import paired_difference_interval
 
 
 def settings(*overrides: str) -> ExperimentSettings:
@@ -345,21 +345,20 @@ def test_the_runner_resumes_at_every_stage_to_the_same_table(tmp_path, tiny_expe
 
     # Interrupted after stage 1, resumed and interrupted after stage 2, and so on: same table.
     cut = tiny_experiment(tmp_path / "cut")
-    original_plan = experiment.plan
+    original_run = experiment.Stages.run
     for stop_after in range(1, total + 1):
-        def plan(cfg, generator, echo, stop_after=stop_after):
-            stages = original_plan(cfg, generator, echo)
-            stage = stages[stop_after - 1]
+        done: list[str] = []
 
-            def run_then_stop():
-                stage.run()
+        def run_then_stop(self, stage, stop_after=stop_after, done=done):
+            result = original_run(self, stage)
+            done.append(stage.name)
+            if len(done) == stop_after:
                 raise Interrupted(stage.name)
-            stages[stop_after - 1] = experiment.Stage(stage.name, stage.kind, run_then_stop)
-            return stages
-        monkeypatch.setattr(experiment, "plan", plan)
+            return result
+        monkeypatch.setattr(experiment.Stages, "run", run_then_stop)
         with pytest.raises(Interrupted):
             experiment.run(cut, lambda line: None)
-    monkeypatch.setattr(experiment, "plan", original_plan)
+    monkeypatch.setattr(experiment.Stages, "run", original_run)
     resumed = experiment.run(cut, lambda line: None)
     assert (resumed / "table.md").read_text().replace(str(tmp_path / "cut"), "") == table.replace(str(straight_root), "")
     assert json.loads((resumed / "results.json").read_text())["run"]["resumed"] is True
@@ -672,20 +671,20 @@ def test_a_stage_resumed_after_an_interrupt_is_timed_over_all_its_runs(tmp_path,
         if len(runs) == 1:
             raise KeyboardInterrupt  # stopped after 100 s of work
 
-    stage, times, path = experiment.Stage("s0 train", "train", train), {}, tmp_path / "stage_times.json"
+    stage, times, path = experiment.Stage("s0 train", "train"), {}, tmp_path / "stage_times.json"
     with pytest.raises(KeyboardInterrupt):
-        experiment.timed_stage(stage, times, path)
+        experiment.timed_stage(stage, train, times, path)
     assert json.loads(path.read_text()) == {"s0 train": {"kind": "train", "unfinished": 100.0}}
     assert experiment.eta([stage], times) == (0.0, {"train": 1})  # a part is no estimate of the whole
-    assert experiment.timed_stage(stage, times, path) == 30.0  # resumed: 30 s more
+    assert experiment.timed_stage(stage, train, times, path) == 30.0  # resumed: 30 s more
     assert json.loads(path.read_text()) == {"s0 train": {"kind": "train", "seconds": 130.0}}
-    assert experiment.timed_stage(stage, times, path) == 0.5  # finished: skipped, its time kept
+    assert experiment.timed_stage(stage, train, times, path) == 0.5  # finished: skipped, its time kept
     assert times == {"s0 train": {"kind": "train", "seconds": 130.0}}
 
 
 def test_eta_uses_the_times_of_finished_stages_of_the_same_kind():
-    stages = [experiment.Stage("a", "train", None), experiment.Stage("b", "train", None),
-              experiment.Stage("c", "eval", None), experiment.Stage("d", "other", None)]
+    stages = [experiment.Stage("a", "train"), experiment.Stage("b", "train"), experiment.Stage("c", "eval"),
+              experiment.Stage("d", "other")]
     times = {"a": {"kind": "train", "seconds": 100.0}, "x": {"kind": "train", "seconds": 50.0},
              "y": {"kind": "eval", "seconds": 20.0}}
     # a: its own 100; b: mean of train (75); c: mean of eval (20); d: no stage of its kind timed yet
@@ -702,7 +701,7 @@ def test_the_warm_start_training_does_not_time_the_arms_training(tmp_path):
     """The warm start's behaviour cloning is a stage of its own kind: an arm's training, many
     times longer, is not estimated by it (the powered preset's ETA read 38 minutes for 26 hours)."""
     cfg = settings("experiment=powered", f"run_dir={tmp_path}")
-    stages = experiment.plan(cfg, generator=None, echo=print)
+    stages = experiment.plan(cfg)
     kinds = {stage.name: stage.kind for stage in stages}
     assert kinds["warm start: behaviour cloning"] == "warm start training"
     arms = [stage for stage in stages if stage.name.endswith("label and train")]
@@ -716,7 +715,7 @@ def test_an_iterations_stages_run_kind_by_kind_so_that_one_server_plays_the_arms
     evaluations follow each other (one server, its weights reloaded) and no training or movement
     runs between two of them."""
     cfg = settings("experiment=cpu", f"run_dir={tmp_path}")
-    names = [s.name for s in experiment.plan(cfg, experiment.Generator(cfg, print), print)]
+    names = [s.name for s in experiment.plan(cfg)]
     seed0 = [n.removeprefix("seed 0 · ") for n in names if n.startswith("seed 0 · ")]
     arms = ["aria", "no_aggregation", "filtered_bc", "bc"]
     assert seed0[:16] == [f"{m} · iteration 1: {what}" for what in ("collect", "label and train", "evaluate", "how far the policy moved")
@@ -741,7 +740,7 @@ def test_a_server_takes_the_next_models_weights_only_when_they_fit_its_architect
 def test_methods_may_run_fewer_iterations_than_the_others(tmp_path):
     cfg = settings("experiment=cpu", f"run_dir={tmp_path}")
     assert [experiment.iterations_of(cfg, m) for m in cfg.methods] == [2, 2, 1, 1]
-    names = [s.name for s in experiment.plan(cfg, experiment.Generator(cfg, print), print)]
+    names = [s.name for s in experiment.plan(cfg)]
     # per seed: aria and no_aggregation 2 iterations, filtered_bc and bc 1, 4 stages each, + gradient variance
     assert len(names) == 3 + 1 + 2 * ((2 + 2 + 1 + 1) * 4 + 1)
     assert "seed 1 · filtered_bc · iteration 1: evaluate" in names
@@ -750,7 +749,7 @@ def test_methods_may_run_fewer_iterations_than_the_others(tmp_path):
         experiment.iterations_of(replace(cfg, iterations_by_method={"bc": 0}), "bc")
     # and on fewer seeds: bc on seed 1 only
     fewer = replace(cfg, seeds_by_method={"bc": [1]})
-    names = [s.name for s in experiment.plan(fewer, experiment.Generator(fewer, print), print)]
+    names = [s.name for s in experiment.plan(fewer)]
     assert "seed 1 · bc · iteration 1: evaluate" in names and not any(n.startswith("seed 0 · bc") for n in names)
 
 

@@ -78,11 +78,15 @@ PLAYS = ("eval", "collect")  # the stage kinds that play games (through the gene
 
 @dataclass(frozen=True)
 class Stage:
-    """One resumable unit of work. ``kind`` groups stages of like cost for the ETA."""
+    """One resumable unit of work, as data: what it does (``kind``, the work :class:`Stages` runs
+    for it, which also groups stages of like cost for the ETA), to which arm, and the line that
+    names it (the key of its time in ``stage_times.json``)."""
 
     name: str
     kind: str
-    run: Callable[[], Any]
+    method: str = ""
+    seed: int = 0
+    iteration: int = 0
 
 
 # ---- generation: one model at a time -----------------------------------------------------------------
@@ -462,103 +466,118 @@ def movement_stage(cfg: ExperimentSettings, lay: Layout, parent: Path, child: Pa
 
 
 # ---- the plan -------------------------------------------------------------------------------------------
-def plan(cfg: ExperimentSettings, generator: Generator, echo: Printer) -> list[Stage]:
-    """Every stage of the experiment, in the order they run (module doc)."""
-
-    lay = Layout(cfg)
-    w, c, e = cfg.warm_start, cfg.collect, cfg.eval
+def plan(cfg: ExperimentSettings) -> list[Stage]:
+    """Every stage of the experiment, in the order they run (module doc): the warm start, the
+    iteration-0 evaluation, then each seed's iterations, an iteration's stages kind by kind over
+    its arms (their games are played one after the other through one server, its weights reloaded
+    between them, and every training and movement runs with no server on the cores)."""
     stages: list[Stage] = []
-    base = resolve_model_path(cfg.base_model)
-    warm_model = lay.model("", 0, 0)
-
-    if w.enabled:
-        expert_games = lay.warm / "expert.jsonl"
-        # the expert plays as a collection does, its own number of games, 64 at a time (no server)
-        expert_section = replace(c, games=w.games, batch_size=64)
-
-        def warm_collect():
-            expert = build_policy({"name": "scripted", "game": cfg.game, "epsilon": w.epsilon, "seed": w.seed})
-            if not games_done(expert_games, w.games, family_of(cfg.game).collection_producer(cfg, expert_section, w.seed, describe(expert))):
-                play(cfg, expert, expert_games, w.seed, expert_section, echo, "expert games")
-
-        def warm_train():
-            train_file = bc_training_set(cfg, expert_games, lay.warm / "train.json")
-            train(cfg, "bc", train_file, base, lay.warm, w.seed, w.train_overrides, echo)
-
-        stages += [Stage("warm start: expert games", "expert", warm_collect),
-                   Stage("warm start: intention recovery on the expert games", "label",
-                         lambda: label(cfg, expert_games, lay.warm / "intention", w.seed, echo, steps=2)),
+    if cfg.warm_start.enabled:
+        stages += [Stage("warm start: expert games", "expert"),
+                   Stage("warm start: intention recovery on the expert games", "label"),
                    # a kind of its own: the expert's ~45 optimizer steps timed the powered preset's
                    # arms (~840 steps each) at 10 minutes apiece, an ETA 20 times too short
-                   Stage("warm start: behaviour cloning", "warm start training", warm_train)]
-    else:
-        warm_model = base
+                   Stage("warm start: behaviour cloning", "warm start training")]
+    stages.append(Stage(f"iteration 0: evaluate the {'warm start' if cfg.warm_start.enabled else 'base model'}", "eval"))
+    for seed in cfg.seeds:
+        arms = [m for m in cfg.methods if seed in seeds_of(cfg, m)]
+        for it in range(1, max((iterations_of(cfg, m) for m in arms), default=0) + 1):
+            running = [m for m in arms if it <= iterations_of(cfg, m)]
+            steps = [("collect", "collect"), ("train", "label and train"), ("eval", "evaluate")]
+            if cfg.report.movement.enabled:
+                steps.append(("movement", "how far the policy moved"))
+            stages += [Stage(f"seed {seed} · {method} · iteration {it}: {what}", kind, method, seed, it)
+                       for kind, what in steps for method in running]
+        if cfg.grad_variance.enabled and cfg.methods:
+            stages.append(Stage(f"seed {seed}: gradient variance of the methods on the iteration-1 samples", "variance",
+                                seed=seed))
+    return stages
 
-    def model_of(method: str, seed: int, iteration: int) -> Path:
-        return warm_model if iteration == 0 else lay.model(method, seed, iteration)
 
-    def evaluate(method: str, seed: int, iteration: int):
-        out, model = lay.evaluation(method, seed, iteration), model_of(method, seed, iteration)
-        if not evaluation_done(cfg, out, generator.describe(model, e, e.seed)):
-            generator.play(model, e, e.seed, lambda policy: evaluate_arm(cfg, policy, out, echo))
+class Stages:
+    """The work of each kind of :class:`Stage`, on one run folder: :meth:`run` does a stage, or
+    finds it done (every stage resumes; a finished one is skipped)."""
 
-    def model_unread(method: str, seed: int, iteration: int) -> bool:
+    def __init__(self, cfg: ExperimentSettings, generator: Generator, echo: Printer):
+        self.cfg, self.generator, self.echo, self.lay = cfg, generator, echo, Layout(cfg)
+        self.base = resolve_model_path(cfg.base_model)
+        self.warm_model = self.lay.model("", 0, 0) if cfg.warm_start.enabled else self.base
+        self.expert_games = self.lay.warm / "expert.jsonl"
+        self.work: dict[str, Callable[[Stage], Any]] = {
+            "expert": self.expert, "label": self.recover, "warm start training": self.clone, "eval": self.evaluate,
+            "collect": self.collect, "train": self.train, "movement": self.movement, "variance": self.variance}
+
+    def run(self, stage: Stage) -> Any:
+        return self.work[stage.kind](stage)
+
+    def model_of(self, method: str, seed: int, iteration: int) -> Path:
+        return self.warm_model if iteration == 0 else self.lay.model(method, seed, iteration)
+
+    # -- the warm start: the expert's games, the intentions recovered on them, behaviour cloning
+    def expert(self, stage: Stage) -> None:
+        cfg, w = self.cfg, self.cfg.warm_start
+        expert = build_policy({"name": "scripted", "game": cfg.game, "epsilon": w.epsilon, "seed": w.seed})
+        section = replace(cfg.collect, games=w.games, batch_size=64)  # played as a collection, 64 at a time (no server)
+        if not games_done(self.expert_games, w.games, family_of(cfg.game).collection_producer(cfg, section, w.seed, describe(expert))):
+            play(cfg, expert, self.expert_games, w.seed, section, self.echo, "expert games")
+
+    def recover(self, stage: Stage) -> None:
+        label(self.cfg, self.expert_games, self.lay.warm / "intention", self.cfg.warm_start.seed, self.echo, steps=2)
+
+    def clone(self, stage: Stage) -> None:
+        w = self.cfg.warm_start
+        train_file = bc_training_set(self.cfg, self.expert_games, self.lay.warm / "train.json")
+        train(self.cfg, "bc", train_file, self.base, self.lay.warm, w.seed, w.train_overrides, self.echo)
+
+    # -- an arm's iteration: collect, label and train, evaluate, how far it moved
+    def evaluate(self, stage: Stage) -> None:
+        e = self.cfg.eval
+        out, model = self.lay.evaluation(stage.method, stage.seed, stage.iteration), self.model_of(stage.method, stage.seed, stage.iteration)
+        if not evaluation_done(self.cfg, out, self.generator.describe(model, e, e.seed)):
+            self.generator.play(model, e, e.seed, lambda policy: evaluate_arm(self.cfg, policy, out, self.echo))
+
+    def collect(self, stage: Stage) -> None:
+        cfg, c, method, seed, it = self.cfg, self.cfg.collect, stage.method, stage.seed, stage.iteration
+        where = self.lay.collection_dir(method, seed, it)
+        games = where / "games.jsonl"
+        # the collection seed differs per seed and iteration; evaluation keeps its own
+        model, game_seed = self.model_of(method, seed, it - 1), 1000 * seed + it
+        made_by = self.generator.describe(model, c, game_seed)
+        if not games_done(games, games_of(cfg, c), family_of(cfg.game).collection_producer(cfg, c, game_seed, made_by)):
+            self.generator.play(model, c, game_seed, lambda policy: play(
+                cfg, policy, games, game_seed, c, self.echo, f"collection {where.name}"))
+
+    def train(self, stage: Stage) -> None:
+        cfg, lay, method, seed, it = self.cfg, self.lay, stage.method, stage.seed, stage.iteration
+        games = lay.collection_dir(method, seed, it) / "games.jsonl"
+        shared, own = lay.intention("", seed, it), lay.intention(method, seed, it)
+        if own != shared:  # a variant: the shared games' embeddings and clusterings, its own labels
+            label(cfg, games, shared, seed, self.echo, steps=1)
+        train_file = label(cfg, games, own, seed, self.echo, overrides=intention_overrides_of(cfg, method),
+                           step1_from=shared if own != shared else None)
+        previous_critic = lay.arm(method, seed, it - 1) / "critic" / "final" if it > 1 else None
+        train(cfg, method_of(cfg, method), train_file, self.model_of(method, seed, it - 1), lay.arm(method, seed, it),
+              seed, train_overrides_of(cfg, method), self.echo, critic_init=previous_critic,
+              actor=it > cfg.archer.actor_warmup_iterations, model_unread=lambda: self.model_unread(method, seed, it))
+
+    def model_unread(self, method: str, seed: int, iteration: int) -> bool:
         """Whether no stage left reads this arm's model: its evaluation and movement are done and no
         later iteration starts from it. (An earlier iteration's model is always kept or trained
         again, though its successor may be done: one simple rule, and the presets that run for days
         have one iteration.)"""
-        model = lay.model(method, seed, iteration)
-        if iteration < iterations_of(cfg, method) or not evaluation_done(cfg, lay.evaluation(method, seed, iteration),
-                                                                          generator.describe(model, e, e.seed)):
+        cfg, e, model = self.cfg, self.cfg.eval, self.lay.model(method, seed, iteration)
+        if iteration < iterations_of(cfg, method) or not evaluation_done(cfg, self.lay.evaluation(method, seed, iteration),
+                                                                          self.generator.describe(model, e, e.seed)):
             return False
         return not cfg.report.movement.enabled or movement_done(
-            cfg, lay, model_of(method, seed, iteration - 1), model, lay.movement(method, seed, iteration))
+            cfg, self.lay, self.model_of(method, seed, iteration - 1), model, self.lay.movement(method, seed, iteration))
 
-    stages.append(Stage(f"iteration 0: evaluate the {'warm start' if w.enabled else 'base model'}", "eval", lambda: evaluate("", 0, 0)))
-    for seed in cfg.seeds:
-        arms = [m for m in cfg.methods if seed in seeds_of(cfg, m)]
-        # An iteration's stages by kind, each kind over the arms: the arms' games are played one
-        # after the other through one server, its weights reloaded between them (Generator.policy),
-        # and every training, labelling and movement runs with no server on the cores.
-        for it in range(1, max((iterations_of(cfg, m) for m in arms), default=0) + 1):
-            stage_sets: dict[str, list[Stage]] = {"collect": [], "train": [], "eval": [], "movement": []}
-            for method in [m for m in arms if it <= iterations_of(cfg, m)]:
-                where = lay.collection_dir(method, seed, it)
-                games = where / "games.jsonl"
+    def movement(self, stage: Stage) -> None:
+        m, s, i = stage.method, stage.seed, stage.iteration
+        movement_stage(self.cfg, self.lay, self.model_of(m, s, i - 1), self.model_of(m, s, i), self.lay.movement(m, s, i), self.echo)
 
-                def collect(method=method, seed=seed, it=it, games=games, where=where):
-                    # the collection seed differs per seed and iteration; evaluation keeps its own
-                    model, game_seed = model_of(method, seed, it - 1), 1000 * seed + it
-                    made_by = generator.describe(model, c, game_seed)
-                    if not games_done(games, games_of(cfg, c), family_of(cfg.game).collection_producer(cfg, c, game_seed, made_by)):
-                        generator.play(model, c, game_seed, lambda policy: play(
-                            cfg, policy, games, game_seed, c, echo, f"collection {where.name}"))
-
-                def fit(method=method, seed=seed, it=it, games=games):
-                    shared, own = lay.intention("", seed, it), lay.intention(method, seed, it)
-                    if own != shared:  # a variant: the shared games' embeddings and clusterings, its own labels
-                        label(cfg, games, shared, seed, echo, steps=1)
-                    train_file = label(cfg, games, own, seed, echo, overrides=intention_overrides_of(cfg, method),
-                                       step1_from=shared if own != shared else None)
-                    previous_critic = lay.arm(method, seed, it - 1) / "critic" / "final" if it > 1 else None
-                    train(cfg, method_of(cfg, method), train_file, model_of(method, seed, it - 1), lay.arm(method, seed, it),
-                          seed, train_overrides_of(cfg, method), echo,
-                          critic_init=previous_critic,
-                          actor=it > cfg.archer.actor_warmup_iterations,
-                          model_unread=lambda: model_unread(method, seed, it))
-
-                tag = f"seed {seed} · {method} · iteration {it}"
-                stage_sets["collect"].append(Stage(f"{tag}: collect", "collect", collect))
-                stage_sets["train"].append(Stage(f"{tag}: label and train", "train", fit))
-                stage_sets["eval"].append(Stage(f"{tag}: evaluate", "eval", lambda m=method, s=seed, i=it: evaluate(m, s, i)))
-                if cfg.report.movement.enabled:
-                    stage_sets["movement"].append(Stage(f"{tag}: how far the policy moved", "movement", lambda m=method, s=seed, i=it: movement_stage(
-                        cfg, lay, model_of(m, s, i - 1), model_of(m, s, i), lay.movement(m, s, i), echo)))
-            stages += [stage for kind in stage_sets.values() for stage in kind]
-        if cfg.grad_variance.enabled and cfg.methods:
-            stages.append(Stage(f"seed {seed}: gradient variance of the methods on the iteration-1 samples", "variance",
-                                lambda seed=seed: gradient_variance_stage(cfg, lay, seed, warm_model, echo)))
-    return stages
+    def variance(self, stage: Stage) -> None:
+        gradient_variance_stage(self.cfg, self.lay, stage.seed, self.warm_model, self.echo)
 
 
 def gradient_variance_stage(cfg: ExperimentSettings, lay: Layout, seed: int, model: Path, echo: Printer) -> Path:
@@ -734,7 +753,7 @@ def _run(cfg: ExperimentSettings, root: Path, echo: Printer) -> Path:
     times_path = root / "stage_times.json"
     times: dict[str, dict] = read_json(times_path) if times_path.is_file() else {}
     generator = Generator(cfg, echo)
-    stages = plan(cfg, generator, echo)
+    stages, work = plan(cfg), Stages(cfg, generator, echo)
     continued = any("seconds" in times.get(stage.name, {}) for stage in stages)  # stages an earlier run finished
     try:
         for n, stage in enumerate(stages, 1):
@@ -742,7 +761,7 @@ def _run(cfg: ExperimentSettings, root: Path, echo: Printer) -> Path:
                 # Training and movement need the cores and the memory (a GPU's too); an idle CPU server whose
                 # threads spun without end (before serve_vllm.sh capped the spin) made a movement stage 3x slower.
                 generator.stop()
-            seconds = timed_stage(stage, times, times_path)
+            seconds = timed_stage(stage, lambda: work.run(stage), times, times_path)
             if seconds > 10:  # a stage that did work (a skipped one freed nothing, and a gc pass costs 0.2 s and more)
                 release_freed_memory()
             whole = times[stage.name]["seconds"]
@@ -769,8 +788,8 @@ def process_seconds() -> float:
 _LOADED = time.perf_counter()
 
 
-def timed_stage(stage: Stage, times: dict[str, dict], times_path: Path) -> float:
-    """Run ``stage``; record its time in ``times`` (saved to ``times_path``) and return this run's
+def timed_stage(stage: Stage, do: Callable[[], Any], times: dict[str, dict], times_path: Path) -> float:
+    """Run ``stage`` (``do()``); record its time in ``times`` (saved to ``times_path``) and return this run's
     seconds. A stage that stops part-way (an interrupt, an error) keeps what it ran as
     ``unfinished``, and its time when it finishes is the sum of its runs: a training resumed
     across sessions is timed whole, not by its last part. A finished stage that is skipped keeps
@@ -778,7 +797,7 @@ def timed_stage(stage: Stage, times: dict[str, dict], times_path: Path) -> float
     start = time.perf_counter()
     entry = times.get(stage.name, {})
     try:
-        stage.run()
+        do()
     except BaseException:
         times[stage.name] = {**entry, "kind": stage.kind,
                              "unfinished": entry.get("unfinished", 0.0) + time.perf_counter() - start}
