@@ -120,20 +120,8 @@ def _row(games: list[dict]) -> dict[str, Any]:
 
 def collect_results(cfg: ExperimentSettings) -> dict[str, Any]:
     """Everything ``results.json`` holds (module doc), from the run folder."""
-
-    lay, n_eval, expected = Layout(cfg), games_of(cfg, cfg.eval), evaluation_ids(cfg)
-    evaluations: dict[tuple[str, int, int], dict[str, dict]] = {}
-    base_games = outcomes(lay.evaluation("", 0, 0), lay.family, expected)
-    if base_games is not None:
-        for seed in cfg.seeds:
-            for method in cfg.methods:
-                evaluations[(method, seed, 0)] = base_games
-    for seed in cfg.seeds:
-        for method in cfg.methods:
-            for it in range(1, iterations_of(cfg, method) + 1):
-                games = outcomes(lay.evaluation(method, seed, it), lay.family, expected)
-                if games is not None:
-                    evaluations[(method, seed, it)] = games
+    lay = Layout(cfg)
+    base, evaluations = read_evaluations(cfg, lay)
     # Every game's outcome, in one order for all arms, so that the file alone can be tested again
     # (paired by key) once the run folder is gone: two powered runs' folders were lost with their machines.
     keys = sorted(next(iter(evaluations.values()))) if evaluations else []
@@ -142,16 +130,50 @@ def collect_results(cfg: ExperimentSettings) -> dict[str, Any]:
     for arm in arms:
         if arm["iteration"] > 0:
             arm.update(moved_from_parent(cfg, lay, evaluations, arm["method"], arm["seed"], arm["iteration"]))
+    preflight, behaviour = read_preflights(cfg, lay)
+    two_player = lay.family.seats > 1
+    return {"name": cfg.name, "game": cfg.game["name"], "two_player": two_player,
+            "opponent": cfg.eval.opponent if two_player else None, "eval_games": games_of(cfg, cfg.eval),
+            "eval_seed": cfg.eval.seed, "movement_rule": movement_rule(cfg), "preflight": preflight,
+            "outcome_keys": keys, "arms": arms, "pooled": pooled_rows(cfg, base, evaluations),
+            "paired_tests": paired_tests(cfg, evaluations, arms), "gradient_variance": read_gradient_variance(cfg, lay),
+            "intention_recovery": read_recovery(lay), "behaviour": behaviour}
+
+
+def read_evaluations(cfg: ExperimentSettings, lay: Layout) -> tuple[dict | None, dict[tuple[str, int, int], dict[str, dict]]]:
+    """The starting model's evaluation (None until it is finished), and each finished evaluation's
+    games by id under (method, seed, iteration), the starting model's as iteration 0 of every arm."""
+    expected, evaluations = evaluation_ids(cfg), {}
+    base_games = outcomes(lay.evaluation("", 0, 0), lay.family, expected)
+    for seed in cfg.seeds:
+        for method in cfg.methods:
+            if base_games is not None:
+                evaluations[(method, seed, 0)] = base_games
+            for it in range(1, iterations_of(cfg, method) + 1):
+                games = outcomes(lay.evaluation(method, seed, it), lay.family, expected)
+                if games is not None:
+                    evaluations[(method, seed, it)] = games
+    return base_games, evaluations
+
+
+def pooled_rows(cfg: ExperimentSettings, base: dict | None, evaluations: dict) -> list[dict[str, Any]]:
+    """Success of the starting model, then of each arm and iteration, its seeds pooled."""
     pooled = []
-    if base_games is not None:
+    if base is not None:
         label = "warm start" if cfg.warm_start.enabled else "base model"
-        pooled.append({"method": label, "iteration": 0, "seeds": 1, **_row(list(base_games.values()))})
+        pooled.append({"method": label, "iteration": 0, "seeds": 1, **_row(list(base.values()))})
     for method in cfg.methods:
         for it in range(1, iterations_of(cfg, method) + 1):
             seeds = [s for s in cfg.seeds if (method, s, it) in evaluations]
             if seeds:
                 games = [g for s in seeds for g in evaluations[(method, s, it)].values()]
                 pooled.append({"method": method, "iteration": it, "seeds": len(seeds), **_row(games)})
+    return pooled
+
+
+def paired_tests(cfg: ExperimentSettings, evaluations: dict, arms: list[dict]) -> list[dict[str, Any]]:
+    """Each tested pair of arms at each iteration: the exact McNemar test of all pairs, per seed, over
+    training runs, and the verdict its rule reads."""
     tests = []
     for first, second, it in [(x, y, it) for x, y in tested_pairs(cfg)
                               for it in range(1, max(iterations_of(cfg, m) for m in (x, y)) + 1)]:
@@ -165,10 +187,10 @@ def collect_results(cfg: ExperimentSettings) -> dict[str, Any]:
             b_s = [bool(evaluations[(second, s, it)][i]["success"]) for i in ids]
             per_seed.append({"seed": s, **mcnemar(a_s, b_s)})
             a, b = a + a_s, b + b_s
-        tests.append({"first": first, "second": second, "iteration": it, "seeds": seeds, **mcnemar(a, b)})
-        tests[-1].update(sensitivity(tests[-1]))
+        test = {"first": first, "second": second, "iteration": it, "seeds": seeds, **mcnemar(a, b)}
+        test.update(sensitivity(test))
         # Each seed is a training run of both arms (its own collection): the unit of a claim about the method.
-        tests[-1]["runs"] = {**pool_runs(per_seed), "per_seed": [
+        test["runs"] = {**pool_runs(per_seed), "per_seed": [
             {k: r[k] for k in ("seed", "pairs", "first_only", "second_only", "difference", "difference_ci95", "p_value")}
             for r in per_seed]}
         # Comparing arms that did not both move measures the evaluation's noise, not the methods.
@@ -176,21 +198,34 @@ def collect_results(cfg: ExperimentSettings) -> dict[str, Any]:
                     if r["iteration"] == it and r["method"] in (first, second) and r["seed"] in seeds}
         still = sorted(f"{m} seed {s}" for (m, s), moved in verdicts.items() if moved is False)
         unknown = sorted(f"{m} seed {s}" for (m, s), moved in verdicts.items() if moved is None)
-        tests[-1]["not_moved"], tests[-1]["movement_unknown"] = still, unknown
-        tests[-1]["verdict_on"] = cfg.report.verdict_on
-        tests[-1]["verdict"] = verdict(tests[-1], still)
+        test["not_moved"], test["movement_unknown"] = still, unknown
+        test["verdict_on"] = cfg.report.verdict_on
+        test["verdict"] = verdict(test, still)
+        tests.append(test)
+    return tests
+
+
+def read_gradient_variance(cfg: ExperimentSettings, lay: Layout) -> dict[str, dict]:
+    """Each seed's gradient-variance stage, by seed."""
     variance = {}
     for seed in cfg.seeds:
         path = lay.shared(seed) / "grad_variance.json"
         if path.is_file():
             variance[str(seed)] = {k: v for k, v in read_json(path).items() if k != "key"}
-    recovery = None
+    return variance
+
+
+def read_recovery(lay: Layout) -> dict[str, Any] | None:
+    """Intention recovery on the expert's games (the warm start's labelling), if it ran."""
     selection = lay.warm / "intention" / "selection.json"
-    if selection.is_file():
-        s = read_json(selection)
-        recovery = {"chosen_k": s["chosen"]["k"], "ks": s["ks"], **(s.get("intention_recovery") or {})}
-    two_player = lay.family.seats > 1
-    opponent = cfg.eval.opponent if two_player else None
+    if not selection.is_file():
+        return None
+    s = read_json(selection)
+    return {"chosen_k": s["chosen"]["k"], "ks": s["ks"], **(s.get("intention_recovery") or {})}
+
+
+def read_preflights(cfg: ExperimentSettings, lay: Layout) -> tuple[dict[str, dict], dict[str, dict]]:
+    """Each collection's pre-flight, and its clusters against the behavioural intentions, by collection."""
     preflight, behaviour = {}, {}
     for seed in cfg.seeds:
         for method in cfg.methods:
@@ -203,11 +238,7 @@ def collect_results(cfg: ExperimentSettings) -> dict[str, Any]:
                     against = behaviour_at_chosen_k(where.parent / "selection.json")
                     if against:
                         behaviour[name] = against
-    rule = movement_rule(cfg)
-    return {"name": cfg.name, "game": cfg.game["name"], "two_player": two_player, "opponent": opponent,
-            "eval_games": n_eval, "eval_seed": cfg.eval.seed, "movement_rule": rule, "preflight": preflight,
-            "outcome_keys": keys, "arms": arms, "pooled": pooled, "paired_tests": tests, "gradient_variance": variance,
-            "intention_recovery": recovery, "behaviour": behaviour}
+    return preflight, behaviour
 
 
 #: What a paired test's verdict reads (``report.verdict_on``): the method-level test over the seeds'
