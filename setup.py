@@ -13,7 +13,8 @@ setup(
     long_description_content_type="text/markdown",
     python_requires=">=3.10",
     packages=find_packages(include=["aria", "aria.*"]),
-    package_data={"aria.llm": ["serve_vllm.sh"]},  # the vLLM server script the library starts
+    # the vLLM server script the library starts; the words of an experiment's table.md
+    package_data={"aria.llm": ["serve_vllm.sh"], "aria.experiment": ["table.md.j2"]},
     install_requires=[
         "torch",  # pinned by the set-up scripts (torch==2.13.0), not here, so GPU users keep their build
         "transformers>=5.0",
@@ -30,6 +31,7 @@ setup(
         "pyyaml",
         "tqdm",
         "matplotlib",
+        "jinja2>=3.0",  # the words of an experiment's table.md (aria/experiment/table.md.j2)
         "llguidance>=1.0",  # grammar-constrained decoding of the local policy (aria/llm/constrained.py)
     ],
     extras_require={

@@ -9,7 +9,9 @@ complete):
   method and iteration; the paired tests;
   the reward and gradient variances; the intention recovery (ARI, NMI) on the expert's games.
 * ``table.md``: the paper's Table 2 layout (rows: methods and iterations; success % on the
-  game) with intervals and mean turns, then the paired test and the variances, in words.
+  game) with intervals and mean turns, then the paired test and the variances, in words. The
+  words are ``table.md.j2`` beside this module, one macro a section; this module computes what
+  they say.
 * ``success_vs_iteration.png``: success per iteration and method, with the intervals.
 
 The statistics (Wilson intervals, the exact McNemar test of two arms on the same targets and
@@ -17,8 +19,11 @@ its sensitivity) are :mod:`aria.statistics`, shared with the evaluation harness.
 """
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 from typing import Any
+
+import jinja2
 
 from aria.experiment.layout import Layout, games_of, iterations_of, seeds_of
 from aria.experiment.settings import ExperimentSettings
@@ -341,208 +346,87 @@ def kept_share(weights: dict[str, Any]) -> float | None:
     return weights["changed"] / weights["changed_float32"] if weights["changed_float32"] else 0.0
 
 
+# ---- table.md: its words in table.md.j2, one macro a section --------------------------------------------
+def _recovery_points(rec: dict[str, Any]) -> tuple[Any, int | None, int]:
+    """(the chosen k, its index among the ks or None, the index of the best ARI) of an intention recovery."""
+    ks, chosen = rec["ks"], rec["chosen_k"]
+    k = next(iter(chosen.values())) if isinstance(chosen, dict) and len(chosen) == 1 else chosen
+    at = ks.index(k) if isinstance(k, int) and k in ks else None
+    return k, at, max(range(len(rec["ari"])), key=lambda i: rec["ari"][i])
+
+
+@functools.cache
+def _table_template():
+    env = jinja2.Environment(loader=jinja2.FileSystemLoader(Path(__file__).parent), trim_blocks=True, lstrip_blocks=True,
+                             undefined=jinja2.StrictUndefined, autoescape=False)
+    env.filters.update(f=format, pts=lambda x: f"{100 * x:+.1f}", percent=percent, kept_share=kept_share,
+                       preflight_k=lambda row: preflight_row_name(row).removeprefix("k = "),
+                       recovery_points=_recovery_points, prefixed=lambda name, prefix: prefix + name, minutes=minutes,
+                       won_ci=lambda r: f"{r['wins']} / {r['games']} ({percent(r['ci95'][0])}–{percent(r['ci95'][1])}%)")
+    env.tests["measured"] = lambda arm: bool(arm.get("movement"))
+    env.globals["alpha"] = ALPHA
+    return env.get_template("table.md.j2")
+
+
+def _section(name: str, data: dict[str, Any]) -> list[str]:
+    """The lines of macro ``name`` of table.md.j2 (none when the section has nothing to say)."""
+    text = str(getattr(_table_template().module, name)(data)).removesuffix("\n")  # a last row's own newline
+    return text.split("\n") if text else []
+
+
 def movement_rule_text(rule: dict[str, Any]) -> str:
     """The movement rule in a sentence (results written before its interval and kept share say less)."""
-    kl = ("the lower end of its KL's 95% interval (over games)" if rule.get("kl_from") == "lower_bound" else "its KL")
-    kept = (f", and at least {percent(rule['min_kept_share'])}% of the elements its update changed in float32 still "
-            "differ there" if rule.get("min_kept_share") else "")
-    return (f"An arm moved when {kl} is at least {rule.get('min_token_kl')}, at least "
-            f"{percent(rule.get('min_weight_share'))}% of its weights changed at the served precision{kept} "
-            "(report.movement, fixed before the run).")
-
-
-def measure_of(results: dict[str, Any]) -> str:
-    return "win %" if results.get("two_player") else "success %"
+    return "\n".join(_section("rule_text", rule))
 
 
 def render_table(results: dict[str, Any]) -> str:
     """``table.md`` (module doc): its sections in order, each a function of ``results`` that docs
     render too (aria/experiment/tables.py)."""
-    if results.get("two_player"):
-        opponent = ", ".join(f"{k} {v}" for k, v in results["opponent"].items())
-        lines = [f"# {results['name']}: win rate on {results['game']} against the opponent ({opponent})", "",
-                 f"{results['eval_games']} evaluation games per arm, seed and seat, the same configurations for every "
-                 f"arm; a win is a higher payoff than the opponent's; turns are the policy's own; rows pool the seeds.", ""]
-    else:
-        lines = [f"# {results['name']}: success on {results['game']}", "",
-                 f"{results['eval_games']} evaluation games per arm and seed, the same seeded targets for every arm "
-                 f"(evaluation seed {results['eval_seed']}); rows pool the seeds.", ""]
-    lines += pooled_lines(results) + preflight_lines(results) + movement_lines(results) + paired_lines(results) \
-        + gradient_lines(results) + behaviour_lines(results) + recovery_lines(results)
+    lines = _section("header", results) + [""] + pooled_lines(results) + preflight_lines(results) \
+        + movement_lines(results) + paired_lines(results) + gradient_lines(results) + behaviour_lines(results) \
+        + recovery_lines(results)
     return "\n".join(lines) + "\n"
 
 
 def pooled_lines(results: dict[str, Any]) -> list[str]:
     """Success of every arm, the seeds pooled, then per seed."""
-    measure = measure_of(results)
-    lines = [f"| method | iteration | seeds | {measure} | 95% CI (Wilson) | wins / games | mean turns |",
-             "|---|---|---|---|---|---|---|"]
-    for r in results["pooled"]:
-        lines.append(f"| {r['method']} | {r['iteration']} | {r['seeds']} | {percent(r['success'])} | "
-                     f"{percent(r['ci95'][0])}–{percent(r['ci95'][1])} | {r['wins']} / {r['games']} | {r['mean_turns']:.2f} |")
-    if results["arms"]:
-        lines += ["", "Per seed:", "", f"| method | seed | iteration | {measure} | 95% CI | mean turns |", "|---|---|---|---|---|---|"]
-        for r in results["arms"]:
-            if r["iteration"] > 0:
-                lines.append(f"| {r['method']} | {r['seed']} | {r['iteration']} | {percent(r['success'])} | "
-                             f"{percent(r['ci95'][0])}–{percent(r['ci95'][1])} | {r['mean_turns']:.2f} |")
-    return lines
+    return _section("pooled", results)
 
 
 def preflight_lines(results: dict[str, Any]) -> list[str]:
     """The pre-flight of every collection: how many steps share their intention key."""
-    lines: list[str] = []
-    if results.get("preflight"):
-        lines += ["", "**Pre-flight: can aggregation change anything?** Measured on each collection after labelling, "
-                  "before training: the share of steps whose intention key (history and action) another step of the "
-                  "same role shares, over all steps and by turn, the mean |R̃ − R| and Var(R̃)/Var(R). A step alone "
-                  "at its key gets its own return, so where few steps share, ARIA trains as its ablation.", "",
-                  "| collection | k | steps sharing | by turn | mean abs(R̃ − R) | Var(R̃)/Var(R) |", "|---|---|---|---|---|---|"]
-        for name, found in results["preflight"].items():
-            for r in found["rows"]:
-                k = preflight_row_name(r).removeprefix("k = ")
-                turns = ", ".join(f"{t}: {percent(v)}" for t, v in r["shared_by_turn"].items())
-                ratio = "–" if r["variance_ratio"] is None else f"{r['variance_ratio']:.3f}"
-                mean = "–" if r["mean_abs_change"] is None else f"{r['mean_abs_change']:.4f}"
-                lines.append(f"| {name} ({found['steps']} steps) | {k} | {percent(r['shared'])}% | {turns} | {mean} | {ratio} |")
-    return lines
+    return _section("preflight", results)
 
 
 def movement_lines(results: dict[str, Any]) -> list[str]:
     """Each trained arm against the model it started from, with the movement verdict."""
-    lines: list[str] = []
-    moved = [r for r in results["arms"] if r.get("movement")]
-    if moved:
-        rule = results.get("movement_rule") or {}
-        lines += ["", "**Did training move the policy?** Each arm against the model it started from, on "
-                  f"{moved[0]['movement']['steps']} held-out steps of the iteration-0 evaluation games: mean per-token "
-                  "KL, mean change of the action's log-probability on steps of won and of lost games, the share of "
-                  "weights that differ at the precision the model is served in, success against the parent "
-                  "on the same targets, and the difference those pairs detect with 80% power at their discordant share. "
-                  + movement_rule_text(rule), "",
-                  "| method | seed | iteration | token KL | Δ log-prob won / lost | weights changed | success vs parent (95% CI) "
-                  "| its pairs detect | moved |",
-                  "|---|---|---|---|---|---|---|---|---|"]
-        for r in moved:
-            m, p = r["movement"], r.get("against_parent")
-            delta = " / ".join("–" if x is None else f"{x:+.3f}" for x in (m["logprob_change_won"], m["logprob_change_lost"]))
-            vs = ("–" if p is None else f"{100 * p['difference']:+.1f} ({100 * p['difference_ci95'][0]:+.1f} to "
-                  f"{100 * p['difference_ci95'][1]:+.1f})")
-            found = (p or {}).get("detectable_difference")  # at 80% power, at the discordant share these pairs had
-            detects = "–" if found is None else f"{100 * found:.1f} points"
-            kl = f"{m['token_kl']:.4g}" + (f" ({m['token_kl_ci95'][0]:.4g}–{m['token_kl_ci95'][1]:.4g})"
-                                           if "token_kl_ci95" in m else "")
-            kept = kept_share(m["weights"])
-            lines.append(f"| {r['method']} | {r['seed']} | {r['iteration']} | {kl} | {delta} | "
-                         f"{100 * m['weights']['share']:.2f}% at {m['weights']['dtype']}"
-                         + ("" if kept is None else f" ({100 * kept:.0f}% of float32's)")
-                         + f" | {vs} | {detects} | {'not measured' if m['moved'] is None else 'yes' if m['moved'] else '**no**'} |")
-    return lines
+    return _section("movement", results)
 
 
 def paired_lines(results: dict[str, Any]) -> list[str]:
     """The paired tests between arms, over pairs and over training runs."""
-    lines: list[str] = []
-    for t in results["paired_tests"]:
-        significant = t["p_value"] < ALPHA
-        lines += ["", f"**Paired test, iteration {t['iteration']}** ({t['first']} against {t['second']}, "
-                  f"{t['pairs']} games paired by seed and {'configuration and seat' if results.get('two_player') else 'target'}): "
-                  f"{t['first']} alone won {t['first_only']}, "
-                  f"{t['second']} alone won {t['second_only']}, both won {t['both']}. Difference of success rates "
-                  f"{100 * t['difference']:+.1f} points (95% CI {100 * t['difference_ci95'][0]:+.1f} to "
-                  f"{100 * t['difference_ci95'][1]:+.1f}); exact McNemar p = {t['p_value']:.3g}: "
-                  + f"**{'significant' if significant else 'not significant'}** at the {100 * ALPHA:g}% level."]
-        lines += runs_lines(t)
-        if t.get("not_moved"):
-            lines.append(f"**Uninformative: the policy did not move** (by the movement rule above: "
-                         f"{', '.join(t['not_moved'])}), so this test measures the evaluation's noise, not the methods.")
-        elif t.get("movement_unknown"):
-            lines.append(f"Whether the policy moved is not measured for {', '.join(t['movement_unknown'])}.")
-        if "discordant_share" in t:
-            found = t["detectable_difference"]
-            lines.append(f"What this test can see: {100 * t['discordant_share']:.1f}% of the pairs were won by one arm "
-                         f"only; at that share, {t['pairs']} pairs "
-                         + (f"detect a difference of {100 * found:.1f} points or more with {100 * t['power']:.0f}% power "
-                            f"(aria/power.py)." if found is not None
-                            else f"are too few for any difference to reach {100 * t['power']:.0f}% power."))
-    return lines
+    return _section("paired", results)
 
 
 def gradient_lines(results: dict[str, Any]) -> list[str]:
     """Reward variance and the per-sample gradient's covariance of each weighting, per seed."""
-    lines: list[str] = []
-    for seed, v in results["gradient_variance"].items():
-        # in self-play every game is two players' games, each won or not
-        games = (f"{v['games']} players' games (both seats of {v['games'] // 2} self-play games), {v['games_won']} won"
-                 if results.get("two_player") else f"{v['games']} games, {v['games_won']} won")
-        lines += ["", f"**Rewards and gradients, seed {seed}** (iteration-1 training set, {v['samples']} samples of "
-                  f"{games}):", "",
-                  "| weighting | reward variance | tr Cov of the per-sample gradient | signal-to-noise |", "|---|---|---|---|"]
-        for kind in ["raw_step_return", "aggregated_reward", *[f"method_{m}" for m in v["methods"]]]:
-            snr = v.get(f"snr_{kind}")
-            lines.append(f"| {kind} | {v[f'reward_variance_{kind}']:.4g} | {v[f'trace_cov_{kind}']:.4g} | "
-                         f"{'–' if snr is None else f'{snr:.4g}'} |")
-    return lines
+    return _section("gradients", results)
 
 
 def behaviour_lines(results: dict[str, Any]) -> list[str]:
     """The clusters against the behavioural intentions."""
-    lines: list[str] = []
-    if results.get("behaviour"):
-        lines += ["", "**The clusters against the behavioural intentions** (utterances alike when the game's offline "
-                  "oracle answers them alike for every target; docs/method.md §4): ARI and NMI of the steps' labels "
-                  "against them, and how far R̃ is from R̃ under them, mean (R̃_k − R̃_b)² = bias² (clusters merging "
-                  "intentions) + variance within (clusters splitting them).", "",
-                  "| collection | behavioural intentions | k | ARI | NMI | bias² | variance within | sum |",
-                  "|---|---|---|---|---|---|---|---|"]
-        for name, b in results["behaviour"].items():
-            for label, k, found in (("chosen", b["chosen_k"], b["at_chosen_k"]), ("closest", b["closest_k"], b["at_closest_k"])):
-                lines.append(f"| {name} ({b['steps']} steps) | {b['intentions']} | {k} ({label}) | {found['ari']:.3f} | "
-                             f"{found['nmi']:.3f} | {found['bias_squared']:.4g} | {found['variance_within']:.4g} | "
-                             f"{found['mse']:.4g} |")
-    return lines
+    return _section("behaviour", results)
 
 
 def recovery_lines(results: dict[str, Any]) -> list[str]:
     """Intention recovery on the expert's games."""
-    lines: list[str] = []
-    rec = results.get("intention_recovery")
-    if rec and rec.get("ari"):
-        ks, chosen = rec["ks"], rec["chosen_k"]
-        k = next(iter(chosen.values())) if isinstance(chosen, dict) and len(chosen) == 1 else chosen
-        at = ks.index(k) if isinstance(k, int) and k in ks else None
-        best = max(range(len(rec["ari"])), key=lambda i: rec["ari"][i])
-        lines += ["", f"**Intention recovery** on the expert's games ({rec['steps']} steps, {rec['intentions']} true "
-                  f"intentions; adjusted Rand index and NMI of the labels against them): chosen k = {k}"
-                  + (f", ARI {rec['ari'][at]:.3f}, NMI {rec['nmi'][at]:.3f}" if at is not None else "")
-                  + f"; best ARI {rec['ari'][best]:.3f} (NMI {rec['nmi'][best]:.3f}) at k = {ks[best]}."]
-    return lines
+    return _section("recovery", results)
 
 
 def runs_lines(t: dict[str, Any]) -> list[str]:
     """A paired test over training runs (``t["runs"]``, :func:`aria.statistics.pool_runs`) and the
     verdict its rule reads; nothing for results written before runs were pooled."""
-    r = t.get("runs")
-    if not r:
-        return []
-    pts = lambda x: f"{100 * x:+.1f}"  # noqa: E731
-    per = "; ".join(f"seed {x['seed']} {pts(x['difference'])} ({pts(x['difference_ci95'][0])} to "
-                    f"{pts(x['difference_ci95'][1])}, p = {x['p_value']:.2g})" for x in r["per_seed"])
-    lines = [f"**Over training runs** (each seed trains both arms on its own collection; a claim about the method "
-             f"pools runs, not games), per seed: {per}."]
-    re, h = r["random_effects"], r["heterogeneity"]
-    if re is None:
-        lines.append("One training run an arm: no interval for the method (the between-run variance cannot be "
-                     "estimated from one run); the test above compares two trained models.")
-    else:
-        lines.append(f"Runs as a random effect: {pts(re['difference'])} points (95% CI {pts(re['ci95'][0])} to "
-                     f"{pts(re['ci95'][1])}, Hartung-Knapp, t with {re['df']} df, p = {re['p_value']:.2g}; "
-                     f"DerSimonian-Laird's normal interval {pts(re['ci95_normal'][0])} to {pts(re['ci95_normal'][1])}); "
-                     f"between-run spread τ = {100 * h['tau2'] ** 0.5:.1f} points, I² = {100 * h['i2']:.0f}% "
-                     f"(Q = {h['q']:.2f}, p = {h['p_value']:.2g}); the stratified exact test of the pooled pairs "
-                     f"p = {r['pairs_pooled']['p_value']:.2g}.")
-    lines.append(f"Verdict (report.verdict_on = {t['verdict_on']}, fixed before the run): **{t['verdict']}**.")
-    return lines
+    return _section("runs", t)
 
 
 def minutes(seconds: float) -> str:
@@ -554,54 +438,12 @@ def render_summary(results: dict[str, Any]) -> str:
     """A run's result in a few lines, as the README shows the main job's: where and how long, each
     arm's success, its gain over the model it started from (paired by target) with the interval
     and the difference those pairs detect, whether it moved, then the paired tests between arms."""
-    run = results.get("run") or {}
-    wall = "wall time not recorded" if run.get("wall_seconds") is None else \
-        f"{minutes(run['wall_seconds'])} wall{' over several runs' if run.get('resumed') else ''}"
-    lines = [f"`{results['name']}` on {results['game']}, {results['eval_games']} evaluation games an arm on the same "
-             f"targets; {run.get('cpu', 'CPU not recorded')}, {wall}:", "",
-             "| arm | success (95% CI) | gain over its start, paired (95% CI) | its pairs detect | token KL | moved |",
-             "|---|---|---|---|---|---|"]
-    ci = lambda r: f"{r['wins']} / {r['games']} ({percent(r['ci95'][0])}–{percent(r['ci95'][1])}%)"  # noqa: E731
-    points = lambda x: f"{100 * x:+.1f}"  # noqa: E731
-    for r in results["pooled"]:
-        if r["iteration"] == 0:
-            lines.append(f"| {r['method']} | {ci(r)} | – | – | – | – |")
-    for r in results["arms"]:
-        if r["iteration"] == 0:
-            continue
-        p, m = r.get("against_parent"), r.get("movement")
-        gain = "–" if p is None else f"{points(p['difference'])} ({points(p['difference_ci95'][0])} to {points(p['difference_ci95'][1])})"
-        detects = "–" if p is None else "no gain at 80% power" if p.get("detectable_difference") is None else \
-            f"{100 * p['detectable_difference']:.1f} points"  # too few discordant pairs for any
-        name = r["method"] + (f" (seed {r['seed']})" if len({a["seed"] for a in results["arms"]}) > 1 else "") + \
-            (f", iteration {r['iteration']}" if max(a["iteration"] for a in results["arms"]) > 1 else "")
-        moved = "not measured" if m is None else ("yes" if m["moved"] else "**no**")
-        kl = "–" if m is None else f"{m['token_kl']:.3f}"
-        lines.append(f"| {name} | {ci(r)} | {gain} | {detects} | {kl} | {moved} |")
-    for t in results["paired_tests"]:
-        verdict = t.get("verdict", "significant" if t["p_value"] < ALPHA else "not significant")
-        lines += ["", f"{t['first']} against {t['second']}, paired on {t['pairs']} targets: {points(t['difference'])} points "
-                  f"(95% CI {points(t['difference_ci95'][0])} to {points(t['difference_ci95'][1])}), exact McNemar "
-                  f"p = {t['p_value']:.2g}" + (f": {verdict}." if "runs" not in t else ".")]
-        if "runs" in t:
-            re = t["runs"]["random_effects"]
-            lines.append("Over training runs: " + ("one run an arm, no interval for the method" if re is None else
-                         f"{points(re['difference'])} points (95% CI {points(re['ci95'][0])} to {points(re['ci95'][1])}, "
-                         f"{t['runs']['runs']} runs, p = {re['p_value']:.2g})") + f"; verdict ({t['verdict_on']}): {verdict}.")
-    return "\n".join(lines) + "\n"
+    return "\n".join(_section("summary", results)) + "\n"
 
 
 def render_stage_times(results: dict[str, Any]) -> str:
     """Each stage's time of the run that wrote ``results`` (:func:`run_record`), in the order they ran."""
-    run = results.get("run") or {}
-    stages = run.get("stage_seconds") or {}
-    lines = [f"Stages on {run.get('cpu', 'a CPU not recorded')}:", "", "| stage | time |", "|---|---|"]
-    lines += [f"| {name} | {minutes(seconds)} |" for name, seconds in stages.items()]
-    lines.append(f"| all stages | {minutes(sum(stages.values()))} |")
-    if run.get("wall_seconds") is not None:
-        lines.append(f"| the command, start to end{' (over several runs)' if run.get('resumed') else ''} | "
-                     f"{minutes(run['wall_seconds'])} |")
-    return "\n".join(lines) + "\n"
+    return "\n".join(_section("stage_times", results)) + "\n"
 
 
 def plot(results: dict[str, Any], out: Path) -> None:
