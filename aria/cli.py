@@ -28,8 +28,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
-from aria.io import ConfigError, DataError, InUse, hold_folder
-from aria.resources import config_dir, hydra_message, load
+from aria.io import ConfigError, DataError, InUse, StaleInput
+from aria.resources import config_dir, hydra_message
 from aria.secrets import RedactingStream, command_line_secrets
 from aria.settings import out_of_bounds
 from aria.trajectories import ResumeMismatch
@@ -69,8 +69,6 @@ def torch_device(text: str) -> str:
 
 
 def _expected_errors() -> tuple[type[BaseException], ...]:
-    from aria.intention.pipeline import StaleInput
-
     return DataError, ConfigError, ResumeMismatch, StaleInput, InUse, FileNotFoundError
 
 
@@ -167,7 +165,7 @@ def command(kept: Callable[[], str] | None = None) -> Iterator[None]:
     except _expected_errors() as err:
         print(f"error: {err}", file=sys.stderr)
         sys.exit(EXIT_BAD_INPUT)
-    except _openai_errors() as err:  # an endpoint (an embedder, an oracle) kept failing after its retries
+    except openai_errors() as err:  # an endpoint (an embedder, an oracle) kept failing after its retries
         request = getattr(err, "request", None)
         where = f"endpoint {request.url}" if request is not None else "an endpoint"
         print(f"error: {where}: {type(err).__name__}: {' '.join(str(err).split())[:300]} (finished work is kept; "
@@ -232,29 +230,8 @@ def checkpoints_in(output_dir: str | Path) -> str:
     return f"checkpoints up to step {steps[-1]} in {folder}" if steps else f"no checkpoint yet in {folder}"
 
 
-def _openai_errors() -> tuple[type[BaseException], ...]:
+def openai_errors() -> tuple[type[BaseException], ...]:
     """openai's error class once something has imported openai (nothing raised one before): the
     steps that never call an endpoint do not pay for importing it (about 1 s a command)."""
     module = sys.modules.get("openai")
     return (module.OpenAIError,) if module is not None else ()
-
-
-def run_step(step: Callable[[dict, Callable[[str], None]], Any], cfg) -> None:
-    """Entry point of the numbered pipeline scripts (``step`` one of the ``step*`` functions of
-    :mod:`aria.intention.pipeline`): bad input prints one line and exits with status 2; Ctrl-C says
-    what was kept (the embedding cache and the k sweep save as they go) and exits 130."""
-    from aria.games.family import checked_game
-
-    try:
-        with command(kept=lambda: f"the saved progress in {cfg.run_dir}"):
-            settings = load("intention", cfg)
-            settings["game"] = checked_game(settings["game"])
-            with hold_folder(settings["run_dir"], "run_dir"):  # one step at a time writes a run_dir's files
-                step(settings, print)
-    except (DataError, FileNotFoundError, ValueError) as err:  # the settings checks of the steps
-        print(f"error: {err}", file=sys.stderr)
-        sys.exit(2)
-    except _openai_errors() as err:  # the embeddings endpoint kept failing (after its retries)
-        url = cfg.embedder.get("base_url", "?")
-        print(f"error: embeddings endpoint {url}: {type(err).__name__}: {' '.join(str(err).split())[:300]}", file=sys.stderr)
-        sys.exit(1)

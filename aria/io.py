@@ -110,6 +110,12 @@ class InUse(RuntimeError):
     """Another process holds the output this command writes (:func:`hold_output`)."""
 
 
+class StaleInput(ValueError):
+    """A file that is not what the step reading it expects (made by another run, or under other
+    settings): a command says so in one line, naming what to re-run (the pipeline's steps:
+    ``aria.intention.pipeline.StaleStep``)."""
+
+
 #: The locks this process holds: lock file -> [descriptor, holds, folder it made or None]. Held
 #: again by the same process (a trainer run twice in one process, a writer opened again), a lock is
 #: counted, not refused.

@@ -5,8 +5,8 @@
 """
 import hydra
 
-from aria.cli import check_command_line, protect_terminal, run_step
-from aria.intention.pipeline import step2_select_k
+from aria.cli import check_command_line, protect_terminal
+from aria.intention.pipeline import run_step, step2_select_k
 
 
 @hydra.main(config_path="../config", config_name="intention", version_base="1.3")

@@ -5,8 +5,8 @@
 """
 import hydra
 
-from aria.cli import check_command_line, protect_terminal, run_step
-from aria.intention.pipeline import step3_apply_labels
+from aria.cli import check_command_line, protect_terminal
+from aria.intention.pipeline import run_step, step3_apply_labels
 
 
 @hydra.main(config_path="../config", config_name="intention", version_base="1.3")

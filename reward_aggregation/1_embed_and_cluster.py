@@ -5,8 +5,8 @@
 """
 import hydra
 
-from aria.cli import check_command_line, protect_terminal, run_step
-from aria.intention.pipeline import step1_embed_and_cluster
+from aria.cli import check_command_line, protect_terminal
+from aria.intention.pipeline import run_step, step1_embed_and_cluster
 
 
 @hydra.main(config_path="../config", config_name="intention", version_base="1.3")

@@ -56,9 +56,9 @@ def run_config(run_dir: str | Path) -> dict:
     summary = pipeline.step_output(run_dir / "utterances.json", 1)
     selection = pipeline.step_output(run_dir / "selection.json", 2)
     if not summary.get("inputs"):
-        raise pipeline.StaleInput(1, f"{run_dir / 'utterances.json'} names no inputs: not a complete output")
+        raise pipeline.StaleStep(1, f"{run_dir / 'utterances.json'} names no inputs: not a complete output")
     if not selection.get("settings"):
-        raise pipeline.StaleInput(2, f"{run_dir / 'selection.json'} names no settings: not a complete output")
+        raise pipeline.StaleStep(2, f"{run_dir / 'selection.json'} names no settings: not a complete output")
     cfg = compose_config("intention", [f"game={summary['game']}"])
     cfg.update(summary.get("made_under") or {})
     cfg["input"], cfg["run_dir"] = list(summary["inputs"]), str(run_dir)

@@ -19,7 +19,7 @@ digest of the trajectory files and of every pool's texts, and stamps ``labels.np
 ``embeddings.npz`` with its fingerprint; steps 2 and 3 re-read the trajectories and refuse if
 they or the pools changed, step 3 refuses a ``selection.json`` made from another step 1, and step
 4 a ``labelled.jsonl`` made from another selection or edited since. The refusal is one line that
-names the step to re-run (:class:`StaleInput`).
+names the step to re-run (:class:`StaleStep`).
 """
 from __future__ import annotations
 
@@ -27,6 +27,7 @@ import glob
 import io
 import json
 import logging
+import sys
 import time
 import zipfile
 from dataclasses import asdict, dataclass, replace
@@ -35,7 +36,8 @@ from typing import Any, Callable, Mapping
 
 import numpy as np
 
-from aria.games.family import family_of
+from aria.cli import command, openai_errors
+from aria.games.family import checked_game, family_of
 from aria.games.question.game import build_game
 from aria.games.question.oracle import build_oracle
 from aria.games.two_player.glee import winner
@@ -47,10 +49,10 @@ from aria.intention.embed import (EmbeddingCache, build_embedder, check_embedder
 from aria.intention.select import SELECTORS, ClusterQuality, choose_k, split_scores
 from aria.intention.settings import (LABELS, AggregationSettings, ClusteringSettings, IntentionSettings,
                                      SelectionSettings)
-from aria.io import (ConfigError, DataError, atomic_write_bytes, atomic_write_json, atomic_write_json_rows,
-                     atomic_write_jsonl, differences, file_digest, iter_jsonl, json_digest, located, read_json,
-                     writer_of)
-from aria.resources import check_overrides, dataset_file
+from aria.io import (ConfigError, DataError, StaleInput, atomic_write_bytes, atomic_write_json, atomic_write_json_rows,
+                     atomic_write_jsonl, differences, file_digest, hold_folder, iter_jsonl, json_digest, located,
+                     read_json, writer_of)
+from aria.resources import check_overrides, dataset_file, load
 from aria.settings import typed
 from aria.trajectories import VectorWidth, iter_trajectories, read_producer
 
@@ -105,7 +107,7 @@ STEP_SCRIPTS = {1: "reward_aggregation/1_embed_and_cluster.py", 2: "clustering/2
                 3: "clustering/3_apply_labels.py", 4: "clustering/4_build_training_set.py"}
 
 
-class StaleInput(ValueError):
+class StaleStep(StaleInput):
     """What a step reads does not match what the step before it used."""
 
     def __init__(self, step: int, problem: str):
@@ -116,10 +118,10 @@ class StaleInput(ValueError):
 def step_output(path: Path, step: int) -> dict:
     """A JSON output of ``step``, or a one-line refusal saying to run that step first."""
     if not path.is_file():
-        raise StaleInput(step, f"no {path.name} in {path.parent}")
+        raise StaleStep(step, f"no {path.name} in {path.parent}")
     found = read_json(path)
     if not isinstance(found, dict) or not isinstance(found.get("fingerprint"), str):
-        raise StaleInput(step, f"{path} is not an output of step {step} (no fingerprint)")
+        raise StaleStep(step, f"{path} is not an output of step {step} (no fingerprint)")
     return found
 
 
@@ -133,10 +135,10 @@ def _up_to_date_json(path: Path, fingerprint: str) -> dict | None:
 def _check_inputs(summary: dict, corpus: Corpus, files: list[Path]) -> None:
     """The trajectories and the pools are those step 1 read (see the module doc)."""
     if file_digest(files) != summary.get("input_digest"):
-        raise StaleInput(1, f"the trajectories ({', '.join(map(str, files))}) are not those step 1 read")
+        raise StaleStep(1, f"the trajectories ({', '.join(map(str, files))}) are not those step 1 read")
     pools = {p: text_digest(t) for p, t in corpus.pools.items()}
     if pools != summary.get("pool_digests"):
-        raise StaleInput(1, f"the game's utterance pools ({sorted(pools)}) are not those step 1 clustered "
+        raise StaleStep(1, f"the game's utterance pools ({sorted(pools)}) are not those step 1 clustered "
                             f"({sorted(summary.get('pool_digests') or {})}), or their texts changed")
 
 
@@ -151,7 +153,7 @@ def _stamp(path: Path) -> str | None:
 
 def _check_stamp(arrays: dict[str, np.ndarray], name: str, summary: dict) -> None:
     if arrays.get("fingerprint", np.array("")).item() != summary["fingerprint"]:
-        raise StaleInput(1, f"{name} was not written by the step 1 that wrote utterances.json")
+        raise StaleStep(1, f"{name} was not written by the step 1 that wrote utterances.json")
 
 
 def _up_to_date(out_path: Path, meta_path: Path, fingerprint: str, digest_key: str) -> bool:
@@ -224,9 +226,9 @@ def _load_npz(path: Path, step: int) -> dict[str, np.ndarray]:
         with np.load(path, allow_pickle=False) as data:
             return {k: data[k] for k in data.files}
     except FileNotFoundError:
-        raise StaleInput(step, f"no {path.name} in {path.parent}") from None
+        raise StaleStep(step, f"no {path.name} in {path.parent}") from None
     except (OSError, ValueError, EOFError, zipfile.BadZipFile) as error:
-        raise StaleInput(step, f"{path} cannot be read as step {step}'s arrays ({type(error).__name__}: {error})") from None
+        raise StaleStep(step, f"{path} cannot be read as step {step}'s arrays ({type(error).__name__}: {error})") from None
 
 
 # ---- step 1: preprocess -> embed -> cluster every k -------------------------------------
@@ -549,7 +551,7 @@ def step2_select_k(cfg: Mapping | IntentionSettings, echo: Printer = print) -> d
     corpus, _, files = load_corpus(cfg)
     _check_inputs(summary, corpus, files)
     if json_digest(_step1_settings(cfg, corpus, files)) != summary["fingerprint"]:
-        raise StaleInput(1, "utterances.json was made under other settings of step 1 than these (embedder, embedding, "
+        raise StaleStep(1, "utterances.json was made under other settings of step 1 than these (embedder, embedding, "
                             f"clustering or seed; it clustered with {summary.get('clustering')})")
     scoring = _deciding_selection(asdict(selection_cfg), agg_cfg.window)
     fingerprint = json_digest({"step1": summary["fingerprint"], "selection": scoring, "aggregation": asdict(agg_cfg),
@@ -734,7 +736,7 @@ def read_labelled_run(cfg: Mapping | IntentionSettings) -> LabelledRun:
     summary = step_output(run_dir / "utterances.json", 1)
     selection = step_output(run_dir / "selection.json", 2)
     if selection.get("step1_fingerprint") != summary["fingerprint"]:
-        raise StaleInput(2, "selection.json was made from another run of step 1")
+        raise StaleStep(2, "selection.json was made from another run of step 1")
     corpus, records, files = load_corpus(cfg)
     _check_inputs(summary, corpus, files)
     labels = _load_npz(run_dir / "labels.npz", 1)
@@ -905,7 +907,7 @@ def check_step2_settings(selection: dict, cfg: IntentionSettings) -> None:
     changed = differences(recorded, {"aggregation": asdict(cfg.aggregation),
                                      "selection": _deciding_selection(asdict(cfg.selection), window)})
     if changed:
-        raise StaleInput(2, f"selection.json was made under other settings ({'; '.join(changed[:3])})")
+        raise StaleStep(2, f"selection.json was made under other settings ({'; '.join(changed[:3])})")
 
 
 def _at_chosen_k(made: dict, chosen: dict, labels: str) -> bool:
@@ -976,16 +978,16 @@ def _checked_labelled(cfg: IntentionSettings) -> Path:
     summary = step_output(run_dir / "utterances.json", 1)
     files = input_files(cfg.input)
     if file_digest(files) != summary.get("input_digest"):  # as steps 2 and 3 refuse other trajectories
-        raise StaleInput(1, f"the trajectories ({', '.join(map(str, files))}) are not those step 1 read")
+        raise StaleStep(1, f"the trajectories ({', '.join(map(str, files))}) are not those step 1 read")
     made = step_output(run_dir / "labelled.meta.json", 3)
     selection = step_output(run_dir / "selection.json", 2)
     if made.get("fingerprint") != _step3_fingerprint(selection, cfg.labels):
-        raise StaleInput(3, "labelled.jsonl was made from another selection.json or under other labels")
+        raise StaleStep(3, "labelled.jsonl was made from another selection.json or under other labels")
     chosen = (selection.get("chosen") or {}).get("k")
     if not _at_chosen_k(made, chosen, cfg.labels):
-        raise StaleInput(3, f"labelled.jsonl was labelled at k = {made.get('k')}, selection.json now chooses {chosen}")
+        raise StaleStep(3, f"labelled.jsonl was labelled at k = {made.get('k')}, selection.json now chooses {chosen}")
     if not labelled.is_file() or file_digest([labelled]) != made.get("labelled_digest"):
-        raise StaleInput(3, "labelled.jsonl is missing or changed since step 3 wrote it")
+        raise StaleStep(3, "labelled.jsonl is missing or changed since step 3 wrote it")
     return labelled
 
 
@@ -1004,7 +1006,7 @@ def check_training_set(cfg: Mapping | IntentionSettings) -> Path:
     cfg = _settings(cfg)
     out_path, meta_path, fingerprint = _step4_output(cfg, _checked_labelled(cfg))
     if not _up_to_date(out_path, meta_path, fingerprint, "train_digest"):
-        raise StaleInput(4, f"{out_path} is missing, was made from another labelled.jsonl or game settings, or changed "
+        raise StaleStep(4, f"{out_path} is missing, was made from another labelled.jsonl or game settings, or changed "
                             "since step 4 wrote it")
     return out_path
 
@@ -1031,3 +1033,23 @@ def _target_of(record: dict) -> str | None:
     if meta.get("config_id") is not None:
         return str(meta["config_id"])
     return json.dumps(meta["config"], sort_keys=True) if meta.get("config") is not None else None
+
+
+# ---- the step scripts' entry point ----------------------------------------------------------------------
+def run_step(step: Callable[[dict, Printer], Any], cfg) -> None:
+    """Entry point of the numbered pipeline scripts (``step`` one of the ``step*`` functions of
+    this module): bad input prints one line and exits with status 2; Ctrl-C says
+    what was kept (the embedding cache and the k sweep save as they go) and exits 130."""
+    try:
+        with command(kept=lambda: f"the saved progress in {cfg.run_dir}"):
+            settings = load("intention", cfg)
+            settings["game"] = checked_game(settings["game"])
+            with hold_folder(settings["run_dir"], "run_dir"):  # one step at a time writes a run_dir's files
+                step(settings, print)
+    except (DataError, FileNotFoundError, ValueError) as err:  # the settings checks of the steps
+        print(f"error: {err}", file=sys.stderr)
+        sys.exit(2)
+    except openai_errors() as err:  # the embeddings endpoint kept failing (after its retries)
+        url = cfg.embedder.get("base_url", "?")
+        print(f"error: embeddings endpoint {url}: {type(err).__name__}: {' '.join(str(err).split())[:300]}", file=sys.stderr)
+        sys.exit(1)
