@@ -15,10 +15,11 @@ outcomes, where it came from and the CPU, and is what docs render (aria/experime
 KEY=VALUE`` changes another setting of the experiment config (``engine=local``).
 """
 import argparse
+import sys
 from pathlib import Path
 
 from aria.cli import command, number, protect_terminal
-from aria.experiment.runner import Generator, check_settings, evaluate_arm, evaluation_done, model_version
+from aria.experiment.runner import GamesFailed, Generator, check_settings, evaluate_arm, evaluation_done, model_version
 from aria.games.family import family_of
 from aria.io import ConfigError, atomic_write_json, read_json
 from aria.llm.hardware import describe, label
@@ -69,6 +70,9 @@ def main() -> None:
                 out = args.run_dir / f"{name}.jsonl"
                 if not evaluation_done(cfg, out, generator.describe(Path(path), e, e.seed)):
                     generator.play(Path(path), e, e.seed, lambda policy: evaluate_arm(cfg, policy, out, print))
+        except GamesFailed as failed:  # their records say why; exit 1, as the experiment does
+            print(f"error: {failed}", file=sys.stderr)
+            sys.exit(1)
         finally:
             generator.stop()
         results = {"preset": args.preset, "game": cfg.game["name"], "games": args.games,

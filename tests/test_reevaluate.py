@@ -64,3 +64,11 @@ def test_two_models_play_the_same_targets_and_a_rerun_continues_instead_of_playi
     assert (tmp_path / "run" / "first.jsonl").read_bytes() == before
     assert json.loads((tmp_path / "out" / "results.json").read_text()) == results
     assert any(line.startswith("| first − second | 3 |") for line in reevaluated_lines(results))
+
+
+def test_a_bar_in_a_models_description_stays_in_its_cell():
+    results = {"preset": "small", "game": "g", "games": 1, "engine": "vllm", "cpu": "c", "compare": [],
+               "eval": {"seed": 1, "temperature": 1.0, "max_tokens": 8},
+               "models": [{"name": "a", "about": "lr 1e-4 | 2 epochs", "game_ids": ["g0"], "won": "1"}]}
+    row = next(line for line in reevaluated_lines(results) if line.startswith("| a |"))
+    assert row.count(" | ") == 3 and "lr 1e-4 \\| 2 epochs" in row

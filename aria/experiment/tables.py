@@ -305,7 +305,8 @@ def reevaluated_lines(results: dict[str, Any]) -> list[str]:
     for m in results["models"]:
         wins, n = m["won"].count("1"), len(m["won"])
         low, high = wilson_interval(wins, n)
-        lines.append(f"| {m['name']} | {m['about']} | {wins} / {n} | {100 * wins / n:.1f}% ({100 * low:.1f}–{100 * high:.1f}) |")
+        about = m["about"].replace("|", "\\|")  # a table cell: a "|" of the text would split it
+        lines.append(f"| {m['name']} | {about} | {wins} / {n} | {100 * wins / n:.1f}% ({100 * low:.1f}–{100 * high:.1f}) |")
     lines += ["", "| first − second | pairs | won by the first only / the second only | difference, points (95% CI) "
               "| exact McNemar p |", "|---|---|---|---|---|"]
     for first, second in results["compare"]:
