@@ -6,7 +6,7 @@ the header and the history, and every game of a testbed shares the header. Encod
 sample, a 17-turn game costs about 17 prompts' worth of tokens; merged along their shared token
 prefixes into one tree, it costs its longest prompt plus each other step's closing request and
 action. Scoring (:func:`aria.trainers.reward_model.score_prefix_trees`) and every trainer
-(:func:`collate_tree`, read by :func:`aria.policy.action_logprobs` and
+(:func:`collate_tree`, read by :func:`aria.llm.policy.action_logprobs` and
 :func:`aria.trainers.reward_model.reward_scores`) use the one tree built here.
 
 Why the result is exact: every distinct prefix is one node; a node attends to itself and its
@@ -19,7 +19,7 @@ backpropagation through a shared node adds up what each sample through it sends 
 A micro-batch is one padded batch of such trees (:func:`collate_tree`): a sample that shares
 less than half its tokens with the samples before it starts a tree of its own
 (:data:`MIN_SHARED`), because a tree's attention is dense, so merging samples that share little
-costs more than it saves. Prompts are whole, as played (:mod:`aria.policy`); a prompt cut on the
+costs more than it saves. Prompts are whole, as played (:mod:`aria.llm.policy`); a prompt cut on the
 left (``data.over_long=cut_left``, the release's 512) starts inside the history and shares
 nothing, so it is a tree of its own; :func:`packing_stats` counts them.
 Small trees share a row of the batch, side by side (:func:`tree_rows`): a row is as long as the
@@ -29,7 +29,7 @@ Trees are not always cheaper. A micro-batch whose samples share little (another 
 sample, prompts cut on the left) saves few tokens, and a long tree's dense attention costs more
 per token than a short row's. :func:`cheaper_layout` counts both layouts' compute (the weights'
 share per token, and attention over each token's row: :func:`layout_cost`) and
-:func:`aria.policy.collate_as` lays such a micro-batch out in padded rows. The two layouts give
+:func:`aria.llm.policy.collate_as` lays such a micro-batch out in padded rows. The two layouts give
 the same values, so the choice changes time and memory only.
 
 Which samples share a micro-batch: :func:`game_ordered_batches` puts each game whole in one
@@ -255,7 +255,7 @@ def tree_groups(sequences: Sequence[Sequence[int]], min_shared: float = MIN_SHAR
 
 
 def collate_tree(samples: Sequence, pad_id: int | None = None) -> dict[str, torch.Tensor]:
-    """A micro-batch of encoded samples (:class:`aria.policy.EncodedSample`) as prefix trees: its
+    """A micro-batch of encoded samples (:class:`aria.llm.policy.EncodedSample`) as prefix trees: its
     samples split into trees (:func:`tree_groups`), the trees side by side in K rows as long as
     the largest tree, N nodes (:func:`tree_rows`), one right-padded batch.
 

@@ -59,8 +59,8 @@ SCHEMAS: dict[str, str] = {
     "onlinereinforce_llm": "aria.trainers.settings:OnlineTrainerSettings",
     "critic": "aria.trainers.settings:CriticTrainerSettings",
     "experiment": "aria.experiment.settings:ExperimentSettings",
-    "collect": "aria.games.settings:CollectSettings",
-    "eval": "aria.games.settings:EvalSettings",
+    "collect": "aria.games.common.settings:CollectSettings",
+    "eval": "aria.games.common.settings:EvalSettings",
     "intention": "aria.intention.settings:IntentionSettings",
 }
 

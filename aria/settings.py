@@ -8,7 +8,7 @@ an instance of the schema, read as attributes (``cfg.aggregation.gamma``) by the
 it; :func:`validated` a plain dict with the declared types, for the commands still read by key
 (``1`` becomes ``1.0`` for a float, ``"3"`` becomes ``3`` for an int). A schema lives beside the
 code that reads it (:mod:`aria.intention.settings`, :mod:`aria.trainers.settings`,
-:mod:`aria.games.settings`, :mod:`aria.experiment.settings`); ``aria.resources.SCHEMAS`` names
+:mod:`aria.games.common.settings`, :mod:`aria.experiment.settings`); ``aria.resources.SCHEMAS`` names
 each config's.
 
 Where the defaults live: the YAML files hold every value and its explanation, so a field that
@@ -18,7 +18,7 @@ runs never set.
 
 Choices that come from a registry (``method``, ``loss.name``, ``train.packing``, a scheduler
 name) stay strings: the registry checks them and lists the known names. A game section has the
-schema of its family (:mod:`aria.games.settings`), checked by ``aria.games.family.checked_game``
+schema of its family (:mod:`aria.games.common.settings`), checked by ``aria.games.family.checked_game``
 where a command takes its game. Policy, oracle, opponent and embedder sections are config groups
 whose options differ in shape; the registries that build them check them against their classes'
 parameters (``aria.registry.check_options``).

@@ -36,7 +36,7 @@
 
 Everything here is a pure function of game records and counts, checked by hand in
 ``tests/test_evaluation.py`` and ``tests/test_power.py``; the commands that play and write the
-evaluations are :mod:`aria.evaluate` (a served or local model on every environment) and
+evaluations are :mod:`aria.games.evaluate` (a served or local model on every environment) and
 :mod:`aria.experiment.report` (the experiment's table).
 """
 from __future__ import annotations

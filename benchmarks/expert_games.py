@@ -14,7 +14,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from aria.games.base import load_game_config
+from aria.games.common.base import load_game_config
 from aria.games.question.expert import ScriptedExpertPolicy
 from aria.games.question.game import build_game
 from aria.games.question.oracle import build_oracle

@@ -126,7 +126,7 @@ def serve(dtype: str, port: int, eager: bool = True) -> dict:
 
 def play(workload: str, policy, concurrency: int, turns: int, rounds: int, seed: int) -> dict:
     """Play ``workload`` with ``policy``; returns turns, generated tokens and seconds."""
-    from aria.games.base import load_game_config
+    from aria.games.common.base import load_game_config
     from aria.games.question.game import build_game
 
     games = 3 if concurrency == 1 else concurrency

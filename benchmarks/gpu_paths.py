@@ -62,7 +62,7 @@ def to(batch: dict, device: str) -> dict:
 
 def played_samples(model_dir: Path, work: Path, device: str) -> list[dict]:
     """The packing tests' samples: four games the tiny model played, as pipeline step 4 renders them."""
-    from aria.games.base import load_game_config
+    from aria.games.common.base import load_game_config
     from aria.games.family import family_of
     from aria.games.question.game import build_game
     from aria.games.question.oracle import build_oracle
@@ -104,8 +104,8 @@ def check_generation(model_dir: Path, device: str) -> dict:
 def check_packing(model_dir: Path, samples: list[dict], device: str) -> dict:
     from peft import LoraConfig, get_peft_model
 
+    from aria.llm.policy import action_logprobs, collate, load_policy
     from aria.packing import collate_tree
-    from aria.policy import action_logprobs, collate, load_policy
     from aria.trainers.losses import reinforce_loss
     from test_packing import cases, gradients
 
@@ -306,7 +306,7 @@ def check_deepspeed(model_dir: Path, samples: list[dict], work: Path, use_deepsp
 
 
 def check_merge(model_dir: Path, work: Path, device: str) -> dict:
-    from aria.policy import action_logprobs, collate, encode_sample, load_policy, merge_lora
+    from aria.llm.policy import action_logprobs, collate, encode_sample, load_policy, merge_lora
 
     samples = [("Question: Is it an animal?\nAnswer: No.", "Question: Is it a fruit?"),
                ("Let's play a game of Twenty Questions.", "Question: Is it red?")]

@@ -4,8 +4,8 @@ For each served precision (``--dtypes``), one server of the base model with the 
 (``scripts/serve_vllm.sh`` with ``--enable-lora``: :func:`aria.llm.served.start_server`'s
 ``adapters``) gives the
 log-probability of every token after the first of ``--samples`` training steps (prompt and
-action encoded exactly as the trainer encodes them, :func:`aria.policy.encode_sample` with the
-adapter's own :class:`aria.policy.Encoding`), under the base's name and under the adapter's.
+action encoded exactly as the trainer encodes them, :func:`aria.llm.policy.encode_sample` with the
+adapter's own :class:`aria.llm.policy.Encoding`), under the base's name and under the adapter's.
 transformers gives the same in float32: the base, and the base with the adapter through peft
 (the trained model). Per precision, in nats per token:
 
@@ -18,7 +18,7 @@ transformers gives the same in float32: the base, and the base with the adapter 
 
 With ``--games N`` it then times an evaluation both ways, on the same seeded targets: ``N``
 games of ``--game`` at temperature 1 (48 in flight, 32 tokens a reply, as the presets evaluate),
-played through a server of the merged float32 model (:func:`aria.policy.merge_lora`, what the
+played through a server of the merged float32 model (:func:`aria.llm.policy.merge_lora`, what the
 experiments serve now) and through a float32 server of the base with the adapter: the server's
 start, the games' seconds, turns/s and wins.
 
@@ -37,8 +37,8 @@ import torch
 from aria.io import atomic_write_json, read_json
 from aria.llm.embedded import resolve_model_path
 from aria.llm.hardware import describe, label
+from aria.llm.policy import Encoding, encode_sample
 from aria.llm.served import free_port, start_server, stop_server
-from aria.policy import Encoding, encode_sample
 
 
 def token_logprobs(model, ids: list[list[int]]) -> torch.Tensor:
@@ -69,7 +69,7 @@ def evaluate(model_dir: Path, name: str, adapters: dict | None, args, out: Path)
     the policy asking for ``name``."""
     import time
 
-    from aria.games.base import load_game_config
+    from aria.games.common.base import load_game_config
     from aria.games.question.game import build_game
     from aria.games.question.oracle import build_oracle
     from aria.games.question.play import play_games, reply_format
@@ -180,7 +180,7 @@ def main() -> None:
     if args.games:
         import tempfile
 
-        from aria.policy import merge_lora
+        from aria.llm.policy import merge_lora
 
         with tempfile.TemporaryDirectory() as folder:
             tmp = Path(folder)

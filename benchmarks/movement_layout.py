@@ -53,11 +53,11 @@ def headline(report: dict) -> list[dict]:
 
 
 def main() -> None:
-    from aria.experiment.runner import held_out_steps
     from aria.experiment.layout import Layout
     from aria.experiment.movement import compare_policies, steps_by_game, whole_games
+    from aria.experiment.runner import held_out_steps
+    from aria.llm.policy import Encoding, load_policy
     from aria.packing import collate_tree, sample_groups
-    from aria.policy import Encoding, load_policy
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--run-dir", type=Path, help="a finished experiment's run folder (its experiment.json)")

@@ -5,7 +5,7 @@ mutmut (a maintained mutation tool) rewrites the files listed under ``only_mutat
 dropped) and runs, for each change ("mutant"), the in-process tests that call the changed
 function. A mutant is *killed* when some test fails, *survived* when all pass. The core is
 ``aria/intention/`` (aggregate, select, corpus), the pure losses (``aria/trainers/losses.py``),
-the log-prob code (``aria/policy.py``), the two-player payoffs (``aria/games/two_player/glee.py``) and the
+the log-prob code (``aria/llm/policy.py``), the two-player payoffs (``aria/games/two_player/glee.py``) and the
 evaluation statistics (``aria/statistics.py``).
 
 This script runs mutmut in a scratch copy of the repository (so ``mutants/`` never lands in the

@@ -33,7 +33,7 @@ from omegaconf import OmegaConf
 
 from aria.data import read_training_set
 from aria.io import atomic_write_json
-from aria.policy import action_logprobs, collate, encode_sample, load_policy
+from aria.llm.policy import action_logprobs, collate, encode_sample, load_policy
 from aria.resources import REPO_ROOT
 from aria.trainers.offline import OfflineTrainer, reinforce_loss, resolve_mixed_precision
 

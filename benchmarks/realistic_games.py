@@ -28,7 +28,7 @@ import argparse
 import random
 from typing import Any, Callable
 
-from aria.games.base import load_game_config
+from aria.games.common.base import load_game_config
 from aria.games.question.game import load_game
 from aria.games.question.oracle import build_oracle
 from aria.io import read_json

@@ -66,7 +66,7 @@ def main() -> None:
 
     from aria.llm.embedded import embedded_model_dir
     from aria.llm.local import resolve_dtype
-    from aria.policy import Encoding
+    from aria.llm.policy import Encoding
     from aria.trainers.reward_model import (
         load_reward_model, prefix_tree_packs, score_encoded, score_prefix_trees,
     )

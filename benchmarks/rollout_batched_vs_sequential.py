@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 
 import torch
-from aria.games.base import load_game_config
+from aria.games.common.base import load_game_config
 from aria.games.question.game import build_game
 from aria.games.question.oracle import build_oracle
 from aria.games.question.play import play_games

@@ -95,7 +95,7 @@ class RunningSampler:
 
 # ---- one way ----------------------------------------------------------------------------------------
 def run_way(name: str, args, out_dir: Path) -> tuple[dict, Path]:
-    from aria.games.base import load_game_config
+    from aria.games.common.base import load_game_config
     from aria.games.question.game import build_game
     from aria.games.question.oracle import build_oracle
     from aria.games.question.play import play_games, reply_format
@@ -158,10 +158,10 @@ def floor(args, games: Path, generated_tokens: int, rates: dict) -> dict:
     """The compute and bandwidth floors of these games (module doc)."""
     from transformers import AutoConfig, AutoTokenizer
 
-    from aria.games.base import load_game_config
+    from aria.games.common.base import load_game_config
     from aria.games.question.game import build_game
+    from aria.llm.policy import full_prompt_ids
     from aria.packing import _common_prefix
-    from aria.policy import full_prompt_ids
     from aria.trajectories import read_trajectories
 
     config = AutoConfig.from_pretrained(args.model)

@@ -7,9 +7,9 @@
 import argparse
 import sys
 
-from aria.evaluate import compare_table
-from aria.io import DataError
 from aria.cli import protect_terminal
+from aria.games.evaluate import compare_table
+from aria.io import DataError
 
 
 def main() -> None:

@@ -19,7 +19,7 @@ import sys
 import hydra
 
 from aria.cli import check_command_line, command, protect_terminal
-from aria.evaluate import evaluate_model
+from aria.games.evaluate import evaluate_model
 
 
 @hydra.main(config_path="../config", config_name="eval", version_base="1.3")

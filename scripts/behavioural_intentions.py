@@ -23,7 +23,7 @@ def main() -> None:
     args = parser.parse_args()
 
     from aria.cli import command
-    from aria.games.base import load_game_config
+    from aria.games.common.base import load_game_config
     from aria.games.question.game import build_game
     from aria.games.question.oracle import build_oracle
     from aria.intention.behaviour import partition, signatures

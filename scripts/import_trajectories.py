@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Convert an original project's game log into schema-v1 trajectories (see aria/importers.py).
+"""Convert an original project's game log into schema-v1 trajectories (see aria/games/importers.py).
 
     python scripts/import_trajectories.py --format aria_msgs --game twenty_questions IN.jsonl OUT.jsonl
 
@@ -16,8 +16,8 @@ import sys
 from pathlib import Path
 
 from aria.cli import command, protect_terminal
-from aria.games.base import known_games
-from aria.importers import IMPORTERS, SUCCESS_SOURCES, TWO_PLAYER_IMPORTERS, import_file, import_summary
+from aria.games.common.base import known_games
+from aria.games.importers import IMPORTERS, SUCCESS_SOURCES, TWO_PLAYER_IMPORTERS, import_file, import_summary
 from aria.io import ConfigError
 
 

@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 
 from aria.cli import command, protect_terminal
-from aria.policy import merge_lora
+from aria.llm.policy import merge_lora
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from aria.games.base import load_game_config
+from aria.games.common.base import load_game_config
 from aria.games.question.game import load_game
 
 
@@ -185,7 +185,7 @@ def game_configs() -> dict:
 def naive_action_logprob(model, encoded):
     """Σ log p(action token | everything before it) for one encoded sample, computed the plain way:
     one unpadded forward pass and a loop over the action's positions. An independent reference
-    for the trainers' batched, padded :func:`aria.policy.action_logprobs` (a tensor with grad)."""
+    for the trainers' batched, padded :func:`aria.llm.policy.action_logprobs` (a tensor with grad)."""
     import torch
 
     ids = torch.tensor([encoded.input_ids])

@@ -76,7 +76,7 @@ def test_the_script_counts_a_games_file(tmp_path):
     from conftest import ScriptedPolicy
     from in_process import run_script
 
-    from aria.games.base import load_game_config
+    from aria.games.common.base import load_game_config
     from aria.games.question.game import build_game
     from aria.games.question.oracle import build_oracle
     from aria.games.question.play import QuestionGames, game_id

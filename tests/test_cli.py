@@ -464,7 +464,7 @@ def test_an_empty_out_is_one_line():
 
 def test_a_merge_under_a_file_is_refused_before_the_models_load(tmp_path, tiny_model_dir):
     from aria.io import ConfigError
-    from aria.policy import load_policy, merge_lora
+    from aria.llm.policy import load_policy, merge_lora
 
     _, model = load_policy(str(tiny_model_dir), lora={"r": 4, "alpha": 8, "dropout": 0.0, "target_modules": ["q_proj"]})
     model.save_pretrained(tmp_path / "adapter")

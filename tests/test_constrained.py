@@ -13,7 +13,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from aria.games.base import load_game_config
+from aria.games.common.base import load_game_config
 from aria.games.question.game import build_game
 from aria.games.two_player.glee import BargainingConfig, Match, Move, NegotiationConfig
 from aria.games.two_player.offers import parse_reply, reply_schema, split_grid

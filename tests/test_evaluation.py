@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from aria.evaluate import compare_table, write_summary
+from aria.games.evaluate import compare_table, write_summary
 from aria.statistics import summarize_games, summarize_two_player, wilson_interval
 from aria.trajectories import make_record, read_trajectories
 

@@ -8,7 +8,7 @@ from collections import defaultdict
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from aria.games.base import load_game_config
+from aria.games.common.base import load_game_config
 from aria.games.family import collect_from_config
 from aria.games.question.expert import NO, YES, ScriptedExpertPolicy, answer_class
 from aria.games.question.game import build_game

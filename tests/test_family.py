@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from aria.experiment.settings import PlaySettings
-from aria.games.base import load_game_config
+from aria.games.common.base import load_game_config
 from aria.games.family import FAMILIES, QuestionFamily, TwoPlayerFamily, family_of
 from aria.io import ConfigError
 from aria.resources import compose_config
@@ -83,7 +83,7 @@ def test_a_collection_refuses_bad_player_settings_before_a_model_loads(tmp_path,
     (["envs=[bargaining]", "two_player.config_set=nope"], "two_player.config_set: config/game/bargaining.yaml has no config set 'nope'"),
 ])
 def test_an_evaluation_refuses_an_unknown_oracle_or_config_set_before_the_model_loads(tmp_path, overrides, message):
-    from aria.evaluate import evaluate_model
+    from aria.games.evaluate import evaluate_model
 
     with pytest.raises(ConfigError) as refused:
         evaluate_model(compose_config("eval", [*overrides, "policy=local", "policy.model_path=/no/such/model",

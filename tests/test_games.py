@@ -146,7 +146,7 @@ def test_a_testbed_config_starts_from_its_game_and_keeps_a_subset(tmp_path, monk
     from hydra import compose, initialize_config_dir
     from omegaconf import OmegaConf
 
-    from aria.games.base import load_game_config
+    from aria.games.common.base import load_game_config
     from aria.games.question.game import load_game
     from aria.games.question.oracle import OracleRequest, build_oracle
     from aria.io import DataError
@@ -185,7 +185,7 @@ def test_a_testbed_config_starts_from_its_game_and_keeps_a_subset(tmp_path, monk
 
 
 def test_guess_my_city_subset_is_guess_my_city_on_ten_named_cities():
-    from aria.games.base import load_game_config
+    from aria.games.common.base import load_game_config
     from aria.games.question.game import load_game
     from aria.games.question.oracle import OracleRequest, build_oracle
 

@@ -1,4 +1,4 @@
-"""Importers of the original formats (aria/importers.py) and their command-line script.
+"""Importers of the original formats (aria/games/importers.py) and their command-line script.
 
 Fixtures are small hand-written files in the originals' formats; the expected records were worked
 out by hand from the rules in the importers' module doc. The released ARIA training sample in
@@ -14,8 +14,8 @@ from typing import Any
 
 import pytest
 
+from aria.games.importers import IMPORTERS, import_file, import_summary, parse_history, split_line
 from aria.games.question.game import load_game
-from aria.importers import IMPORTERS, import_file, import_summary, parse_history, split_line
 from aria.io import DataError
 from aria.trajectories import read_trajectories, validate_record
 from conftest import ORIGINAL_SAMPLES

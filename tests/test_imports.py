@@ -81,6 +81,25 @@ def test_the_sub_packages_import_each_other_one_way():
         pytest.fail(f"sub-packages import each other: {' -> '.join(err.args[1])}")
 
 
-@pytest.mark.parametrize("package", ["aria.games", "aria.games.question", "aria.games.two_player", "aria.experiment"])
+def test_no_folder_imports_one_that_imports_it_back():
+    """Each folder of the package (its top included) taken whole: the folders import each other in
+    one direction. The top holds the foundation (io, resources, registry...), which every folder
+    uses, so no module at the top may import a folder below it; games/common holds what the game
+    families share, so the registry of families (games/family.py) sits above them."""
+    def folder(module: str) -> str:
+        path = PACKAGE.parent.joinpath(*module.split("."))
+        return module if path.is_dir() else module.rpartition(".")[0]
+
+    graph: dict[str, set[str]] = {}
+    for module, targets in import_graph().items():
+        graph.setdefault(folder(module), set()).update(folder(t) for t in targets if folder(t) != folder(module))
+    try:
+        list(graphlib.TopologicalSorter(graph).static_order())
+    except graphlib.CycleError as err:
+        pytest.fail(f"folders import each other: {' -> '.join(err.args[1])}")
+
+
+@pytest.mark.parametrize("package", ["aria.games", "aria.games.common", "aria.games.question", "aria.games.two_player",
+                                     "aria.experiment"])
 def test_the_game_folders_import_nothing(package):
     assert import_graph()[package] == set()  # each module is imported by its own path

@@ -14,10 +14,10 @@ import pytest
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
+from aria.games.importers import import_file
 from aria.games.question.game import target_schedule
 from aria.games.question.oracle import build_oracle
 from aria.games.question.play import game_id, play_games
-from aria.importers import import_file
 from aria.intention import pipeline
 from aria.io import ConfigError, DataError
 from aria.resources import compose_config
@@ -294,7 +294,7 @@ def test_a_two_player_game_without_a_round_is_skipped_and_said(negotiation_traje
     """Under discount=original the release counts m = min(#Alice, #Bob) rounds: a game where Bob
     never spoke has none, and is listed as skipped (before: it added no step and no line, and a file
     of such games said "every game empty or failed")."""
-    from aria.games.base import load_game_config
+    from aria.games.common.base import load_game_config
     from aria.intention.corpus import IntentionSpec, build_corpus
 
     records = [json.loads(line) for line in negotiation_trajectories.read_text().splitlines()][:3]
@@ -494,7 +494,7 @@ def test_zero_vector_from_the_embedder_names_the_game(tmp_path, monkeypatch):
 
 
 def test_guess_my_city_answers_are_clustered_separately_or_pooled():
-    from aria.games.base import load_game_config
+    from aria.games.common.base import load_game_config
     from aria.intention.corpus import IntentionSpec, build_corpus
 
     turns = [{"action": "Question: Is it in Asia?", "question": "Is it in Asia?", "observation": "No, it is in Europe.",

@@ -290,7 +290,7 @@ def test_two_steps_of_trajectory_dpo_on_a_tiny_model(tmp_path, tiny_model_dir):
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from aria.policy import Encoding
+    from aria.llm.policy import Encoding
     from aria.trainers.dpo import TrajectoryDPOTrainer
     from aria.trainers.methods import trainer_for
     from conftest import naive_action_logprob
@@ -412,7 +412,7 @@ def test_accelerate_launch_and_resume_per_method(name, processes, units, accumul
     last = out / "checkpoints" / f"step-{total}"
     assert json.loads((last / "trainer_state.json").read_text())["world_size"] == processes
     if name == "gigpo":  # each process computed half the start model's log-probs; gathered, they are every sample's
-        from aria.policy import encode_sample, load_policy
+        from aria.llm.policy import encode_sample, load_policy
         from aria.trainers.checkpoint import load_state
         from conftest import naive_action_logprob
 

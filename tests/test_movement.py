@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from aria.experiment.movement import compare_policies, movement, weight_change_share, whole_games
-from aria.policy import encode_sample, load_policy
+from aria.llm.policy import encode_sample, load_policy
 from conftest import build_tiny_chat_model, naive_action_logprob
 
 STEPS = [("Let's play a game of Twenty Questions. Guess the object.", "Question: Is it an animal?", True),

@@ -17,7 +17,7 @@ from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 from safetensors.torch import load_file
 
-from aria.policy import action_logprobs, collate, encode_sample, load_policy
+from aria.llm.policy import action_logprobs, collate, encode_sample, load_policy
 from aria.trainers.offline import OfflineTrainer, length_bucketed_batches
 from conftest import naive_action_logprob
 
@@ -535,7 +535,7 @@ def test_a_run_never_replaces_the_final_model_of_another(tmp_path, tiny_model_di
     adapter is trained again."""
     from aria.io import ResumeMismatch
     from aria.llm.merge_record import stale_merge
-    from aria.policy import merge_lora
+    from aria.llm.policy import merge_lora
 
     data = samples(8)
     common = ("train.epochs=1", "train.micro_batch_size=4", "train.gradient_accumulation_steps=1", "train.save_freq=100")

@@ -217,7 +217,7 @@ def test_two_copies_or_merges_into_one_folder_are_refused(tmp_path, tiny_model_d
     copy_without_weights(run, dest)  # the other writer gone: it copies
     assert (dest / "experiment.json").read_text() == "{}"
 
-    from aria.policy import load_policy, merge_lora
+    from aria.llm.policy import load_policy, merge_lora
 
     _, model = load_policy(str(tiny_model_dir), lora={"r": 4, "alpha": 8, "dropout": 0.0, "target_modules": ["q_proj"]})
     model.save_pretrained(tmp_path / "adapter")

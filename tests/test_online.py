@@ -327,7 +327,7 @@ def test_an_online_step_raises_the_favoured_action(tmp_path, tiny_model_dir, tin
     """Two replies to one prompt, advantages +1 and −1: one actor update must raise the log-prob of
     the first relative to the second (log-probs measured with an independent computation). With
     the advantages' sign flipped, the gap would shrink."""
-    from aria.policy import encode_sample
+    from aria.llm.policy import encode_sample
     from conftest import naive_action_logprob
 
     cfg = online_config(tmp_path, tiny_model_dir, tiny_sentence_model_dir, "online.actor_updates=1",

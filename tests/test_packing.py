@@ -20,7 +20,7 @@ import torch
 
 from aria.packing import (collate_tree, game_ordered_batches, packing_stats, prefix_tree, sample_groups,
                           score_position, tree_tokens)
-from aria.policy import Encoding, action_logprobs, collate, load_policy
+from aria.llm.policy import Encoding, action_logprobs, collate, load_policy
 from conftest import ORIGINAL_SAMPLES
 
 REPO = Path(__file__).resolve().parents[1]
@@ -96,7 +96,7 @@ def test_a_micro_batch_that_is_cheaper_in_rows_is_laid_out_in_rows(tiny_model_di
     """The steps of played games stay in trees even when attention dominates (one tree is far
     shorter than their rows together); two samples that share only half their tokens go to rows
     once attention costs more than the weights (:func:`test_the_cheaper_layout_by_hand`)."""
-    from aria.policy import EncodedSample, collate_as
+    from aria.llm.policy import EncodedSample, collate_as
 
     tokenizer, _ = load_policy(str(tiny_model_dir))
     encoded = encode_all(tokenizer, played_samples)
@@ -133,7 +133,7 @@ def test_sample_groups_are_games_and_roles():
 def played_samples(tmp_path_factory, tiny_model_dir) -> list[dict]:
     """Training samples of four games the tiny model played (the collection code, the knowledge
     base oracle), rendered as pipeline step 4 renders them, with their game ids and turns."""
-    from aria.games.base import load_game_config
+    from aria.games.common.base import load_game_config
     from aria.games.family import family_of
     from aria.games.question.game import build_game
     from aria.games.question.oracle import build_oracle

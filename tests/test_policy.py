@@ -1,4 +1,4 @@
-"""Action log-probabilities (aria/policy.py) are exact: a right-padded batch of samples with
+"""Action log-probabilities (aria/llm/policy.py) are exact: a right-padded batch of samples with
 different prompt and action lengths gives, per sample, the same sum of action-token log-probs as
 running that sample alone with no padding at all."""
 from __future__ import annotations
@@ -7,7 +7,7 @@ import json
 
 import torch
 
-from aria.policy import action_logprobs, collate, encode_sample, load_policy, padded_fraction
+from aria.llm.policy import action_logprobs, collate, encode_sample, load_policy, padded_fraction
 
 SAMPLES = [
     ("Let's play a game of Twenty Questions. Guess the object.", "Question: Is it an animal?"),
@@ -72,7 +72,7 @@ def test_layout_prompt_then_action_then_right_padding(tiny_model_dir):
 def test_over_long_prompt_is_refused_or_cut_on_the_left_as_asked(tiny_model_dir):
     import pytest
 
-    from aria.policy import PromptTooLong
+    from aria.llm.policy import PromptTooLong
 
     tokenizer, _ = load_policy(str(tiny_model_dir))
     full = encode_sample(tokenizer, SAMPLES[2][0], "Yes", max_prompt_tokens=10_000)
@@ -86,7 +86,7 @@ def test_over_long_prompt_is_refused_or_cut_on_the_left_as_asked(tiny_model_dir)
 def test_merge_lora_writes_a_plain_model_with_the_adapters_log_probs(tiny_model_dir, tmp_path):
     import pytest
 
-    from aria.policy import merge_lora
+    from aria.llm.policy import merge_lora
 
     lora = {"r": 4, "alpha": 8, "dropout": 0.0, "target_modules": ["q_proj", "v_proj"]}
     tokenizer, model = load_policy(str(tiny_model_dir), lora=lora)
@@ -129,7 +129,7 @@ def test_merge_lora_never_replaces_its_adapter_its_base_or_other_files(tiny_mode
     import pytest
 
     from aria.io import ConfigError, model_digest
-    from aria.policy import merge_lora
+    from aria.llm.policy import merge_lora
 
     lora = {"r": 4, "alpha": 8, "dropout": 0.0, "target_modules": ["q_proj", "v_proj"]}
     _, model = load_policy(str(tiny_model_dir), lora=lora)
@@ -152,11 +152,11 @@ def test_merge_lora_never_replaces_its_adapter_its_base_or_other_files(tiny_mode
 def test_a_base_with_a_config_json_of_no_model_is_one_line_before_loading(tiny_model_dir, tmp_path):
     """Before: transformers' traceback after the merge started (the adversarial pass gave --base a
     folder whose config.json was no model's). Each base below is refused naming it; a model
-    setting of a trainer takes the same check (aria.policy.model_folder)."""
+    setting of a trainer takes the same check (aria.llm.policy.model_folder)."""
     import pytest
 
     from aria.io import ConfigError
-    from aria.policy import merge_lora, model_folder
+    from aria.llm.policy import merge_lora, model_folder
 
     _, model = load_policy(str(tiny_model_dir), lora={"r": 4, "alpha": 8, "dropout": 0.0, "target_modules": ["q_proj"]})
     model.save_pretrained(tmp_path / "adapter")
@@ -196,7 +196,7 @@ def test_a_saved_encoding_is_read_back_and_a_bad_one_is_named(tmp_path):
     import pytest
 
     from aria.io import DataError
-    from aria.policy import ENCODING_FILE, Encoding
+    from aria.llm.policy import ENCODING_FILE, Encoding
 
     assert Encoding.saved_in(tmp_path, Encoding(7, False)) == Encoding(7, False)  # none saved: the default
     Encoding(64, True, "Be brief.").save(tmp_path)

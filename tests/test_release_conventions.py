@@ -17,8 +17,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from aria.games.importers import parse_history
 from aria.games.question.game import load_game
-from aria.importers import parse_history
 from aria.intention.aggregate import aggregate, step_returns
 from aria.intention.corpus import IntentionSpec, build_corpus
 from aria.trajectories import make_record, make_two_player_record

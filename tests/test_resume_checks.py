@@ -80,10 +80,10 @@ def test_a_file_of_this_runs_own_games_resumes(played):
 
 
 def test_a_two_player_record_of_another_configuration_or_winner_is_refused(tmp_path):
+    from aria.games.common.base import load_game_config
     from aria.games.two_player.glee import config_set
     from aria.games.two_player.play import ScriptedPlayer, play_two_player
     from aria.io import ResumeMismatch
-    from aria.games.base import load_game_config
 
     game_cfg = load_game_config("bargaining")
     configs = config_set(game_cfg, "eval48")[:2]

@@ -17,7 +17,7 @@ from safetensors.torch import load_file
 from aria.trainers.reward_model import (
     RewardModelTrainer, correlations, held_out_split, load_reward_model, score_encoded,
 )
-from aria.policy import encode_sample
+from aria.llm.policy import encode_sample
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -152,7 +152,7 @@ def test_the_scorer_encodes_as_the_model_was_trained(tmp_path, tiny_model_dir):
     """A reward model trained with the end-of-turn token and a system prompt (not the defaults)
     saves that encoding beside its weights, and the in-process scorer reads it back: its scores
     equal scoring samples encoded exactly as in training, not as the scorer's own defaults."""
-    from aria.policy import ENCODING_FILE, Encoding
+    from aria.llm.policy import ENCODING_FILE, Encoding
     from aria.trainers.reward_service import InProcessScorer
 
     cfg = config(tmp_path, tiny_model_dir, toy_set(8), "train.epochs=1", "train.micro_batch_size=4",

@@ -69,7 +69,7 @@ def test_saved_weights_get_the_umask_not_safetensors_0600(tmp_path, tiny_model_d
     from safetensors.torch import save_file
 
     from aria.io import atomic_folder
-    from aria.policy import load_policy
+    from aria.llm.policy import load_policy
 
     old = os.umask(0o022)
     try:

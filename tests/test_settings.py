@@ -250,7 +250,7 @@ def test_a_value_out_of_its_range_is_refused_where_the_config_enters(name, overr
     ("negotiation", {"players": "alice"}, "game negotiation: players: Invalid value assigned: AnyNode is not a ListConfig"),
 ])
 def test_a_game_is_checked_against_its_familys_schema(game, change, message):
-    from aria.games.base import load_game_config
+    from aria.games.common.base import load_game_config
     from aria.games.family import checked_game
 
     assert checked_game(load_game_config(game))["name"] == game

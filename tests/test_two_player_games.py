@@ -2,7 +2,7 @@
 training, the subgame-perfect split and the scripted opponents' known outcomes."""
 import pytest
 
-from aria.games.base import load_game_config
+from aria.games.common.base import load_game_config
 from aria.games.two_player.glee import (
     BargainingConfig, Match, Move, NegotiationConfig, config_from_dict, config_set, config_to_dict, normalized_rewards, rubinstein_split,
     spe_concessions, winner,

@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from aria.data import Transcript
-from aria.games.base import load_game_config
-from aria.importers import import_file
+from aria.games.common.base import load_game_config
+from aria.games.importers import import_file
 from aria.io import DataError
 from aria.trajectories import read_trajectories
 from conftest import ORIGINAL_SAMPLES

@@ -10,7 +10,7 @@ from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
 from aria.data import Transcript
-from aria.games.base import load_game_config
+from aria.games.common.base import load_game_config
 from aria.games.two_player.glee import BargainingConfig, Match, NegotiationConfig, config_set, normalized_rewards
 from aria.games.two_player.offers import ParseError, parse_reply
 from aria.games.two_player.play import PolicyPlayer, ScriptedPlayer, play_two_player, read_move

@@ -16,9 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from aria.games.base import load_game_config
-from aria.statistics import summarize_games
+from aria.games.common.base import load_game_config
 from aria.llm.embedded import embedded_model_dir
+from aria.statistics import summarize_games
 from aria.trajectories import read_trajectories
 from vllm_processes import alive, descendants, free_port, wait_gone
 
@@ -66,7 +66,7 @@ def vllm_server(tmp_path_factory):
 def game_step_ids(tokenizer) -> list[int]:
     """A Twenty Questions prompt of two turns and the next question, as the trainer encodes a step."""
     from aria.games.question.game import load_game
-    from aria.policy import full_prompt_ids
+    from aria.llm.policy import full_prompt_ids
 
     game = load_game("twenty_questions_subset")
     ids = full_prompt_ids(tokenizer, game.render_prompt([("Is it an animal?", "No."), ("Is it electronic?", "Yes.")]))
@@ -237,9 +237,9 @@ def test_the_second_turn_of_a_game_is_served_from_the_prefix_cache(vllm_server):
     32 tokens on the CPU build, serve_vllm.sh), read from its own counters."""
     from aria.games.question.game import load_game
     from aria.llm.endpoint import EndpointChatModel
+    from aria.llm.policy import full_prompt_ids
     from aria.llm.served import server_metrics
     from aria.packing import _common_prefix
-    from aria.policy import full_prompt_ids
     from transformers import AutoTokenizer
 
     game = load_game("twenty_questions_subset")

@@ -25,10 +25,10 @@ from aria.games.question.oracle import build_oracle
 from aria.games.question.play import play_games
 from aria.io import DataError
 from aria.llm.local import LocalChatModel
+from aria.llm.policy import Encoding, PromptTooLong, action_logprobs, collate, load_policy
 from aria.packing import collate_tree, game_ordered_batches, games_floor, nominal_scale, sample_groups, tree_tokens
-from aria.policy import Encoding, PromptTooLong, action_logprobs, collate, load_policy
-from aria.trajectories import read_trajectories
 from aria.trainers.offline import OfflineTrainer
+from aria.trajectories import read_trajectories
 
 REPO = Path(__file__).resolve().parent.parent
 

@@ -20,7 +20,7 @@ its methods. Three measures, on the same steps for every arm:
   alone cannot fail for it; the *kept share* (elements changed at the served precision over those
   changed in float32) can: it is what of the update the server plays.
 
-The prompts are encoded as the child was trained (:class:`aria.policy.Encoding`, saved beside
+The prompts are encoded as the child was trained (:class:`aria.llm.policy.Encoding`, saved beside
 it), in float32; the steps of one game are one prefix tree (:mod:`aria.packing`: the same values
 as rows, the shared history computed once).
 """
@@ -36,8 +36,8 @@ from safetensors import safe_open
 
 from aria.io import ConfigError, DataError
 from aria.llm.embedded import resolve_model_path
+from aria.llm.policy import Encoding, collate, load_policy
 from aria.packing import collate_tree, is_tree_batch, sample_groups, tree_action_logits
-from aria.policy import Encoding, collate, load_policy
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -81,7 +81,7 @@ def weight_change_share(parent: Path, child: Path, dtype: str = "float32") -> di
 def _action_distributions(model, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Log-probabilities over the vocabulary at every action position ([T, V], float32), the
     action tokens ([T]) and the sample of each ([T], its index in the batch); ``batch`` is padded
-    rows (:func:`aria.policy.collate`) or prefix trees (:func:`aria.packing.collate_tree`)."""
+    rows (:func:`aria.llm.policy.collate`) or prefix trees (:func:`aria.packing.collate_tree`)."""
 
     if is_tree_batch(batch):
         return torch.log_softmax(tree_action_logits(model, batch), dim=-1), batch["target_ids"], batch["target_sample"]
@@ -114,7 +114,7 @@ def compare_policies(parent, child, encoded: Sequence, won: Sequence[bool], pad_
                      batch_size: int = 8, names: tuple[str, str] = ("the parent model", "the trained model"),
                      games: Sequence | None = None) -> dict[str, Any]:
     """Token KL and log-prob change (module doc) of two loaded models on encoded steps
-    (:class:`aria.policy.EncodedSample`), ``won[i]`` saying whether step i's game was won, ``games[i]``
+    (:class:`aria.llm.policy.EncodedSample`), ``won[i]`` saying whether step i's game was won, ``games[i]``
     (optional) which game it is of: a game's steps are then computed as one prefix tree. A model
     whose log-probabilities are NaN (weights that diverged) is refused with its name (``names``):
     counted as zero, it would read as a policy that did not move."""

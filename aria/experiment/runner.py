@@ -50,7 +50,7 @@ from aria.experiment.layout import (COPY_MARK, Layout, games_of, intention_overr
                                     method_of, seeds_of, train_overrides_of)
 from aria.experiment.report import evaluation_ids, planned_power, preflight_row_name, run_record, write_results
 from aria.experiment.settings import ExperimentSettings
-from aria.games.base import structured_output
+from aria.games.common.base import structured_output
 from aria.games.family import checked_game, family_of
 from aria.intention import pipeline
 from aria.io import (ConfigError, atomic_folder, atomic_write_json, atomic_write_json_rows, check_writable, differences,
@@ -331,7 +331,7 @@ def train(cfg: ExperimentSettings, method: str, train_file: Path, start_model: P
     A model whose training marker matches but whose folder is gone (a run folder copied without its
     models, :mod:`scripts.copy_run`) is not trained again when ``model_unread()`` says nothing
     left to do reads it; the stages after it are then found done by the marker's version."""
-    from aria.policy import merge_lora
+    from aria.llm.policy import merge_lora
 
     model = out_dir / "model"
     trained_on = {"train_json_sha256": file_digest(train_file, length=None), "method": method,
@@ -627,7 +627,7 @@ def check_settings(cfg: Mapping) -> ExperimentSettings:
     # what failed only when first used: the model after the expert's games, the launcher at the
     # first training (a report of finished stages needs neither)
     if not cfg.report_only:  # a whole model: the stages merge adapters onto it and serve it
-        from aria.policy import model_folder  # (torch: not at the runner's start, which checks settings first)
+        from aria.llm.policy import model_folder  # (torch: not at the runner's start, which checks settings first)
 
         model_folder(cfg.base_model, "base_model", adapter=False)
     if not cfg.report_only and cfg.launcher and shutil.which((shlex.split(cfg.launcher) or [""])[0]) is None:

@@ -19,10 +19,10 @@ from pathlib import Path
 from typing import Any, Callable, Mapping, Protocol
 
 from aria.data import Transcript
-from aria.games.base import structured_output
+from aria.games.common.base import structured_output
+from aria.games.common.settings import CollectSettings, EvalSettings, QuestionGameSettings, TwoPlayerGameSettings
 from aria.games.question.game import build_game
 from aria.games.question.oracle import build_oracle, check_oracle
-from aria.games.settings import CollectSettings, EvalSettings, QuestionGameSettings, TwoPlayerGameSettings
 from aria.games.two_player.glee import PLAYERS, config_set, other
 from aria.io import ConfigError
 from aria.llm.registry import build_policy, reply_tokens_key
@@ -39,7 +39,7 @@ class GameFamily(Protocol):
     attributes; ``game_cfg`` is a game config, which stays a mapping."""
 
     kind: str                             # the game config's ``kind``
-    settings: type                        # the game config's schema (aria.games.settings)
+    settings: type                        # the game config's schema (aria.games.common.settings)
     title: str                            # how messages name it
     outcome: str                          # what an evaluation counts: "success" or "win"
     seats: int                            # seats the policy plays in an evaluation (each its own games)
@@ -91,7 +91,7 @@ class GameFamily(Protocol):
 
     def headline(self, summary: Mapping[str, Any]) -> tuple[float | None, list[float], int, int]:
         """(rate, its 95% interval, finished games, failed games) of one environment's evaluation
-        summary: what a comparison of models shows (:func:`aria.evaluate.compare_table`)."""
+        summary: what a comparison of models shows (:func:`aria.games.evaluate.compare_table`)."""
 
     def summary_table(self, summary: Mapping[str, Any], envs: list[str]) -> list[str]:
         """The lines of ``summary.md`` for the environments ``envs`` (of this family) of an evaluation."""
@@ -365,7 +365,7 @@ def family_of_summary(summary: Mapping[str, Any]) -> GameFamily:
 
 
 def checked_game(game_cfg: Mapping[str, Any]) -> dict:
-    """A game config checked against its family's schema (:mod:`aria.games.settings`), as a plain dict:
+    """A game config checked against its family's schema (:mod:`aria.games.common.settings`), as a plain dict:
     what every command does with the game it is given, before it plays."""
     return validated(family_of(game_cfg).settings, game_cfg, f"game {game_cfg.get('name', '?')}")
 

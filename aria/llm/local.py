@@ -37,7 +37,7 @@ from transformers import (
 from aria.io import ConfigError, model_digest
 from aria.llm.base import Completion, Message, OutputFormat
 from aria.llm.embedded import resolve_model_path
-from aria.policy import cache_keyword
+from aria.llm.policy import cache_keyword
 
 log = logging.getLogger(__name__)
 

@@ -29,8 +29,8 @@ from contextlib import nullcontext
 import torch
 
 from aria.io import DataError
+from aria.llm.policy import action_logprobs, collate_as
 from aria.packing import packing_stats
-from aria.policy import action_logprobs, collate_as
 from aria.trainers.losses import dpo_loss
 from aria.trainers.methods import method_pairs
 from aria.trainers.offline import OfflineTrainer

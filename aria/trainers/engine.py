@@ -229,7 +229,7 @@ RUN_RECORD = "aria_run.json"
 def save_final_model(acc, model, tokenizer, out: Path, encoding, info: dict, state_dict: dict | None = None,
                      run: dict | None = None) -> Path:
     """``out/``: the unwrapped model (adapter or full) and tokenizer in Hugging Face format, the
-    :class:`aria.policy.Encoding` its samples were encoded with, ``aria_training.json`` (``info``)
+    :class:`aria.llm.policy.Encoding` its samples were encoded with, ``aria_training.json`` (``info``)
     and the run's record (``run``, :func:`aria.trainers.checkpoint.run_record`: a later run into
     the same folder under other settings is refused), whole or not at all
     (:func:`aria.io.atomic_folder`); every process calls it."""

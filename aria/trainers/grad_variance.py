@@ -46,7 +46,7 @@ import torch
 
 from aria.data import read_training_set
 from aria.io import DataError, atomic_write_bytes
-from aria.policy import Encoding, PromptTooLong, action_logprobs, collate, load_policy
+from aria.llm.policy import Encoding, PromptTooLong, action_logprobs, collate, load_policy
 from aria.settings import typed
 from aria.trainers.methods import method_weights
 from aria.trainers.settings import TrainerSettings
@@ -218,7 +218,7 @@ def _chosen_samples(samples: list[dict], max_samples: int, seed: int, train_file
 
 
 def _encoded(samples: list[dict], chosen: list[int], encoding: Encoding, tokenizer, train_file) -> dict:
-    """The chosen samples' tokens, as the policy played them (aria.policy); all of them before the
+    """The chosen samples' tokens, as the policy played them (aria.llm.policy); all of them before the
     first gradient, so an over-long prompt is refused at once."""
     encoded = {}
     for i in chosen:

@@ -51,10 +51,10 @@ import torch
 
 from aria.data import read_training_set
 from aria.io import ConfigError, DataError, atomic_write_json, json_digest
+from aria.llm.policy import (EncodedSample, Encoding, PromptTooLong, action_logprobs, action_token_logprobs, collate_as,
+                             load_model)
 from aria.packing import (attention_break_even, game_ordered_batches, games_floor, nominal_scale, packing_stats,
                           sample_groups)
-from aria.policy import (EncodedSample, Encoding, PromptTooLong, action_logprobs, action_token_logprobs, collate_as,
-                         load_model)
 from aria.secrets import redact
 from aria.settings import typed
 from aria.trainers.checkpoint import (begin_checkpoint, check_output_dir_early, checkpoint_record, checkpoint_to_resume,
@@ -126,7 +126,7 @@ class OfflineTrainer:
 
     #: losses by name (config ``loss.name``)
     losses: dict[str, Callable[..., torch.Tensor]] = LOSSES
-    #: the model's head (:data:`aria.policy.HEADS`)
+    #: the model's head (:data:`aria.llm.policy.HEADS`)
     head = "causal_lm"
     #: the sample field the loss weighs by (the method's weight) or regresses on
     target_field = "weight"

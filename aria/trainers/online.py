@@ -60,13 +60,13 @@ from typing import Callable, Mapping
 import numpy as np
 import torch
 
-from aria.games.base import load_game_config
+from aria.games.common.base import load_game_config
 from aria.games.question.game import build_game
 from aria.games.question.oracle import build_oracle
 from aria.io import ConfigError, ResumeMismatch, atomic_write_json, read_json
 from aria.llm.embedded import resolve_model_path
+from aria.llm.policy import Encoding, action_logprobs, collate_as, load_policy, model_folder
 from aria.packing import attention_break_even, sample_groups
-from aria.policy import Encoding, action_logprobs, collate_as, load_policy, model_folder
 from aria.resources import compose_config, config_dir
 from aria.settings import typed
 from aria.trainers.checkpoint import (begin_checkpoint, check_output_dir_early, check_resume_settings,

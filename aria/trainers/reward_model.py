@@ -4,7 +4,7 @@ number, trained on the aggregated-reward training set.
 The model is a transformers sequence-classification model with one output
 (``AutoModelForSequenceClassification``, ``num_labels=1``; the paper used Llama-3.1-8B-Instruct
 with a scalar head, the original fully fine-tuned it). A sample is encoded exactly like a policy
-sample, chat-templated prompt then action (:func:`aria.policy.encode_sample`), padded on the
+sample, chat-templated prompt then action (:func:`aria.llm.policy.encode_sample`), padded on the
 right; the head reads the last token that is not padding.
 
 The loss is the original's weighted MSE (:func:`weighted_mse_loss`):
@@ -32,7 +32,7 @@ import torch
 from aria.io import DataError, atomic_write_json
 from aria.packing import (PrefixTreePack, is_tree_batch, prefix_tree_packs, score_position,  # noqa: F401  (re-exported)
                           tree_scores)
-from aria.policy import EncodedSample, cache_keyword, collate, load_model
+from aria.llm.policy import EncodedSample, cache_keyword, collate, load_model
 from aria.trainers.settings import RewardModelTrainerSettings
 from aria.trainers.losses import RM_LOSSES, mse_loss, mse_weights, weighted_mse_loss  # noqa: F401  (re-exported)
 from aria.trainers.offline import OfflineTrainer, check_samples
@@ -60,7 +60,7 @@ def held_out_split(samples: Sequence[dict], fraction: float, seed: int) -> tuple
 def load_reward_model(model_path: str, dtype: str = "float32", lora: dict[str, Any] | None = None,
                       gradient_checkpointing: bool = False, require_head: bool = False, setting: str = "model.path",
                       head_follows: bool = False):
-    """:func:`aria.policy.load_model` with the one-output score head."""
+    """:func:`aria.llm.policy.load_model` with the one-output score head."""
     return load_model(model_path, "score", dtype, lora, gradient_checkpointing, require_head, setting, head_follows)
 
 

@@ -97,7 +97,7 @@ def load_scoring_model(model_dir: str | Path, dtype: str = "float32", device: st
     if config_path.is_file():
         from peft import PeftModel
 
-        from aria.policy import peft_quietly
+        from aria.llm.policy import peft_quietly
 
         if not _adapter_has_head(model_dir):
             raise ValueError("the adapter holds no trained score head (saved without modules_to_save?)")
@@ -122,7 +122,7 @@ def merge_if_adapter(model_dir: str | Path) -> Path:
     (the adapter moves to ``<model_dir>.adapter``); a full folder is left as it is. A full folder
     can start the next refresh and be served without peft."""
 
-    from aria.policy import ENCODING_FILE
+    from aria.llm.policy import ENCODING_FILE
 
     model_dir = Path(model_dir)
     if not (model_dir / "adapter_config.json").is_file():
@@ -152,7 +152,7 @@ class InProcessScorer:
         model_dir: a trained reward model folder (``train_rm.py``'s ``final/``), or None to start
             without one (call :meth:`load` before :meth:`score`).
         max_prompt_tokens: observations are truncated on the left to this many tokens for a model
-            folder without a saved encoding (:class:`aria.policy.Encoding`); a saved one is used as it is.
+            folder without a saved encoding (:class:`aria.llm.policy.Encoding`); a saved one is used as it is.
         batch_size: samples per forward pass of ``packing="padded"`` (sorted by length, so little padding).
         dtype, device: where and how the model runs; ``dtype="auto"`` is bfloat16 where the
             device computes it natively (scores then differ from float32 by at most
@@ -179,7 +179,7 @@ class InProcessScorer:
             self.load(model_dir)
 
     def load(self, model_dir: str | Path) -> None:
-        from aria.policy import Encoding
+        from aria.llm.policy import Encoding
 
         self.tokenizer, self.model = load_scoring_model(model_dir, self.dtype, self.device)
         # Samples are encoded as the model was trained (its saved encoding); a folder written

@@ -44,7 +44,7 @@ class ModelSettings:
 class DataSettings:
     train_file: str = MISSING
     max_prompt_tokens: int = bounded(ge=1)
-    over_long: str = bounded(one_of=("refuse", "cut_left"))  # aria.policy.OVER_LONG
+    over_long: str = bounded(one_of=("refuse", "cut_left"))  # aria.llm.policy.OVER_LONG
     append_eos: bool = MISSING
     system_prompt: Optional[str] = MISSING
     max_samples: Optional[int] = bounded(ge=1, why="null: all")

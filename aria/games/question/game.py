@@ -18,7 +18,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
-from aria.games.base import load_game_config
+from aria.games.common.base import load_game_config
 from aria.games.question.text import PhraseIndex, extract_question
 from aria.io import DataError
 from aria.io import json_digest as digest

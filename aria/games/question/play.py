@@ -22,8 +22,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
-from aria.games.base import structured_output
-from aria.games.settings import CollectSettings
+from aria.games.common.base import structured_output
+from aria.games.common.settings import CollectSettings
 from aria.games.question.game import QuestionGame, Target, build_game, target_schedule
 from aria.games.question.oracle import Oracle, OracleRequest, build_oracle, check_oracle
 from aria.llm.base import ChatModel, OutputFormat, concurrent

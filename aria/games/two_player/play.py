@@ -39,8 +39,8 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from aria.data import Transcript
-from aria.games.base import structured_output
-from aria.games.settings import CollectSettings
+from aria.games.common.base import structured_output
+from aria.games.common.settings import CollectSettings
 from aria.games.two_player.glee import (PLAYERS, GameConfig, Match, Move, config_set, config_to_dict,
                                         normalized_rewards, other, winner)
 from aria.games.two_player.glee_text import shown_text, system_prompt

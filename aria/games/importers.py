@@ -115,7 +115,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from aria.games.base import load_game_config
+from aria.games.common.base import load_game_config
 from aria.games.family import FAMILIES, QuestionFamily, TwoPlayerFamily, family_of
 from aria.games.question.game import QuestionGame, load_game
 from aria.games.question.text import normalize

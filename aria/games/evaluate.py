@@ -13,9 +13,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
-from aria.games.base import known_games, load_game_config
+from aria.games.common.base import known_games, load_game_config
+from aria.games.common.settings import EvalSettings
 from aria.games.question.oracle import check_oracle
-from aria.games.settings import EvalSettings
 from aria.games.two_player.glee import config_set
 from aria.io import ConfigError, DataError, atomic_write_json, atomic_write_text, read_json
 from aria.llm.registry import build_policy, reply_tokens_key

@@ -1,6 +1,6 @@
 """The settings of the commands that play games, typed: collection (config/collect.yaml, read
 by :func:`aria.games.family.collect_from_config` and the families' ``collect``), the evaluation
-harness (config/eval.yaml, :func:`aria.evaluate.evaluate_model` and the families'
+harness (config/eval.yaml, :func:`aria.games.evaluate.evaluate_model` and the families'
 ``evaluate_served``), and each game family's game configs (config/game/, checked by
 :func:`aria.games.family.checked_game`). The commands read theirs as attributes (``cfg.num_games``);
 a bound is declared once here (:func:`aria.settings.bounded`).
