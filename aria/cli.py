@@ -28,11 +28,16 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
+from hydra import compose, initialize_config_dir
+from hydra.core.global_hydra import GlobalHydra
+from hydra.errors import HydraException, MissingConfigException
+
 from aria.io import ConfigError, DataError, InUse, StaleInput
 from aria.resources import config_dir, hydra_message
 from aria.secrets import RedactingStream, command_line_secrets
 from aria.settings import out_of_bounds
 from aria.trajectories import ResumeMismatch
+# Imported in the functions that use them (slow to import: benchmarks/import_time.py): torch
 
 EXIT_BAD_INPUT = 2
 EXIT_INTERRUPTED = 130  # 128 + SIGINT
@@ -43,7 +48,6 @@ def number(kind: type = int, **rules: float) -> Callable[[str], Any]:
     """An argparse ``type``: a ``kind`` (int or float) within ``rules`` (those of
     :func:`aria.settings.bounded`: ``ge``, ``gt``, ``le``, ``lt``). Out of range, argparse's own
     one line with the usage and exit status 2, before anything loads."""
-
     def parse(text: str):
         try:
             value = kind(text)
@@ -58,7 +62,6 @@ def number(kind: type = int, **rules: float) -> Callable[[str], Any]:
 
 def torch_device(text: str) -> str:
     """An argparse ``type``: a device torch knows (``cpu``, ``cuda``, ``cuda:1``)."""
-
     import torch
 
     try:
@@ -86,7 +89,6 @@ def protect_terminal(argv: list[str] | None = None) -> None:
     errors, "Error executing job with overrides: [...]", its "use +key=value" hints) repeat the
     command line. Every command calls it first, before Hydra reads the command line; from then on
     a Ctrl-C before the command's work is one line too."""
-
     secrets = command_line_secrets(sys.argv[1:] if argv is None else argv)
     for name in ("stdout", "stderr"):
         stream = getattr(sys, name)
@@ -112,10 +114,6 @@ def check_command_line(config_name: str, argv: list[str] | None = None) -> None:
     (``experiment=nope``), a key the config lacks or an override Hydra cannot parse is one line,
     exit 2 (Hydra's own message is 2-16 lines, exit 1). Hydra's flags (``--help``, ``--cfg``,
     ``--multirun``, ...) are left to Hydra."""
-    from hydra import compose, initialize_config_dir
-    from hydra.core.global_hydra import GlobalHydra
-    from hydra.errors import HydraException, MissingConfigException
-
     args = sys.argv[1:] if argv is None else argv
     name, overrides, i = config_name, [], 0
     while i < len(args):

@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence
 
 from aria.secrets import redact, redact_text
+# Imported in the functions that use them (slow to import: benchmarks/import_time.py): matplotlib
 
 
 class DataError(ValueError):
@@ -135,7 +136,6 @@ def hold_output(output: str | os.PathLike, what: str = "", is_file: bool = False
     (or at a normal exit) the lock file is removed, and so is a folder the hold made that is still
     empty: a refused command leaves nothing behind. The file holds the holder's PID and start time
     only, never its command line (which may hold a key)."""
-
     output = Path(output)
     made = None
     if is_file or beside:  # its lock beside the output itself (a symbolic link to it is the same output)
@@ -179,7 +179,6 @@ def hold_output(output: str | os.PathLike, what: str = "", is_file: bool = False
 def writer_of(path: str | os.PathLike) -> str | None:
     """Who is writing the file ``path`` (another process's :func:`hold_output` of it), or None: a
     reader of a games file still being played would take the games finished so far for all of them."""
-
     real = Path(path).resolve()
     lock = real.with_name(real.name + ".lock")
     if str(lock) in _HELD:  # this process writes it (an online run labelling its own rollouts)
@@ -523,7 +522,6 @@ def _duplicate_key_offset(text: str) -> int | None:
     """Where in ``text`` the first object with a repeated key starts: the JSON parsed again with
     the standard library's pure-Python scanner, whose object parser knows its offset (slow; only
     after a repeated key was found, to name its line in a file that is one JSON document)."""
-
     def parse_object(s_and_end, strict, scan_once, object_hook, object_pairs_hook, memo=None):
         pairs, end = json.decoder.JSONObject(s_and_end, strict, scan_once, None, list, memo)
         try:

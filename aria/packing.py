@@ -48,6 +48,7 @@ from typing import Hashable, Sequence
 
 import numpy as np
 import torch
+# Imported in the functions that use them (slow to import: benchmarks/import_time.py): transformers
 
 
 @dataclass(frozen=True)

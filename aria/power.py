@@ -23,6 +23,7 @@ from __future__ import annotations
 import math
 
 import numpy as np
+# Imported in the functions that use them (slow to import: benchmarks/import_time.py): scipy
 
 
 def _check(d: float, alpha: float, power: float | None = None, n: int | None = None) -> None:

@@ -9,6 +9,7 @@ from typing import Any, Mapping
 from aria.io import ConfigError
 from aria.secrets import is_secret_key
 from aria.settings import out_of_bounds
+# Imported in the functions that use them (slow to import: benchmarks/import_time.py): torch
 
 
 def load_object(path: str) -> Any:
@@ -37,7 +38,6 @@ def check_options(cls: type, options: Mapping[str, Any], setting: str, what: str
     """``options`` for ``cls(**options)``, checked before it is built (before a model loads): a key
     its constructor does not take, a value out of :data:`OPTION_BOUNDS`, or a ``device`` torch
     does not know is a ``ConfigError`` naming ``setting.key`` (``what``: "the local policy")."""
-
     parameters = inspect.signature(cls).parameters.values()
     open_ended = any(p.kind is p.VAR_KEYWORD for p in parameters)  # takes any key: only the ranges are checked
     known = [p.name for p in parameters if p.name not in ("self", "name") and p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL)]

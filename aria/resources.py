@@ -14,6 +14,11 @@ from importlib import import_module
 from pathlib import Path
 from typing import Any, Mapping
 
+from hydra import compose, initialize_config_dir
+from hydra.core.global_hydra import GlobalHydra
+from hydra.errors import HydraException
+from omegaconf.errors import OmegaConfBaseException
+
 from aria.io import ConfigError
 from aria.settings import validated
 
@@ -98,10 +103,6 @@ def compose_config(name: str, overrides: list[str]) -> dict:
     resume (a Hydra compose costs 65-85 ms of CPU), so a process keeps what it composed and hands
     out copies; a changed YAML file or environment composes anew.
     """
-
-    from hydra import compose, initialize_config_dir
-    from hydra.core.global_hydra import GlobalHydra
-
     in_app = GlobalHydra.instance().is_initialized()
     if in_app:
         folders = [source.path for source in GlobalHydra.instance().config_loader().get_sources() if source.scheme() == "file"]
@@ -124,9 +125,6 @@ def check_overrides(name: str, overrides: list[str], setting: str) -> dict:
     config, such as the experiment's ``train_overrides``) and checked against its schema, so that a
     mistake in the list is one line naming ``setting`` before any work rather than a failure of
     the stage that uses it, hours in."""
-    from hydra.errors import HydraException
-    from omegaconf.errors import OmegaConfBaseException
-
     try:
         return compose_config(name, overrides)  # checked against SCHEMAS[name]
     except ConfigError as err:
@@ -139,7 +137,6 @@ def hydra_message(err: Exception) -> str:
     """Hydra's error as one line. Its hint for a key the config lacks ("To append to your config
     use +key=value") is dropped: every config here has a schema that refuses a new key, so the
     key is a misspelling and the hint would lead to a second refusal."""
-
     text = " ".join(str(err).split())
     missing = re.match(r"Could not override '([^']+)'\.\s*;?\s*To append to your config use \+", text)
     if missing:

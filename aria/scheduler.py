@@ -176,7 +176,6 @@ def run_games(
 def check_resumed(kind: GameKind, jobs: dict[str, Any], writer: TrajectoryWriter) -> None:
     """Every game the output already holds is one this run plays, and is that game by its rules
     (:meth:`GameKind.check`): a resumed file continues only its own games, and counts none twice."""
-
     for gid, record in writer.done.items():
         line = writer.lines.get(gid)
         where = f"{writer.path}, line {line}" if line else str(writer.path)

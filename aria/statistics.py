@@ -46,6 +46,9 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
+from aria.power import detectable_difference
+# Imported in the functions that use them (slow to import: benchmarks/import_time.py): scipy
+
 Z_95 = 1.959963984540054  # two-sided 95 % normal quantile
 
 
@@ -182,8 +185,6 @@ def sensitivity(test: dict[str, Any], power: float = POWER, alpha: float = ALPHA
     the smallest difference of success rates that the exact McNemar test on as many pairs detects
     with ``power`` at that share (``aria/power.py``); None where no pair was discordant or no
     difference is detectable."""
-    from aria.power import detectable_difference
-
     n = test["pairs"]
     share = (test["first_only"] + test["second_only"]) / n if n else 0.0
     detectable = detectable_difference(n, share, power, alpha) if share > 0 else None
@@ -203,7 +204,8 @@ def run_difference(b: int, c: int, n: int) -> tuple[float, float]:
 def pool_runs(runs: Sequence[Mapping[str, int]], alpha: float = ALPHA) -> dict[str, Any]:
     """The method-level comparison of two arms over training runs (module doc): ``runs`` are the
     per-run paired tests (:func:`mcnemar`'s ``first_only``, ``second_only``, ``pairs``)."""
-    from scipy.stats import binomtest, chi2, norm, t as student
+    from scipy.stats import binomtest, chi2, norm
+    from scipy.stats import t as student
 
     if not runs:
         raise ValueError("pooling needs at least one run")

@@ -35,6 +35,7 @@ import sys
 import time
 from pathlib import Path
 from typing import Callable
+# Imported in the functions that use them (slow to import: benchmarks/import_time.py): torch
 
 #: Seconds between two looks at the CPU: a step of the CPU presets takes 1-10 s, and one look over
 #: a shorter span reads the kernel's 10 ms ticks too coarsely. The first look comes sooner, before

@@ -1,5 +1,6 @@
 """No import cycles: the package's import graph, deferred imports included, is acyclic, and the
-modules that play games import alone.
+modules that play games import alone. Imports sit at the top of a file, except a slow library's
+(measured: benchmarks/import_time.py) or an optional one's, and the file says so.
 
 A cycle that only closes inside a function still breaks whoever imports the modules in the
 "wrong" order, and it makes the playing code one tangle: the rollout, two-player play, the
@@ -8,6 +9,7 @@ scheduler and the oracles reach each other only through registries of import pat
 """
 import ast
 import graphlib
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -40,7 +42,7 @@ def import_graph() -> dict[str, set[str]]:
 
 def test_the_graph_reader_sees_deferred_imports():
     graph = import_graph()
-    assert "aria.games.question.knowledge_base" in graph["aria.games.question.expert"]  # imported in a function there
+    assert "aria.llm.local" in graph["aria.experiment.runner"]  # imported in a function there
     assert "aria.scheduler" in graph["aria.games.question.play"]
     assert "aria.scheduler" in graph["aria.games.two_player.play"]
 
@@ -103,3 +105,106 @@ def test_no_folder_imports_one_that_imports_it_back():
                                      "aria.experiment"])
 def test_the_game_folders_import_nothing(package):
     assert import_graph()[package] == set()  # each module is imported by its own path
+
+
+# ---- imports inside functions: a measured reason or none -------------------------------------------------
+
+IMPORT_TIME = PACKAGE.parent / "benchmarks" / "results" / "import_time.json"
+WHERE_USED = "# Imported in the functions that use them"
+
+
+def slow_libraries() -> set[str]:
+    """The libraries benchmarks/import_time.py measured at its ``slow`` seconds or more."""
+    report = json.loads(IMPORT_TIME.read_text())
+    return {name for name, seconds in report["libraries"].items() if seconds >= report["slow"]}
+
+
+def module_files() -> dict[str, Path]:
+    files = {}
+    for path in PACKAGE.rglob("*.py"):
+        parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+        files[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    return files
+
+
+def imported_names(node: ast.Import | ast.ImportFrom) -> list[str]:
+    if isinstance(node, ast.ImportFrom):
+        return [node.module] + [f"{node.module}.{alias.name}" for alias in node.names]
+    return [alias.name for alias in node.names]
+
+
+def function_imports(tree: ast.Module) -> list[tuple[ast.Import | ast.ImportFrom, bool]]:
+    """Each import inside a function, and whether it is optional (in a ``try`` that catches ImportError)."""
+    optional = {id(node) for t in ast.walk(tree) if isinstance(t, ast.Try)
+                and any(ast.unparse(h.type or ast.Name("BaseException")) in ("ImportError", "ModuleNotFoundError")
+                        for h in t.handlers)
+                for statement in t.body for node in ast.walk(statement)}
+    found = []
+    for function in ast.walk(tree):
+        if isinstance(function, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            found += [(node, id(node) in optional) for node in ast.walk(function)
+                      if isinstance(node, (ast.Import, ast.ImportFrom)) and (node.module if isinstance(
+                          node, ast.ImportFrom) else "") != "__future__"]
+    return list({id(node): (node, opt) for node, opt in found}.values())
+
+
+def slow_reached(names: list[str], files: dict[str, Path], slow: set[str], seen: set[str] | None = None) -> set[str]:
+    """The slow libraries importing ``names`` loads: directly, or through the package's modules'
+    top-level imports."""
+    seen = set() if seen is None else seen
+    reached = set()
+    for name in names:
+        reached |= {lib for lib in slow if name == lib or name.startswith(lib + ".")}
+        if name in files and name not in seen:
+            seen.add(name)
+            tree = ast.parse(files[name].read_text())
+            top = [t for statement in tree.body for node in ast.walk(statement)
+                   if isinstance(node, (ast.Import, ast.ImportFrom))
+                   and not isinstance(statement, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))
+                   for t in imported_names(node)]
+            reached |= slow_reached(top, files, slow, seen)
+    return reached
+
+
+def test_the_slow_libraries_are_measured():
+    report = json.loads(IMPORT_TIME.read_text())
+    assert report["machine"] and report["libraries"], "benchmarks/import_time.py writes the machine and its figures"
+    assert {"torch", "transformers", "sentence_transformers"} <= slow_libraries()
+
+
+def test_a_function_imports_only_what_is_slow_or_optional():
+    files, slow = module_files(), slow_libraries()
+    reasonless = []
+    for name, path in files.items():
+        for node, optional in function_imports(ast.parse(path.read_text())):
+            if not optional and not slow_reached(imported_names(node), files, slow):
+                reasonless.append(f"{path.relative_to(PACKAGE.parent)}:{node.lineno} {ast.unparse(node)}")
+    assert not reasonless, "import at the top of the file (no slow library, no optional one):\n" + "\n".join(reasonless)
+
+
+def test_a_file_that_imports_in_functions_names_the_slow_libraries():
+    """The comment names every slow library the file's function-level imports load (by package)."""
+    files, slow = module_files(), slow_libraries()
+    wrong = []
+    for name, path in files.items():
+        text = path.read_text()
+        reached = set()
+        for node, optional in function_imports(ast.parse(text)):
+            if not optional:
+                reached |= {lib.split(".")[0] for lib in slow_reached(imported_names(node), files, slow)}
+        comment = next((line for line in text.splitlines() if line.startswith(WHERE_USED)), None)
+        named = set(comment.rpartition(": ")[2].rstrip(".").split(", ")) if comment else set()
+        if reached != named:
+            wrong.append(f"{path.relative_to(PACKAGE.parent)}: loads {sorted(reached)}, its comment names {sorted(named)}")
+    assert not wrong, f"each file says '{WHERE_USED} (...): LIBRARY, ...' for exactly what it defers:\n" + "\n".join(wrong)
+
+
+def test_the_import_rule_fails_on_a_light_import_in_a_function():
+    tree = ast.parse("def f():\n    import json\n    from aria.llm.policy import load_model\n"
+                     "    try:\n        import not_installed\n    except ImportError:\n        pass\n")
+    imports = function_imports(tree)
+    reasons = [(ast.unparse(node), optional, slow_reached(imported_names(node), module_files(), slow_libraries()))
+               for node, optional in imports]
+    assert reasons[0] == ("import json", False, set())
+    assert reasons[1][0].startswith("from aria.llm.policy") and "torch" in reasons[1][2]
+    assert reasons[2] == ("import not_installed", True, set())

@@ -51,7 +51,6 @@ def run_config(run_dir: str | Path) -> dict:
     defaults, which :func:`compare` then checks against step 4's fingerprint), the input files,
     the aggregation settings and the labels step 2 and 3 ran under. Values are set after composing,
     so no path is parsed as a Hydra override (a comma in a folder's name)."""
-
     run_dir = Path(run_dir)
     summary = pipeline.step_output(run_dir / "utterances.json", 1)
     selection = pipeline.step_output(run_dir / "selection.json", 2)
@@ -69,7 +68,6 @@ def run_config(run_dir: str | Path) -> dict:
 
 def compare(cfg: dict, window: int = 2, threshold: float = 0.9) -> dict:
     """The grouping schemes of the module doc on the run of ``cfg`` (steps 1-4 done)."""
-
     # train.json first: step 4's output of this run's labels under these game settings, checked before
     # anything here is computed or cached (behaviour.json) under settings the run did not have
     train = pipeline.check_training_set(cfg)

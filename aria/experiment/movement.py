@@ -82,7 +82,6 @@ def _action_distributions(model, batch: dict[str, torch.Tensor]) -> tuple[torch.
     """Log-probabilities over the vocabulary at every action position ([T, V], float32), the
     action tokens ([T]) and the sample of each ([T], its index in the batch); ``batch`` is padded
     rows (:func:`aria.llm.policy.collate`) or prefix trees (:func:`aria.packing.collate_tree`)."""
-
     if is_tree_batch(batch):
         return torch.log_softmax(tree_action_logits(model, batch), dim=-1), batch["target_ids"], batch["target_sample"]
     logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
@@ -118,7 +117,6 @@ def compare_policies(parent, child, encoded: Sequence, won: Sequence[bool], pad_
     (optional) which game it is of: a game's steps are then computed as one prefix tree. A model
     whose log-probabilities are NaN (weights that diverged) is refused with its name (``names``):
     counted as zero, it would read as a policy that did not move."""
-
     if len(encoded) != len(won) or (games is not None and len(games) != len(encoded)):
         raise ValueError(f"{len(encoded)} steps but {len(won)} outcomes" + (f" and {len(games)} games" if games is not None else ""))
     if not encoded:
@@ -197,7 +195,6 @@ def movement(parent: Path, child: Path, samples: Sequence[dict], served_dtype: s
     name their game (``game_id``, and ``role`` in two-player games) are compared in whole games, each
     one prefix tree, at least ``max_steps`` steps of them (:func:`whole_games`); others in a seeded
     sample of at most ``max_steps`` steps, in padded rows."""
-
     parent, child = Path(resolve_model_path(str(parent))), Path(resolve_model_path(str(child)))  # "embedded" too
 
     for i, s in enumerate(samples):

@@ -33,6 +33,7 @@ from aria.llm.hardware import describe, label
 from aria.power import detectable_difference, runs_detectable_difference
 from aria.statistics import ALPHA, POWER, mcnemar, percent, pool_runs, sensitivity, wilson_interval
 from aria.trajectories import read_trajectories
+# Imported in the functions that use them (slow to import: benchmarks/import_time.py): matplotlib
 
 
 def paired_arms(cfg: ExperimentSettings) -> tuple[str, str] | None:
@@ -52,7 +53,6 @@ def tested_pairs(cfg: ExperimentSettings) -> list[tuple[str, str]]:
 def planned_power(cfg: ExperimentSettings, power: float = POWER, alpha: float = ALPHA) -> str:
     """One line, said before a run starts: the pairs of its paired test per iteration and the
     difference they detect with ``power`` at the discordant share named in ``report``."""
-
     seats, share = family_of(cfg.game).seats, cfg.report.discordant_share
 
     def detects(seeds: int) -> str:
@@ -80,7 +80,6 @@ def planned_power(cfg: ExperimentSettings, power: float = POWER, alpha: float = 
 def runs_detect(runs: int, pairs: int, cfg: ExperimentSettings, power: float = POWER, alpha: float = ALPHA) -> str:
     """What the method-level test of ``runs`` training runs an arm detects, at the between-run
     spread in ``report.between_run_sd``."""
-
     sd, share = cfg.report.between_run_sd, cfg.report.discordant_share
     if runs < 2:
         return "one run an arm gives no method-level test"
@@ -97,7 +96,6 @@ def outcomes(path: Path, family, expected: set[str]) -> dict[str, dict] | None:
     target), turns = the policy's own. A question game's games are keyed by game id; a two-player
     game's (``path`` the folder of ``as_alice.jsonl`` and ``as_bob.jsonl``) by seat and game id, so
     arms pair by configuration and seat."""
-
     out = {}
     for file, role in family.evaluation_seats(path):
         records = read_trajectories(file, allow_partial_last_line=True) if file.is_file() else []
@@ -112,7 +110,6 @@ def outcomes(path: Path, family, expected: set[str]) -> dict[str, dict] | None:
 def evaluation_ids(cfg: ExperimentSettings) -> set[str]:
     """The game ids of one arm's evaluation under the settings (``eval``): game ``i`` of the
     evaluation seed for ``i < eval.games``, or of every configuration of ``eval.config_set``."""
-
     return family_of(cfg.game).evaluation_ids(cfg)
 
 
@@ -474,7 +471,6 @@ def run_record(cfg: ExperimentSettings, wall_seconds: float | None = None, resum
     """Where and how long: the CPU (:func:`aria.llm.hardware.describe`), each stage's seconds (the
     run folder's ``stage_times.json``; a stage resumed over several runs counts them all), and, from
     the command that ran the stages, its wall time and whether it continued an earlier run's stages."""
-
     times_path = Path(cfg.run_dir) / "stage_times.json"
     stages = {name: round(t["seconds"], 1) for name, t in read_json(times_path).items() if "seconds" in t} \
         if times_path.is_file() else {}

@@ -66,6 +66,7 @@ from aria.settings import typed
 from aria.trainers.methods import METHODS, trainer_for
 from aria.trainers.settings import TrainerSettings
 from aria.trajectories import describe, read_producer, read_trajectories
+# Imported in the functions that use them (slow to import: benchmarks/import_time.py): accelerate, torch, transformers
 
 # torch, the trainers and the model loaders (3-5 s to import on 2 cores, `python -X importtime`) are
 # imported in the stages that train, merge or measure: a bad setting is refused in about a second.
@@ -108,7 +109,6 @@ class Generator:
     def policy(self, model_dir: Path, settings: dict, seed: int):
         """A chat policy playing ``model_dir`` with ``settings`` (temperature, max_tokens, batch_size);
         the in-process sampler starts from ``seed``, so a stage run again samples the same games."""
-
         if self.engine == "local":
             policy = build_policy({"name": "local", "model_path": str(model_dir), "temperature": settings.temperature,
                                    "max_new_tokens": settings.max_tokens, "seed": seed, "dtype": served_dtype(self.cfg)})
@@ -246,7 +246,6 @@ def label(cfg: ExperimentSettings, trajectories: Path, out_dir: Path, seed: int,
     to date), under ``intention_overrides`` or the given ``overrides``. ``step1_from``: a folder
     where step 1 already ran on the same games, whose outputs are linked here first (step 1 checks
     its fingerprint, so under other clustering settings it runs again, from the linked embedding cache)."""
-
     c = compose_config("intention", [f"game={cfg.game['name']}", f"input={trajectories}", f"seed={seed}",
                                      f"run_dir={out_dir}", *(cfg.intention_overrides if overrides is None else overrides)])
     quiet = lambda line: None  # noqa: E731  (the stage line says what happened)
@@ -391,7 +390,6 @@ def train(cfg: ExperimentSettings, method: str, train_file: Path, start_model: P
 
 def bc_training_set(cfg: ExperimentSettings, trajectories: Path, out: Path) -> Path:
     """Every step of the expert's games as a sample (behaviour cloning needs no rewards)."""
-
     render = family_of(cfg.game).observation_renderer(cfg.game)
     samples = [{"observation": render(r, i), "action": t["action"], "reward": 1.0, "game_id": r["game_id"], "turn": i}
                for r in read_trajectories(trajectories) for i, t in enumerate(r["turns"])]
@@ -422,7 +420,6 @@ def held_out_steps(cfg: ExperimentSettings, lay: Layout) -> list[dict]:
     """The policy's steps in the starting model's iteration-0 evaluation games, as step samples
     (``observation``, ``action``, ``success`` of the game): held out from every training set, the
     same for every arm."""
-
     family = family_of(cfg.game)
     render, expected, where = family.observation_renderer(cfg.game), evaluation_ids(cfg), lay.evaluation("", 0, 0)
     steps = []
@@ -617,7 +614,6 @@ def check_settings(cfg: Mapping) -> ExperimentSettings:
     settings as an :class:`aria.experiment.settings.ExperimentSettings` (its types check the keys,
     the types and the ranges; what is checked here is what refers to other settings or registries),
     which every stage reads as attributes."""
-
     cfg = typed(ExperimentSettings, cfg, "experiment")
     cfg.game = checked_game(cfg.game)
     run_dir, results_dir = Path(cfg.run_dir).resolve(), Path(cfg.results_dir).resolve()
@@ -732,7 +728,6 @@ def report(cfg: ExperimentSettings, root: Path, echo: Printer) -> Path:
     """The table of a run so far, no stage run: a run of several sessions, or one going on in
     another process (its folder is only read), shows the arms whose evaluation is complete and
     names the others; the run's own end writes the whole table over it."""
-
     if not (root / "experiment.json").is_file():
         raise ConfigError(f"run_dir: {root} holds no run (no experiment.json): report_only reports a run started before")
     _check_run_dir(cfg, root)
@@ -777,7 +772,6 @@ def _run(cfg: ExperimentSettings, root: Path, echo: Printer) -> Path:
 def process_seconds() -> float:
     """How long this process has run (Linux: its start in /proc/self/stat against the uptime), so a
     run's wall time includes Python's start and the imports; elsewhere since this module loaded."""
-
     try:
         started = int(Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()[19]) / os.sysconf("SC_CLK_TCK")
         return float(Path("/proc/uptime").read_text().split()[0]) - started
@@ -815,7 +809,6 @@ def release_freed_memory() -> None:
     after an in-process training stage of the powered preset the runner stayed at 8.1-8.7 GB
     resident, of which 0.5 GB was live (malloc_trim returned the rest), while the next stage's
     vLLM server needed memory of its own. Elsewhere (another C library) nothing is done."""
-
     gc.collect()
     try:
         ctypes.CDLL("libc.so.6").malloc_trim(0)

@@ -15,18 +15,18 @@ from typing import Any, Iterable, Mapping
 
 from aria.games.common.base import known_games, load_game_config
 from aria.games.common.settings import EvalSettings
+from aria.games.family import FAMILIES, checked_game, family_of, family_of_summary
 from aria.games.question.oracle import check_oracle
 from aria.games.two_player.glee import config_set
 from aria.io import ConfigError, DataError, atomic_write_json, atomic_write_text, read_json
 from aria.llm.registry import build_policy, reply_tokens_key
 from aria.settings import typed
 from aria.statistics import percent
+# Imported in the functions that use them (slow to import: benchmarks/import_time.py): openai
 
 
 def summary_markdown(summary: dict) -> str:
     """``summary.md``: the run's settings, then a table per game family (its own columns)."""
-    from aria.games.family import FAMILIES, family_of_summary
-
     lines = [f"# {summary['model']}", "", f"Endpoint: {summary.get('base_url', '?')}; oracle: {summary.get('oracle', '?')}; "
              f"seed {summary.get('seed')}" + (f"; at most {summary['max_turns']} questions a game (not the game's own limit)"
                                               if summary.get("max_turns") else ""), ""]
@@ -50,8 +50,6 @@ def write_summary(out_dir: str | Path, summary: dict) -> None:
 def compare_table(folders: Iterable[str | Path]) -> str:
     """Success rates (single-agent) and win rates over both seats (two-player) of several result
     folders side by side (the paper's Table 2 / Table 1 layout)."""
-    from aria.games.family import family_of_summary
-
     paths = [Path(f) / "summary.json" for f in folders]
     summaries = [_summary(path) for path in paths]
     envs: list[str] = []
@@ -84,7 +82,6 @@ def _summary(path: Path) -> dict:
         raise DataError(path, None, "model", "not an evaluation summary (an object with the model's name)")
     if not isinstance(summary.get("environments"), dict) or not all(isinstance(v, dict) for v in summary["environments"].values()):
         raise DataError(path, None, "environments", "not an evaluation summary (an object of environments)")
-    from aria.games.family import FAMILIES
 
     for env, found in summary["environments"].items():
         if found.get("kind") is not None and found["kind"] not in FAMILIES:
@@ -98,7 +95,6 @@ def evaluate_model(cfg: Mapping[str, Any]) -> tuple[Path, dict]:
 
     Checks the settings, the environments' names and the servers first (one
     :class:`~aria.io.ConfigError` naming the URL and what ``/v1/models`` returned)."""
-    from aria.games.family import checked_game, family_of
     from aria.llm.endpoint import check_server
     cfg = typed(EvalSettings, cfg, "eval")
     p = cfg.policy

@@ -8,10 +8,9 @@ with ``kind`` (``question`` when absent, ``two_player``).
 
 Everything outside the games asks :func:`family_of` instead of testing ``kind``: the experiment
 runner (collect, evaluate, check settings), the collection command, the training-set renderer,
-online training and the importers. Each family delegates to the modules that play it
-(:mod:`aria.games.question.play` and :mod:`aria.games.two_player.play`), imported when first
-used, so this module stays below everything that uses it and above everything it uses (no
-import cycle).
+online training and the importers. Each family delegates to the module that plays it
+(:mod:`aria.games.question.play` and :mod:`aria.games.two_player.play`, imported by module
+because both name their functions alike: ``game_id``, ``rule_problem``...).
 """
 from __future__ import annotations
 
@@ -21,12 +20,15 @@ from typing import Any, Callable, Mapping, Protocol
 from aria.data import Transcript
 from aria.games.common.base import structured_output
 from aria.games.common.settings import CollectSettings, EvalSettings, QuestionGameSettings, TwoPlayerGameSettings
+from aria.games.question import play as question_play
 from aria.games.question.game import build_game
 from aria.games.question.oracle import build_oracle, check_oracle
+from aria.games.two_player import play as two_player_play
 from aria.games.two_player.glee import PLAYERS, config_set, other
 from aria.io import ConfigError
 from aria.llm.registry import build_policy, reply_tokens_key
 from aria.settings import typed, validated
+from aria.statistics import generation_cost, percent, summarize_games
 from aria.trajectories import describe, read_trajectories
 
 Printer = Callable[[str], None]
@@ -114,33 +116,28 @@ class QuestionFamily:
         return lambda record, index: game.prompt_before_turn(record["turns"], index)
 
     def collect(self, cfg):
-        from aria.games.question.play import collect_questions
-
-        return collect_questions(cfg)
+        return question_play.collect_questions(cfg)
 
     def rules(self, game_cfg, producer):
-        from aria.games.question.play import rule_problem
-
         game = build_game(game_cfg)
         # as played (online.max_turns shortens it); without the file's producer record, not known
         max_turns = ((producer or {}).get("game_settings") or {}).get("max_turns")
-        return lambda record: rule_problem(game, record, max_turns if isinstance(max_turns, int) else None)
+        max_turns = max_turns if isinstance(max_turns, int) else None
+        return lambda record: question_play.rule_problem(game, record, max_turns)
 
     def games_in(self, game_cfg, section):
         return section.games
 
     def play(self, cfg, policy, out, seed, section):
-        from aria.games.question.play import play_games, reply_format
-
-        return play_games(build_game(cfg.game), policy, build_oracle(cfg.oracle, cfg.game), out,
-                          num_games=section.games, seed=seed, batch_size=section.batch_size, progress=False,
-                          force_new=True, reply_format=reply_format(cfg.game))
+        return question_play.play_games(build_game(cfg.game), policy, build_oracle(cfg.oracle, cfg.game), out,
+                                        num_games=section.games, seed=seed, batch_size=section.batch_size,
+                                        progress=False, force_new=True,
+                                        reply_format=question_play.reply_format(cfg.game))
 
     def collection_producer(self, cfg, section, seed, made_by):
-        from aria.games.question.play import question_producer, reply_format
-
-        return question_producer(build_game(cfg.game), seed, made_by, describe(build_oracle(cfg.oracle, cfg.game)),
-                                 reply_format=reply_format(cfg.game))
+        oracle = describe(build_oracle(cfg.oracle, cfg.game))
+        return question_play.question_producer(build_game(cfg.game), seed, made_by, oracle,
+                                               reply_format=question_play.reply_format(cfg.game))
 
     def evaluation_output(self, where):
         return where.with_suffix(".jsonl")
@@ -153,10 +150,8 @@ class QuestionFamily:
         return [(out, None, self.collection_producer(cfg, e, e.seed, made_by))]
 
     def evaluation_ids(self, cfg):
-        from aria.games.question.play import game_id
-
         e = cfg.eval
-        return {game_id(cfg.game["name"], e.seed, i) for i in range(e.games)}
+        return {question_play.game_id(cfg.game["name"], e.seed, i) for i in range(e.games)}
 
     def won(self, record, role):
         return bool(record["success"])
@@ -177,8 +172,6 @@ class QuestionFamily:
         return summary["success_rate"], summary["success_rate_ci95"], summary["finished"], summary["failed"]
 
     def summary_table(self, summary, envs):
-        from aria.statistics import percent
-
         lines = ["| environment | games | success % | 95% CI | mean turns | unreadable replies % | answered invalid % | failed |",
                  "|---|---|---|---|---|---|---|---|"]
         for env in envs:
@@ -191,18 +184,16 @@ class QuestionFamily:
         return lines
 
     def evaluate_served(self, cfg, game_cfg, policy, out, batch_size):
-        from aria.games.question.play import play_games, reply_format
-        from aria.statistics import generation_cost, summarize_games
-
         if cfg.structured_output is not None:
             game_cfg["structured_output"] = cfg.structured_output
         if cfg.max_turns is not None:
             game_cfg["max_turns"] = cfg.max_turns
         transcripts = out / "transcripts.jsonl"
         tokens, seconds = getattr(policy, "generated_tokens", 0), getattr(policy, "generation_seconds", 0.0)
-        run = play_games(build_game(game_cfg), policy, build_oracle(cfg.oracle, game_cfg), transcripts,
-                         num_games=cfg.num_games, seed=cfg.seed, batch_size=batch_size, progress=cfg.progress,
-                         force_new=cfg.force_new, reply_format=reply_format(game_cfg))
+        run = question_play.play_games(build_game(game_cfg), policy, build_oracle(cfg.oracle, game_cfg), transcripts,
+                                       num_games=cfg.num_games, seed=cfg.seed, batch_size=batch_size,
+                                       progress=cfg.progress, force_new=cfg.force_new,
+                                       reply_format=question_play.reply_format(game_cfg))
         print(f"[eval] {game_cfg['name']}: {run.line()}")
         return {**summarize_games(list(read_trajectories(transcripts)), game_cfg["invalid_answer"]),
                 "generation": generation_cost(policy, tokens, seconds),
@@ -221,25 +212,20 @@ class TwoPlayerFamily:
         return Transcript.from_config(game_cfg).render
 
     def collect(self, cfg):
-        from aria.games.two_player.play import collect_two_player_from_config
-
-        return collect_two_player_from_config(cfg)
+        return two_player_play.collect_two_player_from_config(cfg)
 
     def rules(self, game_cfg, producer):
-        from aria.games.two_player.play import rule_problem
-
-        return rule_problem
+        return two_player_play.rule_problem
 
     def games_in(self, game_cfg, section):
         return len(config_set(game_cfg, section.config_set)) * section.games_per_config
 
     def play(self, cfg, policy, out, seed, section):
-        from aria.games.two_player.play import PolicyPlayer, play_two_player
-
-        player = PolicyPlayer(policy)
-        return play_two_player(cfg.game, config_set(cfg.game, section.config_set), {"alice": player, "bob": player},
-                               out, games_per_config=section.games_per_config, seed=seed,
-                               batch_size=section.batch_size, progress=False, force_new=True)
+        player = two_player_play.PolicyPlayer(policy)
+        return two_player_play.play_two_player(cfg.game, config_set(cfg.game, section.config_set),
+                                               {"alice": player, "bob": player}, out,
+                                               games_per_config=section.games_per_config, seed=seed,
+                                               batch_size=section.batch_size, progress=False, force_new=True)
 
     def collection_producer(self, cfg, section, seed, made_by):
         return self._producer(cfg, section, seed, {"alice": made_by, "bob": made_by})
@@ -251,18 +237,15 @@ class TwoPlayerFamily:
         return [(out / f"as_{role}.jsonl", role) for role in PLAYERS]
 
     def evaluation_files(self, cfg, out, made_by):
-        from aria.games.two_player.play import build_player
-
         e = cfg.eval
-        opponent = describe(build_player(e.opponent, cfg.game["name"]))
+        opponent = describe(two_player_play.build_player(e.opponent, cfg.game["name"]))
         return [(file, role, self._producer(cfg, e, e.seed, {role: made_by, other(role): opponent}))
                 for file, role in self.evaluation_seats(out)]
 
     def evaluation_ids(self, cfg):
-        from aria.games.two_player.play import game_id
-
         e = cfg.eval
-        return {game_id(c, e.seed, i) for c in config_set(cfg.game, e.config_set) for i in range(e.games_per_config)}
+        return {two_player_play.game_id(c, e.seed, i)
+                for c in config_set(cfg.game, e.config_set) for i in range(e.games_per_config)}
 
     def won(self, record, role):
         return record["meta"]["winner"] == role
@@ -271,23 +254,21 @@ class TwoPlayerFamily:
         return sum(t["role"] == role for t in record["turns"])
 
     def evaluate(self, cfg, policy, out, echo):
-        from aria.games.two_player.play import PolicyPlayer, build_player, evaluate_two_player
-
         e = cfg.eval
-        player = PolicyPlayer(policy)
-        summary = evaluate_two_player(cfg.game, config_set(cfg.game, e.config_set), player,
-                                      build_player(e.opponent, cfg.game["name"], player), out,
-                                      games_per_config=e.games_per_config, seed=e.seed, batch_size=e.batch_size,
-                                      progress=False, echo=lambda line: echo(f"[experiment] {line}"), force_new=True)
+        player = two_player_play.PolicyPlayer(policy)
+        opponent = two_player_play.build_player(e.opponent, cfg.game["name"], player)
+        configs = config_set(cfg.game, e.config_set)
+        summary = two_player_play.evaluate_two_player(cfg.game, configs, player, opponent, out,
+                                                      games_per_config=e.games_per_config, seed=e.seed,
+                                                      batch_size=e.batch_size, progress=False,
+                                                      echo=lambda line: echo(f"[experiment] {line}"), force_new=True)
         return summary["overall"]["failed"]
 
     def check_experiment(self, cfg):
-        from aria.games.two_player.play import check_player, schema_options
-
         if cfg.warm_start.enabled:
             raise ConfigError(f"warm_start.enabled: the scripted expert plays question games, not {cfg.game['name']}; "
                               "a two-player game starts from the base model (warm_start.enabled=false, as experiment=bargaining)")
-        schema_options(cfg.game)
+        two_player_play.schema_options(cfg.game)
         for name in ("collect", "eval"):
             section = getattr(cfg, name)
             for key in ("config_set", "games_per_config"):
@@ -296,15 +277,13 @@ class TwoPlayerFamily:
             config_set(cfg.game, section.config_set, f"{name}.config_set")
         if not cfg.eval.opponent:
             raise ConfigError("eval.opponent: a two-player evaluation needs an opponent (see config/experiment/bargaining.yaml)")
-        check_player(cfg.eval.opponent, "eval.opponent")
+        two_player_play.check_player(cfg.eval.opponent, "eval.opponent")
 
     def headline(self, summary):
         o = summary["overall"]  # both seats
         return o["win_rate"], o["win_rate_ci95"], o["finished"], o["failed"]
 
     def summary_table(self, summary, envs):
-        from aria.statistics import percent
-
         rows = []
         for env in envs:
             for seat in ("as_alice", "as_bob", "overall"):
@@ -323,27 +302,23 @@ class TwoPlayerFamily:
                 "|---|---|---|---|---|---|---|---|---|---|", *rows]
 
     def evaluate_served(self, cfg, game_cfg, policy, out, batch_size):
-        from aria.games.two_player.play import PolicyPlayer, build_player, evaluate_two_player
-        from aria.statistics import generation_cost
-
         tp = cfg.two_player
         if tp.structured_output is not None:
             game_cfg["structured_output"] = tp.structured_output
         # a policy of its own: the reply length of a two-player turn is its own setting
         configs = config_set(game_cfg, tp.config_set, "two_player.config_set")
-        player = PolicyPlayer(build_policy({**cfg.policy, reply_tokens_key(cfg.policy): tp.max_tokens}))
-        summary = evaluate_two_player(game_cfg, configs, player,
-                                      build_player(cfg.opponent, game_cfg["name"], player), out,
-                                      games_per_config=tp.games_per_config, seed=cfg.seed, batch_size=batch_size,
-                                      progress=cfg.progress, force_new=cfg.force_new)
+        player = two_player_play.PolicyPlayer(build_policy({**cfg.policy, reply_tokens_key(cfg.policy): tp.max_tokens}))
+        opponent = two_player_play.build_player(cfg.opponent, game_cfg["name"], player)
+        summary = two_player_play.evaluate_two_player(game_cfg, configs, player, opponent, out,
+                                                      games_per_config=tp.games_per_config, seed=cfg.seed,
+                                                      batch_size=batch_size, progress=cfg.progress,
+                                                      force_new=cfg.force_new)
         return {**summary, "generation": generation_cost(player.model, 0, 0.0),
                 "structured_output": structured_output(game_cfg, self.kind)}
 
     @staticmethod
     def _producer(cfg, section, seed, seats):
-        from aria.games.two_player.play import two_player_producer
-
-        return two_player_producer(cfg.game, config_set(cfg.game, section.config_set), seats, seed)
+        return two_player_play.two_player_producer(cfg.game, config_set(cfg.game, section.config_set), seats, seed)
 
 
 #: ``kind`` of a game config -> its family.

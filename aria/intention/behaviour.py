@@ -35,7 +35,6 @@ def signatures(game, oracle, actions: Iterable[str]) -> dict[str, Signature]:
     :class:`~aria.games.question.oracle.Oracle`). An oracle that fails to answer raises
     RuntimeError naming the question and the target: a signature with a hole would merge
     intentions that differ."""
-
     questions = {action: game.extract_question(action) for action in dict.fromkeys(actions)}
     asked = list(dict.fromkeys(q for q in questions.values() if q is not None))
     targets = [t.name for t in game.targets]

@@ -25,6 +25,7 @@ import warnings
 from typing import Callable, Iterable, Iterator
 
 import numpy as np
+# Imported in the functions that use them (slow to import: benchmarks/import_time.py): scipy, sklearn
 
 
 def canonical_labels(labels: np.ndarray) -> np.ndarray:

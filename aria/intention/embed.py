@@ -28,6 +28,7 @@ import numpy as np
 
 from aria.io import ConfigError, atomic_write_bytes
 from aria.registry import check_options
+# Imported in the functions that use them (slow to import: benchmarks/import_time.py): openai, sentence_transformers
 
 log = logging.getLogger(__name__)
 
@@ -151,7 +152,6 @@ EMBEDDERS: dict[str, Callable[..., Embedder]] = {
 
 def check_embedder(cfg: dict):
     """The backend ``cfg`` names, its options checked (before a model loads or a text is sent)."""
-
     name = cfg.get("name")
     if name not in EMBEDDERS:
         raise ConfigError(f"embedder.name: unknown embedder {name!r} (known: {', '.join(sorted(EMBEDDERS))})")

@@ -41,12 +41,14 @@ from aria.games.family import checked_game, family_of
 from aria.games.question.game import build_game
 from aria.games.question.oracle import build_oracle
 from aria.games.two_player.glee import winner
-from aria.intention.aggregate import AGGREGATION_MODES, DISCOUNTS, aggregate
+from aria.intention.aggregate import AGGREGATION_MODES, DISCOUNTS, aggregate, errors_against, key_sharing
+from aria.intention.behaviour import partition, signatures
 from aria.intention.cluster import CLUSTERINGS, cluster_all_k, distinct_points, k_range
 from aria.intention.corpus import Corpus, IntentionSpec, build_corpus
 from aria.intention.embed import (EmbeddingCache, build_embedder, check_embedder, embedder_key, embedder_name,
                                   text_digest)
-from aria.intention.select import SELECTORS, ClusterQuality, choose_k, split_scores
+from aria.intention.report import plot_selection
+from aria.intention.select import SELECTORS, ClusterQuality, choose_k, intention_recovery, split_scores
 from aria.intention.settings import (LABELS, AggregationSettings, ClusteringSettings, IntentionSettings,
                                      SelectionSettings)
 from aria.io import (ConfigError, DataError, StaleInput, atomic_write_bytes, atomic_write_json, atomic_write_json_rows,
@@ -262,7 +264,6 @@ def check_overrides_of(game: str, overrides: list[str], setting: str) -> Intenti
     ``intention_overrides``, the online trainer's), composed and checked as :func:`check_settings`
     checks a step's, a problem one line naming ``setting``: before any training, not at the
     labelling an iteration or two in."""
-
     composed = check_overrides("intention", [f"game={game}", "input=games.jsonl", *overrides], setting)
     try:
         return check_settings(composed)
@@ -458,7 +459,6 @@ def behavioural_labels(cfg: Mapping | IntentionSettings, corpus: Corpus, echo: P
     game_cfg = dict(cfg.game)
     if cfg.behaviour == "never" or not has_offline_oracle(game_cfg):  # check_labels refused what needs them
         return None
-    from aria.intention.behaviour import partition, signatures
 
     path = Path(cfg.run_dir) / "behaviour.json"
     fingerprint = json_digest({"version": BEHAVIOUR_VERSION, "pools": {p: text_digest(t) for p, t in corpus.pools.items()},
@@ -594,7 +594,6 @@ def step2_select_k(cfg: Mapping | IntentionSettings, echo: Printer = print) -> d
         **({"behaviour": against} if against else {}),
         "notes": SELECTION_NOTES,
     }
-    from aria.intention.report import plot_selection
 
     # the plot first: the report is what a re-run takes as "step 2 done", so it is written last
     plot_selection(report, run_dir / "selection.png")
@@ -749,8 +748,6 @@ def preflight(cfg: Mapping | IntentionSettings, fixed_ks: list[int]) -> dict:
     (steps 1-2 done) at the chosen k, at each of ``fixed_ks`` that step 1 clustered, and under the
     behavioural intentions where the game has them: whether aggregation can change anything on
     these games, said before any training. Keys as ``aggregation.window`` cuts them."""
-    from aria.intention.aggregate import key_sharing
-
     cfg = _settings(cfg)
     run = read_labelled_run(cfg)
     check_step2_settings(run.selection, cfg)
@@ -778,8 +775,6 @@ def preflight(cfg: Mapping | IntentionSettings, fixed_ks: list[int]) -> dict:
 def _intention_recovery(corpus, labels: dict[str, np.ndarray], ks: list[int]) -> dict | None:
     """ARI and NMI of the step labels against the recorded intentions at every k (None when no
     step records one). A label is (pool, cluster), so two-player pools never share a label."""
-    from aria.intention.select import intention_recovery
-
     known = [i for i, x in enumerate(corpus.step_intention) if x is not None]
     if not known:
         return None
@@ -798,9 +793,6 @@ def _against_behaviour(corpus: Corpus, labels: dict[str, np.ndarray], ks: list[i
                        q_at_k: np.ndarray, agg_cfg: AggregationSettings) -> dict:
     """Step 1's labels at every k against the behavioural partition (the pipeline's ``behaviour``
     section of selection.json). A label is (pool, id), as in :func:`_intention_recovery`."""
-    from aria.intention.aggregate import errors_against, key_sharing
-    from aria.intention.select import intention_recovery
-
     steps = corpus.table.step_utterance
     pool_of = corpus.utterance_pool[steps]
     exact = corpus.utterance_labels(behaviour)

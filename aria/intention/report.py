@@ -6,6 +6,7 @@ from pathlib import Path
 import numpy as np
 
 from aria.io import atomic_save_figure
+# Imported in the functions that use them (slow to import: benchmarks/import_time.py): matplotlib
 
 
 def _series(values) -> np.ndarray:

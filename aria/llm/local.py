@@ -24,18 +24,12 @@ from typing import Sequence
 
 import torch
 import torch.nn.functional as F
-from transformers import (
-    AutoModelForCausalLM,
-    AutoTokenizer,
-    LogitsProcessor,
-    LogitsProcessorList,
-    StaticCache,
-    TemperatureLogitsWarper,
-    TopPLogitsWarper,
-)
+from transformers import (AutoModelForCausalLM, AutoTokenizer, LogitsProcessor, LogitsProcessorList, StaticCache,
+                          TemperatureLogitsWarper, TopPLogitsWarper)
 
 from aria.io import ConfigError, model_digest
 from aria.llm.base import Completion, Message, OutputFormat
+from aria.llm.constrained import BatchConstraint, Grammars
 from aria.llm.embedded import resolve_model_path
 from aria.llm.policy import cache_keyword
 
@@ -208,8 +202,6 @@ class LocalChatModel:
             raise ValueError(f"{len(formats)} formats for {len(conversations)} conversations")
         constraint = None
         if formats is not None and any(f is not None for f in formats):
-            from aria.llm.constrained import BatchConstraint
-
             constraint = BatchConstraint(self._grammars(), formats)
         prompts = [self.encode(c) for c in conversations]
         use_cache = self.reuse_cache and keys is not None
@@ -228,8 +220,6 @@ class LocalChatModel:
     def _grammars(self):
         """The tokenizer's compiled grammars (built on the first constrained reply, about 1 s)."""
         if self._grammar_cache is None:
-            from aria.llm.constrained import Grammars
-
             self._grammar_cache = Grammars(self.tokenizer, self.model.config.vocab_size, self.eos_ids)
         return self._grammar_cache
 

@@ -30,6 +30,9 @@ import torch
 
 from aria.io import ConfigError, DataError, atomic_folder, atomic_write_json, check_output_folder, read_json
 from aria.llm.embedded import resolve_model_path
+from aria.llm.merge_record import MERGE_FILE, write_merge_record
+from aria.packing import PACKINGS, cheaper_layout, collate_tree, is_tree_batch, model_config, tree_action_token_logprobs
+# Imported in the functions that use them (slow to import: benchmarks/import_time.py): accelerate, peft, transformers
 
 
 @dataclass(frozen=True)
@@ -89,8 +92,6 @@ def encode_sample(tokenizer, observation: str, action: str, max_prompt_tokens: i
 
 def model_context(model) -> int | None:
     """The positions the model was built for (``max_position_embeddings``), through any wrapper; None if unsaid."""
-    from aria.packing import model_config
-
     return getattr(model_config(model), "max_position_embeddings", None)
 
 
@@ -136,7 +137,6 @@ class Encoding:
     @classmethod
     def saved_in(cls, folder: Path, default: "Encoding") -> "Encoding":
         """The encoding saved in ``folder``, or ``default`` for a model written before it was saved."""
-
         path = Path(folder) / ENCODING_FILE
         if not path.is_file():
             return default
@@ -181,8 +181,6 @@ def collate_as(samples: Sequence[EncodedSample], pad_id: int, packing: str = "pa
     micro-batch whose trees would cost more than its rows is laid out in rows
     (:func:`aria.packing.cheaper_layout`, with the model's ``break_even``,
     :func:`aria.packing.attention_break_even`; None: always trees)."""
-    from aria.packing import PACKINGS, cheaper_layout, collate_tree
-
     if packing not in PACKINGS:
         raise ValueError(f"unknown packing {packing!r} (known: {', '.join(PACKINGS)})")
     if packing == "prefix_tree" and cheaper_layout([s.input_ids for s in samples], break_even) == "prefix_tree":
@@ -198,8 +196,6 @@ def action_logprobs(model, batch: dict[str, torch.Tensor]) -> torch.Tensor:
     A prefix tree (:func:`aria.packing.collate_tree`): one pass over the tree
     (:func:`aria.packing.tree_action_token_logprobs`), the same values up to float rounding.
     """
-    from aria.packing import is_tree_batch
-
     picked, sample = action_token_logprobs(model, batch)
     size = int(batch["num_samples"]) if is_tree_batch(batch) else len(batch["input_ids"])
     return torch.zeros(size, dtype=picked.dtype, device=picked.device).index_add(0, sample, picked)
@@ -210,8 +206,6 @@ def action_token_logprobs(model, batch: dict[str, torch.Tensor]) -> tuple[torch.
     each belongs to, [M], ordered by sample, then by the token's place in its action: the same
     order whatever the layout (padded rows or prefix trees), so per-token values computed in one
     layout line up with those of another (the clipped loss's reference, :mod:`aria.trainers.offline`)."""
-    from aria.packing import is_tree_batch, tree_action_token_logprobs
-
     if is_tree_batch(batch):
         picked, sample = tree_action_token_logprobs(model, batch)
         order = torch.sort(sample, stable=True).indices  # trees hold their samples out of order
@@ -338,7 +332,6 @@ def cache_keyword(model) -> str:
     """The keyword a model's forward takes its KV cache under: ``cache`` in the transformers
     releases that renamed it (``past_key_values`` then warns on every call, and goes in 5.40),
     ``past_key_values`` before them. A peft wrapper passes it on to the model it wraps."""
-
     inner = model.get_base_model() if hasattr(model, "get_base_model") else model
     return "cache" if "cache" in inspect.signature(type(inner).forward).parameters else "past_key_values"
 
@@ -347,7 +340,6 @@ def cache_keyword(model) -> str:
 def peft_quietly() -> Iterator[None]:
     """peft reads transformers' deprecated ``is_gradient_checkpointing`` whenever it wraps a model,
     a FutureWarning on every start that is peft's to change, not ours: silenced around peft's calls only."""
-
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)
         yield
@@ -358,7 +350,6 @@ def model_folder(model_path: str, setting: str, adapter: bool = True) -> Path:
     a folder at all (else a traceback from transformers' hub code), with a ``config.json`` (else
     transformers' tokenizer error), or an ``adapter_config.json`` where an adapter may stand
     (``adapter``); a problem is one line naming ``setting``."""
-
     path = resolve_model_path(model_path)
     if not path.is_dir():
         raise ConfigError(f"{setting}: {model_path!r} is no model folder (give a Hugging Face model folder, or embedded)")
@@ -401,11 +392,8 @@ def load_policy(model_path: str, dtype: str = "float32", lora: dict[str, Any] | 
 def merge_lora(adapter_dir: Path, out_dir: Path, base: str | None = None, dtype: str = "float32") -> Path:
     """Merge the LoRA adapter in ``adapter_dir`` into its base model; write a full model folder
     (tokenizer included) to ``out_dir``, whole or not at all (:func:`aria.io.atomic_folder`)."""
-
     from peft import PeftModel
     from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    from aria.llm.merge_record import MERGE_FILE, write_merge_record
 
     config_path = adapter_dir / "adapter_config.json"
     if not config_path.is_file():

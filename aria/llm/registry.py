@@ -33,7 +33,6 @@ def check_policy(cfg: Mapping[str, Any], setting: str = "policy") -> tuple[type,
     """The class and options of the policy ``cfg`` names, checked before anything loads: a name
     not registered, or options :func:`aria.registry.check_options` refuses, is a ``ConfigError``
     naming ``setting`` (the config section: ``policy``, ``opponent``)."""
-
     options = dict(cfg)
     kind = options.pop("name", None)
     if kind not in POLICIES:

@@ -24,6 +24,7 @@ from typing import Mapping, Sequence
 from aria.io import model_digest, read_json
 from aria.llm.base import Completion, Message, OutputFormat
 from aria.llm.embedded import resolve_model_path
+# Imported in the functions that use them (slow to import: benchmarks/import_time.py): openai
 
 #: The server script shipped in the package (scripts/serve_vllm.sh runs the same file).
 SERVE_SCRIPT = Path(__file__).with_name("serve_vllm.sh")
@@ -50,7 +51,6 @@ def start_server(model_dir: Path, name: str, port: int, log: Path | None = None,
     are served on the model, a request naming one as its model (``VLLM_LORA_MODULES``).
     ``reloadable`` lets :func:`reload_weights` swap the served weights for another model's of the
     same architecture (vLLM's development endpoints, ``VLLM_SERVER_DEV_MODE=1``, on 127.0.0.1)."""
-
     # The server is stopped when this process ends, even by SIGKILL (the script's watcher).
     env = {**os.environ, "SERVED_MODEL_NAME": name, "VLLM_PARENT_PID": str(os.getpid())}
     if adapters:
@@ -83,7 +83,6 @@ def reload_weights(base_url: str, model_dir: Path, timeout_s: float = 600.0) -> 
     server must be started ``reloadable`` and the model must have the served one's architecture
     and shapes (a trained copy of it); the served name stays. RuntimeError with the server's reply
     if either call fails."""
-
     root = base_url.rstrip("/").removesuffix("/v1")
     calls = [("/collective_rpc", {"method": "reload_weights", "kwargs": {"weights_path": str(Path(model_dir).resolve())}}),
              ("/reset_prefix_cache", None)]
@@ -105,7 +104,6 @@ def server_metrics(base_url: str, timeout_s: float = 10.0) -> dict[str, float]:
     its labels, by name: ``vllm:prompt_tokens_total``, ``vllm:prefix_cache_queries_total`` and
     ``vllm:prefix_cache_hits_total`` (tokens), ``vllm:generation_tokens_total``,
     ``vllm:num_requests_running``, ..."""
-
     root = base_url.rstrip("/").removesuffix("/v1")
     with urllib.request.urlopen(f"{root}/metrics", timeout=timeout_s) as response:
         text = response.read().decode()

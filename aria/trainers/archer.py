@@ -34,21 +34,22 @@ from typing import Callable, Mapping, Sequence
 
 import numpy as np
 import torch
+from tqdm.auto import tqdm
 
 from aria.data import read_training_set
 from aria.io import DataError, atomic_folder, atomic_write_json, atomic_write_json_rows, json_digest
 from aria.settings import typed
-from aria.trainers.settings import CriticTrainerSettings
 from aria.trainers.checkpoint import (RUN_RECORD, begin_checkpoint, check_output_dir_early, checkpoint_record,
                                       checkpoint_to_resume, finish_checkpoint, load_state, resume_position,
                                       resume_settings, run_record, save_state)
-from aria.trainers.critic import (DoubleCritic, advantages, critic_loss, polyak_update, q_targets,
-                                  transitions, v_targets)
+from aria.trainers.critic import DoubleCritic, advantages, critic_loss, polyak_update, q_targets, transitions, v_targets
 from aria.trainers.engine import (TrainState, accumulate_step, build_optimizer, check_train_settings, fit_accumulation,
                                   make_accelerator, run_epochs)
-from aria.trainers.offline import _plain_batches, batches_for_process
 from aria.trainers.methods import FIELD_TYPES
+from aria.trainers.offline import _plain_batches, batches_for_process
 from aria.trainers.reward_model import held_out_split
+from aria.trainers.settings import CriticTrainerSettings
+# Imported in the functions that use them (slow to import: benchmarks/import_time.py): accelerate
 
 #: The fields of a step the critic reads (pipeline step 4 writes them all).
 STEP_FIELDS = ("game_id", "turn", "observation", "action", "final_reward")
@@ -195,8 +196,6 @@ class CriticTrainer:
 
     # ---- the loop ----
     def train(self) -> dict:
-        from tqdm.auto import tqdm
-
         acc, t = self.accelerator, self.cfg.train
         resumed = self.resume()
         metrics_path = self.output_dir / "metrics.jsonl"

@@ -27,11 +27,13 @@ from typing import Any, Callable, Protocol
 
 import numpy as np
 import torch
+from safetensors import safe_open
 
 from aria.io import ResumeMismatch, atomic_write_json, atomic_write_text, differences, model_digest, replace_folder
 from aria.llm.embedded import resolve_model_path
 from aria.trainers.engine import RUN_RECORD, TrainState
 from aria.trainers.settings import CriticTrainerSettings, TrainerSettings
+# Imported in the functions that use them (slow to import: benchmarks/import_time.py): safetensors
 
 _META_KEY = "aria_state"
 
@@ -70,8 +72,6 @@ def save_state(path: str | Path, state: Any) -> None:
 
 def load_state(path: str | Path) -> Any:
     """Inverse of :func:`save_state`; reads tensors and JSON only."""
-    from safetensors import safe_open
-
     with safe_open(str(path), framework="pt") as handle:
         metadata = handle.metadata() or {}
         tensors = {key: handle.get_tensor(key) for key in handle.keys()}
@@ -138,8 +138,6 @@ def latest_checkpoint(output_dir: Path) -> Path | None:
 def checkpoint_damage(folder: Path) -> str | None:
     """Why ``folder`` cannot be resumed from: a trainer state that is not whole JSON, or a tensor
     file whose header or data is cut short; None when it is intact."""
-    from safetensors import safe_open
-
     try:
         state = json.loads((folder / "trainer_state.json").read_text(encoding="utf-8"))
         if not isinstance(state, dict) or "step" not in state:
@@ -234,7 +232,6 @@ def resume_settings(cfg: TrainerSettings | CriticTrainerSettings, micro_per_epoc
     nothing under another batching). Before, a checkpoint's optimizer and scheduler silently
     replaced a changed lr, a changed seed reordered the rest of the data, and another base model
     carried the adapter over."""
-
     settings = json.loads(json.dumps(asdict(cfg), default=str))  # a plain copy
     for key in NOT_RESUME_SETTINGS:
         *parents, last = key.split(".")

@@ -31,8 +31,10 @@ from typing import Sequence
 
 import torch
 
+from aria.intention.embed import embedded_sentence_model_dir
 from aria.io import ConfigError
 from aria.trainers.settings import V_TARGETS
+# Imported in the functions that use them (slow to import: benchmarks/import_time.py): transformers
 
 
 @dataclass(frozen=True)
@@ -114,8 +116,6 @@ class DoubleCritic(torch.nn.Module):
         from transformers import AutoModel, AutoTokenizer
 
         if encoder_path is None:
-            from aria.intention.embed import embedded_sentence_model_dir
-
             encoder_path = str(embedded_sentence_model_dir())
         self.tokenizer = AutoTokenizer.from_pretrained(encoder_path)
         self.tokenizer.truncation_side = "left"  # a history's newest turns matter most

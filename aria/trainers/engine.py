@@ -20,8 +20,10 @@ import torch
 from aria import threads
 from aria.io import ConfigError, atomic_folder, atomic_write_json, hold_output
 from aria.llm.merge_record import stale_merges_of
+from aria.packing import PACKINGS
 from aria.trainers.losses import LOSS_OPTION_CHECKS
 from aria.trainers.settings import CriticTrainerSettings, EngineTrainSettings, TrainerSettings, TrainSettings
+# Imported in the functions that use them (slow to import: benchmarks/import_time.py): accelerate, torch, transformers
 
 #: Optimizers by name (config ``train.optimizer``).
 OPTIMIZERS: dict[str, type[torch.optim.Optimizer]] = {"adamw": torch.optim.AdamW, "adam": torch.optim.Adam}
@@ -35,8 +37,6 @@ def check_train_settings(cfg: TrainerSettings | CriticTrainerSettings, losses: M
 
     ``loss_name``: the trainer's own loss, when the config's ``loss.name`` does not choose it;
     ``check_scheduler=False`` leaves :func:`check_lr_scheduler` to the caller."""
-    from aria.packing import PACKINGS
-
     t = cfg.train
 
     if isinstance(t, TrainSettings) and t.packing not in PACKINGS:  # the critic's batches are not packed
@@ -58,7 +58,6 @@ def check_train_settings(cfg: TrainerSettings | CriticTrainerSettings, losses: M
 def check_mixed_precision(value: str, device: str) -> None:
     """fp8 trains only on a CUDA device with transformer_engine or torchao (accelerate's fp8
     backends); elsewhere accelerate would stop with a traceback once the trainer starts."""
-
     if value != "fp8":
         return
     if device == "cpu" or not torch.cuda.is_available():
@@ -120,7 +119,6 @@ def use_cpu(device: str) -> bool:
     """Whether ``device`` (config ``device``) trains on the CPU: ``cpu``, or ``auto`` on a machine
     without a GPU. Saying so to accelerate matters beyond placement: only then does it join the
     processes of a CPU launch (``config/accelerate/cpu_2proc.yaml``) into one gloo group."""
-
     if device == "cuda" and not torch.cuda.is_available():
         raise ConfigError("device=cuda: this process sees no CUDA device (torch.cuda.is_available() is false); "
                           "use device=auto or device=cpu")
@@ -130,7 +128,6 @@ def use_cpu(device: str) -> bool:
 def check_one_group(num_processes: int, environ: Mapping[str, str] | None = None) -> None:
     """Refuse a launch whose processes did not join one group: each would train on all of the
     data, as many times over as there are processes, and write the same output folder."""
-
     launched = int((os.environ if environ is None else environ).get("WORLD_SIZE", "1") or 1)
     if launched > 1 and num_processes != launched:
         raise ConfigError(f"this launch started {launched} processes, but they did not form one group (accelerate "

@@ -17,6 +17,7 @@ import hydra
 
 from aria.cli import checkpoints_in, command
 from aria.settings import resolved
+from aria.trainers.methods import trainer_for
 
 
 def train_and_report(cfg, build: Callable[[dict], Any], summary: Callable[[dict], str]) -> dict:
@@ -33,8 +34,6 @@ def train_and_report(cfg, build: Callable[[dict], Any], summary: Callable[[dict]
 
 def run(cfg) -> dict:
     """Train the method the config names (REINFORCE on weights, or trajectory DPO on pairs)."""
-    from aria.trainers.methods import trainer_for
-
     return train_and_report(cfg, lambda config: trainer_for(config)(config), lambda result: (
         f"[train] {result['steps']} steps; final model in {result['final']}"
         + (f"; last loss {result['loss']:.4f}, {result['tokens_per_s']:.0f} tokens/s" if "loss" in result else "")))

@@ -13,6 +13,7 @@ from __future__ import annotations
 import hydra
 
 from aria.trainers.launch import train_and_report
+# Imported in the functions that use them (slow to import: benchmarks/import_time.py): torch
 
 
 def run(cfg) -> dict:

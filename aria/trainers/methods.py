@@ -275,7 +275,6 @@ def similarity_groups(texts: Sequence[str], threshold: float) -> np.ndarray:
     ``threshold``, else starts a group. The texts are compared after the prefix they all share
     (see :func:`gigpo_similar`). ``quick_ratio`` bounds the ratio from above, so it only skips
     comparisons that cannot match."""
-
     if not 0.0 < threshold < 1.0:
         raise ValueError(f"similarity threshold must be in (0, 1) (verl-agent's rule), got {threshold}")
     cut = len(commonprefix(list(texts))) if len(texts) > 1 else 0

@@ -48,6 +48,7 @@ from typing import Any, Callable, Mapping
 
 import numpy as np
 import torch
+from tqdm.auto import tqdm
 
 from aria.data import read_training_set
 from aria.io import ConfigError, DataError, atomic_write_json, json_digest
@@ -66,6 +67,7 @@ from aria.trainers.engine import (OPTIMIZERS, TrainState, accumulate_step, build
 from aria.trainers.losses import LOSSES, TOKEN_LOSSES, reinforce_loss  # noqa: F401  (re-exported)
 from aria.trainers.methods import METHODS, get_method, method_weights
 from aria.trainers.settings import TrainerSettings
+# Imported in the functions that use them (slow to import: benchmarks/import_time.py): accelerate
 
 
 # ---- data ------------------------------------------------------------------------------------------
@@ -266,7 +268,6 @@ class OfflineTrainer:
         """``apply(method name, samples)`` (:func:`~aria.trainers.methods.method_weights` or
         ``method_pairs``) after checking the samples; an unknown method is a config error and a
         missing field names the file."""
-
         check_samples(samples, self.train_path, empty_actions=self.cfg.data.append_eos)
         name = self.cfg.method
         if name not in METHODS:
@@ -359,7 +360,6 @@ class OfflineTrainer:
         (ZeRO-3 gathers weights in each), and written to ``reference_logprobs.safetensors``: a
         resumed run reads them back, since the model it resumes from is no longer the start."""
         from accelerate.utils import gather_object
-        from tqdm.auto import tqdm
 
         acc, path = self.accelerator, self.output_dir / "reference_logprobs.safetensors"
         lengths = [e.action_len for e in self.encoded]
@@ -413,8 +413,6 @@ class OfflineTrainer:
 
     # ---- the loop ----
     def train(self) -> dict:
-        from tqdm.auto import tqdm
-
         acc, t, log_cfg = self.accelerator, self.cfg.train, self.cfg.logging
         if self.token_loss:  # from the start model, so before a resume replaces it
             self.reference = self.reference_logprobs()

@@ -61,8 +61,11 @@ import numpy as np
 import torch
 
 from aria.games.common.base import load_game_config
+from aria.games.family import checked_game, family_of
 from aria.games.question.game import build_game
 from aria.games.question.oracle import build_oracle
+from aria.games.question.play import play_games, reply_format
+from aria.intention import pipeline
 from aria.io import ConfigError, ResumeMismatch, atomic_write_json, read_json
 from aria.llm.embedded import resolve_model_path
 from aria.llm.policy import Encoding, action_logprobs, collate_as, load_policy, model_folder
@@ -77,8 +80,10 @@ from aria.trainers.engine import (accumulate_step, build_optimizer, check_train_
                                   save_final_model)
 from aria.trainers.losses import (ADVANTAGES, LOSSES, TOKEN_LOSSES, rm_score,  # noqa: F401  (re-exported)
                                   rm_score_centered)
+from aria.trainers.reward_service import SCORERS, build_scorer, merge_if_adapter
 from aria.trainers.settings import OnlineTrainerSettings
 from aria.trajectories import read_trajectories
+# Imported in the functions that use them (slow to import: benchmarks/import_time.py): accelerate, peft, torch, transformers
 
 #: Variables through which torchrun and accelerate tell a process it belongs to a launched group.
 _LAUNCHER_VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE",
@@ -166,10 +171,6 @@ class OnlineTrainer:
     def __init__(self, cfg: Mapping | OnlineTrainerSettings, on_iteration: Callable[[int], None] | None = None):
         from accelerate.utils import set_seed
 
-        from aria.games.family import checked_game, family_of
-        from aria.intention import pipeline
-        from aria.trainers.reward_service import SCORERS, build_scorer
-
         cfg = typed(OnlineTrainerSettings, cfg, "online trainer settings")
         if cfg.reward_model.serve.name not in SCORERS:  # before the policy loads
             raise ConfigError(f"reward_model.serve.name: unknown {cfg.reward_model.serve.name!r} "
@@ -248,7 +249,6 @@ class OnlineTrainer:
     def rollout(self, iteration: int) -> list[dict]:
         """Play this process's share of the iteration's games with the current weights; returns the
         finished records (failed games are kept in the file, not trained on)."""
-        from aria.games.question.play import play_games, reply_format
         from aria.llm.local import LocalChatModel
 
         acc, o, r = self.accelerator, self.cfg.online, self.cfg.rollout
@@ -335,8 +335,6 @@ class OnlineTrainer:
     def aggregate_rollouts(self, iterations: range, run_dir: Path) -> Path:
         """Pipeline steps 1-4 on the rollouts of ``iterations``, per game; the games' samples
         together in ``run_dir/train.json`` (main process only)."""
-        from aria.intention import pipeline
-
         samples = []
         quiet = (lambda line: None) if not self.cfg.logging.progress else print
         for name in self.games:
@@ -376,8 +374,6 @@ class OnlineTrainer:
         """Retrain the reward model: on ``train_file`` as given, or on the aggregated rollouts of
         iterations ``window_start..upto`` (skipped when there are none: the last refresh already
         used them); then every process loads it. Returns what is logged."""
-        from aria.trainers.reward_service import merge_if_adapter
-
         acc = self.accelerator
         if train_file is None and upto < self.state.window_start:
             return {"skipped": f"no rollouts since the last refresh (iterations {self.state.window_start}..{upto})"}

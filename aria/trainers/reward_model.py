@@ -30,12 +30,13 @@ import numpy as np
 import torch
 
 from aria.io import DataError, atomic_write_json
-from aria.packing import (PrefixTreePack, is_tree_batch, prefix_tree_packs, score_position,  # noqa: F401  (re-exported)
-                          tree_scores)
 from aria.llm.policy import EncodedSample, cache_keyword, collate, load_model
-from aria.trainers.settings import RewardModelTrainerSettings
+from aria.packing import (PrefixTreePack, collate_tree, is_tree_batch, prefix_tree_packs,  # noqa: F401  (re-exported)
+                          score_position, tree_scores)
 from aria.trainers.losses import RM_LOSSES, mse_loss, mse_weights, weighted_mse_loss  # noqa: F401  (re-exported)
 from aria.trainers.offline import OfflineTrainer, check_samples
+from aria.trainers.settings import RewardModelTrainerSettings
+# Imported in the functions that use them (slow to import: benchmarks/import_time.py): scipy
 
 
 # ---- data -----------------------------------------------------------------------------------------
@@ -121,8 +122,6 @@ def score_encoded(model, encoded: Sequence[EncodedSample], pad_id: int, batch_si
     (:func:`aria.packing.collate_tree`; samples sorted by their tokens, so a game's steps meet),
     which give the same scores up to float rounding for any model :func:`reward_scores` drives
     (a training model under peft or DDP included)."""
-    from aria.packing import collate_tree
-
     trees = packing == "prefix_tree"
     was_training = model.training
     model.eval()

@@ -48,8 +48,11 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 import numpy as np
+import requests
+from safetensors import safe_open
 
 from aria.io import ConfigError, atomic_folder
+# Imported in the functions that use them (slow to import: benchmarks/import_time.py): peft, torch, transformers
 
 log = logging.getLogger(__name__)
 
@@ -74,8 +77,6 @@ def check_pairs(samples: Any) -> list[dict]:
 
 def _adapter_has_head(model_dir: Path) -> bool:
     """A LoRA reward model's adapter saves its trained head in full beside the LoRA matrices."""
-    from safetensors import safe_open
-
     weights = model_dir / "adapter_model.safetensors"
     if not weights.is_file():
         return False
@@ -121,7 +122,6 @@ def merge_if_adapter(model_dir: str | Path) -> Path:
     """Make ``model_dir`` a full reward-model folder: a LoRA adapter there is merged into its base
     (the adapter moves to ``<model_dir>.adapter``); a full folder is left as it is. A full folder
     can start the next refresh and be served without peft."""
-
     from aria.llm.policy import ENCODING_FILE
 
     model_dir = Path(model_dir)
@@ -239,7 +239,6 @@ class HttpScorer:
 
     def __init__(self, url: str, timeout: float = 300.0, retries: int = 3, backoff: float = 1.0, batch_size: int = 256,
                  token: str | None = None):
-        import requests
 
         self.url = url.rstrip("/")
         self.timeout, self.retries, self.backoff, self.batch_size = timeout, retries, backoff, batch_size
@@ -248,8 +247,6 @@ class HttpScorer:
             self._session.headers["Authorization"] = f"Bearer {token}"
 
     def _request(self, method: str, route: str, body: dict | None = None) -> dict:
-        import requests
-
         last = ""
         for attempt in range(self.retries + 1):
             if attempt:

@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any, Mapping
 
 import yaml
+from omegaconf import OmegaConf
 
 from aria.io import ConfigError, DataError
 from aria.resources import config_dir
@@ -25,8 +26,6 @@ def load_game_config(name: str, _within: tuple[str, ...] = ()) -> dict:
     A game config may start from others of its group, as Hydra composes it (``defaults:
     [twenty_questions, _self_]``): the bases are merged first, then the file's own keys.
     """
-    from omegaconf import OmegaConf
-
     path = config_dir() / "game" / f"{name}.yaml"
     if not path.is_file():
         raise DataError(path, None, None, f"no config for game {name!r} (known: {', '.join(known_games())})")

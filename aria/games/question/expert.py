@@ -35,7 +35,10 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any, Mapping, Sequence
 
+from omegaconf import DictConfig, OmegaConf
+
 from aria.games.question.game import QuestionGame, build_game
+from aria.games.question.knowledge_base import CATEGORY_TAGS, REFERENCE_SIZE, KnowledgeBaseOracle
 from aria.games.question.text import normalize
 from aria.io import read_json
 from aria.llm.base import Completion, Message
@@ -109,8 +112,6 @@ def _fill(template: str, x: str) -> str:
 
 
 def _twenty_questions_intentions(game: QuestionGame, facts: Mapping[str, Any]) -> list[Intention]:
-    from aria.games.question.knowledge_base import CATEGORY_TAGS, REFERENCE_SIZE
-
     objects = {t.name: facts["objects"][t.name] for t in game.targets}
     intentions = [Intention(key, tuple(templates)) for key, templates in _TQ_BOOLEANS.items()]
     for category in sorted({o["category"] for o in objects.values()}):
@@ -197,8 +198,6 @@ class ExpertQuestioner:
     """The fact tables, the intentions of one game and their checked templates (see module doc)."""
 
     def __init__(self, game_cfg: Mapping[str, Any]):
-        from aria.games.question.knowledge_base import KnowledgeBaseOracle
-
         self.game = build_game(game_cfg)
         if self.game.family not in _INTENTIONS:
             raise ValueError(f"the scripted expert plays {sorted(_INTENTIONS)} games, not {self.game.name!r} "
@@ -347,8 +346,6 @@ class ScriptedExpertPolicy:
 def _plain(cfg: Mapping[str, Any]) -> dict:
     """A game config as plain containers (a Hydra node is resolved)."""
     try:
-        from omegaconf import DictConfig, OmegaConf
-
         if isinstance(cfg, DictConfig):
             return OmegaConf.to_container(cfg, resolve=True)
     except ImportError:  # pragma: no cover - omegaconf comes with hydra-core

@@ -24,6 +24,7 @@ import torch
 
 from aria.games.question.oracle import OracleRequest, normalize_yes_no
 from aria.llm.base import Completion
+# Imported in the functions that use them (slow to import: benchmarks/import_time.py): transformers
 
 TWENTY_QUESTIONS = "twenty_questions"
 log = logging.getLogger(__name__)

@@ -130,7 +130,6 @@ class QuestionGame:
         """What decides how a game is played and scored, for a file's producer record: a resumed
         file continues only under the same rules (a lower ``max_turns`` would otherwise mix games
         of two lengths). Long texts and lists are recorded by digest."""
-
         return {"family": self.family, "max_turns": self.max_turns, "max_question_chars": self.max_question_chars,
                 "invalid_answer": self.invalid_answer, "win_answer": self.win_answer, "single_guess": self.single_guess,
                 "targets_sha256": digest([[t.name, list(t.aliases), t.group] for t in self.targets]),

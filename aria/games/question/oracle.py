@@ -47,7 +47,6 @@ ORACLES: dict[str, str | Callable[..., Oracle]] = {
 
 def register_oracle(name: str):
     """Class decorator for an oracle of your own: make it constructible by name from config."""
-
     def wrap(cls):
         ORACLES[name] = cls
         return cls
@@ -59,7 +58,6 @@ def check_oracle(cfg: Mapping[str, Any]) -> Callable[..., Oracle]:
     """The factory of the oracle ``cfg`` names, its options checked before anything loads (an
     unknown name, a key it does not take, a value out of range: a ``ConfigError`` naming
     ``oracle.<key>``, :func:`aria.registry.check_options`)."""
-
     options = dict(cfg)
     name = options.pop("name", None)
     if name not in ORACLES:

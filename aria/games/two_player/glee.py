@@ -185,7 +185,6 @@ def expand_grid(game: str, grid: Mapping[str, Sequence[Any]]) -> list[GameConfig
 def config_set(game_cfg: Mapping[str, Any], name: str, setting: str = "config_set") -> list[GameConfig]:
     """A named set of configurations from ``config/game/<game>.yaml`` (``config_sets:``); a name
     it does not have is a ``ConfigError`` naming ``setting``, where the name was given."""
-
     sets = game_cfg.get("config_sets") or {}
     if name not in sets:
         raise ConfigError(f"{setting}: config/game/{game_cfg['name']}.yaml has no config set {name!r} (known: {sorted(sets)})")

@@ -38,6 +38,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
+from omegaconf import OmegaConf
+
 from aria.data import Transcript
 from aria.games.common.base import structured_output
 from aria.games.common.settings import CollectSettings
@@ -51,6 +53,7 @@ from aria.llm.base import ChatModel, Completion, Message, OutputFormat, concurre
 from aria.llm.registry import build_policy, check_policy
 from aria.registry import check_options
 from aria.scheduler import PlaySummary, run_games
+from aria.statistics import summarize_two_player
 from aria.trajectories import describe, make_two_player_record, read_trajectories
 
 SYSTEM_PROMPT_KEYS = {"alice": "player_1_system_prompt", "bob": "player_2_system_prompt"}
@@ -216,8 +219,6 @@ def schema_options(game_cfg: Mapping[str, Any]) -> dict[str, int]:
 def game_settings(game_cfg: Mapping[str, Any]) -> dict[str, str]:
     """The two-player game's whole config by digest (its rules, configuration sets and reply
     options), so a resumed file continues only under the same game."""
-    from omegaconf import OmegaConf
-
     plain = OmegaConf.to_container(game_cfg, resolve=True) if OmegaConf.is_config(game_cfg) else game_cfg
     return {"config_sha256": json_digest(plain)}
 
@@ -369,7 +370,6 @@ def check_player(cfg: Mapping[str, Any], setting: str = "opponent") -> None:
     """A seat's config checked before any model loads: ``self`` takes no options, ``scripted`` a
     ``strength`` in [0, 1], a policy its own (:func:`aria.llm.registry.check_policy`); a problem
     is a ``ConfigError`` naming ``setting.<key>``."""
-
     options = dict(cfg)
     kind = options.pop("name", None)
     # the two built-in seats' options, as the signatures check_options reads
@@ -399,7 +399,6 @@ def build_player(cfg: Mapping[str, Any], game: str, policy: PolicyPlayer | None 
 
 def collect_two_player_from_config(cfg: CollectSettings) -> PlaySummary:
     """Self-play (or policy vs opponent) collection from a Hydra config (``config/collect.yaml``)."""
-
     game_cfg = cfg.game
     configs = config_set(game_cfg, cfg.config_set)  # what can be checked, before a model loads
     check_player(cfg.opponent, "opponent")
@@ -439,8 +438,6 @@ def evaluate_two_player(
     Returns the environment's summary: per seat and over both seats
     (:func:`aria.statistics.summarize_two_player`), plus the opponent and the configurations used.
     """
-    from aria.statistics import summarize_two_player
-
     games: dict[str, list[dict]] = {}
     for role in PLAYERS:
         path = Path(out_dir) / f"as_{role}.jsonl"
