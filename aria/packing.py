@@ -255,6 +255,25 @@ def tree_groups(sequences: Sequence[Sequence[int]], min_shared: float = MIN_SHAR
     return groups
 
 
+def check_micro_batch(samples: Sequence) -> None:
+    """A micro-batch has samples, each with a prompt token before its action (whose logits predict it)."""
+    if not samples:
+        raise ValueError("an empty micro-batch")
+    for i, s in enumerate(samples):
+        if s.prompt_len < 1:
+            raise ValueError(f"sample {i} of the micro-batch has no prompt token before its action")
+
+
+def empty_rows(k: int, n: int, pad_id: int | None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """K rows of N padding nodes: token ids, positions, and a mask where each node sees only itself
+    (a padding node then has no empty softmax row)."""
+    input_ids = np.full((k, n), pad_id if pad_id is not None else 0, dtype=np.int64)
+    positions = np.zeros((k, n), dtype=np.int64)
+    mask = np.zeros((k, 1, n, n), dtype=bool)
+    mask[:, 0, np.arange(n), np.arange(n)] = True
+    return input_ids, positions, mask
+
+
 def collate_tree(samples: Sequence, pad_id: int | None = None) -> dict[str, torch.Tensor]:
     """A micro-batch of encoded samples (:class:`aria.llm.policy.EncodedSample`) as prefix trees: its
     samples split into trees (:func:`tree_groups`), the trees side by side in K rows as long as
@@ -274,19 +293,12 @@ def collate_tree(samples: Sequence, pad_id: int | None = None) -> dict[str, torc
       right-padded row (with ``pad_id=None``: the last token);
     * ``num_samples`` [] and ``sample_tokens`` [] (the tokens of the samples' own rows).
     """
-    if not samples:
-        raise ValueError("an empty micro-batch")
-    for i, s in enumerate(samples):
-        if s.prompt_len < 1:
-            raise ValueError(f"sample {i} of the micro-batch has no prompt token before its action")
+    check_micro_batch(samples)
     sequences = [s.input_ids for s in samples]
     trees = [prefix_tree(sequences, members) for members in tree_groups(sequences)]
     rows = tree_rows([len(t.input_ids) for t in trees])
     k, n = len(rows), max(len(t.input_ids) for t in trees)
-    input_ids = np.full((k, n), pad_id if pad_id is not None else 0, dtype=np.int64)
-    positions = np.zeros((k, n), dtype=np.int64)
-    mask = np.zeros((k, 1, n, n), dtype=bool)
-    mask[:, 0, np.arange(n), np.arange(n)] = True  # padding nodes see themselves (no empty softmax row)
+    input_ids, positions, mask = empty_rows(k, n, pad_id)
     keep = np.zeros((k, n), dtype=bool)
     predictors, targets, owners = [], [], []
     score_nodes = np.zeros(len(samples), dtype=np.int64)

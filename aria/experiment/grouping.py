@@ -66,6 +66,32 @@ def run_config(run_dir: str | Path) -> dict:
     return cfg
 
 
+def won_last_steps(corpus, table, in_order: list[dict]) -> np.ndarray:
+    """Per step: whether it is the last step of its player in a won game (the winning guess)."""
+    won_last = np.zeros(table.num_steps, dtype=bool)
+    last: dict[tuple[int, int], int] = {}
+    for step, (g, role, t) in enumerate(zip(corpus.step_game.tolist(), table.step_role.tolist(), corpus.step_turn.tolist())):
+        if (g, role) not in last or t > corpus.step_turn[last[(g, role)]]:
+            last[(g, role)] = step
+    won_last[[step for step in last.values() if in_order[step]["success"]]] = True
+    return won_last
+
+
+def sample_of_each_step(samples: list[dict], corpus) -> list[int]:
+    """For each step of the corpus, the index of its sample in the training set (game id and turn)."""
+    position = {(s["game_id"], int(s["turn"])): i for i, s in enumerate(samples)}
+    return [position[(corpus.game_ids[g], int(t))] for g, t in zip(corpus.step_game.tolist(), corpus.step_turn.tolist())]
+
+
+def in_training_order(by_step: dict[str, np.ndarray], order: list[int], samples: int) -> dict[str, list[float]]:
+    """Per-step values put back in the training set's order (``order[step]`` is the step's sample)."""
+    out = {name: [float("nan")] * samples for name in by_step}
+    for step, i in enumerate(order):
+        for name, values in by_step.items():
+            out[name][i] = float(values[step])
+    return out
+
+
 def compare(cfg: dict, window: int = 2, threshold: float = 0.9) -> dict:
     """The grouping schemes of the module doc on the run of ``cfg`` (steps 1-4 done)."""
     # train.json first: step 4's output of this run's labels under these game settings, checked before
@@ -87,8 +113,7 @@ def compare(cfg: dict, window: int = 2, threshold: float = 0.9) -> dict:
 
     # GiGPO groups the training set's samples (their rendered histories): line them up with the steps.
     samples = read_training_set(train)
-    position = {(s["game_id"], int(s["turn"])): i for i, s in enumerate(samples)}
-    order = [position[(corpus.game_ids[g], int(t))] for g, t in zip(corpus.step_game.tolist(), corpus.step_turn.tolist())]
+    order = sample_of_each_step(samples, corpus)
     in_order = [samples[i] for i in order]
     schemes["gigpo"] = (gigpo_groups(in_order)[1], "state")
     try:  # the advantages of both modes (gigpo_similar's at this threshold: the method's own default is 0.9)
@@ -114,12 +139,7 @@ def compare(cfg: dict, window: int = 2, threshold: float = 0.9) -> dict:
     # perfectly (γ^(T−t) times the game's reward); a group mean over steps of won and lost games blurs
     # it, and on a won game's last step (the winning guess) it is what the group's other steps earned.
     outcome = np.array([float(s["final_reward"]) for s in in_order])
-    won_last = np.zeros(table.num_steps, dtype=bool)
-    last: dict[tuple[int, int], int] = {}
-    for step, (g, role, t) in enumerate(zip(corpus.step_game.tolist(), table.step_role.tolist(), corpus.step_turn.tolist())):
-        if (g, role) not in last or t > corpus.step_turn[last[(g, role)]]:
-            last[(g, role)] = step
-    won_last[[step for step in last.values() if in_order[step]["success"]]] = True
+    won_last = won_last_steps(corpus, table, in_order)
     weights_by_step = {**compared, "gigpo": exact_weights[order], "gigpo_similar": similar_weights[order]}
     for name, weights in weights_by_step.items():
         rows[name].update(outcome_signal(weights, outcome, won_last if name in compared else None))

@@ -318,6 +318,37 @@ def train_critic(cfg: ExperimentSettings, train_file: Path, out_dir: Path, seed:
     return out
 
 
+def trained_on_record(cfg: ExperimentSettings, method: str, train_file: Path, start_model: Path, seed: int,
+                      overrides: list[str], critic_init: Path | None, actor: bool) -> dict:
+    """What a model was trained from, as its ``trained_on.json`` marker holds it (secrets redacted)."""
+    trained_on = {"train_json_sha256": file_digest(train_file, length=None), "method": method,
+                  "start_model": recorded_path(cfg, start_model), "start_model_version": model_version(start_model), "seed": seed,
+                  "overrides": list(overrides)}
+    if method == "archer":
+        trained_on.update(critic_overrides=list(cfg.archer.critic_overrides), actor=actor,
+                          critic_init=str(critic_init) if critic_init else None)
+    return json.loads(json.dumps(redact(trained_on)))  # as the marker is written: a key is never on disk
+
+
+def run_trainer(cfg: ExperimentSettings, overrides: list[str], launched_final: Path) -> Path:
+    """The offline trainer run on ``overrides`` of ``reinforce_llm``; its final checkpoint's folder.
+    With ``cfg.launcher`` (several GPUs) it runs under accelerate in processes of its own and
+    writes ``launched_final``; otherwise in this process."""
+    if cfg.launcher:
+        command = [*shlex.split(cfg.launcher), "-m", "aria.trainers.launch", "--config-dir", str(config_dir()),
+                   "--config-name", "reinforce_llm", *overrides]
+        if subprocess.run(command).returncode != 0:
+            raise RuntimeError(f"training failed: {' '.join(command)} (run the experiment again to resume it)")
+        return launched_final
+    from accelerate.state import AcceleratorState
+
+    config = compose_config("reinforce_llm", overrides)
+    try:
+        return Path(trainer_for(config)(config).train()["final"])
+    finally:  # accelerate keeps one state per process: the next training may set other precision
+        AcceleratorState._reset_state(reset_partial_state=True)
+
+
 def train(cfg: ExperimentSettings, method: str, train_file: Path, start_model: Path, out_dir: Path, seed: int, overrides: list[str],
           echo: Printer, critic_init: Path | None = None, actor: bool = True,
           model_unread: Callable[[], bool] = lambda: False) -> Path:
@@ -333,13 +364,7 @@ def train(cfg: ExperimentSettings, method: str, train_file: Path, start_model: P
     from aria.llm.policy import merge_lora
 
     model = out_dir / "model"
-    trained_on = {"train_json_sha256": file_digest(train_file, length=None), "method": method,
-                  "start_model": recorded_path(cfg, start_model), "start_model_version": model_version(start_model), "seed": seed,
-                  "overrides": list(overrides)}
-    if method == "archer":
-        trained_on.update(critic_overrides=list(cfg.archer.critic_overrides), actor=actor,
-                          critic_init=str(critic_init) if critic_init else None)
-    trained_on = json.loads(json.dumps(redact(trained_on)))  # as the marker is written: a key is never on disk
+    trained_on = trained_on_record(cfg, method, train_file, start_model, seed, overrides, critic_init, actor)
     marker = out_dir / "trained_on.json"
     if marker.is_file() and read_json(marker) == trained_on:
         if (model / "model.safetensors").is_file():
@@ -367,20 +392,7 @@ def train(cfg: ExperimentSettings, method: str, train_file: Path, start_model: P
             return model
     overrides = [f"data.train_file={train_file}", f"output_dir={out_dir / 'train'}", f"seed={seed}",
                  f"model.path={start_model}", f"method={method}", "logging.report_to=null", *overrides]
-    if cfg.launcher:  # several GPUs: the trainer runs under accelerate in processes of its own
-        command = [*shlex.split(cfg.launcher), "-m", "aria.trainers.launch", "--config-dir", str(config_dir()),
-                   "--config-name", "reinforce_llm", *overrides]
-        if subprocess.run(command).returncode != 0:
-            raise RuntimeError(f"training failed: {' '.join(command)} (run the experiment again to resume it)")
-        final = out_dir / "train" / "final"
-    else:
-        from accelerate.state import AcceleratorState
-
-        config = compose_config("reinforce_llm", overrides)
-        try:
-            final = Path(trainer_for(config)(config).train()["final"])
-        finally:  # accelerate keeps one state per process: the next training may set other precision
-            AcceleratorState._reset_state(reset_partial_state=True)
+    final = run_trainer(cfg, overrides, out_dir / "train" / "final")
     if model.is_dir() and not (model / MERGE_FILE).is_file():
         shutil.rmtree(model)  # the run's own folder (an ArCHer warm-up's policy), which merge_lora would refuse to replace
     merge_lora(final, model)

@@ -226,6 +226,7 @@ BENCHMARK_ROWS: tuple[tuple[str, str, str, tuple[str, ...]], ...] = (
     ("Deliberate bugs", "testing.md#testing-the-tests", "deliberate_bugs", ("deliberate_bugs.json",)),
     ("Mutation testing", "testing.md#mutation-testing", "mutation", ("mutation.json", "mutation_before.json")),
     ("The suite's CPU", "testing.md#running-the-tests", "suite_cpu", ("suite_cpu.json",)),
+    ("Start-up", "#start-up-slow-libraries-imported-where-used", "import_time", ("import_time.json",)),
 )
 
 #: The reports of ``benchmarks/results/`` that are no row of the summary, and why.

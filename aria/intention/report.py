@@ -13,6 +13,41 @@ def _series(values) -> np.ndarray:
     return np.array([np.nan if v is None else v for v in values], dtype=float)
 
 
+def _plot_recovery(ax, ks: np.ndarray, recovery: dict) -> None:
+    """The known intentions against the labels, where the player recorded them."""
+    ax.plot(ks, _series(recovery["ari"]), marker=".", lw=1, label="adjusted Rand index")
+    ax.plot(ks, _series(recovery["nmi"]), marker=".", lw=1, label="normalised mutual information")
+    ax.set_title(f"labels against the {recovery['intentions']} recorded intentions of {recovery['steps']} steps "
+                 "(1 = the same partition)", fontsize=9)
+    ax.legend(loc="lower right", fontsize=8)
+
+
+def _plot_behaviour(ax, ks: np.ndarray, behaviour: dict) -> None:
+    """The exact partition of the game's offline oracle against the labels, and R~ against its R~."""
+    ax.plot(ks, _series(behaviour["ari"]), marker=".", lw=1, label="adjusted Rand index")
+    ax.plot(ks, _series(behaviour["nmi"]), marker=".", lw=1, label="normalised mutual information")
+    ax.set_title(f"labels against the {behaviour['step_intentions']} behavioural intentions of the steps "
+                 "(1 = the same partition); R~ against theirs: bias^2 + variance within", fontsize=9)
+    ax.legend(loc="upper left", fontsize=8)
+    error = ax.twinx()
+    error.plot(ks, _series(behaviour["bias_squared"]), color="tab:red", ls="--", lw=1, label="bias^2 (merged intentions)")
+    error.plot(ks, _series(behaviour["variance_within"]), color="tab:purple", ls="--", lw=1,
+               label="variance within (split intentions)")
+    error.legend(loc="upper right", fontsize=8)
+
+
+def _plot_variance(ax, ks: np.ndarray, variance: dict) -> None:
+    """Var(R~) against Var(R), on the kept steps and on all of them (the claim checked per k)."""
+    ax.plot(ks, _series(variance["kept_steps"]["raw"]), color="tab:red", lw=1.2, label="Var(R), kept steps")
+    ax.plot(ks, _series(variance["kept_steps"]["aggregated"]), color="tab:blue", marker=".", lw=1.2, label="Var(R~), kept steps")
+    ax.axhline(variance["all_steps"]["raw"], color="tab:red", ls=":", lw=1, label="Var(R), all steps")
+    ax.plot(ks, _series(variance["all_steps"]["aggregated"]), color="tab:blue", ls=":", lw=1, label="Var(R~), all steps")
+    holds = "holds" if variance["claim"]["holds"] else f"fails at k = {variance['claim']['violations']}"
+    ax.set_title(f"reward variance (Var(R~) <= Var(R) on the same kept steps: {holds})", fontsize=9)
+    ax.legend(loc="lower right", fontsize=8)
+    ax.set_xlabel("k (number of intention clusters)")
+
+
 def plot_selection(report: dict, path: str | Path) -> None:
     import matplotlib
 
@@ -34,25 +69,10 @@ def plot_selection(report: dict, path: str | Path) -> None:
     behaviour = report.get("behaviour")
     extra = bool(recovery) + bool(behaviour)
     fig, axes = plt.subplots(5 + extra, 1, figsize=(8, 13 + 2.6 * extra), sharex=True)
-    if recovery:  # the known intentions against the labels, where the player recorded them
-        ax = axes[4]
-        ax.plot(ks, _series(recovery["ari"]), marker=".", lw=1, label="adjusted Rand index")
-        ax.plot(ks, _series(recovery["nmi"]), marker=".", lw=1, label="normalised mutual information")
-        ax.set_title(f"labels against the {recovery['intentions']} recorded intentions of {recovery['steps']} steps "
-                     "(1 = the same partition)", fontsize=9)
-        ax.legend(loc="lower right", fontsize=8)
-    if behaviour:  # the exact partition of the game's offline oracle against the labels, and R~ against its R~
-        ax = axes[4 + bool(recovery)]
-        ax.plot(ks, _series(behaviour["ari"]), marker=".", lw=1, label="adjusted Rand index")
-        ax.plot(ks, _series(behaviour["nmi"]), marker=".", lw=1, label="normalised mutual information")
-        ax.set_title(f"labels against the {behaviour['step_intentions']} behavioural intentions of the steps "
-                     "(1 = the same partition); R~ against theirs: bias^2 + variance within", fontsize=9)
-        ax.legend(loc="upper left", fontsize=8)
-        error = ax.twinx()
-        error.plot(ks, _series(behaviour["bias_squared"]), color="tab:red", ls="--", lw=1, label="bias^2 (merged intentions)")
-        error.plot(ks, _series(behaviour["variance_within"]), color="tab:purple", ls="--", lw=1,
-                   label="variance within (split intentions)")
-        error.legend(loc="upper right", fontsize=8)
+    if recovery:
+        _plot_recovery(axes[4], ks, recovery)
+    if behaviour:
+        _plot_behaviour(axes[4 + bool(recovery)], ks, behaviour)
     for ax, (name, title, line) in zip(axes, panels):
         ax.plot(ks, _series(curves[name]), marker=".", lw=1)
         if line is not None:
@@ -61,16 +81,7 @@ def plot_selection(report: dict, path: str | Path) -> None:
         best = report["choices_by_criterion"][name]["k"]
         ax.axvline(best, color="tab:orange", ls="--", lw=1)
         ax.set_title(f"{title}; by itself picks k = {best}", fontsize=9)
-    ax = axes[-1]
-    variance = report["variance"]
-    ax.plot(ks, _series(variance["kept_steps"]["raw"]), color="tab:red", lw=1.2, label="Var(R), kept steps")
-    ax.plot(ks, _series(variance["kept_steps"]["aggregated"]), color="tab:blue", marker=".", lw=1.2, label="Var(R~), kept steps")
-    ax.axhline(variance["all_steps"]["raw"], color="tab:red", ls=":", lw=1, label="Var(R), all steps")
-    ax.plot(ks, _series(variance["all_steps"]["aggregated"]), color="tab:blue", ls=":", lw=1, label="Var(R~), all steps")
-    holds = "holds" if variance["claim"]["holds"] else f"fails at k = {variance['claim']['violations']}"
-    ax.set_title(f"reward variance (Var(R~) <= Var(R) on the same kept steps: {holds})", fontsize=9)
-    ax.legend(loc="lower right", fontsize=8)
-    ax.set_xlabel("k (number of intention clusters)")
+    _plot_variance(axes[-1], ks, report["variance"])
     for ax in axes:
         for k in k_marks:
             ax.axvline(k, color="tab:green", lw=1.5)

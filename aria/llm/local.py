@@ -93,6 +93,13 @@ class _PromptCache:
     values: list[torch.Tensor]
 
 
+def _keep_rows(past, keep: torch.Tensor) -> None:
+    """Keep only the batch rows ``keep`` of every layer of the KV cache ``past`` (in place)."""
+    for layer in past.layers:
+        layer.keys = layer.keys.index_select(0, keep)
+        layer.values = layer.values.index_select(0, keep)
+
+
 class LocalChatModel:
     """Batched chat generation with a local transformers model (see module doc).
 
@@ -276,9 +283,7 @@ class LocalChatModel:
                 keep = (~done).nonzero().squeeze(1)
                 rows, tokens, done = rows[keep], tokens[keep], done[keep]
                 attention_mask, next_position = attention_mask[keep], next_position[keep]
-                for layer in past.layers:
-                    layer.keys = layer.keys.index_select(0, keep)
-                    layer.values = layer.values.index_select(0, keep)
+                _keep_rows(past, keep)
             logits = self.model(input_ids=tokens.unsqueeze(1), attention_mask=attention_mask, position_ids=next_position,
                                 use_cache=True, **with_cache).logits[:, -1, :]
             next_position = next_position + 1
