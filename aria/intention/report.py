@@ -13,22 +13,24 @@ def _series(values) -> np.ndarray:
     return np.array([np.nan if v is None else v for v in values], dtype=float)
 
 
+def _plot_agreement(ax, ks: np.ndarray, against: dict, title: str, legend: str) -> None:
+    """The labels against a known partition of the steps, per k (1 = the same partition)."""
+    ax.plot(ks, _series(against["ari"]), marker=".", lw=1, label="adjusted Rand index")
+    ax.plot(ks, _series(against["nmi"]), marker=".", lw=1, label="normalised mutual information")
+    ax.set_title(title, fontsize=9)
+    ax.legend(loc=legend, fontsize=8)
+
+
 def _plot_recovery(ax, ks: np.ndarray, recovery: dict) -> None:
     """The known intentions against the labels, where the player recorded them."""
-    ax.plot(ks, _series(recovery["ari"]), marker=".", lw=1, label="adjusted Rand index")
-    ax.plot(ks, _series(recovery["nmi"]), marker=".", lw=1, label="normalised mutual information")
-    ax.set_title(f"labels against the {recovery['intentions']} recorded intentions of {recovery['steps']} steps "
-                 "(1 = the same partition)", fontsize=9)
-    ax.legend(loc="lower right", fontsize=8)
+    _plot_agreement(ax, ks, recovery, f"labels against the {recovery['intentions']} recorded intentions of "
+                    f"{recovery['steps']} steps (1 = the same partition)", "lower right")
 
 
 def _plot_behaviour(ax, ks: np.ndarray, behaviour: dict) -> None:
     """The exact partition of the game's offline oracle against the labels, and R~ against its R~."""
-    ax.plot(ks, _series(behaviour["ari"]), marker=".", lw=1, label="adjusted Rand index")
-    ax.plot(ks, _series(behaviour["nmi"]), marker=".", lw=1, label="normalised mutual information")
-    ax.set_title(f"labels against the {behaviour['step_intentions']} behavioural intentions of the steps "
-                 "(1 = the same partition); R~ against theirs: bias^2 + variance within", fontsize=9)
-    ax.legend(loc="upper left", fontsize=8)
+    _plot_agreement(ax, ks, behaviour, f"labels against the {behaviour['step_intentions']} behavioural intentions "
+                    "of the steps (1 = the same partition); R~ against theirs: bias^2 + variance within", "upper left")
     error = ax.twinx()
     error.plot(ks, _series(behaviour["bias_squared"]), color="tab:red", ls="--", lw=1, label="bias^2 (merged intentions)")
     error.plot(ks, _series(behaviour["variance_within"]), color="tab:purple", ls="--", lw=1,
