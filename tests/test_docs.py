@@ -223,3 +223,23 @@ def test_every_benchmark_report_is_a_summary_row_or_says_why_not():
     in_rows = {file for *_, files in BENCHMARK_ROWS for file in files}
     assert not in_rows & set(BENCHMARK_REPORTS_NOT_ROWS)
     assert {p.name for p in BENCHMARK_RESULTS.glob("*.json")} == in_rows | set(BENCHMARK_REPORTS_NOT_ROWS)
+
+
+def test_the_fresh_clone_table_reads_each_kind_of_cpu_from_its_report(tmp_path):
+    """benchmarks/fresh_clone.py: pytest's own summary line gives the count and the seconds, the CPU's
+    flags its file's kind; docs/testing.md's table is the reports', a row each, in minutes."""
+    import json
+
+    from aria.experiment.tables import fresh_clones
+
+    script = benchmark_module("fresh_clone")
+    found = script.SUMMARY.search("1254 passed, 13 warnings in 606.12s (0:10:06)")
+    assert found and found.groups() == ("1254", "606.12")
+    assert script.kind({"flags": ["avx", "avx2", "fma"]}) == "avx2"
+    assert script.kind({"flags": ["avx2", "avx512_bf16"]}) == "avx512_bf16"
+    assert script.kind({"flags": ["amx_bf16", "avx512_bf16"]}) == "amx"
+    (tmp_path / "fresh_clone_avx2.json").write_text(json.dumps({
+        "machine": {"cpu_model": "AMD EPYC", "cores": 2, "flags": ["avx2"]}, "date": "2026-12-07", "commit": "abc1234",
+        "tests": 1260, "tests_seconds": 725.4, "wall_seconds": 744.6}))
+    assert fresh_clones(tmp_path).splitlines()[2] == \
+        "| AMD EPYC, 2 cores (AVX2 only) | 2026-12-07, abc1234 | 1260 | 12 min 05 s | 12 min 25 s |"

@@ -35,7 +35,7 @@ REPO = Path(__file__).resolve().parents[2]
 RESULTS = REPO / "results" / "experiments"
 BENCHMARK_RESULTS = REPO / "benchmarks" / "results"
 #: The Markdown files that may hold rendered blocks.
-DOCUMENTS = ("README.md", "docs/experiments.md", "docs/benchmarks.md")
+DOCUMENTS = ("README.md", "docs/experiments.md", "docs/benchmarks.md", "docs/testing.md")
 MARK = re.compile(r"<!-- rendered: (?P<name>[\w:-]+) -->\n(?P<body>.*?)<!-- /rendered: (?P=name) -->", re.S)
 
 
@@ -239,6 +239,8 @@ BENCHMARK_REPORTS_NOT_ROWS = {
     "whole_histories_gmc_trunk_bf16.json": "another tree attention in bf16: a row of the whole-history table",
     "whole_histories_gmc_bf16.json": "the default in bf16: a row of the whole-history table",
     "grad_variance_twenty_questions_subset.json": "written by scripts/grad_variance.py, no script of benchmarks/",
+    **{f"fresh_clone_{kind}.json": "the test command's time on a kind of CPU: docs/testing.md's own table"
+       for kind in ("avx2", "avx512_bf16", "amx")},
 }
 
 
@@ -289,9 +291,20 @@ def benchmarks(results: Path = BENCHMARK_RESULTS) -> str:
     return "\n".join(lines) + "\n"
 
 
+def fresh_clones(results: Path = BENCHMARK_RESULTS) -> str:
+    """docs/testing.md's table: the newest run of the test command from a fresh clone on each kind
+    of CPU (``benchmarks/fresh_clone.py`` writes one file a kind)."""
+    lines = ["| CPU | date, commit | tests | tests' time | with the install |", "|---|---|---|---|---|"]
+    for path in sorted(results.glob("fresh_clone_*.json")):
+        run = read_json(path)
+        lines.append(f"| {label(run['machine'])} | {run['date']}, {run['commit']} | {run['tests']} | "
+                     f"{report.minutes(run['tests_seconds'])} | {report.minutes(run['wall_seconds'])} |")
+    return "\n".join(lines) + "\n"
+
+
 #: Every block a document may hold, by name.
 BLOCKS: dict[str, Callable[[], str]] = {"aggregation": aggregation, "arms": arms, "grouping": grouping,
-                                        "benchmarks": benchmarks}
+                                        "benchmarks": benchmarks, "fresh_clones": fresh_clones}
 
 
 def reevaluated_lines(results: dict[str, Any]) -> list[str]:
