@@ -28,6 +28,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
+import hydra
 from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
 from hydra.errors import HydraException, MissingConfigException
@@ -106,6 +107,16 @@ def _interrupted_before_the_command(kind, value, traceback) -> None:
         print("interrupted: before any work; nothing was written", file=sys.stderr)
         return
     sys.__excepthook__(kind, value, traceback)
+
+
+def hydra_command(config_name: str, run: Callable[[Any], Any]) -> None:
+    """A trainer script's whole ``__main__``: no secret of the command line reaches the terminal
+    (:func:`protect_terminal`), an unknown option or key is one line and exit 2 before Hydra
+    (:func:`check_command_line`), then ``run`` on the config Hydra composes from
+    ``config/<config_name>.yaml`` (:func:`aria.resources.config_dir`) and the command line."""
+    protect_terminal()
+    check_command_line(config_name)
+    hydra.main(config_path=str(config_dir()), config_name=config_name, version_base="1.3")(run)()
 
 
 def check_command_line(config_name: str, argv: list[str] | None = None) -> None:

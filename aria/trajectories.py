@@ -64,9 +64,11 @@ def make_record(
     *,
     game_id: str,
     game: str,
-    target: str | None,
     turns: list[dict],
-    success: bool,
+    target: str | None = None,
+    success: bool | None = None,
+    players: list[str] | None = None,
+    role_rewards: dict[str, float] | None = None,
     model: str | None = None,
     oracle: str | None = None,
     seed: int | None = None,
@@ -75,38 +77,22 @@ def make_record(
     source: str = "collected",
     meta: dict | None = None,
 ) -> dict:
-    """Build a schema-v1 record; derived fields (counts, rewards) are computed here, once."""
-    outcome = {"success": bool(success), "final_reward": 1.0 if success else 0.0,
-               "env_return": float(sum(t["reward"] for t in turns))}
-    return _record(game_id, game, target, seed, model, oracle, None, turns, outcome, status, errors, source, meta)
-
-
-def make_two_player_record(
-    *,
-    game_id: str,
-    game: str,
-    players: list[str],
-    turns: list[dict],
-    role_rewards: dict[str, float],
-    model: str | None = None,
-    seed: int | None = None,
-    status: str = "finished",
-    errors: list[str] | None = None,
-    source: str = "collected",
-    meta: dict | None = None,
-) -> dict:
-    """Build a schema-v1 record of a two-player game (see the module doc)."""
-    outcome = {"role_rewards": {p: float(role_rewards[p]) for p in players}}
-    return _record(game_id, game, None, seed, model, None, list(players), turns, outcome, status, errors, source, meta)
-
-
-def _record(game_id: str, game: str, target: str | None, seed: int | None, model: str | None, oracle: str | None,
-            players: list[str] | None, turns: list[dict], outcome: dict, status: str, errors: list[str] | None,
-            source: str, meta: dict | None) -> dict:
-    """The fields of both kinds of record, in the order every file has them (a file written again
-    is byte for byte the same)."""
+    """Build a schema-v1 record; derived fields (counts, rewards) are computed here, once. A
+    question game's record has its ``target`` and ``success``; a two-player game's its ``players``
+    and their ``role_rewards`` (see the module doc). The fields stand in the order every file has
+    them (a file written again is byte for byte the same)."""
+    if players is None:
+        if success is None:
+            raise TypeError("make_record: a question game's record needs success")
+        outcome = {"success": bool(success), "final_reward": 1.0 if success else 0.0,
+                   "env_return": float(sum(t["reward"] for t in turns))}
+    else:
+        if role_rewards is None or success is not None or target is not None or oracle is not None:
+            raise TypeError("make_record: a two-player game's record has players and role_rewards, no target, "
+                            "success or oracle")
+        outcome = {"role_rewards": {p: float(role_rewards[p]) for p in players}}
     record = {"schema_version": SCHEMA_VERSION, "game_id": game_id, "game": game, "target": target, "seed": seed,
-              "model": model, "oracle": oracle, **({"players": players} if players is not None else {}),
+              "model": model, "oracle": oracle, **({"players": list(players)} if players is not None else {}),
               "turns": turns, "num_turns": len(turns), **outcome, "status": status, "errors": list(errors or []),
               "source": source}
     if meta:

@@ -10,19 +10,8 @@ prints one line naming the file, sample and field, before any training, and exit
 (``python -m aria.trainers.launch --config-dir config ...`` is the same command as a module.)
 """
 
-import hydra
-
+from aria.cli import hydra_command
 from aria.trainers.launch import run
-from aria.cli import check_command_line, protect_terminal
-
-
-@hydra.main(config_path="../config", config_name="reinforce_llm", version_base="1.3")
-def main(cfg) -> None:
-    # Bad data or settings: one line before any model loads, exit 2; Ctrl-C: exit 130, checkpoints kept.
-    run(cfg)
-
 
 if __name__ == "__main__":
-    protect_terminal()  # no secret of the command line reaches the terminal, Hydra's messages included
-    check_command_line("reinforce_llm")  # an unknown option or key: one line, exit 2, before Hydra
-    main()
+    hydra_command("reinforce_llm", run)  # bad data or settings: one line, exit 2; Ctrl-C: exit 130, checkpoints kept

@@ -9,18 +9,8 @@ Re-running the same command resumes from the newest checkpoint in output_dir. Ba
 prints one line naming the file, sample and field, before any model loads, and exits 2.
 """
 
-import hydra
-
+from aria.cli import hydra_command
 from aria.trainers.launch_critic import run
-from aria.cli import check_command_line, protect_terminal
-
-
-@hydra.main(config_path="../config", config_name="critic", version_base="1.3")
-def main(cfg) -> None:
-    run(cfg)
-
 
 if __name__ == "__main__":
-    protect_terminal()  # no secret of the command line reaches the terminal, Hydra's messages included
-    check_command_line("critic")  # an unknown option or key: one line, exit 2, before Hydra
-    main()
+    hydra_command("critic", run)  # bad data or settings: one line, exit 2; Ctrl-C: exit 130, checkpoints kept

@@ -21,7 +21,7 @@ from aria.games.importers import parse_history
 from aria.games.question.game import load_game
 from aria.intention.aggregate import aggregate, step_returns
 from aria.intention.corpus import IntentionSpec, build_corpus
-from aria.trajectories import make_record, make_two_player_record
+from aria.trajectories import make_record
 from conftest import ORIGINAL_SAMPLES
 
 GAMMA = 0.95
@@ -123,8 +123,8 @@ def test_original_discount_equals_the_release_two_player(raw_games):
             text = f"{role} g{g} p{p}"
             label_of[text] = label
             turns.append({"role": role, "action": text})
-        records.append(make_two_player_record(game_id=f"g{g}", game="bargaining", players=["alice", "bob"], turns=turns,
-                                              role_rewards={"alice": ra, "bob": rb}))
+        records.append(make_record(game_id=f"g{g}", game="bargaining", players=["alice", "bob"], turns=turns,
+                                   role_rewards={"alice": ra, "bob": rb}))
         games.append((alice, bob, {"alice": ra, "bob": rb}))
     corpus, agg = _aggregate(records, TWO_PLAYER_SPEC, label_of, "original")
     release = {role: release_multi_q(games, role) for role in ("alice", "bob")}
@@ -223,8 +223,8 @@ def test_two_player_returns_by_hand_unequal_payoffs_and_turns():
     unanswered offer is no step; Bob undiscounted.
     """
     turns = [{"role": r, "action": f"{r} {i}"} for i, r in enumerate(["alice", "bob", "alice", "bob", "alice"])]
-    record = make_two_player_record(game_id="g", game="bargaining", players=["alice", "bob"], turns=turns,
-                                    role_rewards={"alice": 0.8, "bob": 0.2})
+    record = make_record(game_id="g", game="bargaining", players=["alice", "bob"], turns=turns,
+                         role_rewards={"alice": 0.8, "bob": 0.2})
     paper = build_corpus([record], TWO_PLAYER_SPEC, gamma=0.5, use_precomputed=False)
     assert [paper.roles[r] for r in paper.table.step_role] == ["alice", "bob", "alice", "bob", "alice"]
     np.testing.assert_allclose(paper.table.step_return, [0.2, 0.1, 0.4, 0.2, 0.8])
@@ -236,8 +236,8 @@ def test_two_player_returns_by_hand_unequal_payoffs_and_turns():
 def test_first_action_rule_drops_only_the_opening_message():
     """include_first_action=false: Alice's opening (empty history) is no sample, Bob's first reply is."""
     turns = [{"role": r, "action": f"{r} {i}"} for i, r in enumerate(["alice", "bob", "alice", "bob"])]
-    record = make_two_player_record(game_id="g", game="bargaining", players=["alice", "bob"], turns=turns,
-                                    role_rewards={"alice": 1.0, "bob": 0.0})
+    record = make_record(game_id="g", game="bargaining", players=["alice", "bob"], turns=turns,
+                         role_rewards={"alice": 1.0, "bob": 0.0})
     corpus = build_corpus([record], TWO_PLAYER_SPEC, use_precomputed=False)
     agg = aggregate(corpus.table, np.arange(4), include_first_action=False)
     assert agg.kept.tolist() == [False, True, True, True]

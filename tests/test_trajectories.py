@@ -148,3 +148,22 @@ def test_writer_refuses_to_continue_a_file_of_another_producer(tmp_path):
     with TrajectoryWriter(tmp_path / "k.jsonl", producer={"policy": {"api_key": "sk-abcdefghijkl"}}):
         pass
     assert "sk-abcdefghijkl" not in (tmp_path / "k.jsonl.producer.json").read_text()
+
+
+def test_make_record_builds_either_kind_and_refuses_a_mix():
+    """One builder: a question game's record (target, success) or a two-player game's (players,
+    role_rewards); fields of the other kind are refused, not silently dropped."""
+    from aria.trajectories import make_record
+
+    turns = [{"role": "alice", "action": "a", "reward": 0.0}, {"role": "bob", "action": "b", "reward": 0.0}]
+    two = make_record(game_id="g", game="bargaining", players=["alice", "bob"], turns=turns,
+                      role_rewards={"alice": 0.75, "bob": 0.25})
+    assert list(two)[:9] == ["schema_version", "game_id", "game", "target", "seed", "model", "oracle", "players", "turns"]
+    assert two["role_rewards"] == {"alice": 0.75, "bob": 0.25} and "success" not in two and two["num_turns"] == 2
+    one = make_record(game_id="q", game="twenty_questions", target="dog", turns=turns[:1], success=True)
+    assert (one["success"], one["final_reward"], one["env_return"]) == (True, 1.0, 0.0) and "players" not in one
+    with pytest.raises(TypeError, match="needs success"):
+        make_record(game_id="q", game="twenty_questions", target="dog", turns=turns)
+    with pytest.raises(TypeError, match="no target, success or oracle"):
+        make_record(game_id="g", game="bargaining", players=["alice", "bob"], turns=turns,
+                    role_rewards={"alice": 1.0, "bob": 0.0}, success=True)

@@ -120,7 +120,7 @@ from aria.games.family import FAMILIES, QuestionFamily, TwoPlayerFamily, family_
 from aria.games.question.game import QuestionGame, load_game
 from aria.games.question.text import normalize
 from aria.io import ConfigError, DataError, find_non_finite, is_finite_number, iter_jsonl, parse_json, read_json, require
-from aria.trajectories import make_record, make_two_player_record, VectorWidth, write_trajectories
+from aria.trajectories import VectorWidth, make_record, write_trajectories
 
 
 # Keys that may hold an ARIA game's target, in the order they are tried.
@@ -548,7 +548,7 @@ def _two_player_record(obj: dict, game: str, path: Path, line: int, widths: Vect
     meta = {"source_line": line, **{k: v for k, v in obj.items() if k not in skip and k != "game_id"}}
     if field := find_non_finite(meta):
         raise DataError(path, line, field, "not a finite number (NaN and infinities are not JSON)")
-    return make_two_player_record(
+    return make_record(
         game_id=_aria_game_id(obj, path, line), game=game, players=list(TWO_PLAYER_ROLES), turns=turns,
         role_rewards=rewards, source="aria_two_player", meta=meta,
     )

@@ -39,9 +39,8 @@ from tqdm.auto import tqdm
 from aria.data import read_training_set
 from aria.io import DataError, atomic_folder, atomic_write_json, atomic_write_json_rows, json_digest
 from aria.settings import typed
-from aria.trainers.checkpoint import (RUN_RECORD, begin_checkpoint, check_output_dir_early, checkpoint_record,
-                                      checkpoint_to_resume, finish_checkpoint, load_state, resume_position,
-                                      resume_settings, run_record, save_state)
+from aria.trainers.checkpoint import (RUN_RECORD, check_output_dir_early, load_state, resume_settings,
+                                      resume_step_trainer, run_record, save_state, save_step_checkpoint)
 from aria.trainers.critic import DoubleCritic, advantages, critic_loss, polyak_update, q_targets, transitions, v_targets
 from aria.trainers.engine import (TrainState, accumulate_step, build_optimizer, check_train_settings, fit_accumulation,
                                   make_accelerator, run_epochs)
@@ -49,6 +48,7 @@ from aria.trainers.methods import FIELD_TYPES
 from aria.trainers.offline import _plain_batches, batches_for_process
 from aria.trainers.reward_model import held_out_split
 from aria.trainers.settings import CriticTrainerSettings
+
 # Imported in the functions that use them (slow to import: benchmarks/import_time.py): accelerate
 
 #: The fields of a step the critic reads (pipeline step 4 writes them all).
@@ -286,27 +286,23 @@ class CriticTrainer:
         return {"online": self.accelerator.unwrap_model(self.model).state_dict(), "target": self.target.state_dict()}
 
     def save_checkpoint(self) -> Path:
-        acc = self.accelerator
-        tmp, final = begin_checkpoint(acc, self.output_dir, self.state.step)
-        if acc.is_main_process:
-            save_state(tmp / "critic.safetensors", self._critic_state())
-            save_state(tmp / "optimizer.safetensors", self.optimizer.state_dict())
-            save_state(tmp / "scheduler.safetensors", self.scheduler.state_dict())
-        return finish_checkpoint(acc, tmp, final, checkpoint_record(self),
-                                 self.cfg.train.keep_checkpoints)
+        return save_step_checkpoint(self, self._save_state)
+
+    def _save_state(self, folder: Path) -> None:
+        if self.accelerator.is_main_process:
+            save_state(folder / "critic.safetensors", self._critic_state())
+            save_state(folder / "optimizer.safetensors", self.optimizer.state_dict())
+            save_state(folder / "scheduler.safetensors", self.scheduler.state_dict())
 
     def resume(self) -> Path | None:
-        found = checkpoint_to_resume(self)
-        if found is None:
-            return None
-        checkpoint, state = found
+        return resume_step_trainer(self, self._load_state, "critic")
+
+    def _load_state(self, checkpoint: Path) -> None:
         saved = load_state(checkpoint / "critic.safetensors")
         self.accelerator.unwrap_model(self.model).load_state_dict(saved["online"])
         self.target.load_state_dict(saved["target"])
         self.optimizer.load_state_dict(load_state(checkpoint / "optimizer.safetensors"))
         self.scheduler.load_state_dict(load_state(checkpoint / "scheduler.safetensors"))
-        self.state = resume_position(checkpoint, self.accelerator, state, self.output_dir, self.micro_per_epoch, "critic")
-        return checkpoint
 
     def save_final(self, diagnostics: dict) -> Path:
         """``output_dir/final/``: the critic and its target copy (``critic.safetensors``) and what

@@ -320,6 +320,30 @@ def checkpoint_to_resume(trainer: StepTrainer) -> tuple[Path, dict] | None:
     return checkpoint, read_trainer_state(checkpoint, trainer.accelerator, trainer.data_digest, trainer.total_steps, settings)
 
 
+def save_step_checkpoint(trainer: StepTrainer, save: Callable[[Path], None]) -> Path:
+    """A checkpoint of ``trainer`` at its step: ``save(folder)`` writes its weights and optimizer
+    state into the folder being made (each process its part); the trainer state, the folder's
+    rename into place and the rotation of old checkpoints are every step trainer's alike."""
+    acc = trainer.accelerator
+    tmp, final = begin_checkpoint(acc, trainer.output_dir, trainer.state.step)
+    save(tmp)
+    return finish_checkpoint(acc, tmp, final, checkpoint_record(trainer), trainer.cfg.train.keep_checkpoints)
+
+
+def resume_step_trainer(trainer: StepTrainer, load: Callable[[Path], None], who: str) -> Path | None:
+    """Resume ``trainer`` from its newest checkpoint (:func:`checkpoint_to_resume`): ``load(checkpoint)``
+    restores its weights and optimizer state, then its position and random state; the checkpoint,
+    or None where the run starts fresh."""
+    found = checkpoint_to_resume(trainer)
+    if found is None:
+        return None
+    checkpoint, state = found
+    load(checkpoint)
+    trainer.state = resume_position(checkpoint, trainer.accelerator, state, trainer.output_dir,
+                                    trainer.micro_per_epoch, who)
+    return checkpoint
+
+
 def checkpoint_record(trainer: StepTrainer) -> dict:
     """What a checkpoint's ``trainer_state.json`` holds: the position, the number of processes, and
     what a resume must share (the data's digest, the steps, :func:`resume_settings`)."""

@@ -58,15 +58,16 @@ from aria.packing import (attention_break_even, game_ordered_batches, games_floo
                           sample_groups)
 from aria.secrets import redact
 from aria.settings import typed
-from aria.trainers.checkpoint import (begin_checkpoint, check_output_dir_early, checkpoint_record, checkpoint_to_resume,
-                                      finish_checkpoint, latest_checkpoint, load_plain_state, load_state,
-                                      resume_position, resume_settings, run_record, save_plain_state, save_state)
+from aria.trainers.checkpoint import (check_output_dir_early, latest_checkpoint, load_plain_state, load_state,
+                                      resume_settings, resume_step_trainer, run_record, save_plain_state, save_state,
+                                      save_step_checkpoint)
 from aria.trainers.engine import (OPTIMIZERS, TrainState, accumulate_step, build_optimizer,  # noqa: F401
                                   check_lr_scheduler, check_train_settings, fit_accumulation, make_accelerator,
                                   resolve_mixed_precision, run_epochs, save_final_model)
 from aria.trainers.losses import LOSSES, TOKEN_LOSSES, reinforce_loss  # noqa: F401  (re-exported)
 from aria.trainers.methods import METHODS, get_method, method_weights
 from aria.trainers.settings import TrainerSettings
+
 # Imported in the functions that use them (slow to import: benchmarks/import_time.py): accelerate
 
 
@@ -498,34 +499,31 @@ class OfflineTrainer:
         return self.accelerator.distributed_type == DistributedType.DEEPSPEED
 
     def save_checkpoint(self) -> Path:
+        return save_step_checkpoint(self, self._save_state)
+
+    def _save_state(self, folder: Path) -> None:
         acc = self.accelerator
-        tmp, final = begin_checkpoint(acc, self.output_dir, self.state.step)
         if self._deepspeed:
             # ZeRO-3 shards parameters and optimizer state: accelerate gathers and saves them.
             # (Written from accelerate's documentation; not exercised on the CPU test machines.)
-            acc.save_state(str(tmp / "accelerate_state"))
+            acc.save_state(str(folder / "accelerate_state"))
             state_dict = acc.get_state_dict(self.model)
             if acc.is_main_process:
-                acc.unwrap_model(self.model).save_pretrained(tmp / "model", state_dict=state_dict, safe_serialization=True)
-                self.tokenizer.save_pretrained(tmp / "model")
-                save_state(tmp / "scheduler.safetensors", self.scheduler.state_dict())
+                acc.unwrap_model(self.model).save_pretrained(folder / "model", state_dict=state_dict, safe_serialization=True)
+                self.tokenizer.save_pretrained(folder / "model")
+                save_state(folder / "scheduler.safetensors", self.scheduler.state_dict())
         elif acc.is_main_process:
-            save_plain_state(tmp, acc.unwrap_model(self.model), self.tokenizer, self.optimizer, self.scheduler)
-        return finish_checkpoint(acc, tmp, final, checkpoint_record(self),
-                                 self.cfg.train.keep_checkpoints)
+            save_plain_state(folder, acc.unwrap_model(self.model), self.tokenizer, self.optimizer, self.scheduler)
 
     def resume(self) -> Path | None:
-        found = checkpoint_to_resume(self)
-        if found is None:
-            return None
-        checkpoint, state = found
+        return resume_step_trainer(self, self._load_state, "train")
+
+    def _load_state(self, checkpoint: Path) -> None:
         if self._deepspeed:
             self.accelerator.load_state(str(checkpoint / "accelerate_state"))
             self.scheduler.load_state_dict(load_state(checkpoint / "scheduler.safetensors"))
         else:
             load_plain_state(checkpoint, self.accelerator.unwrap_model(self.model), self.optimizer, self.scheduler)
-        self.state = resume_position(checkpoint, self.accelerator, state, self.output_dir, self.micro_per_epoch, "train")
-        return checkpoint
 
     def save_final(self) -> Path:
         acc = self.accelerator

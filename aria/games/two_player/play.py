@@ -54,7 +54,7 @@ from aria.llm.registry import build_policy, check_policy
 from aria.registry import check_options
 from aria.scheduler import PlaySummary, run_games
 from aria.statistics import summarize_two_player
-from aria.trajectories import describe, make_two_player_record, read_trajectories
+from aria.trajectories import describe, make_record, read_trajectories
 
 SYSTEM_PROMPT_KEYS = {"alice": "player_1_system_prompt", "bob": "player_2_system_prompt"}
 
@@ -360,9 +360,9 @@ def _record(game: str, g: _LiveGame, seed: int) -> dict:
             "payoffs": payoffs, "winner": win, "agents": names,
             **{SYSTEM_PROMPT_KEYS[r]: p for r, p in g.prompts.items()}}
     model = names["alice"] if names["alice"] == names["bob"] else f"{names['alice']} vs {names['bob']}"
-    return make_two_player_record(game_id=g.game_id, game=game, players=list(PLAYERS), turns=g.turns,
-                                  role_rewards=rewards, model=model, seed=seed,
-                                  status="failed" if g.failed else "finished", errors=g.errors, meta=meta)
+    return make_record(game_id=g.game_id, game=game, players=list(PLAYERS), turns=g.turns,
+                       role_rewards=rewards, model=model, seed=seed,
+                       status="failed" if g.failed else "finished", errors=g.errors, meta=meta)
 
 
 # ---- building from config ---------------------------------------------------------------------
