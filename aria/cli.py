@@ -113,7 +113,9 @@ def hydra_command(config_name: str, run: Callable[[Any], Any]) -> None:
     """A trainer script's whole ``__main__``: no secret of the command line reaches the terminal
     (:func:`protect_terminal`), an unknown option or key is one line and exit 2 before Hydra
     (:func:`check_command_line`), then ``run`` on the config Hydra composes from
-    ``config/<config_name>.yaml`` (:func:`aria.resources.config_dir`) and the command line."""
+    ``config/<config_name>.yaml`` (:func:`aria.resources.config_dir`, so ``ARIA_CONFIG_DIR`` applies as
+    everywhere in the package) and the command line. Hydra names the job after ``run``'s module (its
+    ``--help`` says ``launch``); no output folder or log file is named after it."""
     protect_terminal()
     check_command_line(config_name)
     hydra.main(config_path=str(config_dir()), config_name=config_name, version_base="1.3")(run)()

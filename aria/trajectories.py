@@ -82,8 +82,8 @@ def make_record(
     and their ``role_rewards`` (see the module doc). The fields stand in the order every file has
     them (a file written again is byte for byte the same)."""
     if players is None:
-        if success is None:
-            raise TypeError("make_record: a question game's record needs success")
+        if success is None or role_rewards is not None:
+            raise TypeError("make_record: a question game's record needs success, and has no role_rewards")
         outcome = {"success": bool(success), "final_reward": 1.0 if success else 0.0,
                    "env_return": float(sum(t["reward"] for t in turns))}
     else:

@@ -49,12 +49,15 @@ def main() -> None:
         subprocess.run(["git", "clone", "-q", str(REPO), str(scratch / "repo")], check=True)
         start = time.monotonic()
         done = subprocess.run(["bash", ".ci/run"], cwd=scratch / "repo", capture_output=True, text=True,
-                              env={**os.environ, "CI": "true"})
+                              env={**os.environ, "CI": "true", "PYTHON": sys.executable})
         wall = time.monotonic() - start
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
-        subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "-e", str(REPO)],
-                       capture_output=True)
+        back = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "-e", str(REPO)],
+                              capture_output=True, text=True)
+        if back.returncode != 0:
+            print(f"warning: `pip install --no-deps -e {REPO}` failed; the package may still point at the deleted "
+                  f"clone:\n{back.stderr[-1000:]}", file=sys.stderr)
     last = next((line for line in reversed(done.stdout.splitlines()) if SUMMARY.search(line)), "")
     found = SUMMARY.search(last)
     if done.returncode != 0 or found is None:

@@ -164,6 +164,9 @@ def test_make_record_builds_either_kind_and_refuses_a_mix():
     assert (one["success"], one["final_reward"], one["env_return"]) == (True, 1.0, 0.0) and "players" not in one
     with pytest.raises(TypeError, match="needs success"):
         make_record(game_id="q", game="twenty_questions", target="dog", turns=turns)
+    with pytest.raises(TypeError, match="has no role_rewards"):
+        make_record(game_id="q", game="twenty_questions", target="dog", turns=turns, success=True,
+                    role_rewards={"alice": 1.0, "bob": 0.0})
     with pytest.raises(TypeError, match="no target, success or oracle"):
         make_record(game_id="g", game="bargaining", players=["alice", "bob"], turns=turns,
                     role_rewards={"alice": 1.0, "bob": 0.0}, success=True)

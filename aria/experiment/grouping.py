@@ -143,11 +143,7 @@ def compare(cfg: dict, window: int = 2, threshold: float = 0.9) -> dict:
     weights_by_step = {**compared, "gigpo": exact_weights[order], "gigpo_similar": similar_weights[order]}
     for name, weights in weights_by_step.items():
         rows[name].update(outcome_signal(weights, outcome, won_last if name in compared else None))
-    sample_weights = {name: [float("nan")] * len(samples) for name in reward_of}
-    for step, i in enumerate(order):
-        for name, q in reward_of.items():
-            sample_weights[name][i] = float(q[step])
-    sample_weights["gigpo_similar"] = similar_weights.tolist()
+    sample_weights = {**in_training_order(reward_of, order, len(samples)), "gigpo_similar": similar_weights.tolist()}
     return {"run_dir": str(run_dir), "game": run.summary["game"], "steps": int(table.num_steps), "games": len(corpus.game_ids),
             "chosen_k": chosen, "behavioural_intentions": None if behaviour is None else
             {p: int(len(np.unique(v))) for p, v in behaviour.items()}, "window": window, "similarity_threshold": threshold,

@@ -294,7 +294,7 @@ def benchmarks(results: Path = BENCHMARK_RESULTS) -> str:
 def fresh_clones(results: Path = BENCHMARK_RESULTS) -> str:
     """docs/testing.md's table: the newest run of the test command from a fresh clone on each kind
     of CPU (``benchmarks/fresh_clone.py`` writes one file a kind)."""
-    lines = ["| CPU | date, commit | tests | tests' time | with the install |", "|---|---|---|---|---|"]
+    lines = ["| CPU | date, commit | tests passed | tests' time | with the install |", "|---|---|---|---|---|"]
     for path in sorted(results.glob("fresh_clone_*.json")):
         run = read_json(path)
         lines.append(f"| {label(run['machine'])} | {run['date']}, {run['commit']} | {run['tests']} | "

@@ -135,8 +135,9 @@ class QuestionFamily:
                                         reply_format=question_play.reply_format(cfg.game))
 
     def collection_producer(self, cfg, section, seed, made_by):
+        game = build_game(cfg.game)
         oracle = describe(build_oracle(cfg.oracle, cfg.game))
-        return question_play.question_producer(build_game(cfg.game), seed, made_by, oracle,
+        return question_play.question_producer(game, seed, made_by, oracle,
                                                reply_format=question_play.reply_format(cfg.game))
 
     def evaluation_output(self, where):
@@ -256,8 +257,8 @@ class TwoPlayerFamily:
     def evaluate(self, cfg, policy, out, echo):
         e = cfg.eval
         player = two_player_play.PolicyPlayer(policy)
-        opponent = two_player_play.build_player(e.opponent, cfg.game["name"], player)
         configs = config_set(cfg.game, e.config_set)
+        opponent = two_player_play.build_player(e.opponent, cfg.game["name"], player)
         summary = two_player_play.evaluate_two_player(cfg.game, configs, player, opponent, out,
                                                       games_per_config=e.games_per_config, seed=e.seed,
                                                       batch_size=e.batch_size, progress=False,

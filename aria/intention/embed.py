@@ -28,7 +28,7 @@ import numpy as np
 
 from aria.io import ConfigError, atomic_write_bytes
 from aria.registry import check_options
-# Imported in the functions that use them (slow to import: benchmarks/import_time.py): openai, sentence_transformers
+# Imported in the functions that use them (slow to import: benchmarks/import_time.py): accelerate, openai, peft, scipy, sklearn, torch, transformers
 
 log = logging.getLogger(__name__)
 

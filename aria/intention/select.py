@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Callable, Sequence
 
 import numpy as np
-# Imported in the functions that use them (slow to import: benchmarks/import_time.py): sklearn
+# Imported in the functions that use them (slow to import: benchmarks/import_time.py): scipy, sklearn
 
 
 def split_score(rewards_k: np.ndarray, rewards_k_plus_1: np.ndarray) -> float:

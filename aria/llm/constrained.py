@@ -23,7 +23,7 @@ import torch
 from llguidance.numpy import allocate_token_bitmask, fill_next_token_bitmask
 
 from aria.llm.base import OutputFormat
-# Imported in the functions that use them (slow to import: benchmarks/import_time.py): llguidance
+# Imported in the functions that use them (slow to import: benchmarks/import_time.py): transformers
 
 log = logging.getLogger(__name__)
 

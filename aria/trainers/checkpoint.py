@@ -28,12 +28,13 @@ from typing import Any, Callable, Protocol
 import numpy as np
 import torch
 from safetensors import safe_open
+from safetensors.torch import load_file, save_file
 
 from aria.io import ResumeMismatch, atomic_write_json, atomic_write_text, differences, model_digest, replace_folder
 from aria.llm.embedded import resolve_model_path
 from aria.trainers.engine import RUN_RECORD, TrainState
 from aria.trainers.settings import CriticTrainerSettings, TrainerSettings
-# Imported in the functions that use them (slow to import: benchmarks/import_time.py): safetensors
+
 
 _META_KEY = "aria_state"
 
@@ -41,8 +42,6 @@ _META_KEY = "aria_state"
 # ---- nested state without pickle -------------------------------------------------------------
 def save_state(path: str | Path, state: Any) -> None:
     """Write nested state (dicts, lists, tuples, numbers, strings, None, tensors, numpy arrays)."""
-    from safetensors.torch import save_file
-
     tensors: dict[str, torch.Tensor] = {}
 
     def encode(obj: Any) -> Any:
@@ -169,8 +168,6 @@ def begin_checkpoint(accelerator, output_dir: Path, step: int) -> tuple[Path, Pa
 def save_plain_state(folder: Path, model, tokenizer, optimizer, scheduler) -> None:
     """The Hugging Face model (adapter or full) in ``model/``, the exact trainable tensors, the
     optimizer and the scheduler (main process; not under DeepSpeed)."""
-    from safetensors.torch import save_file
-
     model.save_pretrained(folder / "model", safe_serialization=True)
     tokenizer.save_pretrained(folder / "model")
     trainable = {n: p.detach().cpu().contiguous() for n, p in model.named_parameters() if p.requires_grad}
@@ -196,8 +193,6 @@ def finish_checkpoint(accelerator, tmp: Path, final: Path, state: dict, keep: in
 
 def load_plain_state(checkpoint: Path, model, optimizer, scheduler) -> None:
     """Inverse of :func:`save_plain_state`: trainable tensors, optimizer and scheduler."""
-    from safetensors.torch import load_file
-
     params = dict(model.named_parameters())
     with torch.no_grad():
         for name, value in load_file(str(checkpoint / "trainable.safetensors")).items():

@@ -23,7 +23,7 @@ from aria.llm.merge_record import stale_merges_of
 from aria.packing import PACKINGS
 from aria.trainers.losses import LOSS_OPTION_CHECKS
 from aria.trainers.settings import CriticTrainerSettings, EngineTrainSettings, TrainerSettings, TrainSettings
-# Imported in the functions that use them (slow to import: benchmarks/import_time.py): accelerate, torch, transformers
+# Imported in the functions that use them (slow to import: benchmarks/import_time.py): accelerate, transformers
 
 #: Optimizers by name (config ``train.optimizer``).
 OPTIMIZERS: dict[str, type[torch.optim.Optimizer]] = {"adamw": torch.optim.AdamW, "adam": torch.optim.Adam}

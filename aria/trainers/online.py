@@ -83,7 +83,7 @@ from aria.trainers.losses import (ADVANTAGES, LOSSES, TOKEN_LOSSES, rm_score,  #
 from aria.trainers.reward_service import SCORERS, build_scorer, merge_if_adapter
 from aria.trainers.settings import OnlineTrainerSettings
 from aria.trajectories import read_trajectories
-# Imported in the functions that use them (slow to import: benchmarks/import_time.py): accelerate, peft, torch, transformers
+# Imported in the functions that use them (slow to import: benchmarks/import_time.py): accelerate, peft, transformers
 
 #: Variables through which torchrun and accelerate tell a process it belongs to a launched group.
 _LAUNCHER_VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE",

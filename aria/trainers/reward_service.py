@@ -52,7 +52,7 @@ import requests
 from safetensors import safe_open
 
 from aria.io import ConfigError, atomic_folder
-# Imported in the functions that use them (slow to import: benchmarks/import_time.py): peft, torch, transformers
+# Imported in the functions that use them (slow to import: benchmarks/import_time.py): accelerate, peft, torch, transformers
 
 log = logging.getLogger(__name__)
 
@@ -239,7 +239,6 @@ class HttpScorer:
 
     def __init__(self, url: str, timeout: float = 300.0, retries: int = 3, backoff: float = 1.0, batch_size: int = 256,
                  token: str | None = None):
-
         self.url = url.rstrip("/")
         self.timeout, self.retries, self.backoff, self.batch_size = timeout, retries, backoff, batch_size
         self._session = requests.Session()

@@ -345,9 +345,6 @@ class ScriptedExpertPolicy:
 
 def _plain(cfg: Mapping[str, Any]) -> dict:
     """A game config as plain containers (a Hydra node is resolved)."""
-    try:
-        if isinstance(cfg, DictConfig):
-            return OmegaConf.to_container(cfg, resolve=True)
-    except ImportError:  # pragma: no cover - omegaconf comes with hydra-core
-        pass
+    if isinstance(cfg, DictConfig):
+        return OmegaConf.to_container(cfg, resolve=True)
     return dict(cfg)
