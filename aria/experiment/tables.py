@@ -335,7 +335,8 @@ def reevaluated_lines(results: dict[str, Any]) -> list[str]:
 #: The sections of a run's table a document may show, ``SECTION:FOLDER``.
 SECTIONS: dict[str, Callable[[dict], list[str]]] = {
     "pooled": report.pooled_lines, "preflight": report.preflight_lines, "movement": report.movement_lines,
-    "paired": report.paired_lines, "reevaluated": reevaluated_lines}
+    "paired": report.paired_lines, "reevaluated": reevaluated_lines,
+    "stages": lambda results: report.render_stage_times(results).removesuffix("\n").split("\n")}
 
 
 def block(name: str, source: str = "") -> str:
