@@ -199,16 +199,24 @@ def test_a_function_imports_only_what_is_slow_or_optional():
 
 
 def test_a_file_that_imports_in_functions_names_the_slow_libraries():
-    """The comment names (by package) every slow library the file's function-level imports keep out of its import."""
-    files, slow = module_files(), slow_libraries()
+    """The comment names (by package) every library the file's function-level imports keep out of
+    its import that is clearly slow (twice the report's ``slow`` seconds beyond what it loads), and
+    nothing they do not keep out; one nearer the threshold may be named or not, so that a
+    re-measurement does not rewrite comments."""
+    files, report = module_files(), json.loads(IMPORT_TIME.read_text())
+    clearly = {name for name, seconds in report["beyond_loads"].items() if seconds >= 2 * report["slow"]}
+    slow = {name: ({name} | set(loads)) & clearly for name, loads in report["loads"].items()}
+    measured = {name: {name} | set(loads) for name, loads in report["loads"].items()}
     wrong = []
     for name, path in files.items():
-        saved = {lib.split(".")[0] for _, saves in deferred(name, files, slow) for lib in saves}
+        required = {lib.split(".")[0] for _, saves in deferred(name, files, slow) for lib in saves}
+        allowed = {lib.split(".")[0] for _, saves in deferred(name, files, measured) for lib in saves}
         comment = next((line for line in path.read_text().splitlines() if line.startswith(WHERE_USED)), None)
         named = set(comment.rpartition(": ")[2].rstrip(".").split(", ")) if comment else set()
-        if saved != named:
-            wrong.append(f"{path.relative_to(PACKAGE.parent)}: keeps out {sorted(saved)}, its comment names {sorted(named)}")
-    assert not wrong, f"each file says '{WHERE_USED} (...): LIBRARY, ...' for exactly what it defers:\n" + "\n".join(wrong)
+        if not required <= named <= allowed:
+            wrong.append(f"{path.relative_to(PACKAGE.parent)}: keeps out {sorted(required)} (and may name "
+                         f"{sorted(allowed - required)}), its comment names {sorted(named)}")
+    assert not wrong, f"each file says '{WHERE_USED} (...): PACKAGE, ...' for what it defers:\n" + "\n".join(wrong)
 
 
 def test_the_import_rule_fails_on_a_light_import_in_a_function(tmp_path):
@@ -225,6 +233,7 @@ def test_the_import_rule_fails_on_a_light_import_in_a_function(tmp_path):
     (tmp_path / "mod.py").write_text("import torch\n\n\ndef save():\n    import safetensors.torch\n\n\n"
                                      "def plot():\n    import matplotlib.pyplot\n")
     files = {**module_files(), "planted": tmp_path / "mod.py"}
-    saves = [(ast.unparse(node), saved) for node, saved in deferred("planted", files, slow_libraries())]
-    assert saves[0] == ("import safetensors.torch", set())
-    assert saves[1][0] == "import matplotlib.pyplot" and saves[1][1] == slow_libraries()["matplotlib.pyplot"]
+    slow = {"torch": {"torch"}, "safetensors.torch": {"torch"}, "matplotlib": {"matplotlib"},
+            "matplotlib.pyplot": {"matplotlib", "matplotlib.pyplot"}}  # as the report would say it
+    saves = [(ast.unparse(node), saved) for node, saved in deferred("planted", files, slow)]
+    assert saves == [("import safetensors.torch", set()), ("import matplotlib.pyplot", {"matplotlib", "matplotlib.pyplot"})]
