@@ -17,6 +17,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -49,7 +50,10 @@ def main() -> None:
         subprocess.run(["git", "clone", "-q", str(REPO), str(scratch / "repo")], check=True)
         start = time.monotonic()
         done = subprocess.run(["bash", ".ci/run"], cwd=scratch / "repo", capture_output=True, text=True,
-                              env={**os.environ, "CI": "true", "PYTHON": sys.executable})
+                              env={**os.environ, "CI": "true", "PYTHON": sys.executable},
+                              preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))  # as in a terminal,
+        # even when this script runs as a background job (which inherits Ctrl-C ignored, and the
+        # tests that send one to a command would wait for nothing)
         wall = time.monotonic() - start
     finally:
         shutil.rmtree(scratch, ignore_errors=True)

@@ -269,7 +269,8 @@ def test_ctrl_c_before_the_command_starts_its_work_is_one_line():
                "print('ready', flush=True)\n"
                "import time; time.sleep(60)\n"
                "check_command_line('collect')\n")
-    proc = subprocess.Popen([sys.executable, "-c", program], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen([sys.executable, "-c", program], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=as_if_from_a_terminal)
     assert proc.stdout.readline() == "ready\n"
     proc.send_signal(signal.SIGINT)
     out, err = proc.communicate(timeout=60)
