@@ -8,6 +8,7 @@ scheduler and the oracles reach each other only through registries of import pat
 (:mod:`aria.llm.registry`, :data:`aria.games.question.oracle.ORACLES`).
 """
 import ast
+import functools
 import graphlib
 import json
 import subprocess
@@ -164,13 +165,19 @@ def slow_reached(names: list[str], files: dict[str, Path], slow: dict[str, set[s
                 reached |= slow[lib]
         if name in files and name not in seen:
             seen.add(name)
-            tree = ast.parse(files[name].read_text())
-            top = [t for statement in tree.body for node in ast.walk(statement)
-                   if isinstance(node, (ast.Import, ast.ImportFrom))
-                   and not isinstance(statement, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))
-                   for t in imported_names(node)]
-            reached |= slow_reached(top, files, slow, seen)
+            reached |= slow_reached(top_level_imports(files[name]), files, slow, seen)
     return reached
+
+
+@functools.cache
+def top_level_imports(path: Path) -> list[str]:
+    """What the file at ``path`` imports when it is imported (not inside its functions or classes);
+    read once per file, since every module's imports are walked again from each module above it."""
+    tree = ast.parse(path.read_text())
+    return [t for statement in tree.body for node in ast.walk(statement)
+            if isinstance(node, (ast.Import, ast.ImportFrom))
+            and not isinstance(statement, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))
+            for t in imported_names(node)]
 
 
 def test_the_slow_libraries_are_measured():

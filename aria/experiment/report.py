@@ -438,9 +438,13 @@ def render_summary(results: dict[str, Any]) -> str:
     return "\n".join(_section("summary", results)) + "\n"
 
 
-def render_stage_times(results: dict[str, Any]) -> str:
+def stage_lines(results: dict[str, Any]) -> list[str]:
     """Each stage's time of the run that wrote ``results`` (:func:`run_record`), in the order they ran."""
-    return "\n".join(_section("stage_times", results)) + "\n"
+    return _section("stage_times", results)
+
+
+def render_stage_times(results: dict[str, Any]) -> str:
+    return "\n".join(stage_lines(results)) + "\n"
 
 
 def plot(results: dict[str, Any], out: Path) -> None:

@@ -336,7 +336,7 @@ def reevaluated_lines(results: dict[str, Any]) -> list[str]:
 SECTIONS: dict[str, Callable[[dict], list[str]]] = {
     "pooled": report.pooled_lines, "preflight": report.preflight_lines, "movement": report.movement_lines,
     "paired": report.paired_lines, "reevaluated": reevaluated_lines,
-    "stages": lambda results: report.render_stage_times(results).removesuffix("\n").split("\n")}
+    "stages": report.stage_lines}
 
 
 def block(name: str, source: str = "") -> str:
