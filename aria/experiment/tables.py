@@ -83,46 +83,53 @@ def _row(label: str, tests: list[dict[str, Any]], verdict: str) -> str:
             f"{n:,} pairs, p = {p(pairs['p_value'])} | {method_cell} | {spread} | {verdict} |")
 
 
+#: The committed comparisons of ARIA against its ablation: (game, folder) in the order shown. A folder
+#: not committed yet (a run still going) is a row saying so.
+COMPARISONS = (("Twenty Questions", "powered"), ("Twenty Questions", "grouping"), ("Twenty Questions", "replicated"),
+               ("Guess My City", "powered_gmc"), ("Bargaining", "bargaining_powered"), ("Negotiation", "negotiation"))
+#: Runs pooled after the fact, with no rule fixed before them: (label, folders), shown after the last of its folders.
+POOLED_AFTER_THE_FACT = (("Twenty Questions, `powered` and `grouping` pooled (after the fact; code 84 commits apart)",
+                          ("powered", "grouping")),)
+
+
+def planned_verdict(folder: str, first: str = "aria", second: str = "no_aggregation") -> str:
+    """The verdict of ``first`` against ``second`` under the rule its run's preset fixed before it ran."""
+    tests = read_json(RESULTS / folder / "results.json")["paired_tests"]
+    return next(t["verdict"] for t in tests if (t["first"], t["second"], t["iteration"]) == (first, second, 1))
+
+
 def aggregation() -> str:
     """ARIA against its ablation, every committed comparison: per training run, the pairs pooled as
     one run (two fixed models a seed), and the method over runs (aria.statistics.pool_runs)."""
     lines = ["| game, run | training runs | ARIA − ablation per run, points | pairs pooled (95% CI), stratified exact p "
              "| over runs: the method (95% CI, Hartung-Knapp) | between-run spread τ, points | verdict of the rule fixed before the run |",
              "|---|---|---|---|---|---|---|"]
-    powered, grouping = seed_tests("powered", "aria", "no_aggregation"), seed_tests("grouping", "aria", "no_aggregation")
-    bargaining = seed_tests("bargaining_powered", "aria", "no_aggregation")
-    verdict = lambda folder: read_json(RESULTS / folder / "results.json")["paired_tests"][0]["verdict"]  # noqa: E731
-    lines.append(_row("Twenty Questions, [`powered`](results/experiments/powered/table.md)", powered, verdict("powered")))
-    lines.append(_row("Twenty Questions, [`grouping`](results/experiments/grouping/table.md)", grouping, verdict("grouping")))
-    lines.append(_row("Twenty Questions, the three runs above pooled (after the fact; code 84 commits apart)",
-                      powered + grouping, "– (no rule was fixed for it)"))
-    lines.append(_row("Bargaining, [`bargaining_powered`](results/experiments/bargaining_powered/table.md)", bargaining,
-                      verdict("bargaining_powered")))
-    three = pool_runs(powered + grouping)
-    tau2 = three["heterogeneity"]["tau2"]
-    share = sum(t["first_only"] + t["second_only"] for t in powered + grouping) / sum(t["pairs"] for t in powered + grouping)
+    tests = {}
+    for game, folder in COMPARISONS:
+        if not (RESULTS / folder / "results.json").is_file():
+            lines.append(f"| {game}, `{folder}` | not committed yet: [its plan](docs/experiments.md#training-runs-as-the-unit) "
+                         "| | | | | |")
+            continue
+        tests[folder] = seed_tests(folder, "aria", "no_aggregation")
+        lines.append(_row(f"{game}, [`{folder}`](results/experiments/{folder}/table.md)", tests[folder],
+                          planned_verdict(folder)))
+        for label, folders in POOLED_AFTER_THE_FACT:
+            if folders[-1] == folder:
+                lines.append(_row(label, [t for f in folders for t in tests[f]], "– (no rule was fixed for it)"))
+    three = tests["powered"] + tests["grouping"]
+    tau2 = pool_runs(three)["heterogeneity"]["tau2"]
+    share = sum(t["first_only"] + t["second_only"] for t in three) / sum(t["pairs"] for t in three)
     needed = runs_needed(600, share, 0.05, tau2)
-    footer = (f"\nAt the spread the three Twenty Questions runs show (τ = {100 * tau2 ** 0.5:.1f} points) and their "
-              f"discordant share ({100 * share:.0f}%), the method-level test of 2 runs of 600 pairs an arm detects "
-              + _detects(2, share, tau2) + f", 3 runs {_detects(3, share, tau2)}; 5 points need {needed} runs an arm "
-              "(80% power, 5% level; aria/power.py).\n")
-    gmc = RESULTS / "powered_gmc" / "results.json"
-    if gmc.is_file():
-        lines.append(_row("Guess My City, [`powered_gmc`](results/experiments/powered_gmc/table.md)",
-                          seed_tests("powered_gmc", "aria", "no_aggregation"), verdict("powered_gmc")))
-    else:
-        lines.append("| Guess My City, `powered_gmc` | not finished | | | | | |")
+    footer = (f"\nAt the spread the three Twenty Questions runs of `powered` and `grouping` show (τ = "
+              f"{100 * tau2 ** 0.5:.1f} points) and their discordant share ({100 * share:.0f}%), the method-level test "
+              f"of 2 runs of 600 pairs an arm detects {_detects(2, share, tau2)}, 3 runs {_detects(3, share, tau2)}; "
+              f"5 points need {needed} runs an arm (80% power, 5% level; aria/power.py).\n")
     return "\n".join(lines) + "\n" + footer
 
 
 def _detects(runs: int, share: float, tau2: float) -> str:
     found = runs_detectable_difference(runs, 600, share, tau2)
     return "no difference at all" if found is None else f"{100 * found:.1f} points"
-
-
-#: The committed comparisons of ARIA against its ablation: (game, folder) in the order shown.
-COMPARISONS = (("Twenty Questions", "powered"), ("Twenty Questions", "grouping"), ("Bargaining", "bargaining_powered"),
-               ("Guess My City", "powered_gmc"))
 
 
 def arms() -> str:
