@@ -33,6 +33,12 @@
   (tests/test_power.py simulates both). Its variant with q floored at 1 was tried and left out:
   at 3 runs it rejected 0.4% of null designs and had half the power. One run gives no
   method-level interval: τ² cannot be estimated from it.
+* **Graded outcomes** (:func:`paired_scores`, :func:`pool_score_runs`): a two-player game also
+  gives the policy a payoff share in [0, 1] (0.5 on a tie), which moves where a win rate sits at
+  its floor (a model that wins no Negotiation game). Paired by game, the mean difference with the
+  Agresti-Min smoothing carried over to differences in [−1, 1] (two pseudo-pairs: Σd² + 1 over
+  m = n + 2 pairs; for win/loss scores exactly the paired test's interval above), a normal test,
+  and the same random-effects pooling over runs.
 
 Everything here is a pure function of game records and counts, checked by hand in
 ``tests/test_evaluation.py`` and ``tests/test_power.py``; the commands that play and write the
@@ -197,36 +203,85 @@ def run_difference(b: int, c: int, n: int) -> tuple[float, float]:
     still has a weight)."""
     if n <= 0:
         raise ValueError(f"a run needs at least one pair, got n = {n}")
+    return (b - c) / n, smoothed_variance(b - c, b + c, n)
+
+
+def smoothed_variance(total: float, total_of_squares: float, n: int) -> float:
+    """The variance of a mean paired difference from n differences in [−1, 1] (their sum and sum of
+    squares), smoothed as Agresti-Min smooth a win/loss table: two pseudo-pairs, one differing by +1
+    and by −1 with half weight each and one by 0, so (Σd² + 1 − (Σd)²/m)/m² with m = n + 2. For
+    win/loss pairs (Σd = b − c, Σd² = b + c) it is Agresti-Min's variance exactly; it is never 0."""
     m = n + 2
-    return (b - c) / n, ((b + c + 1) - (b - c) ** 2 / m) / m ** 2
+    return (total_of_squares + 1 - total ** 2 / m) / m ** 2
+
+
+def paired_scores(first: Sequence[float], second: Sequence[float]) -> dict[str, Any]:
+    """Two arms' graded outcomes in [0, 1] on the same games (a two-player game's payoff share, module
+    doc): the mean difference, its variance (:func:`smoothed_variance`), the Wald interval around the
+    smoothed centre Σd/(n + 2) clipped to [−1, 1] (Agresti-Min's for win/loss scores) and the normal test's p."""
+    from scipy.stats import norm
+
+    if len(first) != len(second) or not len(first):
+        raise ValueError(f"paired scores need two lists of one length > 0, got {len(first)} and {len(second)}")
+    d = np.asarray(first, dtype=float) - np.asarray(second, dtype=float)
+    if np.abs(d).max() > 1:
+        raise ValueError("scores must lie in [0, 1]")
+    n = len(d)
+    variance = smoothed_variance(float(d.sum()), float((d ** 2).sum()), n)
+    centre, se = float(d.sum()) / (n + 2), math.sqrt(variance)
+    return {"pairs": n, "first_mean": float(np.mean(first)), "second_mean": float(np.mean(second)),
+            "difference": float(d.mean()), "variance": variance,
+            "difference_ci95": [max(-1.0, centre - Z_95 * se), min(1.0, centre + Z_95 * se)],
+            "p_value": float(2 * norm.sf(abs(d.mean()) / se))}
 
 
 def pool_runs(runs: Sequence[Mapping[str, int]], alpha: float = ALPHA) -> dict[str, Any]:
     """The method-level comparison of two arms over training runs (module doc): ``runs`` are the
     per-run paired tests (:func:`mcnemar`'s ``first_only``, ``second_only``, ``pairs``)."""
-    from scipy.stats import binomtest, chi2, norm
-    from scipy.stats import t as student
+    from scipy.stats import binomtest
 
     if not runs:
         raise ValueError("pooling needs at least one run")
     bs, cs, ns = (np.array([r[key] for r in runs], dtype=float) for key in ("first_only", "second_only", "pairs"))
     d, v = (np.array(x) for x in zip(*(run_difference(*map(int, r)) for r in zip(bs, cs, ns))))
-    b, c, n, k = bs.sum(), cs.sum(), ns.sum(), len(runs)
-    z = float(norm.ppf(1 - alpha / 2))
-    pairs = {"difference": float((b - c) / n), "ci95": paired_difference_interval(int(b), int(c), int(n), z),
+    b, c, n = bs.sum(), cs.sum(), ns.sum()
+    pairs = {"difference": float((b - c) / n), "ci95": paired_difference_interval(int(b), int(c), int(n)),
              "p_value": float(binomtest(int(b), int(b + c), 0.5).pvalue) if b + c else 1.0}
-    out: dict[str, Any] = {"runs": k, "per_run": [{"difference": float(x), "variance": float(y)} for x, y in zip(d, v)],
-                           "pairs_pooled": pairs}
+    return {"runs": len(runs), "per_run": [{"difference": float(x), "variance": float(y)} for x, y in zip(d, v)],
+            "pairs_pooled": pairs, **random_effects(d, v, alpha)}
+
+
+def pool_score_runs(runs: Sequence[tuple[Sequence[float], Sequence[float]]], alpha: float = ALPHA) -> dict[str, Any]:
+    """:func:`pool_runs` for graded outcomes: ``runs`` are each run's (first arm's, second arm's)
+    scores on the same games. Pairs pooled: :func:`paired_scores` of every pair (no stratified exact
+    test: the scores are not win/loss); over runs: the same random-effects pooling of each run's
+    mean difference and smoothed variance."""
+    if not runs:
+        raise ValueError("pooling needs at least one run")
+    tests = [paired_scores(a, b) for a, b in runs]
+    d, v = np.array([t["difference"] for t in tests]), np.array([t["variance"] for t in tests])
+    everything = paired_scores([x for a, _ in runs for x in a], [x for _, b in runs for x in b])
+    pairs = {"difference": everything["difference"], "ci95": everything["difference_ci95"], "p_value": everything["p_value"]}
+    return {"runs": len(runs), "per_run": tests, "pairs_pooled": pairs, **random_effects(d, v, alpha)}
+
+
+def random_effects(d: np.ndarray, v: np.ndarray, alpha: float = ALPHA) -> dict[str, Any]:
+    """Runs' differences ``d`` with within-run variances ``v`` pooled with the run as a random effect
+    (module doc): the heterogeneity and the method-level difference, or neither from one run."""
+    from scipy.stats import chi2, norm
+    from scipy.stats import t as student
+
+    k = len(d)
     if k < 2:
-        out["heterogeneity"] = out["random_effects"] = None
-        out["why_not"] = "one training run an arm: the between-run variance cannot be estimated"
-        return out
+        return {"heterogeneity": None, "random_effects": None,
+                "why_not": "one training run an arm: the between-run variance cannot be estimated"}
+    z = float(norm.ppf(1 - alpha / 2))
     w = 1 / v
     fixed = float((w * d).sum() / w.sum())
     q_stat = float((w * (d - fixed) ** 2).sum())
     tau2 = max(0.0, (q_stat - (k - 1)) / float(w.sum() - (w ** 2).sum() / w.sum()))
-    out["heterogeneity"] = {"q": q_stat, "df": k - 1, "p_value": float(chi2.sf(q_stat, k - 1)),
-                            "i2": max(0.0, (q_stat - (k - 1)) / q_stat) if q_stat > 0 else 0.0, "tau2": tau2}
+    heterogeneity = {"q": q_stat, "df": k - 1, "p_value": float(chi2.sf(q_stat, k - 1)),
+                     "i2": max(0.0, (q_stat - (k - 1)) / q_stat) if q_stat > 0 else 0.0, "tau2": tau2}
     ws = 1 / (v + tau2)
     mu = float((ws * d).sum() / ws.sum())
     se_dl = float(ws.sum() ** -0.5)
@@ -235,9 +290,8 @@ def pool_runs(runs: Sequence[Mapping[str, int]], alpha: float = ALPHA) -> dict[s
     # normal interval's standard error there rather than claim the difference is known exactly.
     se_hk = math.sqrt(q_hk / ws.sum()) if q_hk > 0 else se_dl
     crit = float(student.ppf(1 - alpha / 2, k - 1))
-    out["random_effects"] = {
+    return {"heterogeneity": heterogeneity, "random_effects": {
         "difference": mu, "ci95": [mu - crit * se_hk, mu + crit * se_hk],
         "p_value": float(2 * student.sf(abs(mu) / se_hk, k - 1)), "df": k - 1,
         "ci95_normal": [mu - z * se_dl, mu + z * se_dl], "p_value_normal": float(2 * norm.sf(abs(mu) / se_dl)),
-        "method": "DerSimonian-Laird tau^2, Hartung-Knapp-Sidik-Jonkman interval (t, k-1 df)"}
-    return out
+        "method": "DerSimonian-Laird tau^2, Hartung-Knapp-Sidik-Jonkman interval (t, k-1 df)"}}

@@ -20,10 +20,12 @@ from aria.experiment import runner as experiment
 from aria.experiment.report import mcnemar, movement_rule, preflight_row_name, render_table, wilson_interval
 from aria.experiment.settings import ExperimentSettings
 from aria.games.family import family_of
+from aria.games.two_player.glee import other
 from aria.io import atomic_write_json
 from aria.resources import compose_config, config_dir
 from aria.settings import typed
 from aria.statistics import paired_difference_interval
+from aria.trajectories import read_trajectories
 
 
 def settings(*overrides: str) -> ExperimentSettings:
@@ -772,7 +774,7 @@ def test_negotiation_over_two_training_runs_reports_the_method_level_interval(tm
     """experiment=negotiation on a tiny model and two seeds: self-play, training and the scripted
     negotiator in both seats; the paired test of each seed (a training run) pooled over runs in
     results.json and table.md, the verdict read from the method level as the preset fixes."""
-    from aria.statistics import pool_runs
+    from aria.statistics import pool_runs, pool_score_runs
 
     cfg = compose_config("experiment", tiny_two_player("negotiation", tmp_path, tiny_model_dir, tiny_sentence_model_dir,
                                                        games=3) + ["seeds=[0,1]", "grad_variance.enabled=false",
@@ -791,6 +793,23 @@ def test_negotiation_over_two_training_runs_reports_the_method_level_interval(tm
                 "significant" if runs["random_effects"]["p_value"] < 0.05 else "not significant")
     assert test["verdict"] == expected
     assert "**Over training runs**" in (out / "table.md").read_text()
+    # the secondary outcome: each game's payoff share (0.5 each on a tie) read again from the evaluation files
+    shares = {}
+    for method, seed in ((m, s) for m in ("aria", "no_aggregation") for s in (0, 1)):
+        for role in ("alice", "bob"):
+            for r in read_trajectories(tmp_path / "run" / f"s{seed}" / method / "it1" / "eval" / f"as_{role}.jsonl"):
+                a, b = r["meta"]["payoffs"][role], r["meta"]["payoffs"][other(role)]
+                low = min(0.0, a, b)
+                share = 0.5 if a == b else (a - low) / ((a - low) + (b - low))
+                shares.setdefault((method, seed), {})[f"{role}:{r['game_id']}"] = share
+    payoff = test["payoff_share"]
+    for run in payoff["per_run"]:
+        first, second = (shares[(m, run["seed"])] for m in ("aria", "no_aggregation"))
+        assert run["first_mean"] == pytest.approx(sum(first.values()) / 6)
+        assert run["difference"] == pytest.approx(sum(first[k] - second[k] for k in first) / 6)
+    assert payoff["random_effects"] == pool_score_runs([tuple([shares[(m, s)][k] for k in sorted(shares[(m, s)])]
+                                                              for m in ("aria", "no_aggregation")) for s in (0, 1)])["random_effects"]
+    assert "**Payoff share**" in (out / "table.md").read_text()
 
 
 def test_a_two_player_experiment_runs_self_play_and_evaluates_against_the_opponent(tmp_path, tiny_model_dir,

@@ -175,6 +175,47 @@ def test_runs_pooled_by_hand_on_a_three_run_table():
                                                0.0782987904 + 1.959963985 * 0.0783030521])
 
 
+def test_paired_scores_by_hand():
+    """Payoff shares (1, .25, .75) against (.5, .5, .5): d = (.5, -.25, .25), Σd = .5, Σd² = .375,
+    m = 5: variance (.375 + 1 - .25/5)/25 = .053, centre .1, normal p of (.5/3)/sqrt(.053)."""
+    from aria.statistics import paired_scores
+
+    out = paired_scores([1, 0.25, 0.75], [0.5, 0.5, 0.5])
+    assert out["difference"] == pytest.approx(0.5 / 3) and out["variance"] == pytest.approx(0.053)
+    assert out["first_mean"] == pytest.approx(2 / 3) and out["second_mean"] == pytest.approx(0.5)
+    se = 0.053 ** 0.5
+    assert out["difference_ci95"] == pytest.approx([0.1 - 1.959963985 * se, 0.1 + 1.959963985 * se])
+    assert out["p_value"] == pytest.approx(0.4690941371)
+    # arms that score alike on every game still have a variance (the pseudo-pairs'), never a point
+    alike = paired_scores([0.5] * 10, [0.5] * 10)
+    assert alike["variance"] == pytest.approx(1 / 144) and alike["p_value"] == 1.0
+    with pytest.raises(ValueError, match="one length"):
+        paired_scores([0.5], [0.5, 0.5])
+    with pytest.raises(ValueError, match=r"\[0, 1\]"):
+        paired_scores([2.0], [0.0])
+
+
+def test_win_loss_scores_pool_as_the_win_loss_tests_do():
+    """Scores of 0 and 1 are win/loss outcomes: their smoothed variance is Agresti-Min's, so each run,
+    the heterogeneity and the method-level interval are pool_runs' on the same games."""
+    from aria.statistics import paired_difference_interval, pool_runs, pool_score_runs
+
+    rng = np.random.default_rng(3)
+    runs = [(rng.random(n) < p, rng.random(n) < q) for n, p, q in ((120, 0.5, 0.4), (90, 0.45, 0.45), (150, 0.3, 0.4))]
+    scores = pool_score_runs([(a.astype(float), b.astype(float)) for a, b in runs])
+    tests = [mcnemar(list(a), list(b)) for a, b in runs]
+    wins = pool_runs(tests)
+    assert [r["variance"] for r in scores["per_run"]] == pytest.approx([r["variance"] for r in wins["per_run"]])
+    for run, test in zip(scores["per_run"], tests):
+        assert run["difference_ci95"] == pytest.approx(paired_difference_interval(test["first_only"], test["second_only"],
+                                                                                  test["pairs"]))
+    assert scores["heterogeneity"] == pytest.approx(wins["heterogeneity"])
+    for key in ("difference", "ci95", "p_value", "ci95_normal"):
+        assert scores["random_effects"][key] == pytest.approx(wins["random_effects"][key])
+    assert scores["pairs_pooled"]["difference"] == pytest.approx(wins["pairs_pooled"]["difference"])
+    assert pool_score_runs(runs[:1])["random_effects"] is None
+
+
 def test_one_run_has_no_method_level_interval_and_equal_runs_no_point_interval():
     from aria.statistics import pool_runs
 

@@ -31,7 +31,7 @@ from aria.games.family import family_of
 from aria.io import atomic_save_figure, atomic_write_json, atomic_write_text, read_json
 from aria.llm.hardware import describe, label
 from aria.power import detectable_difference, runs_detectable_difference
-from aria.statistics import ALPHA, POWER, mcnemar, percent, pool_runs, sensitivity, wilson_interval
+from aria.statistics import ALPHA, POWER, mcnemar, percent, pool_runs, pool_score_runs, sensitivity, wilson_interval
 from aria.trajectories import read_trajectories
 # Imported in the functions that use them (slow to import: benchmarks/import_time.py): matplotlib
 
@@ -95,14 +95,16 @@ def outcomes(path: Path, family, expected: set[str]) -> dict[str, dict] | None:
     so a table always agrees with its header. success = the policy won (a question game: found the
     target), turns = the policy's own. A question game's games are keyed by game id; a two-player
     game's (``path`` the folder of ``as_alice.jsonl`` and ``as_bob.jsonl``) by seat and game id, so
-    arms pair by configuration and seat."""
+    arms pair by configuration and seat. score = the policy's graded outcome (a two-player game's
+    payoff share; a question game's success)."""
     out = {}
     for file, role in family.evaluation_seats(path):
         records = read_trajectories(file, allow_partial_last_line=True) if file.is_file() else []
         games = {r["game_id"]: r for r in records if r.get("status") != "failed" and r["game_id"] in expected}
         if len(games) < len(expected):
             return None
-        out.update({f"{role}:{gid}" if role else gid: {"success": family.won(r, role), "turns": family.turns(r, role)}
+        out.update({f"{role}:{gid}" if role else gid: {"success": family.won(r, role), "score": family.score(r, role),
+                                                       "turns": family.turns(r, role)}
                     for gid, r in games.items()})
     return out
 
@@ -182,19 +184,23 @@ def paired_tests(cfg: ExperimentSettings, evaluations: dict, arms: list[dict]) -
         seeds = [s for s in cfg.seeds if (first, s, it) in evaluations and (second, s, it) in evaluations]
         if not seeds:
             continue
-        a, b, per_seed = [], [], []
+        a, b, per_seed, scores = [], [], [], []
         for s in seeds:
             ids = sorted(set(evaluations[(first, s, it)]) & set(evaluations[(second, s, it)]))
             a_s = [bool(evaluations[(first, s, it)][i]["success"]) for i in ids]
             b_s = [bool(evaluations[(second, s, it)][i]["success"]) for i in ids]
             per_seed.append({"seed": s, **mcnemar(a_s, b_s)})
             a, b = a + a_s, b + b_s
+            scores.append(tuple([evaluations[(arm, s, it)][i]["score"] for i in ids] for arm in (first, second)))
         test = {"first": first, "second": second, "iteration": it, "seeds": seeds, **mcnemar(a, b)}
         test.update(sensitivity(test))
         # Each seed is a training run of both arms (its own collection): the unit of a claim about the method.
         test["runs"] = {**pool_runs(per_seed), "per_seed": [
             {k: r[k] for k in ("seed", "pairs", "first_only", "second_only", "difference", "difference_ci95", "p_value")}
             for r in per_seed]}
+        if family_of(cfg.game).seats > 1:  # payoff shares: what a win rate at its floor cannot show (a secondary outcome)
+            pooled = pool_score_runs(scores)
+            test["payoff_share"] = {**pooled, "per_run": [{"seed": s, **r} for s, r in zip(seeds, pooled["per_run"])]}
         # Comparing arms that did not both move measures the evaluation's noise, not the methods.
         verdicts = {(r["method"], r["seed"]): r.get("movement", {}).get("moved") for r in arms
                     if r["iteration"] == it and r["method"] in (first, second) and r["seed"] in seeds}

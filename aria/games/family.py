@@ -24,7 +24,7 @@ from aria.games.question import play as question_play
 from aria.games.question.game import build_game
 from aria.games.question.oracle import build_oracle, check_oracle
 from aria.games.two_player import play as two_player_play
-from aria.games.two_player.glee import PLAYERS, config_set, other
+from aria.games.two_player.glee import PLAYERS, config_set, normalized_rewards, other
 from aria.io import ConfigError
 from aria.llm.registry import build_policy, reply_tokens_key
 from aria.settings import typed, validated
@@ -81,6 +81,10 @@ class GameFamily(Protocol):
 
     def won(self, record: dict, role: str | None) -> bool:
         """Whether the policy (in ``role``; None in a question game) won the game ``record``."""
+
+    def score(self, record: dict, role: str | None) -> float:
+        """The policy's graded outcome of ``record`` in [0, 1]: a question game's success; a two-player
+        game's payoff share (the training reward, 0.5 each on a tie: aria.games.two_player.glee.normalized_rewards)."""
 
     def turns(self, record: dict, role: str | None) -> int:
         """The policy's own turns in ``record``."""
@@ -156,6 +160,9 @@ class QuestionFamily:
 
     def won(self, record, role):
         return bool(record["success"])
+
+    def score(self, record, role):
+        return float(bool(record["success"]))
 
     def turns(self, record, role):
         return len(record["turns"])
@@ -250,6 +257,9 @@ class TwoPlayerFamily:
 
     def won(self, record, role):
         return record["meta"]["winner"] == role
+
+    def score(self, record, role):
+        return normalized_rewards(record["meta"]["payoffs"])[role]
 
     def turns(self, record, role):
         return sum(t["role"] == role for t in record["turns"])
