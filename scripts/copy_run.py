@@ -3,6 +3,7 @@
 servers' logs: its games, labels, evaluations and markers, a few MB, which report and resume.
 
     python scripts/copy_run.py RUN_DIR DEST
+    python scripts/copy_run.py --results-only RUN_DIR results/experiments/NAME/run   # to commit beside its results
 
 To carry a long run across machines: copy it at a stage's end, and on the new machine run the
 experiment's command with run_dir=DEST. Finished arms are not trained again; the stage that was
@@ -11,17 +12,20 @@ running starts over (its checkpoints stayed behind), and so does any model a sta
 import argparse
 
 from aria.cli import command, protect_terminal
-from aria.experiment.layout import WEIGHTS_AND_LOGS, copy_without_weights
+from aria.experiment.layout import STEP_DATA, WEIGHTS_AND_LOGS, copy_without_weights
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("run_dir")
     parser.add_argument("dest")
+    parser.add_argument("--results-only", action="store_true",
+                        help="keep only what the report reads (no intention step data or training set either): the copy to commit")
     args = parser.parse_args()
     with command():
-        size = copy_without_weights(args.run_dir, args.dest)
-        print(f"copied {args.run_dir} -> {args.dest}: {size / 2**20:.1f} MiB, without {', '.join(WEIGHTS_AND_LOGS)}")
+        size = copy_without_weights(args.run_dir, args.dest, results_only=args.results_only)
+        left_out = WEIGHTS_AND_LOGS + (STEP_DATA if args.results_only else ())
+        print(f"copied {args.run_dir} -> {args.dest}: {size / 2**20:.1f} MiB, without {', '.join(left_out)}")
 
 
 if __name__ == "__main__":

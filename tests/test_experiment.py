@@ -486,6 +486,23 @@ def test_a_run_folder_copied_without_its_weights_reports_and_resumes_without_tra
     assert (copied / "s0" / "aria" / "it2" / "movement.json").is_file()
 
 
+def test_a_results_only_copy_reports_the_same_tables(tmp_path, tiny_experiment, straight_run):
+    """scripts/copy_run.py --results-only, the copy committed beside a finished run: no step data
+    or training set, yet report_only on it writes the run's own results (pre-flight included)."""
+    from aria.experiment.layout import STEP_DATA, copy_without_weights
+
+    straight_root, out, _ = straight_run
+    whole = copy_without_weights(straight_root / "run", tmp_path / "whole" / "run")
+    light = copy_without_weights(straight_root / "run", tmp_path / "light" / "run", results_only=True)
+    assert light < whole and not [p for p in (tmp_path / "light").rglob("*") if p.name in STEP_DATA]
+    assert list((tmp_path / "light" / "run").rglob("preflight.json"))
+    reported = experiment.run({**tiny_experiment(tmp_path / "light"), "report_only": True}, [].append)
+    assert json.loads((reported / "results.json").read_text())["preflight"] == \
+        json.loads((out / "results.json").read_text())["preflight"]
+    assert (reported / "table.md").read_text().replace(str(tmp_path / "light"), "") == \
+        (out / "table.md").read_text().replace(str(straight_root), "")
+
+
 def test_a_variant_labels_the_shared_games_its_own_way_and_trains_its_method(tmp_path, tiny_experiment, straight_run):
     """An arm ``aria_k2`` (``variants``: method aria, ``selection.fixed_k=2``) added to a finished
     run: it labels the shared iteration-1 games at k = 2 from the shared step-1 outputs (linked,

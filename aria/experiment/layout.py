@@ -105,23 +105,29 @@ def games_of(cfg: ExperimentSettings, section: PlaySettings) -> int:
 # lock. What stays (games, labels, training markers, evaluations, movement, stage times, a critic's
 # final heads and advantages) is what the report reads and what tells a resumed run which stages are done.
 WEIGHTS_AND_LOGS = ("model", "train", "checkpoints", "*.log", ".lock", "*.lock")
+#: What a results-only copy also leaves out: the intention steps' data and the training sets, which
+#: the report never reads (it reads each labelling's preflight.json, selection.json and behaviour.json).
+STEP_DATA = ("embeddings.npz", "embedding_cache", "labelled.jsonl", "labelled.meta.json", "labels.npz",
+             "utterances.json", "train.json", "train.meta.json", "selection.png")
 
 
-def copy_without_weights(run_dir: Path, dest: Path) -> int:
+def copy_without_weights(run_dir: Path, dest: Path, results_only: bool = False) -> int:
     """Copy ``run_dir`` to ``dest`` without :data:`WEIGHTS_AND_LOGS`; returns the bytes copied.
 
     The copy reports (``report_only``) and resumes: an arm whose evaluation and movement are done
     is not trained again for its missing model (:func:`aria.experiment.runner.train`); anything else that
     needs a model (a stage not finished, the warm start as every arm's parent) trains it again,
-    from the same marker and data. ``dest`` is replaced whole, so a copy cut short never mixes
-    with an older one."""
+    from the same marker and data. ``results_only`` also leaves out :data:`STEP_DATA`: the copy
+    to commit beside a finished run's results, which reports the same tables but labels and trains
+    again if resumed. ``dest`` is replaced whole, so a copy cut short never mixes with an older one."""
     run_dir, dest = Path(run_dir), Path(dest)
     if not (run_dir / "experiment.json").is_file():
         raise ConfigError(f"{run_dir}: not an experiment's run folder (no experiment.json)")
     # Only an earlier copy of this same run may be replaced: never the run, another run, or a folder of other files.
     dest = check_output_folder(dest, [run_dir], "copy of this run", lambda out: is_copy_of(out, run_dir))
     with atomic_folder(dest) as tmp:
-        shutil.copytree(run_dir, tmp, dirs_exist_ok=True, ignore=shutil.ignore_patterns(*WEIGHTS_AND_LOGS))
+        left_out = WEIGHTS_AND_LOGS + (STEP_DATA if results_only else ())
+        shutil.copytree(run_dir, tmp, dirs_exist_ok=True, ignore=shutil.ignore_patterns(*left_out))
         (tmp / COPY_MARK).write_text(json.dumps({"copied_from": str(run_dir.resolve())}) + "\n", encoding="utf-8")
     return sum(f.stat().st_size for f in dest.rglob("*") if f.is_file())
 
