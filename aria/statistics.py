@@ -37,8 +37,9 @@
   gives the policy a payoff share in [0, 1] (0.5 on a tie), which moves where a win rate sits at
   its floor (a model that wins no Negotiation game). Paired by game, the mean difference with the
   Agresti-Min smoothing carried over to differences in [−1, 1] (two pseudo-pairs: Σd² + 1 over
-  m = n + 2 pairs; for win/loss scores exactly the paired test's interval above), a normal test,
-  and the same random-effects pooling over runs.
+  m = n + 2 pairs; for win/loss scores exactly the paired test's interval above), a normal test of
+  the same smoothed centre (so p and the interval agree about 0), and the same random-effects
+  pooling over runs; pairs pooled have no stratified exact test (the scores are not win/loss).
 
 Everything here is a pure function of game records and counts, checked by hand in
 ``tests/test_evaluation.py`` and ``tests/test_power.py``; the commands that play and write the
@@ -208,47 +209,51 @@ def run_difference(b: int, c: int, n: int) -> tuple[float, float]:
 
 def smoothed_variance(total: float, total_of_squares: float, n: int) -> float:
     """The variance of a mean paired difference from n differences in [−1, 1] (their sum and sum of
-    squares), smoothed as Agresti-Min smooth a win/loss table: two pseudo-pairs, one differing by +1
-    and by −1 with half weight each and one by 0, so (Σd² + 1 − (Σd)²/m)/m² with m = n + 2. For
-    win/loss pairs (Σd = b − c, Σd² = b + c) it is Agresti-Min's variance exactly; it is never 0."""
+    squares), smoothed as Agresti-Min smooth a win/loss table, ½ added to each of its four cells:
+    half a pair at +1, half at −1 and one pair at 0, so Σd is unchanged, Σd² grows by 1 and n by 2:
+    (Σd² + 1 − (Σd)²/m)/m² with m = n + 2. For win/loss pairs (Σd = b − c, Σd² = b + c) it is
+    Agresti-Min's variance exactly; it is never 0. For graded differences the +1 is this project's
+    extension, conservative where few pairs differ (it weighs as much as one pair differing by 1)."""
     m = n + 2
     return (total_of_squares + 1 - total ** 2 / m) / m ** 2
 
 
-def paired_scores(first: Sequence[float], second: Sequence[float]) -> dict[str, Any]:
+def paired_scores(first: Sequence[float], second: Sequence[float], z: float = Z_95) -> dict[str, Any]:
     """Two arms' graded outcomes in [0, 1] on the same games (a two-player game's payoff share, module
     doc): the mean difference, its variance (:func:`smoothed_variance`), the Wald interval around the
-    smoothed centre Σd/(n + 2) clipped to [−1, 1] (Agresti-Min's for win/loss scores) and the normal test's p."""
+    smoothed centre Σd/(n + 2) clipped to [−1, 1] (Agresti-Min's for win/loss scores) and the normal
+    test of that centre, so p < 1 − the level exactly when the interval leaves out 0."""
     from scipy.stats import norm
 
-    if len(first) != len(second) or not len(first):
+    a, b = np.asarray(first, dtype=float), np.asarray(second, dtype=float)
+    if a.shape != b.shape or a.ndim != 1 or not len(a):
         raise ValueError(f"paired scores need two lists of one length > 0, got {len(first)} and {len(second)}")
-    d = np.asarray(first, dtype=float) - np.asarray(second, dtype=float)
-    if np.abs(d).max() > 1:
-        raise ValueError("scores must lie in [0, 1]")
-    n = len(d)
+    if not (np.isfinite(a).all() and np.isfinite(b).all() and min(a.min(), b.min()) >= 0 and max(a.max(), b.max()) <= 1):
+        raise ValueError("scores must be numbers in [0, 1]")
+    d, n = a - b, len(a)
     variance = smoothed_variance(float(d.sum()), float((d ** 2).sum()), n)
     centre, se = float(d.sum()) / (n + 2), math.sqrt(variance)
-    return {"pairs": n, "first_mean": float(np.mean(first)), "second_mean": float(np.mean(second)),
+    return {"pairs": n, "first_mean": float(a.mean()), "second_mean": float(b.mean()),
             "difference": float(d.mean()), "variance": variance,
-            "difference_ci95": [max(-1.0, centre - Z_95 * se), min(1.0, centre + Z_95 * se)],
-            "p_value": float(2 * norm.sf(abs(d.mean()) / se))}
+            "difference_ci95": [max(-1.0, centre - z * se), min(1.0, centre + z * se)],
+            "p_value": float(2 * norm.sf(abs(centre) / se))}
 
 
 def pool_runs(runs: Sequence[Mapping[str, int]], alpha: float = ALPHA) -> dict[str, Any]:
     """The method-level comparison of two arms over training runs (module doc): ``runs`` are the
     per-run paired tests (:func:`mcnemar`'s ``first_only``, ``second_only``, ``pairs``)."""
-    from scipy.stats import binomtest
+    from scipy.stats import binomtest, norm
 
     if not runs:
         raise ValueError("pooling needs at least one run")
     bs, cs, ns = (np.array([r[key] for r in runs], dtype=float) for key in ("first_only", "second_only", "pairs"))
     d, v = (np.array(x) for x in zip(*(run_difference(*map(int, r)) for r in zip(bs, cs, ns))))
     b, c, n = bs.sum(), cs.sum(), ns.sum()
-    pairs = {"difference": float((b - c) / n), "ci95": paired_difference_interval(int(b), int(c), int(n)),
+    z = float(norm.ppf(1 - alpha / 2))
+    pairs = {"difference": float((b - c) / n), "ci95": paired_difference_interval(int(b), int(c), int(n), z),
              "p_value": float(binomtest(int(b), int(b + c), 0.5).pvalue) if b + c else 1.0}
     return {"runs": len(runs), "per_run": [{"difference": float(x), "variance": float(y)} for x, y in zip(d, v)],
-            "pairs_pooled": pairs, **random_effects(d, v, alpha)}
+            "pairs_pooled": pairs, **pool_random_effects(d, v, alpha)}
 
 
 def pool_score_runs(runs: Sequence[tuple[Sequence[float], Sequence[float]]], alpha: float = ALPHA) -> dict[str, Any]:
@@ -258,14 +263,17 @@ def pool_score_runs(runs: Sequence[tuple[Sequence[float], Sequence[float]]], alp
     mean difference and smoothed variance."""
     if not runs:
         raise ValueError("pooling needs at least one run")
-    tests = [paired_scores(a, b) for a, b in runs]
+    from scipy.stats import norm
+
+    z = float(norm.ppf(1 - alpha / 2))
+    tests = [paired_scores(a, b, z) for a, b in runs]
     d, v = np.array([t["difference"] for t in tests]), np.array([t["variance"] for t in tests])
-    everything = paired_scores([x for a, _ in runs for x in a], [x for _, b in runs for x in b])
+    everything = paired_scores([x for a, _ in runs for x in a], [x for _, b in runs for x in b], z)
     pairs = {"difference": everything["difference"], "ci95": everything["difference_ci95"], "p_value": everything["p_value"]}
-    return {"runs": len(runs), "per_run": tests, "pairs_pooled": pairs, **random_effects(d, v, alpha)}
+    return {"runs": len(runs), "per_run": tests, "pairs_pooled": pairs, **pool_random_effects(d, v, alpha)}
 
 
-def random_effects(d: np.ndarray, v: np.ndarray, alpha: float = ALPHA) -> dict[str, Any]:
+def pool_random_effects(d: np.ndarray, v: np.ndarray, alpha: float = ALPHA) -> dict[str, Any]:
     """Runs' differences ``d`` with within-run variances ``v`` pooled with the run as a random effect
     (module doc): the heterogeneity and the method-level difference, or neither from one run."""
     from scipy.stats import chi2, norm

@@ -12,7 +12,7 @@ running starts over (its checkpoints stayed behind), and so does any model a sta
 import argparse
 
 from aria.cli import command, protect_terminal
-from aria.experiment.layout import STEP_DATA, WEIGHTS_AND_LOGS, copy_without_weights
+from aria.experiment.layout import copy_without_weights, left_out
 
 
 def main() -> None:
@@ -24,8 +24,7 @@ def main() -> None:
     args = parser.parse_args()
     with command():
         size = copy_without_weights(args.run_dir, args.dest, results_only=args.results_only)
-        left_out = WEIGHTS_AND_LOGS + (STEP_DATA if args.results_only else ())
-        print(f"copied {args.run_dir} -> {args.dest}: {size / 2**20:.1f} MiB, without {', '.join(left_out)}")
+        print(f"copied {args.run_dir} -> {args.dest}: {size / 2**20:.1f} MiB, without {', '.join(left_out(args.results_only))}")
 
 
 if __name__ == "__main__":

@@ -227,7 +227,7 @@ def test_the_movement_verdict_by_hand(tmp_path):
     table = render_table(results)
     assert "| aria | 0 | 1 | 0.0099 | +0.200 / -0.100 | 50.00% at bfloat16 (100% of float32's) | +20.0 (-10.0 to +43.3) | – | **no** |" in table
     assert "**Uninformative: the policy did not move** (by the movement rule above: aria seed 0)" in table
-    assert "An arm moved when its KL is at least 0.01, at least 0.1% of its weights changed at the served precision " \
+    assert "An arm moved when its KL is at least 0.01 and at least 0.1% of its weights changed at the served precision " \
            "(report.movement" in table
     results["movement_rule"] = {**movement_rule(cfg), "kl_from": "lower_bound", "min_kept_share": 0.5}
     results["arms"][0].update(measured(0.03, 0.5, low=0.012))
@@ -692,13 +692,34 @@ def test_a_stage_resumed_after_an_interrupt_is_timed_over_all_its_runs(tmp_path,
 
     stage, times, path = experiment.Stage("s0 train", "train"), {}, tmp_path / "stage_times.json"
     with pytest.raises(KeyboardInterrupt):
-        experiment.timed_stage(stage, train, times, path)
-    assert json.loads(path.read_text()) == {"s0 train": {"kind": "train", "unfinished": 100.0}}
+        experiment.timed_stage(stage, train, times, path, "machine A")
+    assert json.loads(path.read_text()) == {"s0 train": {"kind": "train", "unfinished": 100.0, "cpus": ["machine A"]}}
     assert experiment.eta([stage], times) == (0.0, {"train": 1})  # a part is no estimate of the whole
-    assert experiment.timed_stage(stage, train, times, path) == 30.0  # resumed: 30 s more
-    assert json.loads(path.read_text()) == {"s0 train": {"kind": "train", "seconds": 130.0}}
-    assert experiment.timed_stage(stage, train, times, path) == 0.5  # finished: skipped, its time kept
-    assert times == {"s0 train": {"kind": "train", "seconds": 130.0}}
+    assert experiment.timed_stage(stage, train, times, path, "machine B") == 30.0  # resumed elsewhere: 30 s more
+    finished = {"s0 train": {"kind": "train", "seconds": 130.0, "cpus": ["machine A", "machine B"]}}
+    assert json.loads(path.read_text()) == finished
+    assert experiment.timed_stage(stage, train, times, path, "machine C") == 0.5  # finished: skipped, its time and machines kept
+    assert times == finished
+
+
+def test_the_run_record_names_the_machines_its_stages_ran_on_and_never_guesses(tmp_path):
+    """results.json's CPU is every machine a finished stage ran on (stage_times.json); the machine that
+    writes the report is only ``reported_on``; a stage timed before machines were recorded is counted, not guessed."""
+    from types import SimpleNamespace
+
+    from aria.experiment.report import run_record
+    from aria.llm.hardware import describe, label
+
+    times = {"a": {"kind": "train", "seconds": 10.0, "cpus": ["A"]}, "b": {"kind": "eval", "seconds": 5.0, "cpus": ["A", "B"]},
+             "c": {"kind": "eval", "unfinished": 3.0, "cpus": ["C"]}}
+    atomic_write_json(tmp_path / "stage_times.json", times)
+    record = run_record(SimpleNamespace(run_dir=tmp_path), 20.0, False)
+    assert record["cpu"] == "A / B" and record["stage_cpus"] == {"a": ["A"], "b": ["A", "B"]}
+    assert record["stage_seconds"] == {"a": 10.0, "b": 5.0} and record["reported_on"] == label(describe())
+    atomic_write_json(tmp_path / "stage_times.json", {**times, "old": {"kind": "eval", "seconds": 1.0}})
+    assert run_record(SimpleNamespace(run_dir=tmp_path))["cpu"] == "A / B (1 stage on a machine not recorded)"
+    atomic_write_json(tmp_path / "stage_times.json", {"old": {"kind": "eval", "seconds": 1.0}})
+    assert "cpu" not in run_record(SimpleNamespace(run_dir=tmp_path))  # the table then says "a CPU not recorded"
 
 
 def test_eta_uses_the_times_of_finished_stages_of_the_same_kind():
@@ -811,7 +832,7 @@ def test_negotiation_over_two_training_runs_reports_the_method_level_interval(tm
     assert test["verdict"] == expected
     assert "**Over training runs**" in (out / "table.md").read_text()
     # the secondary outcome: each game's payoff share (0.5 each on a tie) read again from the evaluation files
-    shares = {}
+    shares, deals = {}, {}
     for method, seed in ((m, s) for m in ("aria", "no_aggregation") for s in (0, 1)):
         for role in ("alice", "bob"):
             for r in read_trajectories(tmp_path / "run" / f"s{seed}" / method / "it1" / "eval" / f"as_{role}.jsonl"):
@@ -819,13 +840,19 @@ def test_negotiation_over_two_training_runs_reports_the_method_level_interval(tm
                 low = min(0.0, a, b)
                 share = 0.5 if a == b else (a - low) / ((a - low) + (b - low))
                 shares.setdefault((method, seed), {})[f"{role}:{r['game_id']}"] = share
+                deals.setdefault((method, seed), []).append(r["meta"]["outcome"] == "deal")
+    assert len({v for arm in shares.values() for v in arm.values()}) > 1  # not every game a tie: the check below can fail
     payoff = test["payoff_share"]
-    for run in payoff["per_run"]:
+    for run in payoff["per_seed"]:
         first, second = (shares[(m, run["seed"])] for m in ("aria", "no_aggregation"))
-        assert run["first_mean"] == pytest.approx(sum(first.values()) / 6)
-        assert run["difference"] == pytest.approx(sum(first[k] - second[k] for k in first) / 6)
+        assert run["first_mean"] == pytest.approx(sum(first.values()) / len(first))
+        assert run["difference"] == pytest.approx(sum(first[k] - second[k] for k in first) / len(first))
+        assert run["deal_rates"] == pytest.approx([sum(deals[(m, run["seed"])]) / 6 for m in ("aria", "no_aggregation")])
     assert payoff["random_effects"] == pool_score_runs([tuple([shares[(m, s)][k] for k in sorted(shares[(m, s)])]
                                                               for m in ("aria", "no_aggregation")) for s in (0, 1)])["random_effects"]
+    # every game's share is kept in results.json, in outcome_keys order, as the wins are
+    arm = next(a for a in results["arms"] if (a["method"], a["seed"], a["iteration"]) == ("aria", 1, 1))
+    assert arm["scores"] == pytest.approx([shares[("aria", 1)][k] for k in results["outcome_keys"]], abs=1e-6)
     assert "**Payoff share**" in (out / "table.md").read_text()
 
 

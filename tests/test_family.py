@@ -33,6 +33,10 @@ def test_outcomes_and_seats_of_hand_made_records():
     assert two.won(deal, "bob") and not two.won(deal, "alice")
     assert (two.turns(deal, "alice"), two.turns(deal, "bob")) == (2, 1)
     assert not two.won({**deal, "meta": {"winner": None}}, "alice")  # a tie is won by no seat
+    # the graded outcome: a question game's success; a seat's payoff share (its training reward)
+    assert (question.score(found, None), question.score({**found, "success": False}, None)) == (1.0, 0.0)
+    shares = {**deal, "role_rewards": {"alice": 0.3, "bob": 0.7}}
+    assert (two.score(shares, "alice"), two.score(shares, "bob")) == (0.3, 0.7)
     where = Path("run/eval/it0")
     assert question.evaluation_seats(question.evaluation_output(where)) == [(Path("run/eval/it0.jsonl"), None)]
     assert two.evaluation_seats(two.evaluation_output(where)) == [(where / "as_alice.jsonl", "alice"),

@@ -177,7 +177,9 @@ def test_runs_pooled_by_hand_on_a_three_run_table():
 
 def test_paired_scores_by_hand():
     """Payoff shares (1, .25, .75) against (.5, .5, .5): d = (.5, -.25, .25), Σd = .5, Σd² = .375,
-    m = 5: variance (.375 + 1 - .25/5)/25 = .053, centre .1, normal p of (.5/3)/sqrt(.053)."""
+    m = 5: variance (.375 + 1 - .25/5)/25 = .053, centre .1, normal p of .1/sqrt(.053)."""
+    from scipy.stats import norm
+
     from aria.statistics import paired_scores
 
     out = paired_scores([1, 0.25, 0.75], [0.5, 0.5, 0.5])
@@ -185,14 +187,19 @@ def test_paired_scores_by_hand():
     assert out["first_mean"] == pytest.approx(2 / 3) and out["second_mean"] == pytest.approx(0.5)
     se = 0.053 ** 0.5
     assert out["difference_ci95"] == pytest.approx([0.1 - 1.959963985 * se, 0.1 + 1.959963985 * se])
-    assert out["p_value"] == pytest.approx(0.4690941371)
+    assert out["p_value"] == pytest.approx(2 * norm.sf(0.1 / se))  # the test of the interval's own centre
+    # so p and the interval agree about 0: ten pairs 0.2 apart have a centre 2/12 and an interval just holding 0
+    for first, second in (([0.7] * 10, [0.5] * 10), ([0.9] * 10, [0.5] * 10), ([1, 0.25, 0.75], [0.5, 0.5, 0.5])):
+        t = paired_scores(first, second)
+        assert (t["p_value"] < 0.05) == (t["difference_ci95"][0] > 0 or t["difference_ci95"][1] < 0), t
     # arms that score alike on every game still have a variance (the pseudo-pairs'), never a point
     alike = paired_scores([0.5] * 10, [0.5] * 10)
     assert alike["variance"] == pytest.approx(1 / 144) and alike["p_value"] == 1.0
     with pytest.raises(ValueError, match="one length"):
         paired_scores([0.5], [0.5, 0.5])
-    with pytest.raises(ValueError, match=r"\[0, 1\]"):
-        paired_scores([2.0], [0.0])
+    for bad in ([2.0], [-0.5], [float("nan")]):
+        with pytest.raises(ValueError, match=r"\[0, 1\]"):
+            paired_scores(bad, [0.0])
 
 
 def test_win_loss_scores_pool_as_the_win_loss_tests_do():
@@ -213,6 +220,10 @@ def test_win_loss_scores_pool_as_the_win_loss_tests_do():
     for key in ("difference", "ci95", "p_value", "ci95_normal"):
         assert scores["random_effects"][key] == pytest.approx(wins["random_effects"][key])
     assert scores["pairs_pooled"]["difference"] == pytest.approx(wins["pairs_pooled"]["difference"])
+    assert scores["pairs_pooled"]["ci95"] == pytest.approx(wins["pairs_pooled"]["ci95"])
+    at_90 = pool_score_runs([(a.astype(float), b.astype(float)) for a, b in runs], alpha=0.1)
+    assert at_90["pairs_pooled"]["ci95"] == pytest.approx(pool_runs(tests, alpha=0.1)["pairs_pooled"]["ci95"])
+    assert at_90["pairs_pooled"]["ci95"][1] < scores["pairs_pooled"]["ci95"][1]  # the level reaches every interval
     assert pool_score_runs(runs[:1])["random_effects"] is None
 
 

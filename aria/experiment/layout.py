@@ -111,6 +111,11 @@ STEP_DATA = ("embeddings.npz", "embedding_cache", "labelled.jsonl", "labelled.me
              "utterances.json", "train.json", "train.meta.json", "selection.png")
 
 
+def left_out(results_only: bool = False) -> tuple[str, ...]:
+    """The names a copy of a run leaves out (:func:`copy_without_weights`)."""
+    return WEIGHTS_AND_LOGS + (STEP_DATA if results_only else ())
+
+
 def copy_without_weights(run_dir: Path, dest: Path, results_only: bool = False) -> int:
     """Copy ``run_dir`` to ``dest`` without :data:`WEIGHTS_AND_LOGS`; returns the bytes copied.
 
@@ -118,16 +123,14 @@ def copy_without_weights(run_dir: Path, dest: Path, results_only: bool = False) 
     is not trained again for its missing model (:func:`aria.experiment.runner.train`); anything else that
     needs a model (a stage not finished, the warm start as every arm's parent) trains it again,
     from the same marker and data. ``results_only`` also leaves out :data:`STEP_DATA`: the copy
-    to commit beside a finished run's results, which reports the same tables but labels and trains
-    again if resumed. ``dest`` is replaced whole, so a copy cut short never mixes with an older one."""
+    to commit beside a finished run's results, which reports the same tables. ``dest`` is replaced whole, so a copy cut short never mixes with an older one."""
     run_dir, dest = Path(run_dir), Path(dest)
     if not (run_dir / "experiment.json").is_file():
         raise ConfigError(f"{run_dir}: not an experiment's run folder (no experiment.json)")
     # Only an earlier copy of this same run may be replaced: never the run, another run, or a folder of other files.
     dest = check_output_folder(dest, [run_dir], "copy of this run", lambda out: is_copy_of(out, run_dir))
     with atomic_folder(dest) as tmp:
-        left_out = WEIGHTS_AND_LOGS + (STEP_DATA if results_only else ())
-        shutil.copytree(run_dir, tmp, dirs_exist_ok=True, ignore=shutil.ignore_patterns(*left_out))
+        shutil.copytree(run_dir, tmp, dirs_exist_ok=True, ignore=shutil.ignore_patterns(*left_out(results_only)))
         (tmp / COPY_MARK).write_text(json.dumps({"copied_from": str(run_dir.resolve())}) + "\n", encoding="utf-8")
     return sum(f.stat().st_size for f in dest.rglob("*") if f.is_file())
 

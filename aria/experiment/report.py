@@ -96,7 +96,7 @@ def outcomes(path: Path, family, expected: set[str]) -> dict[str, dict] | None:
     target), turns = the policy's own. A question game's games are keyed by game id; a two-player
     game's (``path`` the folder of ``as_alice.jsonl`` and ``as_bob.jsonl``) by seat and game id, so
     arms pair by configuration and seat. score = the policy's graded outcome (a two-player game's
-    payoff share; a question game's success)."""
+    payoff share; a question game's success); deal = a two-player game ended in a deal (else None)."""
     out = {}
     for file, role in family.evaluation_seats(path):
         records = read_trajectories(file, allow_partial_last_line=True) if file.is_file() else []
@@ -104,6 +104,7 @@ def outcomes(path: Path, family, expected: set[str]) -> dict[str, dict] | None:
         if len(games) < len(expected):
             return None
         out.update({f"{role}:{gid}" if role else gid: {"success": family.won(r, role), "score": family.score(r, role),
+                                                       "deal": role and r["meta"]["outcome"] == "deal",
                                                        "turns": family.turns(r, role)}
                     for gid, r in games.items()})
     return out
@@ -131,6 +132,9 @@ def collect_results(cfg: ExperimentSettings) -> dict[str, Any]:
     keys = sorted(next(iter(evaluations.values()))) if evaluations else []
     arms = [{"method": m, "seed": s, "iteration": i, **_row(list(g.values())),
              "won": "".join("1" if g[k]["success"] else "0" for k in keys)} for (m, s, i), g in sorted(evaluations.items())]
+    if lay.family.seats > 1:  # and each game's payoff share, the secondary outcome, as exactly
+        for arm, (_, g) in zip(arms, sorted(evaluations.items())):
+            arm["scores"] = [round(g[k]["score"], 6) for k in keys]
     for arm in arms:
         if arm["iteration"] > 0:
             arm.update(moved_from_parent(cfg, lay, evaluations, arm["method"], arm["seed"], arm["iteration"]))
@@ -184,14 +188,15 @@ def paired_tests(cfg: ExperimentSettings, evaluations: dict, arms: list[dict]) -
         seeds = [s for s in cfg.seeds if (first, s, it) in evaluations and (second, s, it) in evaluations]
         if not seeds:
             continue
-        a, b, per_seed, scores = [], [], [], []
+        a, b, per_seed, scores, deals = [], [], [], [], []
         for s in seeds:
-            ids = sorted(set(evaluations[(first, s, it)]) & set(evaluations[(second, s, it)]))
-            a_s = [bool(evaluations[(first, s, it)][i]["success"]) for i in ids]
-            b_s = [bool(evaluations[(second, s, it)][i]["success"]) for i in ids]
+            one, two = evaluations[(first, s, it)], evaluations[(second, s, it)]
+            ids = sorted(set(one) & set(two))
+            a_s, b_s = [bool(one[i]["success"]) for i in ids], [bool(two[i]["success"]) for i in ids]
             per_seed.append({"seed": s, **mcnemar(a_s, b_s)})
             a, b = a + a_s, b + b_s
-            scores.append(tuple([evaluations[(arm, s, it)][i]["score"] for i in ids] for arm in (first, second)))
+            scores.append(([one[i]["score"] for i in ids], [two[i]["score"] for i in ids]))
+            deals.append([sum(bool(games[i]["deal"]) for i in ids) / len(ids) for games in (one, two)])
         test = {"first": first, "second": second, "iteration": it, "seeds": seeds, **mcnemar(a, b)}
         test.update(sensitivity(test))
         # Each seed is a training run of both arms (its own collection): the unit of a claim about the method.
@@ -200,7 +205,9 @@ def paired_tests(cfg: ExperimentSettings, evaluations: dict, arms: list[dict]) -
             for r in per_seed]}
         if family_of(cfg.game).seats > 1:  # payoff shares: what a win rate at its floor cannot show (a secondary outcome)
             pooled = pool_score_runs(scores)
-            test["payoff_share"] = {**pooled, "per_run": [{"seed": s, **r} for s, r in zip(seeds, pooled["per_run"])]}
+            runs = pooled.pop("per_run")
+            # a no deal scores 0.5, above most of a weak player's deals: the deal rates say which moved the share
+            test["payoff_share"] = {**pooled, "per_seed": [{"seed": s, **r, "deal_rates": d} for s, r, d in zip(seeds, runs, deals)]}
         # Comparing arms that did not both move measures the evaluation's noise, not the methods.
         verdicts = {(r["method"], r["seed"]): r.get("movement", {}).get("moved") for r in arms
                     if r["iteration"] == it and r["method"] in (first, second) and r["seed"] in seeds}
@@ -478,15 +485,25 @@ def plot(results: dict[str, Any], out: Path) -> None:
 
 
 def run_record(cfg: ExperimentSettings, wall_seconds: float | None = None, resumed: bool | None = None) -> dict[str, Any]:
-    """Where and how long: the CPU (:func:`aria.llm.hardware.describe`), each stage's seconds (the
-    run folder's ``stage_times.json``; a stage resumed over several runs counts them all), and, from
-    the command that ran the stages, its wall time and whether it continued an earlier run's stages."""
+    """Where and how long: each stage's seconds and the CPUs it ran on (the run folder's
+    ``stage_times.json``; a stage resumed over several runs counts them all), ``cpu`` every machine
+    the stages ran on (:func:`aria.llm.hardware.label`), and, from the command that ran the stages,
+    its wall time and whether it continued an earlier run's stages. The machine that writes the
+    report is ``reported_on``, never taken for the run's (``report_only`` runs no stage); stages
+    timed before their machines were recorded leave the CPU unknown rather than guessed."""
     times_path = Path(cfg.run_dir) / "stage_times.json"
-    stages = {name: round(t["seconds"], 1) for name, t in read_json(times_path).items() if "seconds" in t} \
-        if times_path.is_file() else {}
-    machine = describe()
-    return {"cpu": label(machine), "machine": machine, "stage_seconds": stages,
-            "wall_seconds": None if wall_seconds is None else round(wall_seconds, 1), "resumed": resumed}
+    times = read_json(times_path) if times_path.is_file() else {}
+    finished = {name: t for name, t in times.items() if "seconds" in t}
+    here = label(describe())
+    record: dict[str, Any] = {"stage_seconds": {name: round(t["seconds"], 1) for name, t in finished.items()},
+                              "stage_cpus": {name: t["cpus"] for name, t in finished.items() if t.get("cpus")},
+                              "wall_seconds": None if wall_seconds is None else round(wall_seconds, 1), "resumed": resumed}
+    cpus = list(dict.fromkeys(c for t in finished.values() for c in t.get("cpus", [])))
+    unknown = sum(not t.get("cpus") for t in finished.values())
+    if cpus:
+        record["cpu"] = " / ".join(cpus) + (f" ({unknown} stage{'s' * (unknown > 1)} on a machine not recorded)" if unknown else "")
+    record["reported_on"] = here
+    return record
 
 
 def write_results(cfg: ExperimentSettings, run: dict[str, Any] | None = None) -> Path:

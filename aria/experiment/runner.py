@@ -56,6 +56,7 @@ from aria.intention import pipeline
 from aria.io import (ConfigError, atomic_folder, atomic_write_json, atomic_write_json_rows, check_writable, differences,
                      file_digest, hold_folder, json_digest, read_json)
 from aria.llm.embedded import resolve_model_path
+from aria.llm import hardware
 from aria.llm.hardware import cpu_flags, vllm_cpu_dtype
 from aria.llm.merge_record import MERGE_FILE
 from aria.llm.registry import build_policy
@@ -759,7 +760,7 @@ def _run(cfg: ExperimentSettings, root: Path, echo: Printer) -> Path:
     atomic_write_json(root / "experiment.json", asdict(cfg))
     times_path = root / "stage_times.json"
     times: dict[str, dict] = read_json(times_path) if times_path.is_file() else {}
-    generator = Generator(cfg, echo)
+    generator, machine = Generator(cfg, echo), hardware.label(hardware.describe())  # a long run's stages may run on several machines
     stages, work = plan(cfg), Stages(cfg, generator, echo)
     continued = any("seconds" in times.get(stage.name, {}) for stage in stages)  # stages an earlier run finished
     try:
@@ -768,7 +769,7 @@ def _run(cfg: ExperimentSettings, root: Path, echo: Printer) -> Path:
                 # Training and movement need the cores and the memory (a GPU's too); an idle CPU server whose
                 # threads spun without end (before serve_vllm.sh capped the spin) made a movement stage 3x slower.
                 generator.stop()
-            seconds = timed_stage(stage, lambda: work.run(stage), times, times_path)
+            seconds = timed_stage(stage, lambda: work.run(stage), times, times_path, machine)
             if seconds > 10:  # a stage that did work (a skipped one freed nothing, and a gc pass costs 0.2 s and more)
                 release_freed_memory()
             whole = times[stage.name]["seconds"]
@@ -794,24 +795,25 @@ def process_seconds() -> float:
 _LOADED = time.perf_counter()
 
 
-def timed_stage(stage: Stage, do: Callable[[], Any], times: dict[str, dict], times_path: Path) -> float:
-    """Run ``stage`` (``do()``); record its time in ``times`` (saved to ``times_path``) and return this run's
-    seconds. A stage that stops part-way (an interrupt, an error) keeps what it ran as
-    ``unfinished``, and its time when it finishes is the sum of its runs: a training resumed
-    across sessions is timed whole, not by its last part. A finished stage that is skipped keeps
-    the time of the run that did it."""
+def timed_stage(stage: Stage, do: Callable[[], Any], times: dict[str, dict], times_path: Path, machine: str) -> float:
+    """Run ``stage`` (``do()``); record its time and ``machine`` (the CPU it ran on) in ``times`` (saved
+    to ``times_path``) and return this run's seconds. A stage that stops part-way (an interrupt, an
+    error) keeps what it ran as ``unfinished``, and its time when it finishes is the sum of its runs,
+    its ``cpus`` each machine they ran on: a training resumed across sessions is timed whole, not by
+    its last part. A finished stage that is skipped keeps the time of the run that did it."""
     start = time.perf_counter()
     entry = times.get(stage.name, {})
+    cpus = list(dict.fromkeys([*entry.get("cpus", []), machine]))
     try:
         do()
     except BaseException:
-        times[stage.name] = {**entry, "kind": stage.kind,
+        times[stage.name] = {**entry, "kind": stage.kind, "cpus": cpus,
                              "unfinished": entry.get("unfinished", 0.0) + time.perf_counter() - start}
         atomic_write_json(times_path, times)
         raise
     seconds = time.perf_counter() - start
     if seconds > 1.0 or "seconds" not in entry:
-        times[stage.name] = {"kind": stage.kind, "seconds": seconds + entry.get("unfinished", 0.0)}
+        times[stage.name] = {"kind": stage.kind, "seconds": seconds + entry.get("unfinished", 0.0), "cpus": cpus}
         atomic_write_json(times_path, times)
     return seconds
 

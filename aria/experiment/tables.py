@@ -95,7 +95,10 @@ POOLED_AFTER_THE_FACT = (("Twenty Questions, `powered` and `grouping` pooled (af
 def planned_verdict(folder: str, first: str = "aria", second: str = "no_aggregation") -> str:
     """The verdict of ``first`` against ``second`` under the rule its run's preset fixed before it ran."""
     tests = read_json(RESULTS / folder / "results.json")["paired_tests"]
-    return next(t["verdict"] for t in tests if (t["first"], t["second"], t["iteration"]) == (first, second, 1))
+    for t in tests:
+        if (t["first"], t["second"], t["iteration"]) == (first, second, 1):
+            return t["verdict"]
+    raise ValueError(f"results/experiments/{folder}/results.json: no paired test of {first} against {second} at iteration 1")
 
 
 def aggregation() -> str:
@@ -114,17 +117,24 @@ def aggregation() -> str:
         lines.append(_row(f"{game}, [`{folder}`](results/experiments/{folder}/table.md)", tests[folder],
                           planned_verdict(folder)))
         for label, folders in POOLED_AFTER_THE_FACT:
-            if folders[-1] == folder:
+            if folders[-1] == folder and all(f in tests for f in folders):
                 lines.append(_row(label, [t for f in folders for t in tests[f]], "– (no rule was fixed for it)"))
-    three = tests["powered"] + tests["grouping"]
-    tau2 = pool_runs(three)["heterogeneity"]["tau2"]
-    share = sum(t["first_only"] + t["second_only"] for t in three) / sum(t["pairs"] for t in three)
-    needed = runs_needed(600, share, 0.05, tau2)
-    footer = (f"\nAt the spread the three Twenty Questions runs of `powered` and `grouping` show (τ = "
-              f"{100 * tau2 ** 0.5:.1f} points) and their discordant share ({100 * share:.0f}%), the method-level test "
-              f"of 2 runs of 600 pairs an arm detects {_detects(2, share, tau2)}, 3 runs {_detects(3, share, tau2)}; "
-              f"5 points need {needed} runs an arm (80% power, 5% level; aria/power.py).\n")
-    return "\n".join(lines) + "\n" + footer
+    return "\n".join(lines) + "\n" + design_footer(tests)
+
+
+def design_footer(tests: dict[str, list[dict[str, Any]]]) -> str:
+    """What the method-level test of Twenty Questions can see at the spread its first committed runs
+    showed (the after-the-fact pool of :data:`POOLED_AFTER_THE_FACT`), or nothing without them."""
+    folders = POOLED_AFTER_THE_FACT[0][1]
+    if not all(f in tests for f in folders):
+        return ""
+    runs = [t for f in folders for t in tests[f]]
+    tau2 = pool_runs(runs)["heterogeneity"]["tau2"]
+    share = sum(t["first_only"] + t["second_only"] for t in runs) / sum(t["pairs"] for t in runs)
+    return (f"\nAt the spread the three Twenty Questions runs of `powered` and `grouping` show (τ = "
+            f"{100 * tau2 ** 0.5:.1f} points) and their discordant share ({100 * share:.0f}%), the method-level test "
+            f"of 2 runs of 600 pairs an arm detects {_detects(2, share, tau2)}, 3 runs {_detects(3, share, tau2)}; "
+            f"5 points need {runs_needed(600, share, 0.05, tau2)} runs an arm (80% power, 5% level; aria/power.py).\n")
 
 
 def _detects(runs: int, share: float, tau2: float) -> str:

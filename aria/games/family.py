@@ -24,7 +24,7 @@ from aria.games.question import play as question_play
 from aria.games.question.game import build_game
 from aria.games.question.oracle import build_oracle, check_oracle
 from aria.games.two_player import play as two_player_play
-from aria.games.two_player.glee import PLAYERS, config_set, normalized_rewards, other
+from aria.games.two_player.glee import PLAYERS, config_set, other
 from aria.io import ConfigError
 from aria.llm.registry import build_policy, reply_tokens_key
 from aria.settings import typed, validated
@@ -84,7 +84,7 @@ class GameFamily(Protocol):
 
     def score(self, record: dict, role: str | None) -> float:
         """The policy's graded outcome of ``record`` in [0, 1]: a question game's success; a two-player
-        game's payoff share (the training reward, 0.5 each on a tie: aria.games.two_player.glee.normalized_rewards)."""
+        game's payoff share (its ``role_rewards``, the training reward: 0.5 each on a tie or no deal)."""
 
     def turns(self, record: dict, role: str | None) -> int:
         """The policy's own turns in ``record``."""
@@ -259,7 +259,7 @@ class TwoPlayerFamily:
         return record["meta"]["winner"] == role
 
     def score(self, record, role):
-        return normalized_rewards(record["meta"]["payoffs"])[role]
+        return float(record["role_rewards"][role])  # the payoffs' shares: two_player.play.rule_problem holds records to it
 
     def turns(self, record, role):
         return sum(t["role"] == role for t in record["turns"])
