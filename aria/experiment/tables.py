@@ -29,7 +29,7 @@ from aria.experiment import report
 from aria.io import read_json
 from aria.llm.hardware import label
 from aria.power import runs_detectable_difference, runs_needed
-from aria.statistics import mcnemar, pool_runs, wilson_interval
+from aria.statistics import mcnemar, pool_runs, sensitivity, wilson_interval
 
 REPO = Path(__file__).resolve().parents[2]
 RESULTS = REPO / "results" / "experiments"
@@ -205,6 +205,94 @@ def grouping() -> str:
     return "\n".join(lines) + "\n"
 
 
+#: The grouping schemes' names as the docs' tables give them.
+SCHEME_LABELS = {"aria": "`aria` (k = {k})", "aria_window2": "`aria_window2`", "aria_behavioural": "`aria_behavioural` ({b})",
+                 "aria_behavioural_window2": "behavioural, last 2 turns", "gigpo": "`gigpo`", "gigpo_similar": "`gigpo_similar`",
+                 "no_aggregation": "`no_aggregation` (R_t)"}
+
+
+def _exact(x: float | None, spec: str, zero: str = "0") -> str:
+    """A cell of a scheme's table: "–" where a scheme has no such figure, 0 and 1 as themselves."""
+    return "–" if x is None else zero if abs(x) < 1e-15 else "1" if x == 1 else format(x, spec)
+
+
+def _per_mille(x: float, ci: list[float]) -> str:
+    signed = lambda v: f"{1000 * v:+.2f}".replace("-", "−")  # noqa: E731
+    return f"{signed(x)} ({signed(ci[0])} to {signed(ci[1])})"
+
+
+def grouping_schemes() -> str:
+    """The grouping run's own collection under every grouping scheme (scripts/grouping_schemes.py's
+    committed report, grouping_schemes_s0.json): sharing, variance and bias of the weights, and the
+    bias-corrected gradient SNR with its bootstrap interval and its difference from R_t's."""
+    found = read_json(RESULTS / "grouping" / "grouping_schemes_s0.json")
+    k = "/".join(map(str, sorted(set(found["chosen_k"].values()))))
+    b = "/".join(map(str, found["behavioural_intentions"].values()))
+    lines = ["| scheme | steps sharing | turn 0 / 1 / 2 / 3 / 4 / 5+ | mean group size | Var(group mean)/Var(R) | bias² "
+             "| variance within | SNR × 10³ corrected (95% CI) | its difference from R_t's |", "|---|---|---|---|---|---|---|---|---|"]
+    for name, r in found["schemes"].items():
+        turns = r["shared_by_turn"].values()
+        shared = "0 at every turn" if not any(turns) else " / ".join(f"{100 * v:.0f}" for v in turns) + "%"
+        bias = "0 (the reference)" if name == "aria_behavioural" else _exact(r.get("bias_squared"), ".4f")
+        difference = "–" if name == "no_aggregation" else _per_mille(r["snr_difference"], r["snr_difference_ci95"])
+        lines.append(f"| {SCHEME_LABELS[name].format(k=k, b=b)} | "
+                     f"{_exact(r['shared'], '.1%', zero='0%')} | {shared} | {_exact(r['mean_group_size'], '.3g')} | "
+                     f"{_exact(r['variance_ratio'], '.3f')} | {bias} | {_exact(r.get('variance_within'), '.4f')} | "
+                     f"{_per_mille(r['snr_corrected'], r['snr_corrected_ci95'])} | {difference} |")
+    return "\n".join(lines) + "\n"
+
+
+def grouping_outcome() -> str:
+    """How much of the games' outcome each grouping scheme's weights keep (grouping_schemes_s0_outcome.json),
+    highest first, beside the success of the arm the grouping run trained on them."""
+    found = read_json(RESULTS / "grouping" / "grouping_schemes_s0_outcome.json")
+    pooled = read_json(RESULTS / "grouping" / "results.json")["pooled"]
+    won = {r["method"]: r["wins"] for r in pooled if r["iteration"] == 1}
+    start = next(r["wins"] for r in pooled if r["iteration"] == 0)
+    k = "/".join(map(str, sorted(set(found["chosen_k"].values()))))
+    label = {**SCHEME_LABELS, "gigpo": "`gigpo` (advantages)", "gigpo_similar": "`gigpo_similar` (advantages)",
+             "aria_behavioural": "`aria_behavioural`"}
+    lines = ["| scheme | corr(weight, final reward: 1 won, 0 lost) | weight on won games' last step | the arm trained on it: "
+             "won of 600 |", "|---|---|---|---|"]
+    for name, r in sorted(found["schemes"].items(), key=lambda item: -item[1]["outcome_correlation"]):
+        last = "–" if r["won_last_step"] is None else f"{r['won_last_step']:.3f}"
+        arm = "–" if name not in won else f"{won[name]}" + (f" (the warm start: {start})" if won[name] < start else "")
+        lines.append(f"| {label[name].format(k=k)} | {r['outcome_correlation']:.3f} | {last} | {arm} |")
+    return "\n".join(lines) + "\n"
+
+
+def powered_other_arms() -> str:
+    """The powered run's seed-0-only arms (its committed outcomes.json, paired by target): success,
+    the gain over the warm start, movement, and the tests against both arms of the comparison (bold
+    at p < 0.05) with the difference each pair of arms detects."""
+    arms = read_json(RESULTS / "powered" / "outcomes.json")["arms"]
+    measured = {(a["method"], a["seed"]): a["movement"] for a in read_json(RESULTS / "powered" / "results.json")["arms"]
+                if a["iteration"] == 1}
+    games = lambda key: arms[key]["outcomes"]  # noqa: E731
+    def test(first: str, second: str) -> dict[str, Any]:
+        a, b = games(first), games(second)
+        keys = sorted(set(a) & set(b))
+        result = mcnemar([bool(a[k][0]) for k in keys], [bool(b[k][0]) for k in keys])
+        return {**result, **sensitivity(result)}
+    cell = lambda t: f"{_points(t['difference'])} ({_interval(t['difference_ci95'])})"  # noqa: E731
+    lines = ["| arm | wins / 600 | vs warm start (95% CI) | token KL | Δ log-prob won / lost | vs `no_aggregation` (95% CI), p "
+             "| vs `aria` k = 8 (95% CI), p | these pairs detect |", "|---|---|---|---|---|---|---|---|"]
+    for method in ("aria_k20", "filtered_bc"):
+        key = f"{method}, seed 0, iteration 1"
+        wins, n = arms[key]["wins"], arms[key]["games"]
+        low, high = wilson_interval(wins, n)
+        versus = [test(key, f"{other}, seed 0, iteration 1") for other in ("no_aggregation", "aria")]
+        tests = [f"{cell(t)}, {t['p_value']:.2g}" for t in versus]
+        tests = [f"**{text}**" if t["p_value"] < 0.05 else text for text, t in zip(tests, versus)]
+        m = measured[(method, 0)]
+        logprob = f"{m['logprob_change_won']:.2f} / {m['logprob_change_lost']:.2f}".replace("-", "−")
+        detects = " / ".join(f"{100 * t['detectable_difference']:.1f}" for t in versus)
+        lines.append(f"| `{method}` | {wins} ({100 * wins / n:.1f}%, {100 * low:.1f}-{100 * high:.1f}) | "
+                     f"{cell(test(key, 'warm start, iteration 0'))} | {m['token_kl']:.3f} | {logprob} | {tests[0]} | "
+                     f"{tests[1]} | {detects} points |")
+    return "\n".join(lines) + "\n"
+
+
 #: docs/benchmarks.md's summary, in the page's order: (the benchmark, the link to its section, the script of
 #: ``benchmarks/`` whose ``headline`` summarises the reports, or ``script:function``, and the reports under
 #: ``benchmarks/results/`` given to it). Entries of one benchmark measured on one machine share a row. Only
@@ -321,6 +409,8 @@ def fresh_clones(results: Path = BENCHMARK_RESULTS) -> str:
 
 #: Every block a document may hold, by name.
 BLOCKS: dict[str, Callable[[], str]] = {"aggregation": aggregation, "arms": arms, "grouping": grouping,
+                                        "grouping_schemes": grouping_schemes, "grouping_outcome": grouping_outcome,
+                                        "powered_other_arms": powered_other_arms,
                                         "benchmarks": benchmarks, "fresh_clones": fresh_clones}
 
 
