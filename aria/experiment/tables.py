@@ -50,14 +50,18 @@ def seed_tests(folder: str, first: str, second: str, iteration: int = 1) -> list
         return [{"seed": s, **mcnemar([c == "1" for c in won[(first, s)]], [c == "1" for c in won[(second, s)]])}
                 for s in seeds]
     arms = read_json(RESULTS / folder / "outcomes.json")["arms"]
-    tests = []
-    for seed in sorted({a["seed"] for a in results["arms"]}):
-        a, b = (arms.get(f"{m}, seed {seed}, iteration {iteration}") for m in (first, second))
-        if a and b:
-            keys = sorted(set(a["outcomes"]) & set(b["outcomes"]))
-            tests.append({"seed": seed, **mcnemar([bool(a["outcomes"][k][0]) for k in keys],
-                                                  [bool(b["outcomes"][k][0]) for k in keys])})
-    return tests
+    names = {seed: [f"{m}, seed {seed}, iteration {iteration}" for m in (first, second)]
+             for seed in sorted({a["seed"] for a in results["arms"]})}
+    return [{"seed": seed, **paired_outcomes(arms, *pair)} for seed, pair in names.items() if all(n in arms for n in pair)]
+
+
+def paired_outcomes(arms: dict[str, dict], first: str, second: str) -> dict[str, Any]:
+    """The exact McNemar test of two arms of an ``outcomes.json`` (their games paired by key), with
+    what its pairs detect (:func:`aria.statistics.sensitivity`)."""
+    a, b = arms[first]["outcomes"], arms[second]["outcomes"]
+    keys = sorted(set(a) & set(b))
+    test = mcnemar([bool(a[k][0]) for k in keys], [bool(b[k][0]) for k in keys])
+    return {**test, **sensitivity(test)}
 
 
 def _points(x: float) -> str:
@@ -268,12 +272,6 @@ def powered_other_arms() -> str:
     arms = read_json(RESULTS / "powered" / "outcomes.json")["arms"]
     measured = {(a["method"], a["seed"]): a["movement"] for a in read_json(RESULTS / "powered" / "results.json")["arms"]
                 if a["iteration"] == 1}
-    games = lambda key: arms[key]["outcomes"]  # noqa: E731
-    def test(first: str, second: str) -> dict[str, Any]:
-        a, b = games(first), games(second)
-        keys = sorted(set(a) & set(b))
-        result = mcnemar([bool(a[k][0]) for k in keys], [bool(b[k][0]) for k in keys])
-        return {**result, **sensitivity(result)}
     cell = lambda t: f"{_points(t['difference'])} ({_interval(t['difference_ci95'])})"  # noqa: E731
     lines = ["| arm | wins / 600 | vs warm start (95% CI) | token KL | Δ log-prob won / lost | vs `no_aggregation` (95% CI), p "
              "| vs `aria` k = 8 (95% CI), p | these pairs detect |", "|---|---|---|---|---|---|---|---|"]
@@ -281,14 +279,14 @@ def powered_other_arms() -> str:
         key = f"{method}, seed 0, iteration 1"
         wins, n = arms[key]["wins"], arms[key]["games"]
         low, high = wilson_interval(wins, n)
-        versus = [test(key, f"{other}, seed 0, iteration 1") for other in ("no_aggregation", "aria")]
+        versus = [paired_outcomes(arms, key, f"{other}, seed 0, iteration 1") for other in ("no_aggregation", "aria")]
         tests = [f"{cell(t)}, {t['p_value']:.2g}" for t in versus]
         tests = [f"**{text}**" if t["p_value"] < 0.05 else text for text, t in zip(tests, versus)]
         m = measured[(method, 0)]
         logprob = f"{m['logprob_change_won']:.2f} / {m['logprob_change_lost']:.2f}".replace("-", "−")
         detects = " / ".join(f"{100 * t['detectable_difference']:.1f}" for t in versus)
         lines.append(f"| `{method}` | {wins} ({100 * wins / n:.1f}%, {100 * low:.1f}-{100 * high:.1f}) | "
-                     f"{cell(test(key, 'warm start, iteration 0'))} | {m['token_kl']:.3f} | {logprob} | {tests[0]} | "
+                     f"{cell(paired_outcomes(arms, key, 'warm start, iteration 0'))} | {m['token_kl']:.3f} | {logprob} | {tests[0]} | "
                      f"{tests[1]} | {detects} points |")
     return "\n".join(lines) + "\n"
 
