@@ -98,6 +98,30 @@ def test_paired_interval_covers_the_true_difference_at_95_percent():
     assert 0.93 <= covered / 4000 <= 0.975
 
 
+def test_the_paired_test_says_what_its_runs_detect_at_their_own_spread():
+    """Three seeds of 100 pairs, (b, c) = (30, 18), (28, 20), (27, 19): the runs' detectable difference
+    is aria.power's at their own τ² and the pooled discordant share (142 of 300), and the table says it."""
+    from aria.experiment.report import paired_tests, runs_lines
+    from aria.power import runs_detectable_difference
+    from aria.statistics import pool_runs
+
+    cfg = settings("seeds=[0,1,2]", "methods=[aria,no_aggregation]", "iterations=1", "report.verdict_on=runs")
+    evaluations = {}
+    for seed, (b, c) in enumerate(((30, 18), (28, 20), (27, 19))):
+        first = [True] * b + [False] * c + [True] * 20 + [False] * (80 - b - c)
+        second = [False] * b + [True] * c + [True] * 20 + [False] * (80 - b - c)
+        for method, won in (("aria", first), ("no_aggregation", second)):
+            evaluations[(method, seed, 1)] = {f"g{i:03d}": {"success": w, "score": float(w), "deal": None, "turns": 5}
+                                              for i, w in enumerate(won)}
+    test, = paired_tests(cfg, evaluations, [])
+    tau2 = pool_runs(test["runs"]["per_seed"])["heterogeneity"]["tau2"]
+    assert test["discordant_share"] == pytest.approx(142 / 300)
+    assert test["runs"]["detectable_difference"] == runs_detectable_difference(3, 100, 142 / 300, tau2) is not None
+    lines = runs_lines({**test, "power": 0.8})
+    assert f"3 runs of 100 pairs detect {100 * test['runs']['detectable_difference']:.1f} points with 80% power" in "\n".join(lines)
+    assert "payoff_share" not in test  # a question game: the score is the success itself
+
+
 def test_the_table_shows_the_arithmetic_and_says_whether_it_is_significant():
     results = {
         "name": "t", "game": "twenty_questions_subset", "eval_games": 20, "eval_seed": 7,
@@ -236,6 +260,10 @@ def test_the_movement_verdict_by_hand(tmp_path):
     assert "An arm moved when the lower end of its KL's 95% interval (over games) is at least 0.01, at least 0.1% of its " \
            "weights changed at the served precision, and at least 50.0% of the elements its update changed in float32 " \
            "still differ there" in table
+    # served in bfloat16 the weights half can fail; at float32 it cannot, and the table says so
+    assert "cannot fail here in practice" not in table
+    results["arms"][0]["movement"]["weights"]["dtype"] = "float32"
+    assert "the weights half of the rule cannot fail here in practice, and the KL decides" in render_table(results)
 
 
 # ---- the runner, end to end on tiny models -------------------------------------------------------------
@@ -812,6 +840,7 @@ def test_negotiation_over_two_training_runs_reports_the_method_level_interval(tm
     """experiment=negotiation on a tiny model and two seeds: self-play, training and the scripted
     negotiator in both seats; the paired test of each seed (a training run) pooled over runs in
     results.json and table.md, the verdict read from the method level as the preset fixes."""
+    from aria.power import runs_detectable_difference
     from aria.statistics import pool_runs, pool_score_runs
 
     cfg = compose_config("experiment", tiny_two_player("negotiation", tmp_path, tiny_model_dir, tiny_sentence_model_dir,
@@ -825,6 +854,8 @@ def test_negotiation_over_two_training_runs_reports_the_method_level_interval(tm
     assert [r["seed"] for r in runs["per_seed"]] == [0, 1] and all(r["pairs"] == 6 for r in runs["per_seed"])
     assert runs["runs"] == 2 and runs["random_effects"]["df"] == 1
     assert runs["random_effects"] == pool_runs(runs["per_seed"])["random_effects"]
+    share = test["discordant_share"]  # 0 where no pair was won by one arm only: then nothing is detectable
+    assert runs["detectable_difference"] == (runs_detectable_difference(2, 6, share, runs["heterogeneity"]["tau2"]) if share else None)
     assert test["verdict_on"] == "runs"
     moved = {(a["method"], a["seed"]): a["movement"]["moved"] for a in results["arms"] if a["iteration"] == 1}
     expected = ("uninformative: the policy did not move" if not all(moved.values()) else

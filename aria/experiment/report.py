@@ -203,6 +203,10 @@ def paired_tests(cfg: ExperimentSettings, evaluations: dict, arms: list[dict]) -
         test["runs"] = {**pool_runs(per_seed), "per_seed": [
             {k: r[k] for k in ("seed", "pairs", "first_only", "second_only", "difference", "difference_ci95", "p_value")}
             for r in per_seed]}
+        if test["runs"]["random_effects"] is not None:  # what these runs detect at their own spread and share
+            tau2, pairs, share = test["runs"]["heterogeneity"]["tau2"], round(test["pairs"] / len(seeds)), test["discordant_share"]
+            # no pair won by one arm only (a win rate at its floor): no difference is detectable
+            test["runs"]["detectable_difference"] = runs_detectable_difference(len(seeds), pairs, share, tau2) if share else None
         if family_of(cfg.game).seats > 1:  # payoff shares: what a win rate at its floor cannot show (a secondary outcome)
             pooled = pool_score_runs(scores)
             runs = pooled.pop("per_run")
