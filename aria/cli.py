@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import errno
 import os
+import shlex
 import signal
 import sys
 import threading
@@ -35,7 +36,7 @@ from hydra.errors import HydraException, MissingConfigException
 
 from aria.io import ConfigError, DataError, InUse, StaleInput
 from aria.resources import config_dir, hydra_message
-from aria.secrets import RedactingStream, command_line_secrets
+from aria.secrets import RedactingStream, command_line_secrets, redact_text, secret_values
 from aria.settings import out_of_bounds
 from aria.trajectories import ResumeMismatch
 # Imported in the functions that use them (slow to import: benchmarks/import_time.py): torch
@@ -82,6 +83,13 @@ class _Stopped(KeyboardInterrupt):
 
 def _on_sigterm(signum, frame):
     raise _Stopped()
+
+
+def command_line(argv: list[str] | None = None) -> str:
+    """This process's command line as a record may keep it: ``python`` and its arguments, every
+    secret of them and of the environment redacted (:mod:`aria.secrets`)."""
+    argv = sys.argv if argv is None else argv
+    return redact_text(shlex.join(["python", *argv]), command_line_secrets(argv[1:]) + secret_values())
 
 
 def protect_terminal(argv: list[str] | None = None) -> None:

@@ -9,7 +9,7 @@ Every stage resumes; results go to results/experiments/<name>/ (table.md, result
 import sys
 
 import hydra
-from aria.cli import check_command_line, command, protect_terminal
+from aria.cli import check_command_line, command, command_line, protect_terminal
 from aria.experiment.runner import GamesFailed, run
 
 
@@ -17,7 +17,7 @@ from aria.experiment.runner import GamesFailed, run
 def main(cfg) -> None:
     with command(kept=lambda: f"the finished stages in {cfg.run_dir} (a re-run skips them)"):
         try:
-            out = run(cfg)
+            out = run(cfg, command=command_line())  # kept with the run (its invocations.json), secrets redacted
         except GamesFailed as failed:  # their records say why; exit 1, as collection does
             print(f"error: {failed}", file=sys.stderr)
             sys.exit(1)

@@ -193,11 +193,14 @@ def test_the_summary_gives_each_arm_its_gain_over_its_start_and_where_and_how_lo
     assert "| no_aggregation | 5 / 20 (11.2–46.9%) | +0.0 " in summary and "| no gain at 80% power | 0.002 | **no** |" in summary
     assert "aria against no_aggregation, paired on 20 targets: +20.0 points" in summary
     assert summary.rstrip().endswith("uninformative: the policy did not move.")
-    results["run"]["resumed"] = True
-    assert "10 min 01 s wall over several runs:" in render_summary(results)
+    results["run"]["resumed"] = True  # a run before invocations.json: its wall time is its last command's
+    assert "10 min 01 s wall (the last of several runs):" in render_summary(results)
     stages = render_stage_times(results)
     assert "| warm start | 0 min 40 s |" in stages and "| iteration 0: evaluate | 1 min 02 s |" in stages
-    assert "| all stages | 1 min 42 s |" in stages and "| the command, start to end (over several runs) | 10 min 01 s |" in stages
+    assert "| all stages | 1 min 42 s |" in stages and "| the command, start to end (the last of several runs) | 10 min 01 s |" in stages
+    results["run"]["invocations"] = 3  # since then: every command's time, summed
+    assert "10 min 01 s wall over 3 commands:" in render_summary(results)
+    assert "| the 3 commands that ran it, each start to end, summed | 10 min 01 s |" in render_stage_times(results)
 
 
 def test_the_movement_verdict_by_hand(tmp_path):
@@ -748,6 +751,14 @@ def test_the_run_record_names_the_machines_its_stages_ran_on_and_never_guesses(t
     assert run_record(SimpleNamespace(run_dir=tmp_path))["cpu"] == "A / B (1 stage on a machine not recorded)"
     atomic_write_json(tmp_path / "stage_times.json", {"old": {"kind": "eval", "seconds": 1.0}})
     assert "cpu" not in run_record(SimpleNamespace(run_dir=tmp_path))  # the table then says "a CPU not recorded"
+    # every command that ran stages: the wall time is their sum, over sessions and machines (one still running: not yet)
+    atomic_write_json(tmp_path / "invocations.json", [
+        {"command": "python scripts/run_experiment.py a", "cpu": "A", "started": "x", "seconds": 100.0},
+        {"command": "python scripts/run_experiment.py a", "cpu": "B", "started": "y", "seconds": 50.5},
+        {"command": "python scripts/run_experiment.py b", "cpu": "B", "started": "z"}])
+    record = run_record(SimpleNamespace(run_dir=tmp_path), 7.0, False)
+    assert (record["wall_seconds"], record["resumed"], record["invocations"]) == (150.5, True, 2)
+    assert record["commands"] == ["python scripts/run_experiment.py a"]
 
 
 def test_eta_uses_the_times_of_finished_stages_of_the_same_kind():

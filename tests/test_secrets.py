@@ -186,6 +186,10 @@ def test_keys_given_to_the_experiment_runner_reach_no_file(tmp_path, tiny_model_
     assert (tmp_path / "run" / "experiment.json").is_file() and (tmp_path / "results" / "table.md").is_file()
     assert files_holding(tmp_path, [top, inner, train, *PLANTED_ENV.values()]) == []
     assert not [k for k in (top, inner, train, *PLANTED_ENV.values()) if k in done.stdout + done.stderr]
+    # the command line is kept with the run (its invocations.json), every key in it redacted
+    invocation, = json.loads((tmp_path / "run" / "invocations.json").read_text())
+    assert invocation["command"].startswith("python ") and "scripts/run_experiment.py" in invocation["command"]
+    assert invocation["command"].count("<redacted>") == 3 and invocation["seconds"] > 0
 
 
 KEY = "sk-typed-4e5f6a7b8c9d"

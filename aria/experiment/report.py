@@ -491,17 +491,24 @@ def plot(results: dict[str, Any], out: Path) -> None:
 def run_record(cfg: ExperimentSettings, wall_seconds: float | None = None, resumed: bool | None = None) -> dict[str, Any]:
     """Where and how long: each stage's seconds and the CPUs it ran on (the run folder's
     ``stage_times.json``; a stage resumed over several runs counts them all), ``cpu`` every machine
-    the stages ran on (:func:`aria.llm.hardware.label`), and, from the command that ran the stages,
-    its wall time and whether it continued an earlier run's stages. The machine that writes the
+    the stages ran on (:func:`aria.llm.hardware.label`), and the wall time: the sum over every
+    command that ran stages in the folder, with their command lines (``invocations.json``), else the
+    given ``wall_seconds`` of this command (runs before that file) and whether it continued earlier ones. The machine that writes the
     report is ``reported_on``, never taken for the run's (``report_only`` runs no stage); stages
     timed before their machines were recorded leave the CPU unknown rather than guessed."""
-    times_path = Path(cfg.run_dir) / "stage_times.json"
+    times_path, invocations_path = Path(cfg.run_dir) / "stage_times.json", Path(cfg.run_dir) / "invocations.json"
     times = read_json(times_path) if times_path.is_file() else {}
+    invocations = [i for i in (read_json(invocations_path) if invocations_path.is_file() else []) if "seconds" in i]
+    if invocations:  # every command that ran stages here (runs since 2026-12-07): their times summed, their command lines
+        wall_seconds, resumed = sum(i["seconds"] for i in invocations), len(invocations) > 1
     finished = {name: t for name, t in times.items() if "seconds" in t}
     here = label(describe())
     record: dict[str, Any] = {"stage_seconds": {name: round(t["seconds"], 1) for name, t in finished.items()},
                               "stage_cpus": {name: t["cpus"] for name, t in finished.items() if t.get("cpus")},
                               "wall_seconds": None if wall_seconds is None else round(wall_seconds, 1), "resumed": resumed}
+    if invocations:
+        record["invocations"] = len(invocations)
+        record["commands"] = list(dict.fromkeys(i["command"] for i in invocations if i.get("command")))
     cpus = list(dict.fromkeys(c for t in finished.values() for c in t.get("cpus", [])))
     unknown = sum(not t.get("cpus") for t in finished.values())
     if cpus:

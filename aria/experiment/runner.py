@@ -716,9 +716,11 @@ def check_variants(variants: dict, methods: dict) -> None:
                               f"got {v.intention_overrides!r}")
 
 
-def run(cfg: Mapping, echo: Printer = print) -> Path:
+def run(cfg: Mapping, echo: Printer = print, command: str | None = None) -> Path:
     """Run (or resume) every stage, then write the results (module doc); with ``report_only``,
-    only the results of what is finished (:func:`report`)."""
+    only the results of what is finished (:func:`report`). ``command``: the command line that
+    started this run, its secrets redacted (:func:`aria.cli.command_line`), kept with its machine
+    and wall time in the run folder's ``invocations.json``."""
     cfg = check_settings(cfg)
     root = Path(cfg.run_dir)
     if cfg.report_only and not (root / "experiment.json").is_file():  # before results_dir is made
@@ -727,7 +729,7 @@ def run(cfg: Mapping, echo: Printer = print) -> Path:
     if cfg.report_only:
         return report(cfg, root, echo)
     with hold_folder(root):  # a second run into this run_dir is refused, naming this one
-        return _run(cfg, root, echo)
+        return _run(cfg, root, echo, command)
 
 
 def _check_run_dir(cfg: ExperimentSettings, root: Path) -> None:
@@ -753,7 +755,7 @@ def report(cfg: ExperimentSettings, root: Path, echo: Printer) -> Path:
     return out
 
 
-def _run(cfg: ExperimentSettings, root: Path, echo: Printer) -> Path:
+def _run(cfg: ExperimentSettings, root: Path, echo: Printer, command: str | None) -> Path:
     echo(f"[experiment] {planned_power(cfg)}")
     _check_run_dir(cfg, root)
     (root / COPY_MARK).unlink(missing_ok=True)  # a copy resumed is a run of its own: no later copy may replace it
@@ -763,6 +765,7 @@ def _run(cfg: ExperimentSettings, root: Path, echo: Printer) -> Path:
     generator, machine = Generator(cfg, echo), hardware.label(hardware.describe())  # a long run's stages may run on several machines
     stages, work = plan(cfg), Stages(cfg, generator, echo)
     continued = any("seconds" in times.get(stage.name, {}) for stage in stages)  # stages an earlier run finished
+    invocations, started = start_invocation(root, command, machine), time.perf_counter()
     try:
         for n, stage in enumerate(stages, 1):
             if stage.kind not in PLAYS:
@@ -777,9 +780,27 @@ def _run(cfg: ExperimentSettings, root: Path, echo: Printer) -> Path:
             echo(f"[experiment] ({n}/{len(stages)}) {stage.name}: {_duration(seconds)}{resumed}; {eta_text(stages[n:], times)}")
     finally:
         generator.stop()
+        # an interrupted run's time counts too; a command's own process from its start (imports included)
+        end_invocation(root, invocations, process_seconds() if command else time.perf_counter() - started)
     out = write_results(cfg, run_record(cfg, process_seconds(), continued))
     echo(f"[experiment] results: {out / 'table.md'}")
     return out
+
+
+def start_invocation(root: Path, command: str | None, machine: str) -> list[dict]:
+    """Add this process to the run folder's ``invocations.json`` (each command that ran stages here:
+    its command line, machine and start; its seconds once it ends) and return the list."""
+    path = root / "invocations.json"
+    invocations = read_json(path) if path.is_file() else []
+    invocations.append({"command": command, "cpu": machine, "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())})
+    atomic_write_json(path, invocations)
+    return invocations
+
+
+def end_invocation(root: Path, invocations: list[dict], seconds: float) -> None:
+    """This command's wall time into the last entry of ``invocations.json``."""
+    invocations[-1]["seconds"] = round(seconds, 1)
+    atomic_write_json(root / "invocations.json", invocations)
 
 
 def process_seconds() -> float:
