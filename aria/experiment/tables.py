@@ -20,6 +20,7 @@ summary of the committed benchmark reports under ``benchmarks/results/``, each r
 from __future__ import annotations
 
 import functools
+import math
 import importlib.util
 import re
 from pathlib import Path
@@ -35,7 +36,7 @@ REPO = Path(__file__).resolve().parents[2]
 RESULTS = REPO / "results" / "experiments"
 BENCHMARK_RESULTS = REPO / "benchmarks" / "results"
 #: The Markdown files that may hold rendered blocks.
-DOCUMENTS = ("README.md", "docs/experiments.md", "docs/benchmarks.md", "docs/testing.md")
+DOCUMENTS = ("README.md", "docs/experiments.md", "docs/benchmarks.md", "docs/testing.md", "docs/pipeline.md")
 MARK = re.compile(r"<!-- rendered: (?P<name>[\w:-]+) -->\n(?P<body>.*?)<!-- /rendered: (?P=name) -->", re.S)
 
 
@@ -291,6 +292,24 @@ def powered_other_arms() -> str:
     return "\n".join(lines) + "\n"
 
 
+def grad_variance() -> str:
+    """docs/pipeline.md's gradient-noise table: each weighting's trace of the per-sample gradient
+    covariance, its ratio to the raw return's, and the signal-to-noise ratio, from the committed
+    report of scripts/grad_variance.py (benchmarks/results/grad_variance_twenty_questions_subset.json)."""
+    result = read_json(BENCHMARK_RESULTS / "grad_variance_twenty_questions_subset.json")["result"]
+    raw = result["trace_cov_raw_step_return"]
+
+    def three_digits(x: float) -> str:  # 6.97, 102.4: three significant digits, one decimal at least
+        return f"{x:.{max(1, 2 - math.floor(math.log10(abs(x))))}f}"
+    rows = [("raw return R_t (`no_aggregation`)", "raw_step_return"), ("aggregated R̃_t (`aria`)", "aggregated_reward"),
+            ("GiGPO advantages (`gigpo`)", "method_gigpo")]
+    lines = ["| weights | tr Cov of the per-sample gradient | ratio to raw | signal-to-noise |", "|---|---|---|---|"]
+    for name, key in rows:
+        trace = result[f"trace_cov_{key}"]
+        lines.append(f"| {name} | {three_digits(trace)} | {trace / raw:.3g} | {result[f'snr_{key}']:.3g} |")
+    return "\n".join(lines) + "\n"
+
+
 #: docs/benchmarks.md's summary, in the page's order: (the benchmark, the link to its section, the script of
 #: ``benchmarks/`` whose ``headline`` summarises the reports, or ``script:function``, and the reports under
 #: ``benchmarks/results/`` given to it). Entries of one benchmark measured on one machine share a row. Only
@@ -341,7 +360,8 @@ BENCHMARK_REPORTS_NOT_ROWS = {
     "whole_histories_gmc_trunk.json": "another tree attention: a row of the whole-history table",
     "whole_histories_gmc_trunk_bf16.json": "another tree attention in bf16: a row of the whole-history table",
     "whole_histories_gmc_bf16.json": "the default in bf16: a row of the whole-history table",
-    "grad_variance_twenty_questions_subset.json": "written by scripts/grad_variance.py, no script of benchmarks/",
+    "grad_variance_twenty_questions_subset.json": "written by scripts/grad_variance.py, no script of benchmarks/: "
+                                                  "docs/pipeline.md's own table (grad_variance)",
     **{f"fresh_clone_{kind}.json": "the test command's time on a kind of CPU: docs/testing.md's own table"
        for kind in ("avx2", "avx512_bf16", "amx")},
 }
@@ -408,7 +428,7 @@ def fresh_clones(results: Path = BENCHMARK_RESULTS) -> str:
 #: Every block a document may hold, by name.
 BLOCKS: dict[str, Callable[[], str]] = {"aggregation": aggregation, "arms": arms, "grouping": grouping,
                                         "grouping_schemes": grouping_schemes, "grouping_outcome": grouping_outcome,
-                                        "powered_other_arms": powered_other_arms,
+                                        "powered_other_arms": powered_other_arms, "grad_variance": grad_variance,
                                         "benchmarks": benchmarks, "fresh_clones": fresh_clones}
 
 
