@@ -592,6 +592,60 @@ def test_report_only_tables_the_evaluated_arms_and_runs_nothing(tmp_path, tiny_e
     assert not (tmp_path / "none").exists()  # before: an empty results_dir was left behind
 
 
+def test_report_only_reports_the_run_under_the_settings_it_recorded(tmp_path, tiny_experiment, straight_run):
+    """A preset that gained an arm, a seed and a pair since the run (and a run older than a
+    setting): the report is the run's own (its arms, its tests), the differences named, and the
+    setting the run never recorded said in the table rather than passed off as fixed before it."""
+    import shutil
+
+    straight_root, out, _ = straight_run
+    shutil.copytree(straight_root / "run", tmp_path / "run", ignore=shutil.ignore_patterns(".lock"))
+    recorded = json.loads((tmp_path / "run" / "experiment.json").read_text())
+    del recorded["report"]["verdict_on"]  # as a run from before the setting existed
+    (tmp_path / "run" / "experiment.json").write_text(json.dumps(recorded))
+    cfg = tiny_experiment(tmp_path)
+    grown = {**cfg, "report_only": True, "methods": [*cfg["methods"], "filtered_bc"], "seeds": [0, 1],
+             "report": {**cfg["report"], "more_pairs": [["filtered_bc", "aria"]]}}
+    lines: list[str] = []
+    reported = experiment.run(grown, lines.append)
+    assert lines[:2] == [
+        "[experiment] report only: the run's own settings (its experiment.json) are reported; "
+        "this command's differ on methods, seeds, report.more_pairs",
+        "[experiment] report only: settings added since the run (not in its experiment.json), this command's used: "
+        "report.verdict_on"]
+    assert lines[2].endswith("not evaluated yet: none")
+    mine, theirs = (json.loads((d / "results.json").read_text()) for d in (reported, out))
+    for key in ("arms", "pooled", "paired_tests", "preflight"):
+        assert mine[key] == theirs[key], key
+    assert mine["settings_not_recorded"] == ["report.verdict_on"] and "settings_not_recorded" not in theirs
+    table = (reported / "table.md").read_text()
+    assert "the run's record cannot show they were fixed before it: report.verdict_on." in table
+    assert "Verdict (report.verdict_on = runs, not in the run's record)" in table and "fixed before the run)" in table  # the movement rule was recorded
+
+
+def test_recorded_settings_win_section_by_section():
+    """Hand-made: a recorded value wins (a section recursing, a mapping whole), a setting the record
+    lacks keeps the current value and is named, a recorded name that is no longer a setting is named."""
+    from dataclasses import asdict
+
+    from aria.experiment.settings import (ExperimentSettings, MovementSettings, ReportSettings, VariantSettings,
+                                          recorded_over)
+
+    current = asdict(ExperimentSettings(
+        name="x", methods=["aria"], seeds=[0], variants={"v": VariantSettings(method="aria")},
+        report=ReportSettings(verdict_on="runs", movement=MovementSettings(min_token_kl=0.01, kl_from="estimate"))))
+    recorded = {k: v for k, v in current.items() if k != "iterations"}
+    recorded.update(seeds=[0, 1], variants={}, old_knob=3,
+                    report={**{k: v for k, v in current["report"].items() if k != "verdict_on"},
+                            "movement": {**current["report"]["movement"], "min_token_kl": 0.02}})
+    merged, differ, missing = recorded_over(current, recorded)
+    assert merged["seeds"] == [0, 1] and merged["variants"] == {} and merged["iterations"] == current["iterations"]
+    assert merged["report"]["movement"] == {**current["report"]["movement"], "min_token_kl": 0.02}
+    assert merged["report"]["verdict_on"] == "runs" and "old_knob" not in merged
+    assert differ == ["variants", "seeds", "report.movement.min_token_kl", "old_knob (no longer a setting)"]
+    assert missing == ["iterations", "report.verdict_on"]
+
+
 def test_archer_trains_its_critic_each_iteration_and_its_actor_after_the_warm_up(tmp_path, tiny_experiment, straight_run,
                                                                                    tiny_sentence_model_dir):
     """``archer`` added to a finished run, with one warm-up iteration: iteration 1 trains the critic

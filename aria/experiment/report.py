@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import functools
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 import jinja2
 
@@ -104,7 +104,7 @@ def outcomes(path: Path, family, expected: set[str]) -> dict[str, dict] | None:
         if len(games) < len(expected):
             return None
         out.update({f"{role}:{gid}" if role else gid: {"success": family.won(r, role), "score": family.score(r, role),
-                                                       "deal": role and r["meta"]["outcome"] == "deal",
+                                                       "deal": r["meta"]["outcome"] == "deal" if role else None,
                                                        "turns": family.turns(r, role)}
                     for gid, r in games.items()})
     return out
@@ -130,16 +130,17 @@ def collect_results(cfg: ExperimentSettings) -> dict[str, Any]:
     # Every game's outcome, in one order for all arms, so that the file alone can be tested again
     # (paired by key) once the run folder is gone: two powered runs' folders were lost with their machines.
     keys = sorted(next(iter(evaluations.values()))) if evaluations else []
-    arms = [{"method": m, "seed": s, "iteration": i, **_row(list(g.values())),
-             "won": "".join("1" if g[k]["success"] else "0" for k in keys)} for (m, s, i), g in sorted(evaluations.items())]
-    if lay.family.seats > 1:  # and each game's payoff share, the secondary outcome, as exactly
-        for arm, (_, g) in zip(arms, sorted(evaluations.items())):
-            arm["scores"] = [round(g[k]["score"], 6) for k in keys]
-    for arm in arms:
-        if arm["iteration"] > 0:
-            arm.update(moved_from_parent(cfg, lay, evaluations, arm["method"], arm["seed"], arm["iteration"]))
-    preflight, behaviour = read_preflights(cfg, lay)
     two_player = lay.family.seats > 1
+    arms = []
+    for (m, s, i), g in sorted(evaluations.items()):
+        arm = {"method": m, "seed": s, "iteration": i, **_row(list(g.values())),
+               "won": "".join("1" if g[k]["success"] else "0" for k in keys)}
+        if two_player:  # and each game's payoff share, the secondary outcome, as exactly
+            arm["scores"] = [round(g[k]["score"], 6) for k in keys]
+        if i > 0:
+            arm.update(moved_from_parent(cfg, lay, evaluations, m, s, i))
+        arms.append(arm)
+    preflight, behaviour = read_preflights(cfg, lay)
     return {"name": cfg.name, "game": cfg.game["name"], "two_player": two_player,
             "opponent": cfg.eval.opponent if two_player else None, "eval_games": games_of(cfg, cfg.eval),
             "eval_seed": cfg.eval.seed, "movement_rule": movement_rule(cfg), "preflight": preflight,
@@ -182,7 +183,7 @@ def pooled_rows(cfg: ExperimentSettings, base: dict | None, evaluations: dict) -
 def paired_tests(cfg: ExperimentSettings, evaluations: dict, arms: list[dict]) -> list[dict[str, Any]]:
     """Each tested pair of arms at each iteration: the exact McNemar test of all pairs, per seed, over
     training runs, and the verdict its rule reads."""
-    tests = []
+    tests, two_player = [], family_of(cfg.game).seats > 1
     for first, second, it in [(x, y, it) for x, y in tested_pairs(cfg)
                               for it in range(1, max(iterations_of(cfg, m) for m in (x, y)) + 1)]:
         seeds = [s for s in cfg.seeds if (first, s, it) in evaluations and (second, s, it) in evaluations]
@@ -195,8 +196,9 @@ def paired_tests(cfg: ExperimentSettings, evaluations: dict, arms: list[dict]) -
             a_s, b_s = [bool(one[i]["success"]) for i in ids], [bool(two[i]["success"]) for i in ids]
             per_seed.append({"seed": s, **mcnemar(a_s, b_s)})
             a, b = a + a_s, b + b_s
-            scores.append(([one[i]["score"] for i in ids], [two[i]["score"] for i in ids]))
-            deals.append([sum(bool(games[i]["deal"]) for i in ids) / len(ids) for games in (one, two)])
+            if two_player:
+                scores.append(([one[i]["score"] for i in ids], [two[i]["score"] for i in ids]))
+                deals.append([sum(games[i]["deal"] for i in ids) / len(ids) for games in (one, two)])
         test = {"first": first, "second": second, "iteration": it, "seeds": seeds, **mcnemar(a, b)}
         test.update(sensitivity(test))
         # Each seed is a training run of both arms (its own collection): the unit of a claim about the method.
@@ -207,7 +209,7 @@ def paired_tests(cfg: ExperimentSettings, evaluations: dict, arms: list[dict]) -
             tau2, pairs, share = test["runs"]["heterogeneity"]["tau2"], round(test["pairs"] / len(seeds)), test["discordant_share"]
             # no pair won by one arm only (a win rate at its floor): no difference is detectable
             test["runs"]["detectable_difference"] = runs_detectable_difference(len(seeds), pairs, share, tau2) if share else None
-        if family_of(cfg.game).seats > 1:  # payoff shares: what a win rate at its floor cannot show (a secondary outcome)
+        if two_player:  # payoff shares: what a win rate at its floor cannot show (a secondary outcome)
             pooled = pool_score_runs(scores)
             runs = pooled.pop("per_run")
             # a no deal scores 0.5, above most of a weak player's deals: the deal rates say which moved the share
@@ -377,7 +379,7 @@ def _table_template():
                        preflight_k=lambda row: preflight_row_name(row).removeprefix("k = "),
                        recovery_points=_recovery_points, prefixed=lambda name, prefix: prefix + name, minutes=minutes,
                        won_ci=lambda r: f"{r['wins']} / {r['games']} ({percent(r['ci95'][0])}–{percent(r['ci95'][1])}%)")
-    env.tests["measured"] = lambda arm: bool(arm.get("movement"))
+    env.tests.update(measured=lambda arm: bool(arm.get("movement")), startswith=str.startswith)
     env.globals["alpha"] = ALPHA
     return env.get_template("table.md.j2")
 
@@ -517,12 +519,15 @@ def run_record(cfg: ExperimentSettings, wall_seconds: float | None = None, resum
     return record
 
 
-def write_results(cfg: ExperimentSettings, run: dict[str, Any] | None = None) -> Path:
+def write_results(cfg: ExperimentSettings, run: dict[str, Any] | None = None, unrecorded: Sequence[str] = ()) -> Path:
     """``results.json``, ``table.md`` and the plot (module doc); ``run`` (:func:`run_record`) says
-    where and how long the run that wrote them took."""
+    where and how long the run that wrote them took; ``unrecorded``, the settings the run did not
+    record (a report of a run older than them: :func:`aria.experiment.runner.as_recorded`)."""
     out = Path(cfg.results_dir)
     out.mkdir(parents=True, exist_ok=True)
     results = {**collect_results(cfg), "run": run or run_record(cfg)}
+    if unrecorded:
+        results["settings_not_recorded"] = list(unrecorded)
     atomic_write_json(out / "results.json", results)
     atomic_write_text(out / "table.md", render_table(results))
     if results["pooled"]:

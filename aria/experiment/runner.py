@@ -49,14 +49,14 @@ from typing import Any, Callable, Mapping
 from aria.experiment.layout import (COPY_MARK, Layout, games_of, intention_overrides_of, is_stage_folder, iterations_of,
                                     method_of, seeds_of, train_overrides_of)
 from aria.experiment.report import evaluation_ids, planned_power, preflight_row_name, run_record, write_results
-from aria.experiment.settings import ExperimentSettings
+from aria.experiment.settings import ExperimentSettings, recorded_over
 from aria.games.common.base import structured_output
 from aria.games.family import checked_game, family_of
 from aria.intention import pipeline
 from aria.io import (ConfigError, atomic_folder, atomic_write_json, atomic_write_json_rows, check_writable, differences,
                      file_digest, hold_folder, json_digest, read_json)
 from aria.llm.embedded import resolve_model_path
-from aria.llm import hardware
+from aria.llm import hardware  # qualified for describe and label: this module has its own
 from aria.llm.hardware import cpu_flags, vllm_cpu_dtype
 from aria.llm.merge_record import MERGE_FILE
 from aria.llm.registry import build_policy
@@ -746,13 +746,37 @@ def report(cfg: ExperimentSettings, root: Path, echo: Printer) -> Path:
     if not (root / "experiment.json").is_file():
         raise ConfigError(f"run_dir: {root} holds no run (no experiment.json): report_only reports a run started before")
     _check_run_dir(cfg, root)
-    out = write_results(cfg)
+    cfg, unrecorded = as_recorded(cfg, root, echo)
+    out = write_results(cfg, unrecorded=unrecorded)
     # the table's rows are the arms whose every evaluation game is played
     tabled = {(r["method"], r["seed"], r["iteration"]) for r in read_json(out / "results.json")["arms"]}
     missing = [f"{m} seed {s} iteration {i}" for m in cfg.methods for s in seeds_of(cfg, m)
                for i in range(1, iterations_of(cfg, m) + 1) if (m, s, i) not in tabled]
     echo(f"[experiment] report only: {out / 'table.md'}; not evaluated yet: {', '.join(missing) or 'none'}")
     return out
+
+
+#: What a report takes from its command; every other setting comes from the run it reports.
+FROM_THE_COMMAND = ("run_dir", "results_dir", "report_only")
+
+
+def as_recorded(cfg: ExperimentSettings, root: Path, echo: Printer) -> tuple[ExperimentSettings, list[str]]:
+    """The settings the run in ``root`` recorded at its last start (its ``experiment.json``), which
+    its report describes: a preset that gained arms, seeds or pairs since would table the run's warm
+    start as theirs and name stages it never ran. Only :data:`FROM_THE_COMMAND` come from ``cfg``;
+    settings the code gained after the run keep ``cfg``'s values and are returned. Both kinds of
+    difference are named."""
+    current = asdict(cfg)
+    merged, differ, unrecorded = recorded_over(current, read_json(root / "experiment.json"))
+    merged.update({name: current[name] for name in FROM_THE_COMMAND})
+    differ = [name for name in differ if name not in FROM_THE_COMMAND]
+    if differ:
+        echo(f"[experiment] report only: the run's own settings (its experiment.json) are reported; "
+             f"this command's differ on {', '.join(differ)}")
+    if unrecorded:
+        echo(f"[experiment] report only: settings added since the run (not in its experiment.json), "
+             f"this command's used: {', '.join(unrecorded)}")
+    return check_settings(merged), unrecorded
 
 
 def _run(cfg: ExperimentSettings, root: Path, echo: Printer, command: str | None) -> Path:

@@ -7,8 +7,8 @@ checked by :func:`aria.games.family.checked_game`) and ``oracle`` (checked by th
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional
+from dataclasses import dataclass, field, fields, is_dataclass
+from typing import Any, Dict, List, Optional, get_type_hints
 
 from omegaconf import MISSING
 
@@ -116,3 +116,26 @@ class ExperimentSettings:
     eval: EvalPlaySettings = field(default_factory=EvalPlaySettings)
     grad_variance: ExperimentGradVarianceSettings = field(default_factory=ExperimentGradVarianceSettings)
     report: ReportSettings = field(default_factory=ReportSettings)
+
+
+def recorded_over(current: dict, recorded: dict, schema: type = ExperimentSettings,
+                  where: str = "") -> tuple[dict, list[str], list[str]]:
+    """``current`` (settings as a dict) with every value ``recorded`` holds (a run's experiment.json):
+    the merged settings, the dotted names whose values differ (and recorded names no longer
+    settings), and the names the record lacks (settings the code gained after the run), which keep
+    ``current``'s values. Sections recurse; a mapping (``game``, ``variants``) is one value."""
+    hints = get_type_hints(schema)
+    merged, differ, missing = {}, [], []
+    for f in fields(schema):
+        name, ours = where + f.name, current[f.name]
+        if f.name not in recorded:
+            merged[f.name] = ours
+            missing.append(name)
+        elif is_dataclass(hints[f.name]) and isinstance(recorded[f.name], dict):
+            merged[f.name], d, m = recorded_over(ours, recorded[f.name], hints[f.name], name + ".")
+            differ, missing = differ + d, missing + m
+        else:
+            merged[f.name] = recorded[f.name]
+            differ += [name] if recorded[f.name] != ours else []
+    differ += [f"{where}{k} (no longer a setting)" for k in recorded if k not in merged]
+    return merged, differ, missing

@@ -121,9 +121,9 @@ def aggregation() -> str:
         tests[folder] = seed_tests(folder, "aria", "no_aggregation")
         lines.append(_row(f"{game}, [`{folder}`](results/experiments/{folder}/table.md)", tests[folder],
                           planned_verdict(folder)))
-        for label, folders in POOLED_AFTER_THE_FACT:
+        for pooled_label, folders in POOLED_AFTER_THE_FACT:
             if folders[-1] == folder and all(f in tests for f in folders):
-                lines.append(_row(label, [t for f in folders for t in tests[f]], "– (no rule was fixed for it)"))
+                lines.append(_row(pooled_label, [t for f in folders for t in tests[f]], "– (no rule was fixed for it)"))
     return "\n".join(lines) + "\n" + design_footer(tests)
 
 
