@@ -171,6 +171,35 @@ def test_rendered_blocks_are_their_committed_runs_rendering(tmp_path):
         render("<!-- rendered: nope -->\n<!-- /rendered: nope -->", "x.md")
 
 
+def _missing_or_changed(committed, again, where: str = "") -> list[str]:
+    """Where ``again`` lacks or changes a value of ``committed`` (a later report may add fields)."""
+    if isinstance(committed, dict) and isinstance(again, dict):
+        return [p for k, v in committed.items()
+                for p in ([f"{where}/{k} missing"] if k not in again else _missing_or_changed(v, again[k], f"{where}/{k}"))]
+    if isinstance(committed, list) and isinstance(again, list) and len(committed) == len(again):
+        return [p for i, (x, y) in enumerate(zip(committed, again)) for p in _missing_or_changed(x, y, f"{where}[{i}]")]
+    return [] if committed == again else [f"{where}: {str(committed)[:60]} -> {str(again)[:60]}"]
+
+
+@pytest.mark.parametrize("folder", sorted(p.parent.parent.name for p in (REPO / "results" / "experiments").glob("*/run/experiment.json")))
+def test_a_committed_run_reported_again_gives_its_committed_results(tmp_path, folder):
+    """Each run committed with its copy (results/experiments/NAME/run): report_only on the copy, with
+    today's code, gives every figure of its committed results.json (later code may only add): the
+    tables rendered from those files cannot hold what the data no longer gives. The run record, where
+    and how long, is the run's own and is left out."""
+    from aria.experiment import runner
+    from aria.io import read_json
+    from aria.resources import compose_config
+
+    run = REPO / "results" / "experiments" / folder / "run"
+    preset = read_json(run / "experiment.json")["name"]
+    cfg = compose_config("experiment", [f"experiment={preset}", f"run_dir={run}", f"results_dir={tmp_path}", "report_only=true"])
+    out = runner.run(cfg, [].append)
+    committed = read_json(REPO / "results" / "experiments" / folder / "results.json")
+    committed.pop("run", None)
+    assert _missing_or_changed(committed, read_json(out / "results.json")) == []
+
+
 def test_render_docs_check_exits_1_on_a_stale_block_and_rendering_mends_it(tmp_path):
     import sys
 
