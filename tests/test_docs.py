@@ -200,6 +200,27 @@ def test_a_committed_run_reported_again_gives_its_committed_results(tmp_path, fo
     assert _missing_or_changed(committed, read_json(out / "results.json")) == []
 
 
+def test_what_the_runs_detect_in_the_readme_is_what_each_run_reported():
+    """The README's "the runs detect" column (tables.py, from the outcomes) agrees with what each
+    run's own report computed at its spread and share (results.json, runs.detectable_difference)."""
+    from aria.experiment.tables import COMPARISONS, RESULTS
+    from aria.io import read_json
+
+    readme, checked = (REPO / "README.md").read_text(encoding="utf-8"), 0
+    for _, folder in COMPARISONS:
+        if not (RESULTS / folder / "results.json").is_file():
+            continue
+        test, = [t for t in read_json(RESULTS / folder / "results.json")["paired_tests"]
+                 if (t["first"], t["second"], t["iteration"]) == ("aria", "no_aggregation", 1)]
+        if "detectable_difference" not in test.get("runs", {}):  # one run, or reported before the field
+            continue
+        row, = [line for line in readme.splitlines() if line.startswith("| ") and f"[`{folder}`]" in line]
+        found = test["runs"]["detectable_difference"]
+        assert row.split(" | ")[6] == ("no difference" if found is None else f"{100 * found:.1f}"), (folder, row)
+        checked += 1
+    assert checked >= 1  # bargaining_powered (powered_gmc was reported before the field; replicated will add one)
+
+
 def test_render_docs_check_exits_1_on_a_stale_block_and_rendering_mends_it(tmp_path):
     import sys
 

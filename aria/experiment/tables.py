@@ -80,12 +80,17 @@ def _row(label: str, tests: list[dict[str, Any]], verdict: str) -> str:
     n = sum(t["pairs"] for t in tests)
     p = lambda x: f"{x:.2g}"  # noqa: E731
     if method is None:
-        method_cell, spread = "– (one run)", "–"
+        method_cell, spread, detects = "– (one run)", "–", "–"
     else:
         method_cell = f"{_points(method['difference'])} ({_interval(method['ci95'])}), p = {p(method['p_value'])}"
-        spread = f"{100 * pooled['heterogeneity']['tau2'] ** 0.5:.1f}"
+        tau2 = pooled["heterogeneity"]["tau2"]
+        spread = f"{100 * tau2 ** 0.5:.1f}"
+        # what these runs could see: at their own spread and discordant share (the runner's results.json says the same)
+        share = sum(t["first_only"] + t["second_only"] for t in tests) / n
+        found = runs_detectable_difference(len(tests), round(n / len(tests)), share, tau2) if share else None
+        detects = "no difference" if found is None else f"{100 * found:.1f}"
     return (f"| {label} | {len(tests)} | {per_run} | {_points(pairs['difference'])} ({_interval(pairs['ci95'])}), "
-            f"{n:,} pairs, p = {p(pairs['p_value'])} | {method_cell} | {spread} | {verdict} |")
+            f"{n:,} pairs, p = {p(pairs['p_value'])} | {method_cell} | {spread} | {detects} | {verdict} |")
 
 
 #: The committed comparisons of ARIA against its ablation: (game, folder) in the order shown. A folder
@@ -110,13 +115,14 @@ def aggregation() -> str:
     """ARIA against its ablation, every committed comparison: per training run, the pairs pooled as
     one run (two fixed models a seed), and the method over runs (aria.statistics.pool_runs)."""
     lines = ["| game, run | training runs | ARIA − ablation per run, points | pairs pooled (95% CI), stratified exact p "
-             "| over runs: the method (95% CI, Hartung-Knapp) | between-run spread τ, points | verdict of the rule fixed before the run |",
-             "|---|---|---|---|---|---|---|"]
+             "| over runs: the method (95% CI, Hartung-Knapp) | between-run spread τ, points "
+             "| the runs detect, points (80% power, at their τ and discordant share) | verdict of the rule fixed before the run |",
+             "|---|---|---|---|---|---|---|---|"]
     tests = {}
     for game, folder in COMPARISONS:
         if not (RESULTS / folder / "results.json").is_file():
             lines.append(f"| {game}, `{folder}` | not committed yet: [its plan](docs/experiments.md#training-runs-as-the-unit) "
-                         "| | | | | |")
+                         "| | | | | | |")
             continue
         tests[folder] = seed_tests(folder, "aria", "no_aggregation")
         lines.append(_row(f"{game}, [`{folder}`](results/experiments/{folder}/table.md)", tests[folder],
