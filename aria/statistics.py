@@ -53,7 +53,7 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from aria.power import detectable_difference
+from aria.power import detectable_difference, runs_detectable_difference
 # Imported in the functions that use them (slow to import: benchmarks/import_time.py): scipy
 
 Z_95 = 1.959963984540054  # two-sided 95 % normal quantile
@@ -196,6 +196,17 @@ def sensitivity(test: dict[str, Any], power: float = POWER, alpha: float = ALPHA
     share = (test["first_only"] + test["second_only"]) / n if n else 0.0
     detectable = detectable_difference(n, share, power, alpha) if share > 0 else None
     return {"discordant_share": share, "detectable_difference": detectable, "power": power}
+
+
+def runs_sensitivity(runs: Sequence[Mapping[str, int]], tau2: float, power: float = POWER,
+                     alpha: float = ALPHA) -> float | None:
+    """:func:`sensitivity` of the method-level test over ``runs`` (per-run :func:`mcnemar` tests):
+    the smallest difference it detects with ``power`` at their own between-run variance ``tau2``
+    and pooled discordant share, each run at their mean number of pairs; None where no pair was
+    discordant (a win rate at its floor) or no difference is detectable."""
+    n = sum(r["pairs"] for r in runs)
+    share = sum(r["first_only"] + r["second_only"] for r in runs) / n if n else 0.0
+    return runs_detectable_difference(len(runs), round(n / len(runs)), share, tau2, power, alpha) if share > 0 else None
 
 
 def run_difference(b: int, c: int, n: int) -> tuple[float, float]:

@@ -31,7 +31,8 @@ from aria.games.family import family_of
 from aria.io import atomic_save_figure, atomic_write_json, atomic_write_text, read_json
 from aria.llm.hardware import describe, label
 from aria.power import detectable_difference, runs_detectable_difference
-from aria.statistics import ALPHA, POWER, mcnemar, percent, pool_runs, pool_score_runs, sensitivity, wilson_interval
+from aria.statistics import (ALPHA, POWER, mcnemar, percent, pool_runs, pool_score_runs, runs_sensitivity, sensitivity,
+                             wilson_interval)
 from aria.trajectories import read_trajectories
 # Imported in the functions that use them (slow to import: benchmarks/import_time.py): matplotlib
 
@@ -206,9 +207,7 @@ def paired_tests(cfg: ExperimentSettings, evaluations: dict, arms: list[dict]) -
             {k: r[k] for k in ("seed", "pairs", "first_only", "second_only", "difference", "difference_ci95", "p_value")}
             for r in per_seed]}
         if test["runs"]["random_effects"] is not None:  # what these runs detect at their own spread and share
-            tau2, pairs, share = test["runs"]["heterogeneity"]["tau2"], round(test["pairs"] / len(seeds)), test["discordant_share"]
-            # no pair won by one arm only (a win rate at its floor): no difference is detectable
-            test["runs"]["detectable_difference"] = runs_detectable_difference(len(seeds), pairs, share, tau2) if share else None
+            test["runs"]["detectable_difference"] = runs_sensitivity(per_seed, test["runs"]["heterogeneity"]["tau2"])
         if two_player:  # payoff shares: what a win rate at its floor cannot show (a secondary outcome)
             pooled = pool_score_runs(scores)
             runs = pooled.pop("per_run")

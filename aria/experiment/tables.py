@@ -30,7 +30,7 @@ from aria.experiment import report
 from aria.io import read_json
 from aria.llm.hardware import label
 from aria.power import runs_detectable_difference, runs_needed
-from aria.statistics import mcnemar, pool_runs, sensitivity, wilson_interval
+from aria.statistics import mcnemar, pool_runs, runs_sensitivity, sensitivity, wilson_interval
 
 REPO = Path(__file__).resolve().parents[2]
 RESULTS = REPO / "results" / "experiments"
@@ -85,9 +85,7 @@ def _row(label: str, tests: list[dict[str, Any]], verdict: str) -> str:
         method_cell = f"{_points(method['difference'])} ({_interval(method['ci95'])}), p = {p(method['p_value'])}"
         tau2 = pooled["heterogeneity"]["tau2"]
         spread = f"{100 * tau2 ** 0.5:.1f}"
-        # what these runs could see: at their own spread and discordant share (the runner's results.json says the same)
-        share = sum(t["first_only"] + t["second_only"] for t in tests) / n
-        found = runs_detectable_difference(len(tests), round(n / len(tests)), share, tau2) if share else None
+        found = runs_sensitivity(tests, tau2)  # at their own spread and discordant share, as the runner's results.json
         detects = "no difference" if found is None else f"{100 * found:.1f}"
     return (f"| {label} | {len(tests)} | {per_run} | {_points(pairs['difference'])} ({_interval(pairs['ci95'])}), "
             f"{n:,} pairs, p = {p(pairs['p_value'])} | {method_cell} | {spread} | {detects} | {verdict} |")
