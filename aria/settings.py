@@ -164,7 +164,7 @@ def resolved(cfg: Any) -> dict:
 
 
 def _one_line(err: OmegaConfBaseException, where: str) -> str:
-    key = getattr(err, "full_key", None) or "?"
+    key = getattr(err, "full_key", None)  # none for a value merged whole (a section given as a string)
     message = str(getattr(err, "msg", None) or err).strip().splitlines()[0]
     if type(err).__name__ == "MissingMandatoryValue":
         message = "no value given (the config leaves it as ???): set it on the command line, e.g. " \
@@ -173,5 +173,5 @@ def _one_line(err: OmegaConfBaseException, where: str) -> str:
         message = f"not a setting of this command ({message})"
     elif "no value given (this preset needs one)" in message:  # a ${required:...} left unset
         message = message[message.index("no value given"):]
-    return f"{where + ': ' if where else ''}{key}: {message}"
+    return ": ".join(part for part in (where, key, message) if part)
 

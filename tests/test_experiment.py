@@ -623,6 +623,29 @@ def test_report_only_reports_the_run_under_the_settings_it_recorded(tmp_path, ti
     assert "Verdict (report.verdict_on = runs, not in the run's record)" in table and "fixed before the run)" in table  # the movement rule was recorded
 
 
+@pytest.mark.parametrize("damage, said", [
+    (lambda r: [1, 2], "expected the run's settings as a JSON object, got a list"),
+    (lambda r: {**r, "report": "not a mapping"}, "report: expected a section of settings (a mapping), got 'not a mapping'"),
+    (lambda r: {**r, "seeds": ["zero"]}, "seeds[0]: Value 'zero' of type 'str' could not be converted to Integer"),
+    (lambda r: {**r, "report": {**r["report"], "paired": ["aria", "nobody"]}}, "report.paired: unknown ['nobody']"),
+])
+def test_report_only_names_the_record_a_damaged_run_folder_holds(tmp_path, tiny_experiment, straight_run, damage, said):
+    """An experiment.json edited or damaged by hand: one error naming the file and the setting, no
+    traceback, nothing written (the report reads the run's record, not the command's settings)."""
+    import shutil
+
+    from aria.io import ConfigError
+
+    straight_root, _, _ = straight_run
+    shutil.copytree(straight_root / "run", tmp_path / "run", ignore=shutil.ignore_patterns(".lock"))
+    record = tmp_path / "run" / "experiment.json"
+    record.write_text(json.dumps(damage(json.loads(record.read_text()))))
+    with pytest.raises(ConfigError) as raised:
+        experiment.run({**tiny_experiment(tmp_path), "report_only": True}, lambda line: None)
+    assert str(raised.value).startswith(str(record)) and said in str(raised.value)
+    assert not (tmp_path / "results").exists()
+
+
 def test_recorded_settings_win_section_by_section():
     """Hand-made: a recorded value wins (a section recursing, a mapping whole), a setting the record
     lacks keeps the current value and is named, a recorded name that is no longer a setting is named."""

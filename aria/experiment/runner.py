@@ -725,18 +725,26 @@ def run(cfg: Mapping, echo: Printer = print, command: str | None = None) -> Path
     root = Path(cfg.run_dir)
     if cfg.report_only and not (root / "experiment.json").is_file():  # before results_dir is made
         raise ConfigError(f"run_dir: {root} holds no run (no experiment.json): report_only reports a run started before")
-    check_writable(cfg.results_dir)
     if cfg.report_only:
-        return report(cfg, root, echo)
+        return report(cfg, root, echo)  # results_dir checked once the run's record is read
+    check_writable(cfg.results_dir)
     with hold_folder(root):  # a second run into this run_dir is refused, naming this one
         return _run(cfg, root, echo, command)
 
 
+def recorded_settings(root: Path) -> dict:
+    """The settings the run in ``root`` recorded at its last start (its ``experiment.json``): a JSON
+    object, else one error naming the file (a run folder edited or damaged by hand)."""
+    path = root / "experiment.json"
+    recorded = read_json(path)
+    if not isinstance(recorded, dict):
+        raise ConfigError(f"{path}: expected the run's settings as a JSON object, got a {type(recorded).__name__}")
+    return recorded
+
+
 def _check_run_dir(cfg: ExperimentSettings, root: Path) -> None:
-    settings = root / "experiment.json"
-    if settings.is_file() and read_json(settings).get("name") != cfg.name:
-        raise ConfigError(f"run_dir: {root} holds the experiment {read_json(settings).get('name')!r}, "
-                          f"not {cfg.name!r}: give each experiment its own run_dir")
+    if (root / "experiment.json").is_file() and (name := recorded_settings(root).get("name")) != cfg.name:
+        raise ConfigError(f"run_dir: {root} holds the experiment {name!r}, not {cfg.name!r}: give each experiment its own run_dir")
 
 
 def report(cfg: ExperimentSettings, root: Path, echo: Printer) -> Path:
@@ -747,6 +755,7 @@ def report(cfg: ExperimentSettings, root: Path, echo: Printer) -> Path:
         raise ConfigError(f"run_dir: {root} holds no run (no experiment.json): report_only reports a run started before")
     _check_run_dir(cfg, root)
     cfg, unrecorded = as_recorded(cfg, root, echo)
+    check_writable(cfg.results_dir)
     out = write_results(cfg, unrecorded=unrecorded)
     # the table's rows are the arms whose every evaluation game is played
     tabled = {(r["method"], r["seed"], r["iteration"]) for r in read_json(out / "results.json")["arms"]}
@@ -767,7 +776,10 @@ def as_recorded(cfg: ExperimentSettings, root: Path, echo: Printer) -> tuple[Exp
     settings the code gained after the run keep ``cfg``'s values and are returned. Both kinds of
     difference are named."""
     current = asdict(cfg)
-    merged, differ, unrecorded = recorded_over(current, read_json(root / "experiment.json"))
+    try:
+        merged, differ, unrecorded = recorded_over(current, recorded_settings(root))
+    except ConfigError as err:
+        raise ConfigError(f"{root / 'experiment.json'} (the run's recorded settings): {err}") from None
     merged.update({name: current[name] for name in FROM_THE_COMMAND})
     differ = [name for name in differ if name not in FROM_THE_COMMAND]
     if differ:
@@ -776,7 +788,10 @@ def as_recorded(cfg: ExperimentSettings, root: Path, echo: Printer) -> tuple[Exp
     if unrecorded:
         echo(f"[experiment] report only: settings added since the run (not in its experiment.json), "
              f"this command's used: {', '.join(unrecorded)}")
-    return check_settings(merged), unrecorded
+    try:
+        return check_settings(merged), unrecorded
+    except ConfigError as err:  # a value of the record that no run could have written: name the file
+        raise ConfigError(f"{root / 'experiment.json'} (the run's recorded settings): {err}") from None
 
 
 def _run(cfg: ExperimentSettings, root: Path, echo: Printer, command: str | None) -> Path:

@@ -12,6 +12,7 @@ from typing import Any, Dict, List, Optional, get_type_hints
 
 from omegaconf import MISSING
 
+from aria.io import ConfigError
 from aria.settings import MAX_GAMES, bounded
 
 
@@ -123,7 +124,8 @@ def recorded_over(current: dict, recorded: dict, schema: type = ExperimentSettin
     """``current`` (settings as a dict) with every value ``recorded`` holds (a run's experiment.json):
     the merged settings, the dotted names whose values differ (and recorded names no longer
     settings), and the names the record lacks (settings the code gained after the run), which keep
-    ``current``'s values. Sections recurse; a mapping (``game``, ``variants``) is one value."""
+    ``current``'s values. Sections recurse; a mapping (``game``, ``variants``) is one value; a
+    section recorded as anything but a mapping is a :class:`ConfigError` naming it."""
     hints = get_type_hints(schema)
     merged, differ, missing = {}, [], []
     for f in fields(schema):
@@ -131,7 +133,9 @@ def recorded_over(current: dict, recorded: dict, schema: type = ExperimentSettin
         if f.name not in recorded:
             merged[f.name] = ours
             missing.append(name)
-        elif is_dataclass(hints[f.name]) and isinstance(recorded[f.name], dict):
+        elif is_dataclass(hints[f.name]):
+            if not isinstance(recorded[f.name], dict):  # a record no run wrote: said here, where its name is known
+                raise ConfigError(f"{name}: expected a section of settings (a mapping), got {recorded[f.name]!r}")
             merged[f.name], d, m = recorded_over(ours, recorded[f.name], hints[f.name], name + ".")
             differ, missing = differ + d, missing + m
         else:
