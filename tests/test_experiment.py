@@ -646,6 +646,35 @@ def test_report_only_names_the_record_a_damaged_run_folder_holds(tmp_path, tiny_
     assert not (tmp_path / "results").exists()
 
 
+@pytest.mark.parametrize("damage, said", [
+    (lambda m: {**m, "token_kl": "big"}, "field 'token_kl': expected a finite number, got 'big'"),
+    (lambda m: {k: v for k, v in m.items() if k != "weights"}, "field 'weights': expected a JSON object"),
+    (lambda m: {**m, "weights": {**m["weights"], "share": None}}, "field 'weights.share': expected a finite number, got None"),
+    (lambda m: {**m, "token_kl_ci95": [0.1]}, "field 'token_kl_ci95': expected two finite numbers, got [0.1]"),
+    (lambda m: {**m, "logprob_change_won": None}, None),  # no step of a won game: null is a value
+])
+def test_report_only_names_a_damaged_movement_file(tmp_path, tiny_experiment, straight_run, damage, said):
+    """A movement.json edited or cut by hand: one error naming the file and the measure, where the
+    verdict raised a TypeError; a null log-prob change (no won game among the steps) still reports."""
+    import shutil
+
+    from aria.io import DataError
+
+    straight_root, _, _ = straight_run
+    shutil.copytree(straight_root / "run", tmp_path / "run", ignore=shutil.ignore_patterns(".lock"))
+    measured = tmp_path / "run" / "s0" / "aria" / "it1" / "movement.json"
+    measured.write_text(json.dumps(damage(json.loads(measured.read_text()))))
+    cfg = {**tiny_experiment(tmp_path), "report_only": True}
+    if said is None:
+        out = experiment.run(cfg, lambda line: None)
+        row, = [a for a in json.loads((out / "results.json").read_text())["arms"] if a["method"] == "aria" and a["iteration"] == 1]
+        assert row["movement"]["logprob_change_won"] is None
+        return
+    with pytest.raises(DataError) as raised:
+        experiment.run(cfg, lambda line: None)
+    assert str(raised.value) == f"{measured}, {said}"
+
+
 def test_recorded_settings_win_section_by_section():
     """Hand-made: a recorded value wins (a section recursing, a mapping whole), a setting the record
     lacks keeps the current value and is named, a recorded name that is no longer a setting is named."""

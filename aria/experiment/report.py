@@ -28,7 +28,7 @@ import jinja2
 from aria.experiment.layout import Layout, games_of, iterations_of, seeds_of
 from aria.experiment.settings import ExperimentSettings
 from aria.games.family import family_of
-from aria.io import atomic_save_figure, atomic_write_json, atomic_write_text, read_json
+from aria.io import DataError, atomic_save_figure, atomic_write_json, atomic_write_text, is_finite_number, read_json
 from aria.llm.hardware import describe, label
 from aria.power import detectable_difference, runs_detectable_difference
 from aria.statistics import (ALPHA, POWER, mcnemar, percent, pool_runs, pool_score_runs, runs_sensitivity, sensitivity,
@@ -318,11 +318,40 @@ def moved_from_parent(cfg: ExperimentSettings, lay, evaluations: dict, method: s
                                  **sensitivity(test)}
     path = lay.movement(method, seed, iteration)
     if path.is_file():
-        m = read_json(path)
+        m = read_movement(path)
         m.pop("key", None)
         m["moved"] = moved(m, movement_rule(cfg))
         out["movement"] = m
     return out
+
+
+#: The measures of a movement.json that the verdict and the table read, and what each may be
+#: besides a finite number: null (no step of won or of lost games), or absent (files written
+#: before the weights had their counts: :func:`kept_share`).
+MOVEMENT_NUMBERS = {"token_kl": "", "logprob_change_won": "null", "logprob_change_lost": "null",
+                    "weights.share": "", "weights.kept_share": "absent", "weights.changed": "absent",
+                    "weights.changed_float32": "absent"}
+
+
+def read_movement(path: Path) -> dict[str, Any]:
+    """An arm's ``movement.json`` (:func:`aria.experiment.movement.movement`, as the runner wrote it)
+    with the measures the verdict and the table read checked: a damaged file is one error naming
+    the file and the field, not a traceback in the verdict."""
+    m = read_json(path)
+    if not isinstance(m, dict) or not isinstance(m.get("weights"), dict):
+        raise DataError(path, None, None if not isinstance(m, dict) else "weights", "expected a JSON object")
+    for name, besides in MOVEMENT_NUMBERS.items():
+        section, key = (m["weights"], name[8:]) if name.startswith("weights.") else (m, name)
+        if besides == "absent" and key not in section or besides == "null" and key in section and section[key] is None:
+            continue
+        if not is_finite_number(section.get(key)):
+            raise DataError(path, None, name, f"expected a finite number, got {section.get(key)!r}")
+    ci = m.get("token_kl_ci95")
+    if ci is not None and not (isinstance(ci, list) and len(ci) == 2 and all(map(is_finite_number, ci))):
+        raise DataError(path, None, "token_kl_ci95", f"expected two finite numbers, got {ci!r}")
+    if not isinstance(m["weights"].get("dtype"), str):
+        raise DataError(path, None, "weights.dtype", f"expected a string, got {m['weights'].get('dtype')!r}")
+    return m
 
 
 def movement_rule(cfg: ExperimentSettings) -> dict[str, Any]:
