@@ -32,12 +32,13 @@ setup(
         "tqdm",
         "matplotlib",
         "jinja2>=3.0",  # the words of an experiment's table.md (aria/experiment/table.md.j2)
+        "jsonschema>=4.18",  # the run's files a report reads, checked (aria/experiment/report.py)
         "llguidance>=1.0",  # grammar-constrained decoding of the local policy (aria/llm/constrained.py)
     ],
     extras_require={
         # datasets: a test loads the pipeline's train.json with it, as users do; the package reads its
         # training sets with its own reader, which names the file, sample and field of a bad record.
-        "test": ["pytest>=8", "pytest-xdist", "hypothesis", "jsonschema", "datasets>=3.0"],
+        "test": ["pytest>=8", "pytest-xdist", "hypothesis", "datasets>=3.0"],
         # Mutation testing of the core (benchmarks/mutation.py; docs/testing.md, "Mutation testing").
         "mutation": ["mutmut==3.8.1"],
         # GPU machines only: vllm serves the policy for evaluation, deepspeed runs ZeRO-3.

@@ -646,24 +646,32 @@ def test_report_only_names_the_record_a_damaged_run_folder_holds(tmp_path, tiny_
     assert not (tmp_path / "results").exists()
 
 
-@pytest.mark.parametrize("damage, said", [
-    (lambda m: {**m, "token_kl": "big"}, "field 'token_kl': expected a finite number, got 'big'"),
-    (lambda m: {k: v for k, v in m.items() if k != "weights"}, "field 'weights': expected a JSON object"),
-    (lambda m: {**m, "weights": {**m["weights"], "share": None}}, "field 'weights.share': expected a finite number, got None"),
-    (lambda m: {**m, "token_kl_ci95": [0.1]}, "field 'token_kl_ci95': expected two finite numbers, got [0.1]"),
-    (lambda m: {**m, "logprob_change_won": None}, None),  # no step of a won game: null is a value
+MOVED, PREFLIGHT, SELECTION = "s0/aria/it1/movement.json", "s0/it1-shared/intention/preflight.json", "s0/it1-shared/intention/selection.json"
+
+
+@pytest.mark.parametrize("file, damage, said", [
+    (MOVED, lambda m: {**m, "token_kl": "big"}, "field 'token_kl': 'big' is not of type 'number'"),
+    (MOVED, lambda m: {k: v for k, v in m.items() if k != "weights"}, "field 'weights': missing"),
+    (MOVED, lambda m: {**m, "weights": {**m["weights"], "share": None}}, "field 'weights.share': None is not of type 'number'"),
+    (MOVED, lambda m: {**m, "token_kl_ci95": [0.1]}, "field 'token_kl_ci95': [0.1] is too short"),
+    (MOVED, lambda m: {**m, "logprob_change_won": None}, None),  # no step of a won game: null is a value
+    (PREFLIGHT, lambda p: {**p, "rows": [{**p["rows"][0], "shared": "most"}]}, "field 'rows[0].shared': 'most' is not of type 'number'"),
+    (SELECTION, lambda s: {**s, "chosen": []}, "field 'chosen': [] is not of type 'object'"),
+    (SELECTION, lambda s: {**s, "behaviour": {**(s.get("behaviour") or {}), "step_intentions": 3, **{
+        c: [0.5] for c in ("ari", "nmi", "mse", "bias_squared", "variance_within")}}}, "field 'behaviour.ari': 1 values for the "),
 ])
-def test_report_only_names_a_damaged_movement_file(tmp_path, tiny_experiment, straight_run, damage, said):
-    """A movement.json edited or cut by hand: one error naming the file and the measure, where the
-    verdict raised a TypeError; a null log-prob change (no won game among the steps) still reports."""
+def test_report_only_names_a_damaged_file_of_the_run(tmp_path, tiny_experiment, straight_run, file, damage, said):
+    """A run's movement, pre-flight or selection file edited or cut by hand: one error naming the
+    file and the field, where the verdict and the template raised a TypeError or an IndexError; a
+    null log-prob change (no won game among the steps) still reports."""
     import shutil
 
     from aria.io import DataError
 
     straight_root, _, _ = straight_run
     shutil.copytree(straight_root / "run", tmp_path / "run", ignore=shutil.ignore_patterns(".lock"))
-    measured = tmp_path / "run" / "s0" / "aria" / "it1" / "movement.json"
-    measured.write_text(json.dumps(damage(json.loads(measured.read_text()))))
+    damaged = tmp_path / "run" / file
+    damaged.write_text(json.dumps(damage(json.loads(damaged.read_text()))))
     cfg = {**tiny_experiment(tmp_path), "report_only": True}
     if said is None:
         out = experiment.run(cfg, lambda line: None)
@@ -672,7 +680,7 @@ def test_report_only_names_a_damaged_movement_file(tmp_path, tiny_experiment, st
         return
     with pytest.raises(DataError) as raised:
         experiment.run(cfg, lambda line: None)
-    assert str(raised.value) == f"{measured}, {said}"
+    assert str(raised.value).startswith(f"{damaged}, ") and said in str(raised.value), raised.value
 
 
 def test_recorded_settings_win_section_by_section():

@@ -24,11 +24,12 @@ from pathlib import Path
 from typing import Any, Sequence
 
 import jinja2
+import jsonschema
 
 from aria.experiment.layout import Layout, games_of, iterations_of, seeds_of
 from aria.experiment.settings import ExperimentSettings
 from aria.games.family import family_of
-from aria.io import DataError, atomic_save_figure, atomic_write_json, atomic_write_text, is_finite_number, read_json
+from aria.io import DataError, atomic_save_figure, atomic_write_json, atomic_write_text, read_json
 from aria.llm.hardware import describe, label
 from aria.power import detectable_difference, runs_detectable_difference
 from aria.statistics import (ALPHA, POWER, mcnemar, percent, pool_runs, pool_score_runs, runs_sensitivity, sensitivity,
@@ -231,7 +232,7 @@ def read_gradient_variance(cfg: ExperimentSettings, lay: Layout) -> dict[str, di
     for seed in cfg.seeds:
         path = lay.shared(seed) / "grad_variance.json"
         if path.is_file():
-            variance[str(seed)] = {k: v for k, v in read_json(path).items() if k != "key"}
+            variance[str(seed)] = {k: v for k, v in read_checked(path, {"type": "object"}).items() if k != "key"}
     return variance
 
 
@@ -240,7 +241,7 @@ def read_recovery(lay: Layout) -> dict[str, Any] | None:
     selection = lay.warm / "intention" / "selection.json"
     if not selection.is_file():
         return None
-    s = read_json(selection)
+    s = read_selection(selection)
     return {"chosen_k": s["chosen"]["k"], "ks": s["ks"], **(s.get("intention_recovery") or {})}
 
 
@@ -254,7 +255,7 @@ def read_preflights(cfg: ExperimentSettings, lay: Layout) -> tuple[dict[str, dic
                 shared = where == lay.intention("", seed, it) / "preflight.json"
                 name = f"seed {seed}, iteration 1 (shared)" if shared else f"seed {seed}, {method}, iteration {it}"
                 if where.is_file() and name not in preflight:
-                    preflight[name] = read_json(where)
+                    preflight[name] = read_checked(where, PREFLIGHT)
                     against = behaviour_at_chosen_k(where.parent / "selection.json")
                     if against:
                         behaviour[name] = against
@@ -293,7 +294,7 @@ def behaviour_at_chosen_k(selection_path: Path) -> dict | None:
     section) at the chosen k, and the k whose R~ is closest to the behavioural R~."""
     if not selection_path.is_file():
         return None
-    s = read_json(selection_path)
+    s = read_selection(selection_path)
     b = s.get("behaviour")
     if not b or "mse" not in b or len(set(s["chosen"]["k"].values())) != 1:
         return None
@@ -318,40 +319,69 @@ def moved_from_parent(cfg: ExperimentSettings, lay, evaluations: dict, method: s
                                  **sensitivity(test)}
     path = lay.movement(method, seed, iteration)
     if path.is_file():
-        m = read_movement(path)
+        m = read_checked(path, MOVEMENT)
         m.pop("key", None)
         m["moved"] = moved(m, movement_rule(cfg))
         out["movement"] = m
     return out
 
 
-#: The measures of a movement.json that the verdict and the table read, and what each may be
-#: besides a finite number: null (no step of won or of lost games), or absent (files written
-#: before the weights had their counts: :func:`kept_share`).
-MOVEMENT_NUMBERS = {"token_kl": "", "logprob_change_won": "null", "logprob_change_lost": "null",
-                    "weights.share": "", "weights.kept_share": "absent", "weights.changed": "absent",
-                    "weights.changed_float32": "absent"}
+# ---- the run's files the report reads, checked against what it reads of them ----------------------------------
+# A file damaged or edited by hand is one error naming the file and the field (JSON Schema's path),
+# not a traceback in the verdict or the template. Fields a file gained over time are optional.
+NUMBER, MAYBE_NUMBER = {"type": "number"}, {"type": ["number", "null"]}
+K_PER_POOL = {"type": "object", "additionalProperties": {"type": "integer"}, "minProperties": 1}
+MOVEMENT = {  # aria.experiment.movement.movement; a log-prob change is null where no step of won (lost) games
+    "type": "object", "required": ["token_kl", "logprob_change_won", "logprob_change_lost", "weights"],
+    "properties": {"token_kl": NUMBER, "logprob_change_won": MAYBE_NUMBER, "logprob_change_lost": MAYBE_NUMBER,
+                   "token_kl_ci95": {"type": "array", "items": NUMBER, "minItems": 2, "maxItems": 2},
+                   "weights": {"type": "object", "required": ["dtype", "share"],
+                               "properties": {"dtype": {"type": "string"}, "share": NUMBER, "kept_share": NUMBER,
+                                              "changed": {"type": "integer"}, "changed_float32": {"type": "integer"}}}}}
+PREFLIGHT = {  # aria.intention.pipeline's pre-flight of a labelling: one row a k (or the behavioural labels)
+    "type": "object", "required": ["steps", "rows"],
+    "properties": {"steps": {"type": "integer"}, "rows": {"type": "array", "items": {
+        "type": "object", "required": ["k", "chosen", "shared", "shared_by_turn", "mean_abs_change", "variance_ratio"],
+        "properties": {"k": K_PER_POOL, "chosen": {"type": "boolean"}, "trained": {"type": "boolean"},
+                       "labels": {"type": "string"}, "shared": NUMBER,
+                       "shared_by_turn": {"type": "object", "additionalProperties": NUMBER},
+                       "mean_abs_change": MAYBE_NUMBER, "variance_ratio": MAYBE_NUMBER}}}}}
+STAGE_TIMES = {"type": "object", "additionalProperties": {  # the runner's stage_times.json, by stage name
+    "type": "object", "properties": {"seconds": NUMBER, "unfinished": NUMBER, "cpus": {"type": "array", "items": {"type": "string"}}}}}
+INVOCATIONS = {"type": "array", "items": {  # the runner's invocations.json: each command that ran stages
+    "type": "object", "properties": {"seconds": NUMBER, "command": {"type": ["string", "null"]}, "cpu": {"type": "string"}}}}
+BEHAVIOUR_CURVES = ("ari", "nmi", "mse", "bias_squared", "variance_within")  # one value a k of ``ks``
+SELECTION = {  # step 2's selection.json: the chosen k, the ks, the intention recovery and behaviour sections
+    "type": "object", "required": ["chosen", "ks", "num_steps"],
+    "properties": {"chosen": {"type": "object", "required": ["k"], "properties": {"k": K_PER_POOL}},
+                   "ks": {"type": "array", "items": {"type": "integer"}, "minItems": 1},
+                   "num_steps": {"type": "integer"}, "intention_recovery": {"type": ["object", "null"]},
+                   "behaviour": {"type": ["object", "null"],
+                                 "properties": {"step_intentions": {"type": "integer"},
+                                                **{name: {"type": "array", "items": MAYBE_NUMBER} for name in BEHAVIOUR_CURVES}},
+                                 "dependentRequired": {"mse": ["step_intentions", *BEHAVIOUR_CURVES]}}}}
 
 
-def read_movement(path: Path) -> dict[str, Any]:
-    """An arm's ``movement.json`` (:func:`aria.experiment.movement.movement`, as the runner wrote it)
-    with the measures the verdict and the table read checked: a damaged file is one error naming
-    the file and the field, not a traceback in the verdict."""
-    m = read_json(path)
-    if not isinstance(m, dict) or not isinstance(m.get("weights"), dict):
-        raise DataError(path, None, None if not isinstance(m, dict) else "weights", "expected a JSON object")
-    for name, besides in MOVEMENT_NUMBERS.items():
-        section, key = (m["weights"], name[8:]) if name.startswith("weights.") else (m, name)
-        if besides == "absent" and key not in section or besides == "null" and key in section and section[key] is None:
-            continue
-        if not is_finite_number(section.get(key)):
-            raise DataError(path, None, name, f"expected a finite number, got {section.get(key)!r}")
-    ci = m.get("token_kl_ci95")
-    if ci is not None and not (isinstance(ci, list) and len(ci) == 2 and all(map(is_finite_number, ci))):
-        raise DataError(path, None, "token_kl_ci95", f"expected two finite numbers, got {ci!r}")
-    if not isinstance(m["weights"].get("dtype"), str):
-        raise DataError(path, None, "weights.dtype", f"expected a string, got {m['weights'].get('dtype')!r}")
-    return m
+def read_checked(path: Path, schema: dict) -> Any:
+    """``path``'s JSON, checked against ``schema``: its first problem is a :class:`DataError` naming the field."""
+    found = read_json(path)
+    problem = jsonschema.exceptions.best_match(jsonschema.Draft202012Validator(schema).iter_errors(found))
+    if problem is None:
+        return found
+    where = problem.json_path.removeprefix("$").removeprefix(".")
+    if problem.validator == "required":  # named as every reader names a missing field
+        missing = next(name for name in problem.validator_value if name not in problem.instance)
+        raise DataError(path, None, f"{where}.{missing}".removeprefix("."), "missing")
+    raise DataError(path, None, where or None, problem.message)
+
+
+def read_selection(path: Path) -> dict[str, Any]:
+    """A labelling's selection.json (:data:`SELECTION`), each behaviour curve one value a k of ``ks``."""
+    s = read_checked(path, SELECTION)
+    for name in BEHAVIOUR_CURVES:
+        if name in (s.get("behaviour") or {}) and len(s["behaviour"][name]) != len(s["ks"]):
+            raise DataError(path, None, f"behaviour.{name}", f"{len(s['behaviour'][name])} values for the {len(s['ks'])} ks")
+    return s
 
 
 def movement_rule(cfg: ExperimentSettings) -> dict[str, Any]:
@@ -527,8 +557,8 @@ def run_record(cfg: ExperimentSettings, wall_seconds: float | None = None, resum
     report is ``reported_on``, never taken for the run's (``report_only`` runs no stage); stages
     timed before their machines were recorded leave the CPU unknown rather than guessed."""
     times_path, invocations_path = Path(cfg.run_dir) / "stage_times.json", Path(cfg.run_dir) / "invocations.json"
-    times = read_json(times_path) if times_path.is_file() else {}
-    invocations = [i for i in (read_json(invocations_path) if invocations_path.is_file() else []) if "seconds" in i]
+    times = read_checked(times_path, STAGE_TIMES) if times_path.is_file() else {}
+    invocations = [i for i in (read_checked(invocations_path, INVOCATIONS) if invocations_path.is_file() else []) if "seconds" in i]
     if invocations:  # every command that ran stages here (runs since 2026-12-07): their times summed, their command lines
         wall_seconds, resumed = sum(i["seconds"] for i in invocations), len(invocations) > 1
     finished = {name: t for name, t in times.items() if "seconds" in t}
