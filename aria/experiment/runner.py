@@ -775,12 +775,13 @@ def as_recorded(cfg: ExperimentSettings, root: Path, echo: Printer) -> tuple[Exp
     start as theirs and name stages it never ran. Only :data:`FROM_THE_COMMAND` come from ``cfg``;
     settings the code gained after the run keep ``cfg``'s values and are returned. Both kinds of
     difference are named."""
-    current = asdict(cfg)
-    try:
-        merged, differ, unrecorded = recorded_over(current, recorded_settings(root))
+    current, recorded = asdict(cfg), recorded_settings(root)
+    try:  # a value of the record that no run could have written: one error naming the file
+        merged, differ, unrecorded = recorded_over(current, recorded)
+        merged.update({name: current[name] for name in FROM_THE_COMMAND})
+        checked = check_settings(merged)
     except ConfigError as err:
         raise ConfigError(f"{root / 'experiment.json'} (the run's recorded settings): {err}") from None
-    merged.update({name: current[name] for name in FROM_THE_COMMAND})
     differ = [name for name in differ if name not in FROM_THE_COMMAND]
     if differ:
         echo(f"[experiment] report only: the run's own settings (its experiment.json) are reported; "
@@ -788,10 +789,7 @@ def as_recorded(cfg: ExperimentSettings, root: Path, echo: Printer) -> tuple[Exp
     if unrecorded:
         echo(f"[experiment] report only: settings added since the run (not in its experiment.json), "
              f"this command's used: {', '.join(unrecorded)}")
-    try:
-        return check_settings(merged), unrecorded
-    except ConfigError as err:  # a value of the record that no run could have written: name the file
-        raise ConfigError(f"{root / 'experiment.json'} (the run's recorded settings): {err}") from None
+    return checked, unrecorded
 
 
 def _run(cfg: ExperimentSettings, root: Path, echo: Printer, command: str | None) -> Path:
