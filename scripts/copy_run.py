@@ -1,6 +1,8 @@
 #!/usr/bin/env python3
-"""Copy an experiment's run folder without its weights (merged models, training checkpoints) and
-servers' logs: its games, labels, evaluations and markers, a few MB, which report and resume.
+"""Copy an experiment's run folder without its weights: a few MB, which report and resume.
+
+Left out: merged models, training checkpoints, servers' logs and the embedding cache; kept: its
+games, labels, evaluations and markers.
 
     python scripts/copy_run.py RUN_DIR DEST
     python scripts/copy_run.py --results-only RUN_DIR results/experiments/NAME/run   # to commit beside its results

@@ -498,7 +498,8 @@ def test_a_run_folder_copied_without_its_weights_reports_and_resumes_without_tra
     size = copy_without_weights(straight_root / "run", tmp_path / "run")
     copied = tmp_path / "run"
     assert 0 < size < 5 * 2**20 and (copied / "s0" / "aria" / "it2" / "trained_on.json").is_file()
-    assert not [p for p in copied.rglob("*") if p.name in ("model", "train", "checkpoints") or p.suffix == ".log"]
+    assert not [p for p in copied.rglob("*") if p.name in ("model", "train", "checkpoints", "embedding_cache") or p.suffix == ".log"]
+    assert list((straight_root / "run").rglob("embedding_cache/*.npz"))  # the run had one; its copy resumes without
     lines: list[str] = []
     resumed = experiment.run(tiny_experiment(tmp_path), lines.append)
     assert not [line for line in lines if "games done (" in line], lines  # no game played again

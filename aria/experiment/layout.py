@@ -101,13 +101,15 @@ def games_of(cfg: ExperimentSettings, section: PlaySettings) -> int:
 
 # ---- a run folder without its weights -----------------------------------------------------------------
 # Left out of a copy: merged models (about 0.5 GB each), the actor's training folder (LoRA adapters and
-# their checkpoints), any other trainer's checkpoints (ArCHer's critic), servers' logs and the run's
-# lock. What stays (games, labels, training markers, evaluations, movement, stage times, a critic's
-# final heads and advantages) is what the report reads and what tells a resumed run which stages are done.
-WEIGHTS_AND_LOGS = ("model", "train", "checkpoints", "*.log", ".lock", "*.lock")
+# their checkpoints), any other trainer's checkpoints (ArCHer's critic), servers' logs, the run's
+# lock and step 1's embedding cache (a cache: a third of a labelled seed's bytes, and read only when
+# step 1 runs again, which then embeds anew). What stays (games, labels, training markers,
+# evaluations, movement, stage times, a critic's final heads and advantages) is what the report
+# reads and what tells a resumed run which stages are done.
+WEIGHTS_AND_LOGS = ("model", "train", "checkpoints", "*.log", ".lock", "*.lock", "embedding_cache")
 #: What a results-only copy also leaves out: the intention steps' data and the training sets, which
 #: the report never reads (it reads each labelling's preflight.json, selection.json and behaviour.json).
-STEP_DATA = ("embeddings.npz", "embedding_cache", "labelled.jsonl", "labelled.meta.json", "labels.npz",
+STEP_DATA = ("embeddings.npz", "labelled.jsonl", "labelled.meta.json", "labels.npz",
              "utterances.json", "train.json", "train.meta.json", "selection.png")
 
 
