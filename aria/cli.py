@@ -24,6 +24,7 @@ import os
 import shlex
 import signal
 import sys
+import textwrap
 import threading
 from contextlib import contextmanager
 from pathlib import Path
@@ -134,8 +135,12 @@ def check_command_line(config_name: str, argv: list[str] | None = None) -> None:
     from its command line as Hydra will, before Hydra does: an unknown option of a config group
     (``experiment=nope``), a key the config lacks or an override Hydra cannot parse is one line,
     exit 2 (Hydra's own message is 2-16 lines, exit 1). Hydra's flags (``--help``, ``--cfg``,
-    ``--multirun``, ...) are left to Hydra."""
+    ``--multirun``, ...) are left to Hydra; ``--help`` first prints the script's docstring (what it
+    does, how it is run), before Hydra's list of settings (config/hydra/help/aria.yaml)."""
     args = sys.argv[1:] if argv is None else argv
+    if "--help" in args or "-h" in args:
+        print(textwrap.dedent(getattr(sys.modules["__main__"], "__doc__", None) or "").strip() + "\n")
+        return
     name, overrides, i = config_name, [], 0
     while i < len(args):
         if args[i] in ("--config-name", "-cn") and i + 1 < len(args):

@@ -541,6 +541,24 @@ def test_an_unknown_option_or_key_of_the_command_line_is_one_line(script, args, 
     assert len(lines) == 1 and lines[0].startswith(message), done.stderr
 
 
+@pytest.mark.parametrize("script, args, setting", [
+    ("scripts/run_offline.py", ["--config-name", "reinforce_llm", "seed=7"], "seed: 7"),  # through aria.cli.hydra_command
+    ("scripts/run_experiment.py", ["--config-name", "experiment", "-h", "experiment=replicated"], "name: replicated"),  # hydra.main
+    ("reward_aggregation/1_embed_and_cluster.py", [], "embedder:"),
+])
+def test_help_says_what_the_command_does_then_every_setting(script, args, setting):
+    """--help: the script's docstring first, then its settings as the command line composes them
+    (before: "launch is powered by Hydra." and Hydra's template, the command's purpose nowhere)."""
+    import ast
+
+    done = run(script, *args, *([] if "-h" in args else ["--help"]))
+    assert done.returncode == 0, done.stderr[-2000:]
+    first = ast.get_docstring(ast.parse((REPO / script).read_text())).splitlines()[0]
+    assert done.stdout.splitlines()[0] == first and "powered by Hydra" not in done.stdout
+    settings = done.stdout.split("== Every setting, as this command line composes it ==", 1)[1]
+    assert setting in settings.splitlines(), settings[:500]
+
+
 def test_an_unusable_output_file_is_refused_before_the_models_load(tmp_path):
     """movement.py's --out and grad_variance.py's grad_variance.out: a folder, or a path under a
     file, is one line before any model or data is read (before: after the models' work, the error
