@@ -19,7 +19,8 @@ import sys
 from pathlib import Path
 
 from aria.cli import command, number, protect_terminal
-from aria.experiment.runner import GamesFailed, Generator, check_settings, evaluate_arm, evaluation_done, model_version
+from aria.experiment.layout import model_version
+from aria.experiment.runner import GamesFailed, Generator, check_settings, evaluate_arm, evaluation_done
 from aria.games.family import family_of
 from aria.io import ConfigError, atomic_write_json, read_json
 from aria.llm.hardware import describe, label

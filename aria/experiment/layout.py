@@ -11,7 +11,7 @@ from pathlib import Path
 
 from aria.experiment.settings import ExperimentSettings, PlaySettings
 from aria.games.family import family_of
-from aria.io import ConfigError, atomic_folder, check_output_folder
+from aria.io import ConfigError, atomic_folder, check_output_folder, file_digest
 
 
 # ---- where things live ------------------------------------------------------------------------------
@@ -55,6 +55,21 @@ class Layout:
         ``as_alice.jsonl`` and ``as_bob.jsonl`` (the policy in each seat against the opponent)."""
         where = self.root / "eval" / "it0" if iteration == 0 else self.arm(method, seed, iteration) / "eval"
         return self.family.evaluation_output(where)
+
+
+# ---- how the run's records name a model (producers, training markers, movement keys) ------------------
+def recorded_path(cfg: ExperimentSettings, path: Path) -> str:
+    """``path`` as the run's records (producers, training markers) hold it: relative to ``run_dir``
+    when inside it, so a run folder copied or moved elsewhere resumes instead of redoing its work."""
+    root, resolved = Path(cfg.run_dir).resolve(), Path(path).resolve()
+    return str(resolved.relative_to(root)) if resolved.is_relative_to(root) else str(path)
+
+
+def model_version(model_dir: Path) -> str:
+    """Which training made ``model_dir``: a digest of the ``trained_on.json`` beside it (the
+    experiment's models), or the folder itself (a model the experiment did not train)."""
+    marker = Path(model_dir).parent / "trained_on.json"
+    return file_digest(marker) if marker.is_file() else str(model_dir)
 
 
 def method_of(cfg: ExperimentSettings, arm: str) -> str:

@@ -26,7 +26,7 @@ from typing import Any, Sequence
 import jinja2
 import jsonschema
 
-from aria.experiment.layout import Layout, games_of, iterations_of, seeds_of
+from aria.experiment.layout import Layout, games_of, iterations_of, model_version, recorded_path, seeds_of
 from aria.experiment.settings import ExperimentSettings
 from aria.games.family import family_of
 from aria.io import DataError, atomic_save_figure, atomic_write_json, atomic_write_text, read_json
@@ -34,7 +34,7 @@ from aria.llm.hardware import describe, label
 from aria.power import detectable_difference, runs_detectable_difference
 from aria.statistics import (ALPHA, POWER, mcnemar, percent, pool_runs, pool_score_runs, runs_sensitivity, sensitivity,
                              wilson_interval)
-from aria.trajectories import read_trajectories
+from aria.trajectories import producer_path, read_producer, read_trajectories
 # Imported in the functions that use them (slow to import: benchmarks/import_time.py): matplotlib
 
 
@@ -90,7 +90,7 @@ def runs_detect(runs: int, pairs: int, cfg: ExperimentSettings, power: float = P
             + f" at a between-run spread of {100 * sd:.1f} points (report.between_run_sd)")
 
 
-def outcomes(path: Path, family, expected: set[str]) -> dict[str, dict] | None:
+def outcomes(path: Path, family, expected: set[str], played_by: dict | None = None) -> dict[str, dict] | None:
     """An arm's evaluation games as ``{pair key: {"success", "turns"}}``, or None until every game
     of ``expected`` (:func:`evaluation_ids`) is played in every seat. Only those count: a file that
     holds more (an evaluation since lowered from more games) reports the games the settings name,
@@ -98,9 +98,12 @@ def outcomes(path: Path, family, expected: set[str]) -> dict[str, dict] | None:
     target), turns = the policy's own. A question game's games are keyed by game id; a two-player
     game's (``path`` the folder of ``as_alice.jsonl`` and ``as_bob.jsonl``) by seat and game id, so
     arms pair by configuration and seat. score = the policy's graded outcome (a two-player game's
-    payoff share; a question game's success); deal = a two-player game ended in a deal (else None)."""
+    payoff share; a question game's success); deal = a two-player game ended in a deal (else None).
+    ``played_by`` (:func:`played_by`): what each file's producer record must name, checked first."""
     out = {}
     for file, role in family.evaluation_seats(path):
+        if played_by is not None and file.is_file():
+            check_played_by(file, family, role, played_by)
         records = read_trajectories(file, allow_partial_last_line=True) if file.is_file() else []
         games = {r["game_id"]: r for r in records if r.get("status") != "failed" and r["game_id"] in expected}
         if len(games) < len(expected):
@@ -110,6 +113,45 @@ def outcomes(path: Path, family, expected: set[str]) -> dict[str, dict] | None:
                                                        "turns": family.turns(r, role)}
                     for gid, r in games.items()})
     return out
+
+
+def played_by(cfg: ExperimentSettings, lay: Layout, method: str, seed: int, iteration: int) -> dict:
+    """What an evaluation's producer records must name (:func:`check_played_by`): the evaluation
+    seed, and the model the runner plays it with where that model is the run's own (the warm start,
+    an arm's), with its version where its training marker is in the folder (it is in every copy)."""
+    if iteration == 0 and not cfg.warm_start.enabled:
+        return {"seed": cfg.eval.seed}  # a base model outside the run folder: its path is the machine's
+    model = lay.model(method, seed, iteration)
+    version = model_version(model) if (model.parent / "trained_on.json").is_file() else None
+    return {"seed": cfg.eval.seed, "model_path": recorded_path(cfg, model), "model_version": version}
+
+
+def check_played_by(file: Path, family, role: str | None, expected: dict) -> None:
+    """Refuse, naming the producer record and its field, an evaluation file whose games another
+    model (or another evaluation seed) played: a folder assembled by hand from several arms or
+    runs, which would otherwise report one model's games as another's. (The runner never counts
+    them: it plays the evaluation again, moving such games aside.) A file without a producer record
+    (imported, or older than the record) is read as it is."""
+    producer = read_producer(file)
+    if producer is None:
+        return
+    where, redo = producer_path(file), "evaluated by another model or run; remove the file and resume the run to play them again"
+    if producer.get("seed") != expected["seed"]:
+        raise DataError(where, None, "producer.seed", f"games of evaluation seed {producer.get('seed')!r}, not the run's "
+                                                      f"{expected['seed']}: {redo}")
+    key, player = family.player_in(producer, role)
+    if not isinstance(player, dict) or "model_path" not in expected:
+        return
+    recorded, path = player.get("model_path"), expected["model_path"]
+    parts = Path(path).parts
+    if recorded is not None and Path(str(recorded)).parts[-len(parts):] != parts:  # (older runs recorded absolute paths)
+        raise DataError(where, None, f"producer.{key}.model_path", f"games of {recorded}, not of {path}, "
+                                                                   f"the model this evaluation is of: {redo}")
+    version = player.get("model_version")
+    if expected["model_version"] is not None and version is not None and version != expected["model_version"]:
+        raise DataError(where, None, f"producer.{key}.model_version",
+                        f"games of {path} as version {version} trained it, not as its trained_on.json beside it "
+                        f"says (version {expected['model_version']}): {redo}")
 
 
 def evaluation_ids(cfg: ExperimentSettings) -> set[str]:
@@ -155,13 +197,13 @@ def read_evaluations(cfg: ExperimentSettings, lay: Layout) -> tuple[dict | None,
     """The starting model's evaluation (None until it is finished), and each finished evaluation's
     games by id under (method, seed, iteration), the starting model's as iteration 0 of every arm."""
     expected, evaluations = evaluation_ids(cfg), {}
-    base_games = outcomes(lay.evaluation("", 0, 0), lay.family, expected)
+    base_games = outcomes(lay.evaluation("", 0, 0), lay.family, expected, played_by(cfg, lay, "", 0, 0))
     for seed in cfg.seeds:
         for method in cfg.methods:
             if base_games is not None:
                 evaluations[(method, seed, 0)] = base_games
             for it in range(1, iterations_of(cfg, method) + 1):
-                games = outcomes(lay.evaluation(method, seed, it), lay.family, expected)
+                games = outcomes(lay.evaluation(method, seed, it), lay.family, expected, played_by(cfg, lay, method, seed, it))
                 if games is not None:
                     evaluations[(method, seed, it)] = games
     return base_games, evaluations

@@ -47,7 +47,7 @@ from pathlib import Path
 from typing import Any, Callable, Mapping
 
 from aria.experiment.layout import (COPY_MARK, Layout, games_of, intention_overrides_of, is_stage_folder, iterations_of,
-                                    method_of, seeds_of, train_overrides_of)
+                                    method_of, model_version, recorded_path, seeds_of, train_overrides_of)
 from aria.experiment.report import evaluation_ids, planned_power, preflight_row_name, run_record, write_results
 from aria.experiment.settings import ExperimentSettings, recorded_over
 from aria.games.common.base import structured_output
@@ -189,20 +189,6 @@ class GamesFailed(RuntimeError):
 
 
 # ---- the stages' work ---------------------------------------------------------------------------------
-def recorded_path(cfg: ExperimentSettings, path: Path) -> str:
-    """``path`` as the run's records (producers, training markers) hold it: relative to ``run_dir``
-    when inside it, so a run folder copied or moved elsewhere resumes instead of redoing its work."""
-    root, resolved = Path(cfg.run_dir).resolve(), Path(path).resolve()
-    return str(resolved.relative_to(root)) if resolved.is_relative_to(root) else str(path)
-
-
-def model_version(model_dir: Path) -> str:
-    """Which training made ``model_dir``: a digest of the ``trained_on.json`` beside it (the
-    experiment's models), or the folder itself (a model the experiment did not train)."""
-    marker = Path(model_dir).parent / "trained_on.json"
-    return file_digest(marker) if marker.is_file() else str(model_dir)
-
-
 def play(cfg: ExperimentSettings, policy, out: Path, seed: int, section: dict, echo: Printer, what: str) -> Path:
     """The games of a collection (``section`` = ``collect``, or the warm start's) into ``out``: the
     question game against the oracle, or two-player self-play (the game's family). Resumes game by

@@ -79,6 +79,10 @@ class GameFamily(Protocol):
     def evaluation_ids(self, cfg: Any) -> set[str]:
         """The game ids of one evaluation under the settings (``eval``), in each seat."""
 
+    def player_in(self, producer: Mapping[str, Any], role: str | None) -> tuple[str, Any]:
+        """Where in a file's producer record the policy's side is named, and what it holds (the
+        ``made_by`` it was played under: a mapping for a policy, or whatever an older file holds)."""
+
     def won(self, record: dict, role: str | None) -> bool:
         """Whether the policy (in ``role``; None in a question game) won the game ``record``."""
 
@@ -157,6 +161,9 @@ class QuestionFamily:
     def evaluation_ids(self, cfg):
         e = cfg.eval
         return {question_play.game_id(cfg.game["name"], e.seed, i) for i in range(e.games)}
+
+    def player_in(self, producer, role):
+        return "policy", producer.get("policy")
 
     def won(self, record, role):
         return bool(record["success"])
@@ -254,6 +261,10 @@ class TwoPlayerFamily:
         e = cfg.eval
         return {two_player_play.game_id(c, e.seed, i)
                 for c in config_set(cfg.game, e.config_set) for i in range(e.games_per_config)}
+
+    def player_in(self, producer, role):
+        seats = producer.get("seats")
+        return f"seats.{role}", seats.get(role) if isinstance(seats, Mapping) else None
 
     def won(self, record, role):
         return record["meta"]["winner"] == role
