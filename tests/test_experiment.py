@@ -684,16 +684,18 @@ def test_report_only_names_a_damaged_file_of_the_run(tmp_path, tiny_experiment, 
     assert str(raised.value).startswith(f"{damaged}, ") and said in str(raised.value), raised.value
 
 
-@pytest.mark.parametrize("change, field, said", [
-    ("swapped", "producer.policy.model_path", "games of s0/no_aggregation/it1/model, not of s0/aria/it1/model"),
-    ("retrained", "producer.policy.model_version", "not as its trained_on.json beside it says"),
-    ("other_seed", "producer.seed", "games of evaluation seed 7, not the run's"),
+@pytest.mark.parametrize("change, named, field, said", [
+    ("swapped", "eval.jsonl.producer.json", "producer.policy.model_path", "games of s0/no_aggregation/it1/model, not of s0/aria/it1/model"),
+    ("retrained", "eval.jsonl.producer.json", "producer.policy.model_version", "not as its trained_on.json beside it says"),
+    ("other_seed", "eval.jsonl.producer.json", "producer.seed", "games of evaluation seed 7, not the run's"),
+    ("movement_swapped", "movement.json", "key.child_version", "not s0/aria/it1/model as its trained_on.json beside it says"),
 ])
-def test_report_only_refuses_an_evaluation_another_model_played(tmp_path, tiny_experiment, straight_run, change, field, said):
+def test_report_only_refuses_an_evaluation_another_model_played(tmp_path, tiny_experiment, straight_run, change, named, field, said):
     """A run folder assembled by hand: an arm's evaluation file copied from another arm, kept beside
-    a training marker of a later training, or played on other targets. Before, the report counted
-    those games as the arm's (only the runner read the producer records); now one error names the
-    record and its field. The untouched copy reports (test_a_results_only_copy_reports_the_same_tables)."""
+    a training marker of a later training, or played on other targets; its movement measured on
+    another arm. Before, the report counted those as the arm's (only the runner read the producer
+    records and movement keys); now one error names the file and its field. The untouched copy
+    reports (test_a_results_only_copy_reports_the_same_tables)."""
     import shutil
 
     from aria.games.family import FAMILIES
@@ -706,6 +708,8 @@ def test_report_only_refuses_an_evaluation_another_model_played(tmp_path, tiny_e
     if change == "swapped":
         for name in ("eval.jsonl", "eval.jsonl.producer.json"):
             shutil.copyfile(other / name, arm / name)
+    elif change == "movement_swapped":
+        shutil.copyfile(other / "movement.json", arm / "movement.json")
     elif change == "retrained":
         marker = json.loads((arm / "trained_on.json").read_text())
         (arm / "trained_on.json").write_text(json.dumps({**marker, "seed": marker["seed"] + 1}))
@@ -715,7 +719,7 @@ def test_report_only_refuses_an_evaluation_another_model_played(tmp_path, tiny_e
         producer_path(arm / "eval.jsonl").write_text(json.dumps(record))
     with pytest.raises(DataError) as raised:
         experiment.run({**tiny_experiment(tmp_path), "report_only": True}, lambda line: None)
-    assert str(raised.value).startswith(f"{producer_path(arm / 'eval.jsonl')}, field '{field}': ") and said in str(raised.value), raised.value
+    assert str(raised.value).startswith(f"{arm / named}, field '{field}': ") and said in str(raised.value), raised.value
     # where a two-player game's record names the policy: its seat
     assert FAMILIES["two_player"].player_in({"seats": {"bob": {"model_path": "m"}, "alice": {}}}, "bob") == \
         ("seats.bob", {"model_path": "m"})

@@ -362,7 +362,13 @@ def moved_from_parent(cfg: ExperimentSettings, lay, evaluations: dict, method: s
     path = lay.movement(method, seed, iteration)
     if path.is_file():
         m = read_checked(path, MOVEMENT)
-        m.pop("key", None)
+        key, model = m.pop("key", None), lay.model(method, seed, iteration)
+        if isinstance(key, dict) and "child_version" in key and (model.parent / "trained_on.json").is_file() \
+                and key["child_version"] != model_version(model):  # measured on another arm's model, or an older training
+            raise DataError(path, None, "key.child_version",
+                            f"measured on the model version {key['child_version']} trained, not {recorded_path(cfg, model)} as "
+                            f"its trained_on.json beside it says (version {model_version(model)}): remove the file and "
+                            f"resume the run to measure it again")
         m["moved"] = moved(m, movement_rule(cfg))
         out["movement"] = m
     return out
