@@ -201,6 +201,10 @@ def test_the_summary_gives_each_arm_its_gain_over_its_start_and_where_and_how_lo
     results["run"]["invocations"] = 3  # since then: every command's time, summed
     assert "10 min 01 s wall over 3 commands:" in render_summary(results)
     assert "| the 3 commands that ran it, each start to end, summed | 10 min 01 s |" in render_stage_times(results)
+    results["run"].update(timed_to_last_beat=1, not_timed=2)  # killed (or still running): a lower bound, said
+    assert ("10 min 01 s wall over 3 commands (a lower bound: of the commands with no recorded end, killed or still "
+            "running, 1 timed to its last minute, 2 not timed):") in render_summary(results)
+    assert "| the 3 commands that ran it, each start to end, summed (a lower bound: " in render_stage_times(results)
 
 
 def test_the_movement_verdict_by_hand(tmp_path):
@@ -889,6 +893,40 @@ def test_a_stage_resumed_after_an_interrupt_is_timed_over_all_its_runs(tmp_path,
     assert times == finished
 
 
+def test_a_stage_killed_outright_keeps_its_time_to_its_last_heartbeat(tmp_path, monkeypatch):
+    """SIGKILL, a lost machine or a session's end runs no handler: before, the stage's and the
+    command's time were lost whole (a 46-minute training timed by its last 17 minutes). The
+    heartbeat writes both while the stage runs; the next run counts the stage's part as unfinished."""
+    import threading
+    import time
+
+    path, times, invocations = tmp_path / "stage_times.json", {}, [{"command": "c", "cpu": "A", "started": "x"}]
+    beat = experiment.Heartbeat(tmp_path, times, invocations, every=0.02)
+    seen, done = {}, threading.Event()
+
+    def train():  # what a kill would leave on disk, read while the stage runs
+        while not done.is_set():
+            on_disk = json.loads(path.read_text()) if path.is_file() else {}
+            if on_disk.get("s0 train", {}).get("running", 0) >= 0.1:
+                seen.update(stage=on_disk["s0 train"], command=json.loads((tmp_path / "invocations.json").read_text())[-1])
+                done.set()
+            time.sleep(0.01)
+
+    beat.start()
+    try:
+        experiment.timed_stage(experiment.Stage("s0 train", "train"), train, times, path, "machine A", beat)
+    finally:
+        beat.stop()
+    assert seen["stage"]["kind"] == "train" and seen["stage"]["cpus"] == ["machine A"] and "seconds" not in seen["stage"]
+    assert seen["command"]["last_beat_seconds"] >= 0.1 and "seconds" not in seen["command"]
+    # the next run, on another machine, finds a stage killed after 40 s: it counts, as an interrupt's part does
+    times = {"s1 train": {"kind": "train", "cpus": ["machine A"], "unfinished": 5.0, "running": 40.0}}
+    clock = iter([0.0, 30.0])
+    monkeypatch.setattr(experiment.time, "perf_counter", lambda: next(clock))
+    assert experiment.timed_stage(experiment.Stage("s1 train", "train"), lambda: None, times, path, "machine B") == 30.0
+    assert json.loads(path.read_text())["s1 train"] == {"kind": "train", "seconds": 75.0, "cpus": ["machine A", "machine B"]}
+
+
 def test_the_run_record_names_the_machines_its_stages_ran_on_and_never_guesses(tmp_path):
     """results.json's CPU is every machine a finished stage ran on (stage_times.json); the machine that
     writes the report is only ``reported_on``; a stage timed before machines were recorded is counted, not guessed."""
@@ -915,6 +953,13 @@ def test_the_run_record_names_the_machines_its_stages_ran_on_and_never_guesses(t
     record = run_record(SimpleNamespace(run_dir=tmp_path), 7.0, False)
     assert (record["wall_seconds"], record["resumed"], record["invocations"]) == (150.5, True, 2)
     assert record["commands"] == ["python scripts/run_experiment.py a"]
+    assert (record["timed_to_last_beat"], record["not_timed"]) == (0, 1)
+    # a command killed outright: timed to its last heartbeat, and the wall time says it is a lower bound
+    atomic_write_json(tmp_path / "invocations.json", [
+        {"command": "a", "cpu": "A", "started": "x", "last_beat_seconds": 600.0},
+        {"command": "a", "cpu": "A", "started": "y", "seconds": 50.5}])
+    record = run_record(SimpleNamespace(run_dir=tmp_path))
+    assert (record["wall_seconds"], record["invocations"], record["timed_to_last_beat"], record["not_timed"]) == (650.5, 2, 1, 0)
 
 
 def test_eta_uses_the_times_of_finished_stages_of_the_same_kind():

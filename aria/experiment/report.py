@@ -395,9 +395,11 @@ PREFLIGHT = {  # aria.intention.pipeline's pre-flight of a labelling: one row a 
                        "shared_by_turn": {"type": "object", "additionalProperties": NUMBER},
                        "mean_abs_change": MAYBE_NUMBER, "variance_ratio": MAYBE_NUMBER}}}}}
 STAGE_TIMES = {"type": "object", "additionalProperties": {  # the runner's stage_times.json, by stage name
-    "type": "object", "properties": {"seconds": NUMBER, "unfinished": NUMBER, "cpus": {"type": "array", "items": {"type": "string"}}}}}
+    "type": "object", "properties": {"seconds": NUMBER, "unfinished": NUMBER, "running": NUMBER,
+                                     "cpus": {"type": "array", "items": {"type": "string"}}}}}
 INVOCATIONS = {"type": "array", "items": {  # the runner's invocations.json: each command that ran stages
-    "type": "object", "properties": {"seconds": NUMBER, "command": {"type": ["string", "null"]}, "cpu": {"type": "string"}}}}
+    "type": "object", "properties": {"seconds": NUMBER, "last_beat_seconds": NUMBER, "command": {"type": ["string", "null"]},
+                                     "cpu": {"type": "string"}}}}
 BEHAVIOUR_CURVES = ("ari", "nmi", "mse", "bias_squared", "variance_within")  # one value a k of ``ks``
 SELECTION = {  # step 2's selection.json: the chosen k, the ks, the intention recovery and behaviour sections
     "type": "object", "required": ["chosen", "ks", "num_steps"],
@@ -606,9 +608,13 @@ def run_record(cfg: ExperimentSettings, wall_seconds: float | None = None, resum
     timed before their machines were recorded leave the CPU unknown rather than guessed."""
     times_path, invocations_path = Path(cfg.run_dir) / "stage_times.json", Path(cfg.run_dir) / "invocations.json"
     times = read_checked(times_path, STAGE_TIMES) if times_path.is_file() else {}
-    invocations = [i for i in (read_checked(invocations_path, INVOCATIONS) if invocations_path.is_file() else []) if "seconds" in i]
+    listed = read_checked(invocations_path, INVOCATIONS) if invocations_path.is_file() else []
+    # A command killed outright (a lost machine, a session's end) has no end: timed to its last heartbeat
+    # (aria.experiment.runner.Heartbeat, a minute at most short), else not timed at all (killed before heartbeats).
+    invocations = [i for i in listed if "seconds" in i or "last_beat_seconds" in i]
+    to_last_beat, untimed = sum("seconds" not in i for i in invocations), len(listed) - len(invocations)
     if invocations:  # every command that ran stages here (runs since 2026-12-07): their times summed, their command lines
-        wall_seconds, resumed = sum(i["seconds"] for i in invocations), len(invocations) > 1
+        wall_seconds, resumed = sum(i.get("seconds", i.get("last_beat_seconds")) for i in invocations), len(listed) > 1
     finished = {name: t for name, t in times.items() if "seconds" in t}
     here = label(describe())
     record: dict[str, Any] = {"stage_seconds": {name: round(t["seconds"], 1) for name, t in finished.items()},
@@ -617,6 +623,7 @@ def run_record(cfg: ExperimentSettings, wall_seconds: float | None = None, resum
     if invocations:
         record["invocations"] = len(invocations)
         record["commands"] = list(dict.fromkeys(i["command"] for i in invocations if i.get("command")))
+        record["timed_to_last_beat"], record["not_timed"] = to_last_beat, untimed
     cpus = list(dict.fromkeys(c for t in finished.values() for c in t.get("cpus", [])))
     unknown = sum(not t.get("cpus") for t in finished.values())
     if cpus:

@@ -41,6 +41,7 @@ import os
 import shlex
 import shutil
 import subprocess
+import threading
 import time
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
@@ -789,19 +790,22 @@ def _run(cfg: ExperimentSettings, root: Path, echo: Printer, command: str | None
     stages, work = plan(cfg), Stages(cfg, generator, echo)
     continued = any("seconds" in times.get(stage.name, {}) for stage in stages)  # stages an earlier run finished
     invocations, started = start_invocation(root, command, machine), time.perf_counter()
+    beat = Heartbeat(root, times, invocations)
     try:
+        beat.start()
         for n, stage in enumerate(stages, 1):
             if stage.kind not in PLAYS:
                 # Training and movement need the cores and the memory (a GPU's too); an idle CPU server whose
                 # threads spun without end (before serve_vllm.sh capped the spin) made a movement stage 3x slower.
                 generator.stop()
-            seconds = timed_stage(stage, lambda: work.run(stage), times, times_path, machine)
+            seconds = timed_stage(stage, lambda: work.run(stage), times, times_path, machine, beat)
             if seconds > 10:  # a stage that did work (a skipped one freed nothing, and a gc pass costs 0.2 s and more)
                 release_freed_memory()
             whole = times[stage.name]["seconds"]
             resumed = f" ({_duration(whole)} over its runs)" if seconds > 1.0 and whole > seconds + 1.0 else ""
             echo(f"[experiment] ({n}/{len(stages)}) {stage.name}: {_duration(seconds)}{resumed}; {eta_text(stages[n:], times)}")
     finally:
+        beat.stop()
         generator.stop()
         # an interrupted run's time counts too; a command's own process from its start (imports included)
         end_invocation(root, invocations, process_seconds() if command else time.perf_counter() - started)
@@ -839,27 +843,92 @@ def process_seconds() -> float:
 _LOADED = time.perf_counter()
 
 
-def timed_stage(stage: Stage, do: Callable[[], Any], times: dict[str, dict], times_path: Path, machine: str) -> float:
+def timed_stage(stage: Stage, do: Callable[[], Any], times: dict[str, dict], times_path: Path, machine: str,
+                beat: Heartbeat | None = None) -> float:
     """Run ``stage`` (``do()``); record its time and ``machine`` (the CPU it ran on) in ``times`` (saved
     to ``times_path``) and return this run's seconds. A stage that stops part-way (an interrupt, an
     error) keeps what it ran as ``unfinished``, and its time when it finishes is the sum of its runs,
     its ``cpus`` each machine they ran on: a training resumed across sessions is timed whole, not by
-    its last part. A finished stage that is skipped keeps the time of the run that did it."""
+    its last part. A stage killed outright (SIGKILL, a lost machine) left what ``beat`` last wrote
+    of it (``running``), which counts as unfinished. A finished stage that is skipped keeps the time
+    of the run that did it."""
+    beat = beat or Heartbeat(times_path.parent, times, [])  # (never started: no beat, the same locking)
     start = time.perf_counter()
-    entry = times.get(stage.name, {})
+    recorded = times.get(stage.name, {})
+    entry = {k: v for k, v in recorded.items() if k != "running"}
     cpus = list(dict.fromkeys([*entry.get("cpus", []), machine]))
+    carried = entry.get("unfinished", 0.0) + recorded.get("running", 0.0)
+    beat.watch(stage.name, start, {**entry, "kind": stage.kind, "cpus": cpus, "unfinished": carried})
     try:
         do()
     except BaseException:
-        times[stage.name] = {**entry, "kind": stage.kind, "cpus": cpus,
-                             "unfinished": entry.get("unfinished", 0.0) + time.perf_counter() - start}
-        atomic_write_json(times_path, times)
+        with beat.lock:
+            beat.watch(None)
+            times[stage.name] = {**entry, "kind": stage.kind, "cpus": cpus, "unfinished": carried + time.perf_counter() - start}
+            atomic_write_json(times_path, times)
         raise
     seconds = time.perf_counter() - start
-    if seconds > 1.0 or "seconds" not in entry:
-        times[stage.name] = {"kind": stage.kind, "seconds": seconds + entry.get("unfinished", 0.0), "cpus": cpus}
-        atomic_write_json(times_path, times)
+    with beat.lock:
+        beat.watch(None)
+        if seconds > 1.0 or "seconds" not in entry:
+            times[stage.name] = {"kind": stage.kind, "seconds": seconds + carried, "cpus": cpus}
+        else:
+            times[stage.name] = entry  # skipped: the run that did it keeps it (even where a beat fell in the skip)
+        if times[stage.name] != recorded:
+            atomic_write_json(times_path, times)
     return seconds
+
+
+#: How often a running experiment writes its command's and its stage's time so far (:class:`Heartbeat`).
+HEARTBEAT_SECONDS = 60.0
+
+
+class Heartbeat:
+    """Every :data:`HEARTBEAT_SECONDS` while a run works, its command's time so far into
+    ``invocations.json`` (``last_beat_seconds``) and the running stage's into ``stage_times.json``
+    (``running``): a run killed outright (SIGKILL, a lost machine, a session's end) keeps its time
+    to within a beat. Before, such a command and its stage counted nothing of what they ran (a
+    training of 46 min, killed with the session that ran it, was timed by its last 17 min)."""
+
+    def __init__(self, root: Path, times: dict[str, dict], invocations: list[dict], every: float | None = None):
+        self.root, self.times, self.invocations = root, times, invocations
+        self.every = HEARTBEAT_SECONDS if every is None else every
+        self.lock = threading.Lock()  # the stage's own writes of stage_times.json and the beat's never interleave
+        self.started = 0.0
+        self._stage: tuple[str, float, dict] | None = None
+        self._stopped = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="experiment-heartbeat", daemon=True)
+
+    def start(self) -> None:
+        self.started = time.perf_counter()
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stopped.set()
+        if self._thread.is_alive():
+            self._thread.join()
+
+    def watch(self, name: str | None, start: float = 0.0, entry: dict | None = None) -> None:
+        """Time the stage ``name`` from ``start``, its record so far ``entry``; None: no stage runs."""
+        self._stage = None if name is None else (name, start, entry or {})
+
+    def beat(self) -> None:
+        with self.lock:
+            now = time.perf_counter()
+            if self.invocations:
+                self.invocations[-1]["last_beat_seconds"] = round(now - self.started, 1)
+                atomic_write_json(self.root / "invocations.json", self.invocations)
+            if self._stage is not None:
+                name, start, entry = self._stage
+                self.times[name] = {**entry, "running": round(now - start, 1)}
+                atomic_write_json(self.root / "stage_times.json", self.times)
+
+    def _loop(self) -> None:
+        while not self._stopped.wait(self.every):
+            try:
+                self.beat()
+            except OSError:  # a full disk or a folder gone: the run's own writes will say so; the beat only times
+                pass
 
 
 def release_freed_memory() -> None:
