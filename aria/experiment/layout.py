@@ -93,9 +93,11 @@ def train_overrides_of(cfg: ExperimentSettings, arm: str) -> list[str]:
 def seeds_of(cfg: ExperimentSettings, method: str) -> list:
     """The seeds ``method`` runs: ``seeds_by_method[method]`` (some of ``seeds``), else ``seeds``; an
     arm outside the paired test may run fewer, its detectable difference stated with its rows."""
+    if len(set(cfg.seeds)) != len(cfg.seeds):  # a seed twice would count one training run as two (a false replication)
+        raise ConfigError(f"seeds: each seed once, got {cfg.seeds}")
     seeds = cfg.seeds_by_method.get(method, cfg.seeds)
-    if not seeds or any(s not in cfg.seeds for s in seeds):
-        raise ConfigError(f"seeds_by_method.{method}: expected a non-empty list of some of seeds {cfg.seeds}, got {seeds!r}")
+    if not seeds or any(s not in cfg.seeds for s in seeds) or len(set(seeds)) != len(seeds):
+        raise ConfigError(f"seeds_by_method.{method}: expected a non-empty list of some of seeds {cfg.seeds}, each once, got {seeds!r}")
     return seeds
 
 
