@@ -211,12 +211,19 @@ def test_the_movement_verdict_by_hand(tmp_path):
     """An arm moved when its token KL and its share of weights changed at the served precision
     both reach report.movement's thresholds; a paired test between arms of which one did not move
     reads "uninformative", never a verdict on the methods."""
-    from aria.experiment.layout import Layout
+    from aria.experiment.layout import Layout, model_version
     from aria.experiment.report import moved_from_parent
 
     cfg = settings(f"run_dir={tmp_path}", "report.movement.min_token_kl=0.01", "report.movement.kl_from=estimate",
                    "report.movement.min_weight_share=0.001", "report.movement.min_kept_share=0.0")
     lay = Layout(cfg)
+    warm, arm = lay.model("", 0, 0), lay.model("aria", 0, 1)
+    for model in (warm, arm):  # the training markers: the arm trained from the warm start, as the runner records it
+        model.parent.mkdir(parents=True, exist_ok=True)
+        (model.parent / "trained_on.json").write_text(json.dumps(
+            {"method": "bc"} if model == warm else {"method": "aria", "start_model": "warm/model", "start_model_version": model_version(warm)}))
+    key = {"parent": "warm/model", "parent_version": model_version(warm), "child_version": model_version(arm),
+           "steps": cfg.report.movement.steps}
     parent = {f"g{i}": {"success": i < 3, "turns": 5} for i in range(10)}   # won 3
     child = {f"g{i}": {"success": i < 5, "turns": 5} for i in range(10)}    # won 5: +2 pairs, none lost
     evaluations = {("aria", 0, 0): parent, ("aria", 0, 1): child}
@@ -224,7 +231,7 @@ def test_the_movement_verdict_by_hand(tmp_path):
     def measured(kl: float, share: float, low: float | None = None, kept: float = 1.0) -> dict:
         lay.movement("aria", 0, 1).parent.mkdir(parents=True, exist_ok=True)
         weights = {"dtype": "bfloat16", "share": share, "changed": round(1000 * kept), "changed_float32": 1000}
-        atomic_write_json(lay.movement("aria", 0, 1), {"key": {}, "steps": 8, "token_kl": kl, "logprob_change_won": 0.2,
+        atomic_write_json(lay.movement("aria", 0, 1), {"key": key, "steps": 8, "token_kl": kl, "logprob_change_won": 0.2,
                                                        "logprob_change_lost": -0.1, "weights": weights,
                                                        **({} if low is None else {"token_kl_ci95": [low, 2 * kl - low]})})
         return moved_from_parent(cfg, lay, evaluations, "aria", 0, 1)
@@ -692,41 +699,74 @@ def test_report_only_names_a_damaged_file_of_the_run(tmp_path, tiny_experiment, 
     ("swapped", "eval.jsonl.producer.json", "producer.policy.model_path", "games of s0/no_aggregation/it1/model, not of s0/aria/it1/model"),
     ("retrained", "eval.jsonl.producer.json", "producer.policy.model_version", "not as its trained_on.json beside it says"),
     ("other_seed", "eval.jsonl.producer.json", "producer.seed", "games of evaluation seed 7, not the run's"),
+    ("other_temperature", "eval.jsonl.producer.json", "producer.policy.temperature", "was 1.0, now 0.0 in "),
+    ("other_target", "eval.jsonl", "game ", "paired games must share their target"),
+    ("no_producer", "eval.jsonl.producer.json", None, "missing: nothing says which model played eval.jsonl"),
+    ("no_marker", "trained_on.json", None, "missing: nothing says which training made s0/aria/it1/model"),
     ("movement_swapped", "movement.json", "key.child_version", "not s0/aria/it1/model as its trained_on.json beside it says"),
+    ("movement_no_key", "movement.json", "key", "missing"),
+    ("movement_other_steps", "movement.json", "key.steps", "measured on 3 steps, not report.movement.steps"),
+    ("other_parent", "trained_on.json", "start_model_version", "trained from warm/model as version '0000000000000000' trained it"),
 ])
 def test_report_only_refuses_an_evaluation_another_model_played(tmp_path, tiny_experiment, straight_run, change, named, field, said):
-    """A run folder assembled by hand: an arm's evaluation file copied from another arm, kept beside
-    a training marker of a later training, or played on other targets; its movement measured on
-    another arm. Before, the report counted those as the arm's (only the runner read the producer
-    records and movement keys); now one error names the file and its field. The untouched copy
-    reports (test_a_results_only_copy_reports_the_same_tables)."""
+    """A run folder edited or assembled by hand: an arm's evaluation copied from another arm, kept
+    beside a training marker of a later training, played on other targets or at another
+    temperature, its producer record or training marker removed, trained from another warm start;
+    its movement measured on another arm, at other steps or without its key. Before, the report counted them as the arm's (only the runner read
+    the producer records and movement keys; a review turned a null result into p = 1e-5 this way);
+    now one error names the file and its field. The untouched copy reports
+    (test_a_results_only_copy_reports_the_same_tables)."""
     import shutil
 
-    from aria.games.family import FAMILIES
     from aria.io import DataError
     from aria.trajectories import producer_path
 
     straight_root, _, _ = straight_run
     shutil.copytree(straight_root / "run", tmp_path / "run", ignore=shutil.ignore_patterns(".lock"))
     arm, other = tmp_path / "run" / "s0" / "aria" / "it1", tmp_path / "run" / "s0" / "no_aggregation" / "it1"
+    producer = producer_path(arm / "eval.jsonl")
+    record = json.loads(producer.read_text())
+    games = [json.loads(line) for line in (arm / "eval.jsonl").read_text().splitlines()]
     if change == "swapped":
         for name in ("eval.jsonl", "eval.jsonl.producer.json"):
             shutil.copyfile(other / name, arm / name)
-    elif change == "movement_swapped":
-        shutil.copyfile(other / "movement.json", arm / "movement.json")
     elif change == "retrained":
         marker = json.loads((arm / "trained_on.json").read_text())
         (arm / "trained_on.json").write_text(json.dumps({**marker, "seed": marker["seed"] + 1}))
-    else:
-        record = json.loads(producer_path(arm / "eval.jsonl").read_text())
-        record["producer"]["seed"] = 7
-        producer_path(arm / "eval.jsonl").write_text(json.dumps(record))
+    elif change in ("other_seed", "other_temperature"):
+        record["producer"]["seed" if change == "other_seed" else "policy"] = \
+            7 if change == "other_seed" else {**record["producer"]["policy"], "temperature": 0.0}
+        producer.write_text(json.dumps(record))
+    elif change == "other_target":
+        games[0]["target"] = games[0]["target"] + "x"
+        (arm / "eval.jsonl").write_text("".join(json.dumps(g) + "\n" for g in games))
+    elif change == "no_producer":
+        producer.unlink()
+    elif change == "no_marker":
+        (arm / "trained_on.json").unlink()
+    elif change == "movement_swapped":
+        shutil.copyfile(other / "movement.json", arm / "movement.json")
+    elif change.startswith("movement_"):
+        measured = json.loads((arm / "movement.json").read_text())
+        if change == "movement_no_key":
+            del measured["key"]
+        else:
+            measured["key"]["steps"] = 3
+        (arm / "movement.json").write_text(json.dumps(measured))
+    else:  # an arm of another warm start, consistent in itself: its marker's version everywhere it is named
+        from aria.experiment.layout import model_version
+
+        marker = json.loads((arm / "trained_on.json").read_text())
+        (arm / "trained_on.json").write_text(json.dumps({**marker, "start_model_version": "0000000000000000"}))
+        record["producer"]["policy"]["model_version"] = model_version(arm / "model")
+        producer.write_text(json.dumps(record))
+        measured = json.loads((arm / "movement.json").read_text())
+        measured["key"]["child_version"] = model_version(arm / "model")
+        (arm / "movement.json").write_text(json.dumps(measured))
     with pytest.raises(DataError) as raised:
         experiment.run({**tiny_experiment(tmp_path), "report_only": True}, lambda line: None)
-    assert str(raised.value).startswith(f"{arm / named}, field '{field}': ") and said in str(raised.value), raised.value
-    # where a two-player game's record names the policy: its seat
-    assert FAMILIES["two_player"].player_in({"seats": {"bob": {"model_path": "m"}, "alice": {}}}, "bob") == \
-        ("seats.bob", {"model_path": "m"})
+    where = f"{arm / named}: " if field is None else f"{arm / named}, field '{field}"
+    assert str(raised.value).startswith(where) and said in str(raised.value), raised.value
 
 
 def test_recorded_settings_win_section_by_section():
@@ -1151,6 +1191,29 @@ def test_a_two_player_experiment_runs_self_play_and_evaluates_against_the_oppone
     experiment.run(cfg, again.append)
     assert not any("games done (" in line and "played now" in line and "(0 played now" not in line for line in again)
     assert (out / "table.md").read_text() == table
+    # a report never counts the opponent's seat or an arm's games as the policy's (found by a review:
+    # as_bob.jsonl copied over as_alice.jsonl made a null result p = 1e-5; an arm's as the base model's)
+    import shutil
+    from dataclasses import asdict
+
+    from aria.io import DataError
+    for where, source, said in [("s0/aria/it1/eval", "s0/aria/it1/eval/as_bob.jsonl", "field 'producer.seats.alice': "),
+                                ("eval/it0", "s0/aria/it1/eval/as_alice.jsonl", "field 'producer.seats.alice.model_path': "
+                                                                                "games of s0/aria/it1/model, a model of this run")]:
+        copy = tmp_path / f"copy_{where.replace('/', '_')}"
+        shutil.copytree(run, copy, ignore=shutil.ignore_patterns(".lock", "model", "train", "critic"))
+        for suffix in ("", ".producer.json"):
+            shutil.copyfile(run / f"{source}{suffix}", copy / where / f"as_alice.jsonl{suffix}")
+        with pytest.raises(DataError, match=re.escape(said)):
+            experiment.run({**asdict(cfg), "run_dir": str(copy), "results_dir": str(copy / "results"), "report_only": True},
+                           lambda line: None)
+    # a game whose outcome was cut by hand: its file and game named (before: KeyError: 'winner')
+    evaluation = run / "s0" / "aria" / "it1" / "eval" / "as_alice.jsonl"
+    games = [json.loads(line) for line in evaluation.read_text().splitlines()]
+    del games[0]["meta"]["winner"]
+    evaluation.write_text("".join(json.dumps(g) + "\n" for g in games))
+    with pytest.raises(DataError, match=re.escape(f"{evaluation}, field 'game {games[0]['game_id']}': its outcome cannot be read (KeyError")):
+        experiment.run({**asdict(cfg), "report_only": True}, lambda line: None)
 
 
 def test_a_second_run_into_the_same_run_dir_is_refused_and_the_first_completes(tmp_path, tiny_model_dir,
@@ -1310,7 +1373,7 @@ def test_an_embedding_endpoint_that_fails_in_the_labelling_stage_is_one_line(tmp
     ("train_overrides_by_method.gigpo=['loss.name=clipped']",
      "train_overrides_by_method.gigpo: loss.name: unknown 'clipped' (known: clipped_reinforce, reinforce)"),
     ("train_overrides=['train.lr=0']", "train_overrides: train.lr: expected a finite number > 0, got 0.0"),
-    ("+seeds_by_method={aria:[5]}", "seeds_by_method.aria: expected a non-empty list of some of seeds [0], got [5]"),
+    ("+seeds_by_method={aria:[5]}", "seeds_by_method.aria: expected a non-empty list of some of seeds [0], each once, got [5]"),
     ("report.paired=[aria,aria]", "report.paired: expected two arms (or null: no paired test), got ['aria', 'aria']"),
     ("vllm.restarts=-1", "vllm.restarts: expected an integer >= 0, got -1"),
     ("report.more_pairs=[[aria,bc]]",

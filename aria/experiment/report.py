@@ -29,7 +29,7 @@ import jsonschema
 from aria.experiment.layout import Layout, games_of, iterations_of, model_version, recorded_path, seeds_of
 from aria.experiment.settings import ExperimentSettings
 from aria.games.family import family_of
-from aria.io import DataError, atomic_save_figure, atomic_write_json, atomic_write_text, read_json
+from aria.io import DataError, atomic_save_figure, atomic_write_json, atomic_write_text, differences, read_json
 from aria.llm.hardware import describe, label
 from aria.power import detectable_difference, runs_detectable_difference
 from aria.statistics import (ALPHA, POWER, mcnemar, percent, pool_runs, pool_score_runs, runs_sensitivity, sensitivity,
@@ -90,68 +90,102 @@ def runs_detect(runs: int, pairs: int, cfg: ExperimentSettings, power: float = P
             + f" at a between-run spread of {100 * sd:.1f} points (report.between_run_sd)")
 
 
-def outcomes(path: Path, family, expected: set[str], played_by: dict | None = None) -> dict[str, dict] | None:
-    """An arm's evaluation games as ``{pair key: {"success", "turns"}}``, or None until every game
-    of ``expected`` (:func:`evaluation_ids`) is played in every seat. Only those count: a file that
-    holds more (an evaluation since lowered from more games) reports the games the settings name,
-    so a table always agrees with its header. success = the policy won (a question game: found the
-    target), turns = the policy's own. A question game's games are keyed by game id; a two-player
-    game's (``path`` the folder of ``as_alice.jsonl`` and ``as_bob.jsonl``) by seat and game id, so
-    arms pair by configuration and seat. score = the policy's graded outcome (a two-player game's
-    payoff share; a question game's success); deal = a two-player game ended in a deal (else None).
-    ``played_by`` (:func:`played_by`): what each file's producer record must name, checked first."""
-    out = {}
-    for file, role in family.evaluation_seats(path):
-        if played_by is not None and file.is_file():
-            check_played_by(file, family, role, played_by)
-        records = read_trajectories(file, allow_partial_last_line=True) if file.is_file() else []
-        games = {r["game_id"]: r for r in records if r.get("status") != "failed" and r["game_id"] in expected}
-        if len(games) < len(expected):
-            return None
-        out.update({f"{role}:{gid}" if role else gid: {"success": family.won(r, role), "score": family.score(r, role),
-                                                       "deal": r["meta"]["outcome"] == "deal" if role else None,
-                                                       "turns": family.turns(r, role)}
-                    for gid, r in games.items()})
-    return out
+class EvaluationReader:
+    """A run's evaluation files, each read only as the runner would count it. The runner plays an
+    evaluation again whenever its producer record differs from what the arm's model and the settings
+    make; a run folder edited or assembled by hand (an arm's file copied from another arm, seat or
+    run, a record or marker removed) would otherwise be reported as the arm's games. So each file
+    must have its producer record; it must name the evaluation seed and, in the policy's seat, the
+    model the arm evaluates (the run's own: its path and the version its ``trained_on.json`` gives;
+    the base model: no model of the run); every file of a seat must share the record but for that
+    model (paired games are played under one set of conditions; comparing across arms, not against
+    this code's record, lets a report of an older run read it as it ran); and a game id must hold
+    the same target in every file. The first problem is a :class:`DataError` naming the file and field."""
 
+    def __init__(self, cfg: ExperimentSettings, lay: Layout):
+        self.cfg, self.lay, self.family = cfg, lay, lay.family
+        self.expected = evaluation_ids(cfg)
+        self.conditions: dict[str | None, tuple[Path, dict]] = {}  # seat -> the first file's record, its model left out
+        self.targets: dict[str, tuple[Any, Path]] = {}  # game id -> its target and the file that first held it
 
-def played_by(cfg: ExperimentSettings, lay: Layout, method: str, seed: int, iteration: int) -> dict:
-    """What an evaluation's producer records must name (:func:`check_played_by`): the evaluation
-    seed, and the model the runner plays it with where that model is the run's own (the warm start,
-    an arm's), with its version where its training marker is in the folder (it is in every copy)."""
-    if iteration == 0 and not cfg.warm_start.enabled:
-        return {"seed": cfg.eval.seed}  # a base model outside the run folder: its path is the machine's
-    model = lay.model(method, seed, iteration)
-    version = model_version(model) if (model.parent / "trained_on.json").is_file() else None
-    return {"seed": cfg.eval.seed, "model_path": recorded_path(cfg, model), "model_version": version}
+    def outcomes(self, method: str, seed: int, iteration: int) -> dict[str, dict] | None:
+        """An arm's evaluation games as ``{pair key: {"success", "score", "deal", "turns"}}``, or None
+        until every game of :func:`evaluation_ids` is played in every seat. Only those count: a file
+        that holds more (an evaluation since lowered from more games) reports the games the settings
+        name, so a table always agrees with its header. success = the policy won (a question game:
+        found the target), turns = the policy's own. A question game's games are keyed by game id; a
+        two-player game's (one file a seat) by seat and game id, so arms pair by configuration and
+        seat. score = the policy's graded outcome (a two-player game's payoff share; a question game's
+        success); deal = a two-player game ended in a deal (else None)."""
+        out = {}
+        for file, role in self.family.evaluation_seats(self.lay.evaluation(method, seed, iteration)):
+            if not file.is_file():
+                return None
+            self.check_producer(file, role, method, seed, iteration)
+            records = read_trajectories(file, allow_partial_last_line=True)
+            games = {r["game_id"]: r for r in records if r.get("status") != "failed" and r["game_id"] in self.expected}
+            if len(games) < len(self.expected):
+                return None
+            for gid, r in games.items():
+                out[f"{role}:{gid}" if role else gid] = self.outcome(file, r, role)
+        return out
 
+    def outcome(self, file: Path, record: dict, role: str | None) -> dict[str, Any]:
+        gid, target = record["game_id"], record.get("target")
+        first = self.targets.setdefault(gid, (target, file))
+        if first[0] != target:
+            raise DataError(file, None, f"game {gid}: target", f"{target!r}, where {first[1]} holds {first[0]!r} for the same "
+                                                               f"game: paired games must share their target")
+        try:
+            return {"success": self.family.won(record, role), "score": self.family.score(record, role),
+                    "deal": record["meta"]["outcome"] == "deal" if role else None, "turns": self.family.turns(record, role)}
+        except (KeyError, TypeError, ValueError) as err:  # a record edited by hand: its game named, not a traceback
+            raise DataError(file, None, f"game {gid}", f"its outcome cannot be read ({type(err).__name__}: {err})") from None
 
-def check_played_by(file: Path, family, role: str | None, expected: dict) -> None:
-    """Refuse, naming the producer record and its field, an evaluation file whose games another
-    model (or another evaluation seed) played: a folder assembled by hand from several arms or
-    runs, which would otherwise report one model's games as another's. (The runner never counts
-    them: it plays the evaluation again, moving such games aside.) A file without a producer record
-    (imported, or older than the record) is read as it is."""
-    producer = read_producer(file)
-    if producer is None:
-        return
-    where, redo = producer_path(file), "evaluated by another model or run; remove the file and resume the run to play them again"
-    if producer.get("seed") != expected["seed"]:
-        raise DataError(where, None, "producer.seed", f"games of evaluation seed {producer.get('seed')!r}, not the run's "
-                                                      f"{expected['seed']}: {redo}")
-    key, player = family.player_in(producer, role)
-    if not isinstance(player, dict) or "model_path" not in expected:
-        return
-    recorded, path = player.get("model_path"), expected["model_path"]
-    parts = Path(path).parts
-    if recorded is not None and Path(str(recorded)).parts[-len(parts):] != parts:  # (older runs recorded absolute paths)
-        raise DataError(where, None, f"producer.{key}.model_path", f"games of {recorded}, not of {path}, "
-                                                                   f"the model this evaluation is of: {redo}")
-    version = player.get("model_version")
-    if expected["model_version"] is not None and version is not None and version != expected["model_version"]:
-        raise DataError(where, None, f"producer.{key}.model_version",
-                        f"games of {path} as version {version} trained it, not as its trained_on.json beside it "
-                        f"says (version {expected['model_version']}): {redo}")
+    def check_producer(self, file: Path, role: str | None, method: str, seed: int, iteration: int) -> None:
+        """The file's producer record against the arm's model and the seat's other files (class doc)."""
+        where, redo = producer_path(file), "remove the file and resume the run to play these games again"
+        producer = read_producer(file)
+        if producer is None:
+            raise DataError(where, None, None, f"missing: nothing says which model played {file.name} (the runner "
+                                               f"plays an evaluation without one again); {redo}")
+        if producer.get("seed") != self.cfg.eval.seed:
+            raise DataError(where, None, "producer.seed", f"games of evaluation seed {producer.get('seed')!r}, not the run's "
+                                                          f"{self.cfg.eval.seed}: {redo}")
+        key, player = self.family.player_in(producer, role)
+        if not isinstance(player, dict) or "model_path" not in player:
+            raise DataError(where, None, f"producer.{key}", f"{player!r} plays the policy's seat, not a model: {redo}")
+        recorded = str(player["model_path"])
+        if iteration == 0 and not self.cfg.warm_start.enabled:  # the base model: its path is the machine's, never the run's
+            if not Path(recorded).is_absolute():
+                raise DataError(where, None, f"producer.{key}.model_path", f"games of {recorded}, a model of this run, "
+                                                                           f"not the base model: {redo}")
+        else:
+            self.check_model(where, f"producer.{key}", player, method, seed, iteration, redo)
+        conditions = {**producer, **({"policy": {**player, "model_path": None, "model_version": None}} if role is None else
+                                     {"seats": {**producer["seats"], role: {**player, "model_path": None, "model_version": None}}})}
+        first = self.conditions.setdefault(role, (where, conditions))
+        changed = differences(first[1], conditions)
+        if changed:
+            field, _, change = changed[0].partition(" was ")
+            raise DataError(where, None, f"producer.{field}", f"was {change} in {first[0]}: games of one comparison are "
+                                                              f"played under one set of conditions; {redo}")
+
+    def check_model(self, where: Path, key: str, player: dict, method: str, seed: int, iteration: int, redo: str) -> None:
+        """The policy's model is the arm's (its path in the run) at the version its training marker gives."""
+        model = self.lay.model(method, seed, iteration)
+        path, recorded = recorded_path(self.cfg, model), str(player["model_path"])
+        parts = Path(path).parts
+        if Path(recorded).parts[-len(parts):] != parts:  # (older runs recorded absolute paths)
+            raise DataError(where, None, f"{key}.model_path", f"games of {recorded}, not of {path}, the model this "
+                                                              f"evaluation is of: {redo}")
+        if not (model.parent / "trained_on.json").is_file():
+            raise DataError(model.parent / "trained_on.json", None, None, f"missing: nothing says which training made "
+                                                                          f"{path}, whose games {where.name} holds")
+        if player.get("model_version") != model_version(model):
+            raise DataError(where, None, f"{key}.model_version",
+                            f"games of {path} as version {player.get('model_version')} trained it, not as its "
+                            f"trained_on.json beside it says (version {model_version(model)}): {redo}")
 
 
 def evaluation_ids(cfg: ExperimentSettings) -> set[str]:
@@ -195,15 +229,16 @@ def collect_results(cfg: ExperimentSettings) -> dict[str, Any]:
 
 def read_evaluations(cfg: ExperimentSettings, lay: Layout) -> tuple[dict | None, dict[tuple[str, int, int], dict[str, dict]]]:
     """The starting model's evaluation (None until it is finished), and each finished evaluation's
-    games by id under (method, seed, iteration), the starting model's as iteration 0 of every arm."""
-    expected, evaluations = evaluation_ids(cfg), {}
-    base_games = outcomes(lay.evaluation("", 0, 0), lay.family, expected, played_by(cfg, lay, "", 0, 0))
+    games by id under (method, seed, iteration), the starting model's as iteration 0 of every arm
+    (each file checked: :class:`EvaluationReader`)."""
+    reader, evaluations = EvaluationReader(cfg, lay), {}
+    base_games = reader.outcomes("", 0, 0)
     for seed in cfg.seeds:
         for method in cfg.methods:
             if base_games is not None:
                 evaluations[(method, seed, 0)] = base_games
             for it in range(1, iterations_of(cfg, method) + 1):
-                games = outcomes(lay.evaluation(method, seed, it), lay.family, expected, played_by(cfg, lay, method, seed, it))
+                games = reader.outcomes(method, seed, it)
                 if games is not None:
                     evaluations[(method, seed, it)] = games
     return base_games, evaluations
@@ -359,19 +394,63 @@ def moved_from_parent(cfg: ExperimentSettings, lay, evaluations: dict, method: s
                        [bool(parent[i]["success"]) for i in ids])
         out["against_parent"] = {**{k: test[k] for k in ("pairs", "difference", "difference_ci95", "p_value")},
                                  **sensitivity(test)}
+    check_lineage(cfg, lay, method, seed, iteration)
     path = lay.movement(method, seed, iteration)
     if path.is_file():
         m = read_checked(path, MOVEMENT)
-        key, model = m.pop("key", None), lay.model(method, seed, iteration)
-        if isinstance(key, dict) and "child_version" in key and (model.parent / "trained_on.json").is_file() \
-                and key["child_version"] != model_version(model):  # measured on another arm's model, or an older training
-            raise DataError(path, None, "key.child_version",
-                            f"measured on the model version {key['child_version']} trained, not {recorded_path(cfg, model)} as "
-                            f"its trained_on.json beside it says (version {model_version(model)}): remove the file and "
-                            f"resume the run to measure it again")
+        check_movement_key(cfg, lay, path, m.pop("key"), method, seed, iteration)
         m["moved"] = moved(m, movement_rule(cfg))
         out["movement"] = m
     return out
+
+
+def parent_model(cfg: ExperimentSettings, lay: Layout, method: str, seed: int, iteration: int) -> Path | None:
+    """The model an arm's iteration trained from, where it is the run's own (the warm start or the
+    arm's previous iteration); None for the base model, whose path is the machine's."""
+    return lay.model(method, seed, iteration - 1) if iteration > 1 or cfg.warm_start.enabled else None
+
+
+def check_lineage(cfg: ExperimentSettings, lay: Layout, method: str, seed: int, iteration: int) -> None:
+    """The arm's training marker names the model its gain is measured against: an arm copied from a
+    run of another warm start would be compared with this one's (found by a review)."""
+    marker, parent = lay.model(method, seed, iteration).parent / "trained_on.json", parent_model(cfg, lay, method, seed, iteration)
+    trained_on = read_json(marker)
+    if not isinstance(trained_on, dict):
+        raise DataError(marker, None, None, "expected an object (what the arm was trained on)")
+    check_parent(cfg, marker, "start_model", trained_on.get("start_model"), trained_on.get("start_model_version"), parent,
+                 "trained from")
+
+
+def check_movement_key(cfg: ExperimentSettings, lay: Layout, path: Path, key: dict, method: str, seed: int, iteration: int) -> None:
+    """A movement file measured the arm's model against its parent, at the preset's steps (the
+    runner measures again whenever its key differs); the precision and held-out steps it names are
+    the machine's and the data's, which the run folder alone cannot redo."""
+    model, redo = lay.model(method, seed, iteration), "remove the file and resume the run to measure it again"
+    if key["child_version"] != model_version(model):  # measured on another arm's model, or an older training
+        raise DataError(path, None, "key.child_version",
+                        f"measured on the model version {key['child_version']} trained, not {recorded_path(cfg, model)} as "
+                        f"its trained_on.json beside it says (version {model_version(model)}): {redo}")
+    if "steps" in key and key["steps"] != cfg.report.movement.steps:
+        raise DataError(path, None, "key.steps", f"measured on {key['steps']} steps, not report.movement.steps = "
+                                                 f"{cfg.report.movement.steps}: {redo}")
+    check_parent(cfg, path, "key.parent", key["parent"], key["parent_version"], parent_model(cfg, lay, method, seed, iteration),
+                 "measured against")
+
+
+def check_parent(cfg: ExperimentSettings, where: Path, field: str, recorded: Any, version: Any, parent: Path | None, what: str) -> None:
+    """``recorded`` (a path as the run records it) and ``version`` name ``parent`` (the run's own
+    model), or, where the parent is the base model (None), no model of the run."""
+    if parent is None:
+        if isinstance(recorded, str) and not Path(recorded).is_absolute():
+            raise DataError(where, None, field, f"{what} {recorded}, a model of this run, not the base model")
+        return
+    path = recorded_path(cfg, parent)
+    parts = Path(path).parts
+    if not isinstance(recorded, str) or Path(recorded).parts[-len(parts):] != parts:
+        raise DataError(where, None, field, f"{what} {recorded!r}, not {path}")
+    if (parent.parent / "trained_on.json").is_file() and version != model_version(parent):
+        raise DataError(where, None, f"{field}_version", f"{what} {path} as version {version!r} trained it, not as its "
+                                                         f"trained_on.json says (version {model_version(parent)})")
 
 
 # ---- the run's files the report reads, checked against what it reads of them ----------------------------------
@@ -380,8 +459,8 @@ def moved_from_parent(cfg: ExperimentSettings, lay, evaluations: dict, method: s
 NUMBER, MAYBE_NUMBER = {"type": "number"}, {"type": ["number", "null"]}
 K_PER_POOL = {"type": "object", "additionalProperties": {"type": "integer"}, "minProperties": 1}
 MOVEMENT = {  # aria.experiment.movement.movement; a log-prob change is null where no step of won (lost) games
-    "type": "object", "required": ["token_kl", "logprob_change_won", "logprob_change_lost", "weights"],
-    "properties": {"token_kl": NUMBER, "logprob_change_won": MAYBE_NUMBER, "logprob_change_lost": MAYBE_NUMBER,
+    "type": "object", "required": ["key", "token_kl", "logprob_change_won", "logprob_change_lost", "weights"],
+    "properties": {"key": {"type": "object", "required": ["parent", "parent_version", "child_version"]}, "token_kl": NUMBER, "logprob_change_won": MAYBE_NUMBER, "logprob_change_lost": MAYBE_NUMBER,
                    "token_kl_ci95": {"type": "array", "items": NUMBER, "minItems": 2, "maxItems": 2},
                    "weights": {"type": "object", "required": ["dtype", "share"],
                                "properties": {"dtype": {"type": "string"}, "share": NUMBER, "kept_share": NUMBER,
