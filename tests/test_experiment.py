@@ -640,6 +640,9 @@ def test_report_only_reports_the_run_under_the_settings_it_recorded(tmp_path, ti
     (lambda r: {**r, "report": "not a mapping"}, "report: expected a section of settings (a mapping), got 'not a mapping'"),
     (lambda r: {**r, "seeds": ["zero"]}, "seeds[0]: Value 'zero' of type 'str' could not be converted to Integer"),
     (lambda r: {**r, "report": {**r["report"], "paired": ["aria", "nobody"]}}, "report.paired: unknown ['nobody']"),
+    # found by a review: a traceback (AttributeError), and a false replication (a seed counted twice)
+    (lambda r: {**r, "game": "twenty_questions_subset"}, "game: expected a game's settings (a mapping, as config/game/ holds)"),
+    (lambda r: {**r, "seeds": [0, 0]}, "seeds: each seed once, got [0, 0]"),
 ])
 def test_report_only_names_the_record_a_damaged_run_folder_holds(tmp_path, tiny_experiment, straight_run, damage, said):
     """An experiment.json edited or damaged by hand: one error naming the file and the setting, no
@@ -659,6 +662,7 @@ def test_report_only_names_the_record_a_damaged_run_folder_holds(tmp_path, tiny_
 
 
 MOVED, PREFLIGHT, SELECTION = "s0/aria/it1/movement.json", "s0/it1-shared/intention/preflight.json", "s0/it1-shared/intention/selection.json"
+RECOVERY, GRADIENTS = "warm/intention/selection.json", "s0/it1-shared/grad_variance.json"
 
 
 @pytest.mark.parametrize("file, damage, said", [
@@ -671,6 +675,18 @@ MOVED, PREFLIGHT, SELECTION = "s0/aria/it1/movement.json", "s0/it1-shared/intent
     (SELECTION, lambda s: {**s, "chosen": []}, "field 'chosen': [] is not of type 'object'"),
     (SELECTION, lambda s: {**s, "behaviour": {**(s.get("behaviour") or {}), "step_intentions": 3, **{
         c: [0.5] for c in ("ari", "nmi", "mse", "bias_squared", "variance_within")}}}, "field 'behaviour.ari': 1 values for the "),
+    # found by a review: each a traceback in the report or its template, or a wrong "best k"
+    (SELECTION, lambda s: {**s, "chosen": {**s["chosen"], "k": {"questions": 999}}}, "field 'chosen.k.questions': 999 is not among the ks"),
+    (SELECTION, lambda s: {**s, "behaviour": {**(s.get("behaviour") or {}), "step_intentions": 3, **{
+        c: [None if c == "mse" and i == 0 else 0.5 for i in range(len(s["ks"]))]
+        for c in ("ari", "nmi", "mse", "bias_squared", "variance_within")}}}, "field 'behaviour.mse[0]': None is not of type 'number'"),
+    (RECOVERY, lambda s: {**s, "intention_recovery": {"ari": [0.1]}}, "field 'intention_recovery.steps': missing"),
+    (RECOVERY, lambda s: {**s, "intention_recovery": {**s["intention_recovery"], "ari": [0.1]}},
+     "field 'intention_recovery.ari': 1 values for the "),
+    (GRADIENTS, lambda g: {"samples": 10}, "field 'games': missing"),
+    (GRADIENTS, lambda g: {k: v for k, v in g.items() if k != "trace_cov_method_aria"}, "field 'trace_cov_method_aria': missing"),
+    (MOVED, lambda m: {**m, "weights": {**m["weights"], "share": 5.0}}, "field 'weights.share': 5.0 is greater than the maximum of 1"),
+    (MOVED, lambda m: {**m, "token_kl_ci95": [0.5, 0.1]}, "field 'token_kl_ci95': [0.5, 0.1]: the lower end above the upper"),
 ])
 def test_report_only_names_a_damaged_file_of_the_run(tmp_path, tiny_experiment, straight_run, file, damage, said):
     """A run's movement, pre-flight or selection file edited or cut by hand: one error naming the
@@ -767,6 +783,28 @@ def test_report_only_refuses_an_evaluation_another_model_played(tmp_path, tiny_e
         experiment.run({**tiny_experiment(tmp_path), "report_only": True}, lambda line: None)
     where = f"{arm / named}: " if field is None else f"{arm / named}, field '{field}"
     assert str(raised.value).startswith(where) and said in str(raised.value), raised.value
+
+
+def test_a_report_that_cannot_render_leaves_the_last_one_whole(tmp_path, tiny_experiment, straight_run, monkeypatch):
+    """results.json was written before table.md was rendered: a template that failed on a run
+    folder left a new results.json beside the old table (found by a review). Now nothing is written."""
+    import shutil
+
+    from aria.experiment import report
+
+    straight_root, _, _ = straight_run
+    shutil.copytree(straight_root / "run", tmp_path / "run", ignore=shutil.ignore_patterns(".lock"))
+    out = experiment.run({**tiny_experiment(tmp_path), "report_only": True}, lambda line: None)
+    before = {name: (out / name).read_bytes() for name in ("results.json", "table.md")}
+    (tmp_path / "run" / "stage_times.json").write_text("{}")  # the next results.json would differ
+
+    def fails(results):
+        raise RuntimeError("the template failed")
+
+    monkeypatch.setattr(report, "render_table", fails)
+    with pytest.raises(RuntimeError):
+        experiment.run({**tiny_experiment(tmp_path), "report_only": True}, lambda line: None)
+    assert {name: (out / name).read_bytes() for name in before} == before
 
 
 def test_recorded_settings_win_section_by_section():

@@ -309,7 +309,13 @@ def read_gradient_variance(cfg: ExperimentSettings, lay: Layout) -> dict[str, di
     for seed in cfg.seeds:
         path = lay.shared(seed) / "grad_variance.json"
         if path.is_file():
-            variance[str(seed)] = {k: v for k, v in read_checked(path, {"type": "object"}).items() if k != "key"}
+            found = read_checked(path, GRAD_VARIANCE)
+            for kind in [f"method_{m}" for m in found["methods"]]:  # each method's row, as the table reads it
+                for measure in ("reward_variance", "trace_cov"):
+                    if not isinstance(found.get(f"{measure}_{kind}"), (int, float)):
+                        raise DataError(path, None, f"{measure}_{kind}", "missing" if f"{measure}_{kind}" not in found
+                                        else f"{found[f'{measure}_{kind}']!r} is not a number")
+            variance[str(seed)] = {k: v for k, v in found.items() if k != "key"}
     return variance
 
 
@@ -399,6 +405,8 @@ def moved_from_parent(cfg: ExperimentSettings, lay, evaluations: dict, method: s
     if path.is_file():
         m = read_checked(path, MOVEMENT)
         check_movement_key(cfg, lay, path, m.pop("key"), method, seed, iteration)
+        if "token_kl_ci95" in m and m["token_kl_ci95"][0] > m["token_kl_ci95"][1]:  # the rule reads its lower end
+            raise DataError(path, None, "token_kl_ci95", f"{m['token_kl_ci95']}: the lower end above the upper")
         m["moved"] = moved(m, movement_rule(cfg))
         out["movement"] = m
     return out
@@ -457,13 +465,14 @@ def check_parent(cfg: ExperimentSettings, where: Path, field: str, recorded: Any
 # A file damaged or edited by hand is one error naming the file and the field (JSON Schema's path),
 # not a traceback in the verdict or the template. Fields a file gained over time are optional.
 NUMBER, MAYBE_NUMBER = {"type": "number"}, {"type": ["number", "null"]}
+SHARE = {"type": "number", "minimum": 0, "maximum": 1}
 K_PER_POOL = {"type": "object", "additionalProperties": {"type": "integer"}, "minProperties": 1}
 MOVEMENT = {  # aria.experiment.movement.movement; a log-prob change is null where no step of won (lost) games
     "type": "object", "required": ["key", "token_kl", "logprob_change_won", "logprob_change_lost", "weights"],
     "properties": {"key": {"type": "object", "required": ["parent", "parent_version", "child_version"]}, "token_kl": NUMBER, "logprob_change_won": MAYBE_NUMBER, "logprob_change_lost": MAYBE_NUMBER,
                    "token_kl_ci95": {"type": "array", "items": NUMBER, "minItems": 2, "maxItems": 2},
                    "weights": {"type": "object", "required": ["dtype", "share"],
-                               "properties": {"dtype": {"type": "string"}, "share": NUMBER, "kept_share": NUMBER,
+                               "properties": {"dtype": {"type": "string"}, "share": SHARE, "kept_share": SHARE,
                                               "changed": {"type": "integer"}, "changed_float32": {"type": "integer"}}}}}
 PREFLIGHT = {  # aria.intention.pipeline's pre-flight of a labelling: one row a k (or the behavioural labels)
     "type": "object", "required": ["steps", "rows"],
@@ -479,15 +488,25 @@ STAGE_TIMES = {"type": "object", "additionalProperties": {  # the runner's stage
 INVOCATIONS = {"type": "array", "items": {  # the runner's invocations.json: each command that ran stages
     "type": "object", "properties": {"seconds": NUMBER, "last_beat_seconds": NUMBER, "command": {"type": ["string", "null"]},
                                      "cpu": {"type": "string"}}}}
+GRAD_VARIANCE = {  # aria.experiment.runner's gradient-variance stage (scripts/grad_variance.py): what the table reads
+    "type": "object", "required": ["samples", "games", "games_won", "methods", *(f"{m}_{k}" for k in ("raw_step_return", "aggregated_reward")
+                                                                                 for m in ("reward_variance", "trace_cov"))],
+    "properties": {"samples": {"type": "integer"}, "games": {"type": "integer"}, "games_won": {"type": "integer"},
+                   "methods": {"type": "array", "items": {"type": "string"}}},
+    "patternProperties": {"^(reward_variance|trace_cov)_": NUMBER, "^snr_": MAYBE_NUMBER}}
 BEHAVIOUR_CURVES = ("ari", "nmi", "mse", "bias_squared", "variance_within")  # one value a k of ``ks``
+CURVE = {"type": "array", "items": NUMBER}  # one value a k of ``ks`` (read_selection checks the length)
 SELECTION = {  # step 2's selection.json: the chosen k, the ks, the intention recovery and behaviour sections
     "type": "object", "required": ["chosen", "ks", "num_steps"],
     "properties": {"chosen": {"type": "object", "required": ["k"], "properties": {"k": K_PER_POOL}},
                    "ks": {"type": "array", "items": {"type": "integer"}, "minItems": 1},
-                   "num_steps": {"type": "integer"}, "intention_recovery": {"type": ["object", "null"]},
+                   "num_steps": {"type": "integer"},
+                   "intention_recovery": {"type": ["object", "null"], "required": ["steps", "intentions", "ari", "nmi"],
+                                          "properties": {"steps": {"type": "integer"}, "intentions": {"type": "integer"},
+                                                         "ari": CURVE, "nmi": CURVE}},
                    "behaviour": {"type": ["object", "null"],
                                  "properties": {"step_intentions": {"type": "integer"},
-                                                **{name: {"type": "array", "items": MAYBE_NUMBER} for name in BEHAVIOUR_CURVES}},
+                                                **{name: CURVE for name in BEHAVIOUR_CURVES}},
                                  "dependentRequired": {"mse": ["step_intentions", *BEHAVIOUR_CURVES]}}}}
 
 
@@ -507,9 +526,13 @@ def read_checked(path: Path, schema: dict) -> Any:
 def read_selection(path: Path) -> dict[str, Any]:
     """A labelling's selection.json (:data:`SELECTION`), each behaviour curve one value a k of ``ks``."""
     s = read_checked(path, SELECTION)
-    for name in BEHAVIOUR_CURVES:
-        if name in (s.get("behaviour") or {}) and len(s["behaviour"][name]) != len(s["ks"]):
-            raise DataError(path, None, f"behaviour.{name}", f"{len(s['behaviour'][name])} values for the {len(s['ks'])} ks")
+    for section, names in (("behaviour", BEHAVIOUR_CURVES), ("intention_recovery", ("ari", "nmi"))):
+        for name in names:
+            if name in (s.get(section) or {}) and len(s[section][name]) != len(s["ks"]):
+                raise DataError(path, None, f"{section}.{name}", f"{len(s[section][name])} values for the {len(s['ks'])} ks")
+    for pool, k in s["chosen"]["k"].items():  # step 2 chooses among the ks it clustered
+        if k not in s["ks"]:
+            raise DataError(path, None, f"chosen.k.{pool}", f"{k} is not among the ks clustered ({s['ks'][0]}..{s['ks'][-1]})")
     return s
 
 
@@ -720,8 +743,11 @@ def write_results(cfg: ExperimentSettings, run: dict[str, Any] | None = None, un
     results = {**collect_results(cfg), "run": run or run_record(cfg)}
     if unrecorded:
         results["settings_not_recorded"] = list(unrecorded)
-    atomic_write_json(out / "results.json", results)
-    atomic_write_text(out / "table.md", render_table(results))
+    # everything that reads the data first: a run folder the template cannot render leaves the
+    # results of the last report whole, not a new results.json beside an old table.md
+    table = render_table(results)
     if results["pooled"]:
         plot(results, out / "success_vs_iteration.png")
+    atomic_write_json(out / "results.json", results)
+    atomic_write_text(out / "table.md", table)
     return out

@@ -364,6 +364,8 @@ def family_of_summary(summary: Mapping[str, Any]) -> GameFamily:
 def checked_game(game_cfg: Mapping[str, Any]) -> dict:
     """A game config checked against its family's schema (:mod:`aria.games.common.settings`), as a plain dict:
     what every command does with the game it is given, before it plays."""
+    if not isinstance(game_cfg, Mapping):  # (a hand-edited record: a name where the game's settings belong)
+        raise ConfigError(f"game: expected a game's settings (a mapping, as config/game/ holds), got {game_cfg!r}")
     return validated(family_of(game_cfg).settings, game_cfg, f"game {game_cfg.get('name', '?')}")
 
 
