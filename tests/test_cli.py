@@ -349,7 +349,7 @@ BAD_EXPERIMENT_SETTINGS = [
      "bargaining: reply_schema.offer_steps must be a whole number from 1 to 1,000, got 1000000000"),
     # a seed twice: one training run counted as two, a method-level interval of zero width (found by a review)
     (["seeds=[0,0]"], "seeds: each seed once, got [0, 0]"),
-    (["seeds=[0,1]", "+seeds_by_method.aria=[1,1]"], "seeds_by_method.aria: expected a non-empty list of some of seeds [0, 1], each once"),
+    (["seeds=[0,1]", "+seeds_by_method.aria=[1,1]"], "seeds_by_method.aria: expected a non-empty list of some of seeds [0, 1], each once, got [1, 1]"),
 ]
 
 
