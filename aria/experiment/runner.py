@@ -49,7 +49,8 @@ from typing import Any, Callable, Mapping
 
 from aria.experiment.layout import (COPY_MARK, Layout, games_of, intention_overrides_of, is_stage_folder, iterations_of,
                                     method_of, model_version, recorded_path, seeds_of, train_overrides_of)
-from aria.experiment.report import evaluation_ids, planned_power, preflight_row_name, run_record, write_results
+from aria.experiment.report import planned_power, preflight_row_name, run_record, write_results
+from aria.experiment.run_files import evaluation_ids
 from aria.experiment.settings import ExperimentSettings, recorded_over
 from aria.games.common.base import structured_output
 from aria.games.family import checked_game, family_of
