@@ -130,6 +130,16 @@ def hydra_command(config_name: str, run: Callable[[Any], Any]) -> None:
     hydra.main(config_path=str(config_dir()), config_name=config_name, version_base="1.3")(run)()
 
 
+def help_first(argv: list[str] | None = None) -> bool:
+    """On ``--help``, print what the command does (its script's or module's docstring) before
+    Hydra lists its settings (config/hydra/help/aria.yaml); whether ``--help`` was asked."""
+    args = sys.argv[1:] if argv is None else argv
+    if "--help" not in args and "-h" not in args:
+        return False
+    print(textwrap.dedent(getattr(sys.modules["__main__"], "__doc__", None) or "").strip() + "\n")
+    return True
+
+
 def check_command_line(config_name: str, argv: list[str] | None = None) -> None:
     """Compose the command's config (``config/<config_name>.yaml``, or the ``--config-name`` given)
     from its command line as Hydra will, before Hydra does: an unknown option of a config group
@@ -138,8 +148,7 @@ def check_command_line(config_name: str, argv: list[str] | None = None) -> None:
     ``--multirun``, ...) are left to Hydra; ``--help`` first prints the script's docstring (what it
     does, how it is run), before Hydra's list of settings (config/hydra/help/aria.yaml)."""
     args = sys.argv[1:] if argv is None else argv
-    if "--help" in args or "-h" in args:
-        print(textwrap.dedent(getattr(sys.modules["__main__"], "__doc__", None) or "").strip() + "\n")
+    if help_first(args):
         return
     name, overrides, i = config_name, [], 0
     while i < len(args):

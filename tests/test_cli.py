@@ -548,13 +548,15 @@ def test_an_unknown_option_or_key_of_the_command_line_is_one_line(script, args, 
     ("scripts/run_offline.py", ["--config-name", "reinforce_llm", "seed=7"], "seed: 7"),  # through aria.cli.hydra_command
     ("scripts/run_experiment.py", ["--config-name", "experiment", "-h", "experiment=replicated"], "name: replicated"),  # hydra.main
     ("reward_aggregation/1_embed_and_cluster.py", [], "embedder:"),
+    ("aria/trainers/launch.py", ["--config-dir", "config", "--config-name", "reinforce_llm"], "seed: 0"),  # as launchers run it
 ])
 def test_help_says_what_the_command_does_then_every_setting(script, args, setting):
     """--help: the script's docstring first, then its settings as the command line composes them
     (before: "launch is powered by Hydra." and Hydra's template, the command's purpose nowhere)."""
     import ast
 
-    done = run(script, *args, *([] if "-h" in args else ["--help"]))
+    command = ["-m", script.removesuffix(".py").replace("/", ".")] if script.startswith("aria/") else [script]
+    done = run(*command, *args, *([] if "-h" in args else ["--help"]))
     assert done.returncode == 0, done.stderr[-2000:]
     first = ast.get_docstring(ast.parse((REPO / script).read_text())).splitlines()[0]
     assert done.stdout.splitlines()[0] == first and "powered by Hydra" not in done.stdout

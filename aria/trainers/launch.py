@@ -15,7 +15,7 @@ from typing import Any, Callable
 
 import hydra
 
-from aria.cli import checkpoints_in, command
+from aria.cli import checkpoints_in, command, help_first
 from aria.settings import resolved
 from aria.trainers.methods import trainer_for
 
@@ -45,4 +45,5 @@ def main(cfg) -> None:
 
 
 if __name__ == "__main__":
+    help_first()  # --help: what the command does, then its settings
     main()

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hydra
 
+from aria.cli import help_first
 from aria.trainers.launch import train_and_report
 # Imported in the functions that use them (slow to import: benchmarks/import_time.py): torch
 
@@ -40,4 +41,5 @@ def main(cfg) -> None:
 
 
 if __name__ == "__main__":
+    help_first()  # --help: what the command does, then its settings
     main()

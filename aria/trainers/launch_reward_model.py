@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hydra
 
+from aria.cli import help_first
 from aria.trainers.launch import train_and_report
 # Imported in the functions that use them (slow to import: benchmarks/import_time.py): torch
 
@@ -35,4 +36,5 @@ def main(cfg) -> None:
 
 
 if __name__ == "__main__":
+    help_first()  # --help: what the command does, then its settings
     main()
