@@ -529,6 +529,22 @@ def test_a_run_folder_copied_without_its_weights_reports_and_resumes_without_tra
     assert (copied / "s0" / "aria" / "it2" / "movement.json").is_file()
 
 
+def test_a_results_only_copy_leaves_out_a_critics_weights_and_a_resumable_copy_keeps_them(tmp_path):
+    """ArCHer's final critic (184 MB at the replicated preset): a later iteration's critic starts
+    from it, so the resumable copy keeps it; the report never reads it, so the committed copy does not."""
+    from aria.experiment.layout import copy_without_weights
+
+    final = tmp_path / "run" / "s0" / "archer" / "it1" / "critic" / "final"
+    final.mkdir(parents=True)
+    (tmp_path / "run" / "experiment.json").write_text("{}")
+    (final / "critic.safetensors").write_bytes(b"weights")
+    (final / "critic.json").write_text("{}")
+    copy_without_weights(tmp_path / "run", tmp_path / "whole")
+    copy_without_weights(tmp_path / "run", tmp_path / "light", results_only=True)
+    kept = lambda root: sorted(p.name for p in (root / "s0" / "archer" / "it1" / "critic" / "final").iterdir())  # noqa: E731
+    assert kept(tmp_path / "whole") == ["critic.json", "critic.safetensors"] and kept(tmp_path / "light") == ["critic.json"]
+
+
 def test_a_results_only_copy_reports_the_same_tables(tmp_path, tiny_experiment, straight_run):
     """scripts/copy_run.py --results-only, the copy committed beside a finished run: no step data
     or training set, yet report_only on it writes the run's own results (pre-flight included)."""

@@ -124,9 +124,11 @@ def games_of(cfg: ExperimentSettings, section: PlaySettings) -> int:
 # evaluations, movement, stage times, a critic's final heads and advantages) is what the report
 # reads and what tells a resumed run which stages are done.
 WEIGHTS_AND_LOGS = ("model", "train", "checkpoints", "*.log", ".lock", "*.lock", "embedding_cache")
-#: What a results-only copy also leaves out: the intention steps' data and the training sets, which
-#: the report never reads (it reads each labelling's preflight.json, selection.json and behaviour.json).
-STEP_DATA = ("embeddings.npz", "labelled.jsonl", "labelled.meta.json", "labels.npz",
+#: What a results-only copy also leaves out: the intention steps' data, the training sets and a
+#: critic's final weights (ArCHer's: 184 MB at the replicated preset; a later iteration's critic
+#: starts from them, so a resumable copy keeps them), which the report never reads (it reads each
+#: labelling's preflight.json, selection.json and behaviour.json).
+STEP_DATA = ("*.safetensors", "embeddings.npz", "labelled.jsonl", "labelled.meta.json", "labels.npz",
              "utterances.json", "train.json", "train.meta.json", "selection.png")
 
 
