@@ -205,6 +205,9 @@ def test_the_summary_gives_each_arm_its_gain_over_its_start_and_where_and_how_lo
     assert ("10 min 01 s wall over 3 commands (a lower bound: of the commands with no recorded end, killed or still "
             "running, 1 timed to its last minute, 2 not timed):") in render_summary(results)
     assert "| the 3 commands that ran it, each start to end, summed (a lower bound: " in render_stage_times(results)
+    results["run"].update(invocations=1, resumed=False, timed_to_last_beat=1, not_timed=0)  # one command, no end yet
+    assert "| the command, start to end (a lower bound: of the commands with no recorded end, killed or still running, " \
+           "1 timed to its last minute) | 10 min 01 s |" in render_stage_times(results)
 
 
 def test_the_movement_verdict_by_hand(tmp_path):
@@ -447,6 +450,19 @@ def test_a_copied_run_dir_resumes_and_its_tables_follow_the_settings(tmp_path, t
     experiment.run(other, lines.append)
     said = [line for line in lines if "trained under other settings" in line]
     assert len(said) == 1 and said[0].startswith("[experiment] warm") and "train.lr=2.0e-3" in said[0], lines
+
+
+def test_which_recorded_paths_name_a_model_of_the_run(tmp_path):
+    """A base model given as a relative folder (models/chat) is no model of the run: the report
+    refused such runs' own iteration-0 evaluation (found by a review), and a resume replayed it for nothing."""
+    from types import SimpleNamespace
+
+    from aria.experiment.layout import Layout
+
+    lay = Layout(SimpleNamespace(run_dir=str(tmp_path / "run"), game={"name": "twenty_questions"}, variants={}))
+    assert [lay.holds_model(p) for p in ("warm/model", "s0/aria/it1/model", "s12/aria_k20/it3/model", str(tmp_path / "run" / "warm" / "model"))] \
+        == [True] * 4
+    assert not any(lay.holds_model(p) for p in ("models/chat", "embedded", "/opt/models/SmolLM2", "s0/aria/model", "warm/model/x"))
 
 
 def test_a_copy_replaces_only_an_earlier_copy_of_the_same_run(tmp_path):
@@ -729,28 +745,27 @@ def test_report_only_names_a_damaged_file_of_the_run(tmp_path, tiny_experiment, 
 
 @pytest.mark.parametrize("change, named, field, said", [
     ("swapped", "eval.jsonl.producer.json", "producer.policy.model_path", "games of s0/no_aggregation/it1/model, not of s0/aria/it1/model"),
-    ("retrained", "eval.jsonl.producer.json", "producer.policy.model_version", "not as its trained_on.json beside it says"),
+    ("retrained", "eval.jsonl.producer.json", "producer.policy.model_version", "not as its trained_on.json says"),
     ("other_seed", "eval.jsonl.producer.json", "producer.seed", "games of evaluation seed 7, not the run's"),
-    ("other_temperature", "eval.jsonl.producer.json", "producer.policy.temperature", "was 1.0, now 0.0 in "),
-    ("other_target", "eval.jsonl", "game ", "paired games must share their target"),
+    ("other_temperature", "eval.jsonl.producer.json", "producer.policy.temperature", "0.0 here, 1.0 in "),
+    ("other_target", "eval.jsonl", "game ", "paired games share their target"),
     ("no_producer", "eval.jsonl.producer.json", None, "missing: nothing says which model played eval.jsonl"),
-    ("no_marker", "trained_on.json", None, "missing: nothing says which training made s0/aria/it1/model"),
-    ("movement_swapped", "movement.json", "key.child_version", "not s0/aria/it1/model as its trained_on.json beside it says"),
-    ("movement_no_key", "movement.json", "key", "missing"),
-    ("movement_other_steps", "movement.json", "key.steps", "measured on 3 steps, not report.movement.steps"),
+    ("no_marker", "trained_on.json", None, "missing: nothing says what the arm was trained on"),
     ("other_parent", "trained_on.json", "start_model_version", "trained from warm/model as version '0000000000000000' trained it"),
+    ("movement_swapped", "movement.json", "key.child_version", "not s0/aria/it1/model as its trained_on.json says"),
+    ("movement_no_key", "movement.json", "key", "missing: nothing says which models were measured"),
+    ("movement_other_steps", "movement.json", "key.steps", "measured on 3 steps, not report.movement.steps"),
 ])
-def test_report_only_refuses_an_evaluation_another_model_played(tmp_path, tiny_experiment, straight_run, change, named, field, said):
-    """A run folder edited or assembled by hand: an arm's evaluation copied from another arm, kept
-    beside a training marker of a later training, played on other targets or at another
-    temperature, its producer record or training marker removed, trained from another warm start;
-    its movement measured on another arm, at other steps or without its key. Before, the report counted them as the arm's (only the runner read
-    the producer records and movement keys; a review turned a null result into p = 1e-5 this way);
-    now one error names the file and its field. The untouched copy reports
-    (test_a_results_only_copy_reports_the_same_tables)."""
+def test_report_only_sets_aside_what_the_runner_would_redo(tmp_path, tiny_experiment, straight_run, change, named, field, said):
+    """A run folder edited or assembled by hand, or caught mid-way by a report: an arm's evaluation
+    copied from another arm, kept beside the marker of a later training, played on other targets or
+    at another temperature, its producer record or training marker removed, trained from another
+    warm start; its movement measured on another arm, at other steps or without its key. Before,
+    the report counted them as the arm's (only the runner read the producer records and movement
+    keys; a review turned a null result into p = 1e-5 this way). Now each is left out of the tables
+    and named, file, field and why, as the runner would play, train or measure it again."""
     import shutil
 
-    from aria.io import DataError
     from aria.trajectories import producer_path
 
     straight_root, _, _ = straight_run
@@ -795,10 +810,21 @@ def test_report_only_refuses_an_evaluation_another_model_played(tmp_path, tiny_e
         measured = json.loads((arm / "movement.json").read_text())
         measured["key"]["child_version"] = model_version(arm / "model")
         (arm / "movement.json").write_text(json.dumps(measured))
-    with pytest.raises(DataError) as raised:
-        experiment.run({**tiny_experiment(tmp_path), "report_only": True}, lambda line: None)
-    where = f"{arm / named}: " if field is None else f"{arm / named}, field '{field}"
-    assert str(raised.value).startswith(where) and said in str(raised.value), raised.value
+    lines: list[str] = []
+    out = experiment.run({**tiny_experiment(tmp_path), "report_only": True}, lines.append)
+    results = json.loads((out / "results.json").read_text())
+    aside = results["set_aside"][0]  # and what follows from it: a later iteration trained from it, its movement
+    assert all(x["what"].startswith("s0/aria/") for x in results["set_aside"]), results["set_aside"]
+    assert aside["file"] == f"s0/aria/it1/{named}" and said in aside["reason"], aside
+    assert aside["field"] is None if field is None else aside["field"].startswith(field), aside  # (a game's: its id follows)
+    rows = {(r["method"], r["seed"], r["iteration"]): r for r in results["arms"]}
+    if named == "movement.json":  # the arm is counted; its movement is not measured yet
+        assert aside["what"] == "s0/aria/it1/movement.json" and "movement" not in rows[("aria", 0, 1)]
+    else:  # the arm is not evaluated yet, and said so; nothing of it is tested
+        assert aside["what"] == "s0/aria/it1/eval.jsonl" and ("aria", 0, 1) not in rows
+        assert "not evaluated yet: aria seed 0 iteration 1" in lines[-1], lines[-1]
+    table = (out / "table.md").read_text()
+    assert "**Set aside** (the runner plays, trains or measures these again" in table and aside["reason"] in table
 
 
 def test_a_report_that_cannot_render_leaves_the_last_one_whole(tmp_path, tiny_experiment, straight_run, monkeypatch):
@@ -1013,6 +1039,18 @@ def test_a_stage_killed_outright_keeps_its_time_to_its_last_heartbeat(tmp_path, 
         beat.stop()
     assert seen["stage"]["kind"] == "train" and seen["stage"]["cpus"] == ["machine A"] and "seconds" not in seen["stage"]
     assert seen["command"]["last_beat_seconds"] >= 0.1 and "seconds" not in seen["command"]
+    # a finished stage skipped on another machine while beats fall: never gains that machine, killed or not
+    finished = {"kind": "train", "seconds": 130.0, "cpus": ["machine A"]}
+    times.clear()
+    times["s0 train"] = dict(finished)
+    beat = experiment.Heartbeat(tmp_path, times, invocations, every=0.02)
+    beat.start()
+    try:
+        experiment.timed_stage(experiment.Stage("s0 train", "train"), lambda: time.sleep(0.2), times, path, "machine B", beat)
+        assert {k: v for k, v in json.loads(path.read_text())["s0 train"].items() if k != "running"} == finished
+    finally:
+        beat.stop()
+    assert times["s0 train"] == finished and json.loads(path.read_text())["s0 train"] == finished
     # the next run, on another machine, finds a stage killed after 40 s: it counts, as an interrupt's part does
     times = {"s1 train": {"kind": "train", "cpus": ["machine A"], "unfinished": 5.0, "running": 40.0}}
     clock = iter([0.0, 30.0])
@@ -1251,16 +1289,18 @@ def test_a_two_player_experiment_runs_self_play_and_evaluates_against_the_oppone
     from dataclasses import asdict
 
     from aria.io import DataError
-    for where, source, said in [("s0/aria/it1/eval", "s0/aria/it1/eval/as_bob.jsonl", "field 'producer.seats.alice': "),
-                                ("eval/it0", "s0/aria/it1/eval/as_alice.jsonl", "field 'producer.seats.alice.model_path': "
-                                                                                "games of s0/aria/it1/model, a model of this run")]:
+    for where, source, field, said in [
+            ("s0/aria/it1/eval", "s0/aria/it1/eval/as_bob.jsonl", "producer.seats.alice", "plays the policy's seat, not a model"),
+            ("eval/it0", "s0/aria/it1/eval/as_alice.jsonl", "producer.seats.alice.model_path",
+             "games of s0/aria/it1/model, a model of this run, not the base model")]:
         copy = tmp_path / f"copy_{where.replace('/', '_')}"
         shutil.copytree(run, copy, ignore=shutil.ignore_patterns(".lock", "model", "train", "critic"))
         for suffix in ("", ".producer.json"):
             shutil.copyfile(run / f"{source}{suffix}", copy / where / f"as_alice.jsonl{suffix}")
-        with pytest.raises(DataError, match=re.escape(said)):
-            experiment.run({**asdict(cfg), "run_dir": str(copy), "results_dir": str(copy / "results"), "report_only": True},
-                           lambda line: None)
+        reported = experiment.run({**asdict(cfg), "run_dir": str(copy), "results_dir": str(copy / "results"), "report_only": True},
+                                  lambda line: None)
+        aside = json.loads((reported / "results.json").read_text())["set_aside"][0]
+        assert (aside["file"], aside["field"]) == (f"{where}/as_alice.jsonl.producer.json", field) and said in aside["reason"], aside
     # a game whose outcome was cut by hand: its file and game named (before: KeyError: 'winner')
     evaluation = run / "s0" / "aria" / "it1" / "eval" / "as_alice.jsonl"
     games = [json.loads(line) for line in evaluation.read_text().splitlines()]

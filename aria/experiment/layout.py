@@ -50,6 +50,17 @@ class Layout:
         """How far an arm's model moved from its parent (:mod:`aria.experiment.movement`)."""
         return self.arm(method, seed, iteration) / "movement.json"
 
+    def holds_model(self, recorded: str) -> bool:
+        """Whether ``recorded``, a model's path as the run's records hold it, names one of this run's
+        models (the warm start's, an arm's): relative to the run folder, or inside it. A base model
+        given as a relative path (``models/chat``) names none."""
+        path = Path(recorded)
+        if path.is_absolute():
+            return path.resolve().is_relative_to(self.root.resolve())
+        parts = path.parts
+        return parts == ("warm", "model") or (len(parts) == 4 and parts[0][:1] == "s" and parts[0][1:].isdigit()
+                                              and parts[2][:2] == "it" and parts[2][2:].isdigit() and parts[3] == "model")
+
     def evaluation(self, method: str, seed: int, iteration: int) -> Path:
         """A question game's evaluation file; for a two-player game the folder of its two files,
         ``as_alice.jsonl`` and ``as_bob.jsonl`` (the policy in each seat against the opponent)."""

@@ -26,7 +26,7 @@ from typing import Any, Sequence
 import jinja2
 
 from aria.experiment.layout import Layout, games_of, iterations_of, seeds_of
-from aria.experiment.run_files import (INVOCATIONS, STAGE_TIMES, check_lineage, read_checked, read_evaluations,
+from aria.experiment.run_files import (INVOCATIONS, STAGE_TIMES, SetAside, read_checked, read_evaluations,
                                        read_gradient_variance, read_movement, read_preflights, read_recovery)
 from aria.experiment.settings import ExperimentSettings
 from aria.games.family import family_of
@@ -100,7 +100,7 @@ def _row(games: list[dict]) -> dict[str, Any]:
 def collect_results(cfg: ExperimentSettings) -> dict[str, Any]:
     """Everything ``results.json`` holds (module doc), from the run folder."""
     lay = Layout(cfg)
-    base, evaluations = read_evaluations(cfg, lay)
+    base, evaluations, set_aside = read_evaluations(cfg, lay)
     # Every game's outcome, in one order for all arms, so that the file alone can be tested again
     # (paired by key) once the run folder is gone: two powered runs' folders were lost with their machines.
     keys = sorted(next(iter(evaluations.values()))) if evaluations else []
@@ -112,7 +112,7 @@ def collect_results(cfg: ExperimentSettings) -> dict[str, Any]:
         if two_player:  # and each game's payoff share, the secondary outcome, as exactly
             arm["scores"] = [round(g[k]["score"], 6) for k in keys]
         if i > 0:
-            arm.update(moved_from_parent(cfg, lay, evaluations, m, s, i))
+            arm.update(moved_from_parent(cfg, lay, evaluations, m, s, i, set_aside))
         arms.append(arm)
     preflight, behaviour = read_preflights(cfg, lay)
     return {"name": cfg.name, "game": cfg.game["name"], "two_player": two_player,
@@ -120,7 +120,7 @@ def collect_results(cfg: ExperimentSettings) -> dict[str, Any]:
             "eval_seed": cfg.eval.seed, "movement_rule": movement_rule(cfg), "preflight": preflight,
             "outcome_keys": keys, "arms": arms, "pooled": pooled_rows(cfg, base, evaluations),
             "paired_tests": paired_tests(cfg, evaluations, arms), "gradient_variance": read_gradient_variance(cfg, lay),
-            "intention_recovery": read_recovery(lay), "behaviour": behaviour}
+            "intention_recovery": read_recovery(lay), "behaviour": behaviour, "set_aside": set_aside}
 
 
 def pooled_rows(cfg: ExperimentSettings, base: dict | None, evaluations: dict) -> list[dict[str, Any]]:
@@ -209,7 +209,8 @@ def preflight_row_name(row: dict) -> str:
     return name + (f" ({', '.join(marks)})" if marks else "")
 
 
-def moved_from_parent(cfg: ExperimentSettings, lay, evaluations: dict, method: str, seed: int, iteration: int) -> dict[str, Any]:
+def moved_from_parent(cfg: ExperimentSettings, lay, evaluations: dict, method: str, seed: int, iteration: int,
+                      set_aside: list[dict] | None = None) -> dict[str, Any]:
     """An arm against the model it started from: success paired by game (difference with its
     interval), and the movement measures with the verdict of ``report.movement`` (moved when the
     token KL and the share of weights changed at the served precision both reach their thresholds)."""
@@ -221,8 +222,12 @@ def moved_from_parent(cfg: ExperimentSettings, lay, evaluations: dict, method: s
                        [bool(parent[i]["success"]) for i in ids])
         out["against_parent"] = {**{k: test[k] for k in ("pairs", "difference", "difference_ci95", "p_value")},
                                  **sensitivity(test)}
-    check_lineage(cfg, lay, method, seed, iteration)
-    m = read_movement(cfg, lay, method, seed, iteration)
+    try:
+        m = read_movement(cfg, lay, method, seed, iteration)
+    except SetAside as why:  # measured on another model or at other steps: not measured yet, and named
+        m = None
+        if set_aside is not None:
+            set_aside.append(why.record(cfg, lay.movement(method, seed, iteration)))
     if m is not None:
         m["moved"] = moved(m, movement_rule(cfg))
         out["movement"] = m
@@ -303,7 +308,7 @@ def render_table(results: dict[str, Any]) -> str:
     render too (aria/experiment/tables.py)."""
     lines = _section("header", results) + [""] + pooled_lines(results) + preflight_lines(results) \
         + movement_lines(results) + paired_lines(results) + gradient_lines(results) + behaviour_lines(results) \
-        + recovery_lines(results)
+        + recovery_lines(results) + _section("set_aside", results)
     return "\n".join(lines) + "\n"
 
 

@@ -859,7 +859,8 @@ def timed_stage(stage: Stage, do: Callable[[], Any], times: dict[str, dict], tim
     entry = {k: v for k, v in recorded.items() if k != "running"}
     cpus = list(dict.fromkeys([*entry.get("cpus", []), machine]))
     carried = entry.get("unfinished", 0.0) + recorded.get("running", 0.0)
-    beat.watch(stage.name, start, {**entry, "kind": stage.kind, "cpus": cpus, "unfinished": carried})
+    # the beat's record while it runs: a finished stage (skipped, or run again) keeps its own until it ends
+    beat.watch(stage.name, start, entry if "seconds" in entry else {**entry, "kind": stage.kind, "cpus": cpus, "unfinished": carried})
     try:
         do()
     except BaseException:
@@ -875,8 +876,7 @@ def timed_stage(stage: Stage, do: Callable[[], Any], times: dict[str, dict], tim
             times[stage.name] = {"kind": stage.kind, "seconds": seconds + carried, "cpus": cpus}
         else:
             times[stage.name] = entry  # skipped: the run that did it keeps it (even where a beat fell in the skip)
-        if times[stage.name] != recorded:
-            atomic_write_json(times_path, times)
+        atomic_write_json(times_path, times)  # (also over a beat's record of the skip)
     return seconds
 
 
