@@ -224,12 +224,18 @@ class EvaluationReader:
         return where, conditions
 
 
+def names(recorded: str, path: str) -> bool:
+    """Whether ``recorded`` (a model's path in a record) names ``path`` (relative to the run folder):
+    the same path, or one ending in it (older runs recorded absolute paths)."""
+    parts = Path(path).parts
+    return Path(recorded).parts[-len(parts):] == parts
+
+
 def check_model(cfg: ExperimentSettings, model: Path, where: Path, key: str, player: dict, again: str) -> None:
     """The policy's model in a producer record is ``model`` (its path in the run) at the version its
     training marker gives."""
     path, recorded = recorded_path(cfg, model), str(player["model_path"])
-    parts = Path(path).parts
-    if Path(recorded).parts[-len(parts):] != parts:  # (older runs recorded absolute paths)
+    if not names(recorded, path):
         raise SetAside(where, f"{key}.model_path", f"games of {recorded}, not of {path}, the model this evaluation is of; {again}")
     if not (model.parent / "trained_on.json").is_file():
         raise SetAside(model.parent / "trained_on.json", None, f"missing: nothing says which training made {path}; "
@@ -317,8 +323,7 @@ def check_parent(cfg: ExperimentSettings, lay: Layout, where: Path, field: str, 
             raise SetAside(where, field, f"{what} {recorded}, a model of this run, not the base model; {again}")
         return
     path = recorded_path(cfg, parent)
-    parts = Path(path).parts
-    if not isinstance(recorded, str) or Path(recorded).parts[-len(parts):] != parts:
+    if not isinstance(recorded, str) or not names(recorded, path):
         raise SetAside(where, field, f"{what} {recorded!r}, not {path}; {again}")
     if (parent.parent / "trained_on.json").is_file() and version != model_version(parent):
         raise SetAside(where, f"{field}_version", f"{what} {path} as version {version!r} trained it, not as its "
