@@ -171,6 +171,29 @@ def test_rendered_blocks_are_their_committed_runs_rendering(tmp_path):
         render("<!-- rendered: nope -->\n<!-- /rendered: nope -->", "x.md")
 
 
+def test_a_run_committed_part_way_is_a_row_saying_so_not_an_error(tmp_path, monkeypatch):
+    """A run whose results.json has per-game outcomes but no seed with both arms evaluated yet (a run
+    reported part-way) is a row saying so: the legacy outcomes.json it never had is not looked for,
+    and a run with per-game outcomes on both arms of a seed is tested on them."""
+    from aria.experiment import tables
+    from aria.io import atomic_write_json
+
+    def arm(method, seed, won):
+        return {"method": method, "seed": seed, "iteration": 1, "won": won}
+
+    atomic_write_json(tmp_path / "partway" / "results.json", {"arms": [arm("aria", 10, "0110")], "paired_tests": []})
+    monkeypatch.setattr(tables, "RESULTS", tmp_path)
+    monkeypatch.setattr(tables, "COMPARISONS", (("Twenty Questions", "partway"),))
+    assert tables.seed_tests("partway", "aria", "no_aggregation") == []
+    row = tables.aggregation().splitlines()[2]
+    assert row.startswith("| Twenty Questions, [`partway`](results/experiments/partway/table.md) | none yet with both arms")
+
+    atomic_write_json(tmp_path / "partway" / "results.json",
+                      {"arms": [arm("aria", 10, "0110"), arm("no_aggregation", 10, "1111"), arm("no_aggregation", 11, "1")]})
+    test, = tables.seed_tests("partway", "aria", "no_aggregation")
+    assert (test["seed"], test["first_only"], test["second_only"], test["pairs"]) == (10, 0, 2, 4)
+
+
 def _missing_or_changed(committed, again, where: str = "") -> list[str]:
     """Where ``again`` lacks or changes a value of ``committed`` (a later report may add fields)."""
     if isinstance(committed, dict) and isinstance(again, dict):

@@ -45,9 +45,9 @@ def seed_tests(folder: str, first: str, second: str, iteration: int = 1) -> list
     ``won`` strings of ``results.json`` (games in ``outcome_keys`` order), else from its
     ``outcomes.json`` (keyed by game)."""
     results = read_json(RESULTS / folder / "results.json")
-    won = {(a["method"], a["seed"]): a["won"] for a in results["arms"] if a["iteration"] == iteration and "won" in a}
-    seeds = sorted({s for m, s in won if m == first} & {s for m, s in won if m == second})
-    if seeds:
+    if any("won" in a for a in results["arms"]):  # a run reported with per-game outcomes: the seeds with both arms so far
+        won = {(a["method"], a["seed"]): a["won"] for a in results["arms"] if a["iteration"] == iteration and "won" in a}
+        seeds = sorted({s for m, s in won if m == first} & {s for m, s in won if m == second})
         return [{"seed": s, **mcnemar([c == "1" for c in won[(first, s)]], [c == "1" for c in won[(second, s)]])}
                 for s in seeds]
     arms = read_json(RESULTS / folder / "outcomes.json")["arms"]
@@ -123,6 +123,11 @@ def aggregation() -> str:
                          "| | | | | | |")
             continue
         tests[folder] = seed_tests(folder, "aria", "no_aggregation")
+        if not tests[folder]:  # a run committed part-way: what it has is in its own table
+            del tests[folder]
+            lines.append(f"| {game}, [`{folder}`](results/experiments/{folder}/table.md) | none yet with both arms "
+                         "evaluated | | | | | | |")
+            continue
         lines.append(_row(f"{game}, [`{folder}`](results/experiments/{folder}/table.md)", tests[folder],
                           planned_verdict(folder)))
         for pooled_label, folders in POOLED_AFTER_THE_FACT:
