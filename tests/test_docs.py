@@ -167,7 +167,7 @@ def test_rendered_blocks_are_their_committed_runs_rendering(tmp_path):
         (tmp_path / name).write_text((REPO / name).read_text(encoding="utf-8"), encoding="utf-8")
     (tmp_path / "README.md").write_text(readme.replace("| 2 | −3.7, −0.2 |", "| 2 | −1.7, −0.2 |"), encoding="utf-8")
     assert stale_blocks(tmp_path) == ["README.md: aggregation"]
-    with pytest.raises(ValueError, match="x.md: unknown rendered block 'nope'"):
+    with pytest.raises(ValueError, match="x.md, line 1: unknown rendered block 'nope'"):
         render("<!-- rendered: nope -->\n<!-- /rendered: nope -->", "x.md")
 
 
@@ -264,6 +264,15 @@ def test_render_docs_check_exits_1_on_a_stale_block_and_rendering_mends_it(tmp_p
     subprocess.run([*script, "--root", str(tmp_path)], check=True, capture_output=True)
     for name in DOCUMENTS:
         assert (tmp_path / name).read_text(encoding="utf-8") == (REPO / name).read_text(encoding="utf-8")
+    # a block of a run not committed (a section written before its run lands): one line naming both, exit 2
+    readme = (tmp_path / "README.md").read_text(encoding="utf-8")
+    (tmp_path / "README.md").write_text(readme + "<!-- rendered: paired:no_such_run -->\n<!-- /rendered: paired:no_such_run -->\n",
+                                        encoding="utf-8")
+    for check in ([], ["--check"]):
+        done = subprocess.run([*script, *check, "--root", str(tmp_path)], capture_output=True, text=True)
+        assert (done.returncode, done.stdout) == (2, "") and done.stderr == (
+            f"error: README.md, line {readme.count(chr(10)) + 1}: rendered block 'paired:no_such_run': "
+            "results/experiments/no_such_run/results.json is not committed\n")
 
 
 def test_the_benchmark_summary_follows_its_reports(tmp_path):

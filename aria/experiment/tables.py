@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from aria.experiment import report
-from aria.io import read_json
+from aria.io import DataError, read_json
 from aria.llm.hardware import label
 from aria.power import runs_detectable_difference, runs_needed
 from aria.statistics import mcnemar, pool_runs, runs_sensitivity, sensitivity, wilson_interval
@@ -106,7 +106,8 @@ def planned_verdict(folder: str, first: str = "aria", second: str = "no_aggregat
     for t in tests:
         if (t["first"], t["second"], t["iteration"]) == (first, second, 1):
             return t["verdict"]
-    raise ValueError(f"results/experiments/{folder}/results.json: no paired test of {first} against {second} at iteration 1")
+    raise DataError(f"results/experiments/{folder}/results.json", None, "paired_tests",
+                    f"no paired test of {first} against {second} at iteration 1")
 
 
 def aggregation() -> str:
@@ -171,12 +172,15 @@ def arms() -> str:
                 lines.append(f"| {game}, `{folder}` | {row['method']} | {row['wins']} / {row['games']} "
                              f"({100 * row['success']:.1f}%) | – | – | – |")
         for method in ("aria", "no_aggregation"):
-            total = next(r for r in results["pooled"] if r["method"] == method and r["iteration"] == 1)
+            total = next((r for r in results["pooled"] if r["method"] == method and r["iteration"] == 1), None)
+            if total is None:  # a run committed part-way: this arm not evaluated yet
+                continue
             seeds = [a for a in results["arms"] if a["method"] == method and a["iteration"] == 1]
             gains = "; ".join(f"{_points(a['against_parent']['difference'])} ({_interval(a['against_parent']['difference_ci95'])})"
+                              if "against_parent" in a else "–" for a in seeds)
+            kl = ", ".join(f"{a['movement']['token_kl']:.3f}" if "movement" in a else "–" for a in seeds)
+            moved = ", ".join(("yes" if a["movement"]["moved"] else "**no**") if "movement" in a else "not measured yet"
                               for a in seeds)
-            kl = ", ".join(f"{a['movement']['token_kl']:.3f}" for a in seeds)
-            moved = ", ".join("yes" if a["movement"]["moved"] else "**no**" for a in seeds)
             lines.append(f"| | `{method}` | {total['wins']} / {total['games']} ({100 * total['success']:.1f}%) | {gains} | "
                          f"{kl} | {moved} |")
     return "\n".join(lines) + "\n"
@@ -473,24 +477,30 @@ SECTIONS: dict[str, Callable[[dict], list[str]]] = {
     "stages": report.stage_lines}
 
 
-def block(name: str, source: str = "") -> str:
-    """The text of block ``name``: a named block, or a section of a committed run's table."""
+def block(name: str, source: str = "", line: int | None = None) -> str:
+    """The text of block ``name`` (of document ``source``, its marker on ``line``): a named block, or a
+    section of a committed run's table."""
     if name in BLOCKS:
         return BLOCKS[name]()
     section, _, folder = name.partition(":")
-    if section in SECTIONS and folder and (RESULTS / folder / "results.json").is_file():
+    if section in SECTIONS and folder:
+        if not (RESULTS / folder / "results.json").is_file():
+            raise DataError(source or None, line, None,
+                            f"rendered block {name!r}: results/experiments/{folder}/results.json is not committed")
         lines = SECTIONS[section](read_json(RESULTS / folder / "results.json"))
         while lines and lines[0] == "":
             lines = lines[1:]
         return "\n".join(lines) + "\n"
-    raise ValueError(f"{source}: unknown rendered block {name!r} (known: {', '.join(BLOCKS)}, or "
-                     f"{'|'.join(SECTIONS)}:FOLDER of results/experiments/)")
+    raise DataError(source or None, line, None, f"unknown rendered block {name!r} (known: {', '.join(BLOCKS)}, or "
+                    f"{'|'.join(SECTIONS)}:FOLDER of results/experiments/)")
 
 
 def render(text: str, source: str = "") -> str:
-    """``text`` with every block rendered anew; an unknown block name is an error naming ``source``."""
+    """``text`` with every block rendered anew; a block it cannot render is an error naming ``source``
+    and the marker's line."""
     def fill(match: re.Match) -> str:
-        return f"<!-- rendered: {match['name']} -->\n{block(match['name'], source)}<!-- /rendered: {match['name']} -->"
+        text_of = block(match["name"], source, text.count("\n", 0, match.start()) + 1)
+        return f"<!-- rendered: {match['name']} -->\n{text_of}<!-- /rendered: {match['name']} -->"
     return MARK.sub(fill, text)
 
 
