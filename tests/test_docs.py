@@ -188,6 +188,14 @@ def test_a_run_committed_part_way_is_a_row_saying_so_not_an_error(tmp_path, monk
     row = tables.aggregation().splitlines()[2]
     assert row.startswith("| Twenty Questions, [`partway`](results/experiments/partway/table.md) | none yet with both arms")
 
+    # its arms: the one evaluated, not yet measured for movement; the one not evaluated left out
+    pooled = [{"method": "warm start", "iteration": 0, "wins": 1, "games": 4, "success": 0.25},
+              {"method": "aria", "iteration": 1, "wins": 2, "games": 4, "success": 0.5}]
+    aria = {**arm("aria", 10, "0110"), "against_parent": {"difference": 0.25, "difference_ci95": [-0.1, 0.5]}}
+    atomic_write_json(tmp_path / "partway" / "results.json", {"arms": [aria], "pooled": pooled, "paired_tests": []})
+    assert tables.arms().splitlines()[2:] == ["| Twenty Questions, `partway` | warm start | 1 / 4 (25.0%) | – | – | – |",
+                                              "| | `aria` | 2 / 4 (50.0%) | +25.0 (−10.0 to +50.0) | – | not measured yet |"]
+
     atomic_write_json(tmp_path / "partway" / "results.json",
                       {"arms": [arm("aria", 10, "0110"), arm("no_aggregation", 10, "1111"), arm("no_aggregation", 11, "1")]})
     test, = tables.seed_tests("partway", "aria", "no_aggregation")
