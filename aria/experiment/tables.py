@@ -42,8 +42,8 @@ MARK = re.compile(r"<!-- rendered: (?P<name>[\w:-]+) -->\n(?P<body>.*?)<!-- /ren
 
 def seed_tests(folder: str, first: str, second: str, iteration: int = 1) -> list[dict[str, Any]]:
     """One paired test a seed (a training run of both arms) of a committed run: from the arms'
-    ``won`` strings of ``results.json`` (games in ``outcome_keys`` order), else from its
-    ``outcomes.json`` (keyed by game)."""
+    ``won`` strings of ``results.json`` (games in ``outcome_keys`` order; none where no seed has both
+    arms yet), or, for a run reported before those strings, from its ``outcomes.json`` (keyed by game)."""
     results = read_json(RESULTS / folder / "results.json")
     if any("won" in a for a in results["arms"]):  # a run reported with per-game outcomes: the seeds with both arms so far
         won = {(a["method"], a["seed"]): a["won"] for a in results["arms"] if a["iteration"] == iteration and "won" in a}
@@ -123,13 +123,13 @@ def aggregation() -> str:
             lines.append(f"| {game}, `{folder}` | not committed yet: [its plan](docs/experiments.md#training-runs-as-the-unit) "
                          "| | | | | | |")
             continue
-        tests[folder] = seed_tests(folder, "aria", "no_aggregation")
-        if not tests[folder]:  # a run committed part-way: what it has is in its own table
-            del tests[folder]
+        found = seed_tests(folder, "aria", "no_aggregation")
+        if not found:  # a run committed part-way: what it has is in its own table
             lines.append(f"| {game}, [`{folder}`](results/experiments/{folder}/table.md) | none yet with both arms "
                          "evaluated | | | | | | |")
             continue
-        lines.append(_row(f"{game}, [`{folder}`](results/experiments/{folder}/table.md)", tests[folder],
+        tests[folder] = found
+        lines.append(_row(f"{game}, [`{folder}`](results/experiments/{folder}/table.md)", found,
                           planned_verdict(folder)))
         for pooled_label, folders in POOLED_AFTER_THE_FACT:
             if folders[-1] == folder and all(f in tests for f in folders):
@@ -484,10 +484,11 @@ def block(name: str, source: str = "", line: int | None = None) -> str:
         return BLOCKS[name]()
     section, _, folder = name.partition(":")
     if section in SECTIONS and folder:
-        if not (RESULTS / folder / "results.json").is_file():
+        path = RESULTS / folder / "results.json"
+        if not path.is_file():
             raise DataError(source or None, line, None,
                             f"rendered block {name!r}: results/experiments/{folder}/results.json is not committed")
-        lines = SECTIONS[section](read_json(RESULTS / folder / "results.json"))
+        lines = SECTIONS[section](read_json(path))
         while lines and lines[0] == "":
             lines = lines[1:]
         return "\n".join(lines) + "\n"
