@@ -16,7 +16,7 @@ import pytest
 
 from aria.llm.embedded import embedded_model_dir
 from aria.trajectories import read_trajectories
-from vllm_processes import alive, descendants, kill_all, servers_started_by, wait_gone
+from vllm_processes import alive, descendants, kill_all, rpc_folder, servers_started_by, wait_gone, wait_removed
 
 REPO = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.slow
@@ -153,8 +153,9 @@ def test_a_background_run_survives_a_sigint_and_a_lost_server_and_a_killed_runne
 
 def test_a_command_killed_while_its_server_starts_takes_the_server_with_it(tmp_path):
     """SIGKILL of a collection whose vLLM server is still loading: the server's watcher stops it
-    within seconds. Before: a loading server ignored SIGTERM and outlived the command by 31 s (the
-    watcher's grace meant for a server with requests in flight)."""
+    within seconds, and removes the folder of its IPC sockets, which a killed vLLM leaves behind.
+    Before: a loading server ignored SIGTERM and outlived the command by 31 s (the watcher's grace
+    meant for a server with requests in flight); its sockets stayed in /tmp (600 in a day here)."""
     import signal
     import time
 
@@ -173,10 +174,13 @@ def test_a_command_killed_while_its_server_starts_takes_the_server_with_it(tmp_p
         while len(descendants(api)) < 2:  # its engine process started: loading, not yet serving (20-40 s here)
             assert time.monotonic() < deadline, "the server started no engine process"
             time.sleep(0.2)
-        server = descendants(api)
+        server, sockets = descendants(api), rpc_folder(api)
+        assert any(p.is_socket() for p in sockets.iterdir()), list(sockets.iterdir())  # vLLM's, made where we said
         assert not (tmp_path / "games.jsonl").is_file() or not (tmp_path / "games.jsonl").read_text().strip()
         os.kill(runner.pid, signal.SIGKILL)
         runner.communicate(timeout=60)
         assert not wait_gone(server, 15), f"the server outlived its killed command: {alive(server)}"
+        # a killed server removes none of its sockets: its watcher removes their folder
+        assert wait_removed(sockets, 15), list(sockets.iterdir())
     finally:
         kill_all(runner, server)

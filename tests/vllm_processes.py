@@ -65,3 +65,20 @@ def wait_gone(pids: set[int], seconds: float) -> set[int]:
     while alive(pids) and time.monotonic() < deadline:
         time.sleep(0.5)
     return alive(pids)
+
+
+def rpc_folder(pid: int) -> Path:
+    """The folder a server started by serve_vllm.sh makes its IPC sockets in (its environment's
+    ``VLLM_RPC_BASE_PATH``): one of its own, which the script removes with the server."""
+    environ = dict(e.split(b"=", 1) for e in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0") if b"=" in e)
+    folder = Path(environ[b"VLLM_RPC_BASE_PATH"].decode())
+    assert folder.name.startswith("aria-vllm-rpc."), folder  # not the shared temp folder
+    return folder
+
+
+def wait_removed(path: Path, seconds: float) -> bool:
+    """Whether ``path`` is gone within ``seconds``."""
+    deadline = time.monotonic() + seconds
+    while path.exists() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    return not path.exists()
