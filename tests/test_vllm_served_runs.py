@@ -161,8 +161,8 @@ def test_a_command_killed_while_its_server_starts_takes_the_server_with_it(tmp_p
 
     runner = subprocess.Popen(
         [sys.executable, str(REPO / "scripts/collect_games.py"), "num_games=2", "game.max_turns=2",
-         f"out={tmp_path / 'games.jsonl'}", "progress=false"], cwd=tmp_path, stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE, text=True, env={**os.environ, "ARIA_TEST_TAG": str(tmp_path)})
+         f"out={tmp_path / 'games.jsonl'}", f"policy.log={tmp_path / 'policy-vllm.log'}", "progress=false"], cwd=tmp_path,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**os.environ, "ARIA_TEST_TAG": str(tmp_path)})
     server: set[int] = set()
     try:
         deadline = time.monotonic() + 300
@@ -174,8 +174,11 @@ def test_a_command_killed_while_its_server_starts_takes_the_server_with_it(tmp_p
         while len(descendants(api)) < 2:  # its engine process started: loading, not yet serving (20-40 s here)
             assert time.monotonic() < deadline, "the server started no engine process"
             time.sleep(0.2)
-        server, sockets = descendants(api), rpc_folder(api)
-        assert any(p.is_socket() for p in sockets.iterdir()), list(sockets.iterdir())  # vLLM's, made where we said
+        sockets = rpc_folder(api)
+        while not any(p.is_socket() for p in sockets.iterdir()):  # vLLM's own, made where the script said
+            assert time.monotonic() < deadline, f"no IPC socket in {sockets}"
+            time.sleep(0.2)
+        server = descendants(api)
         assert not (tmp_path / "games.jsonl").is_file() or not (tmp_path / "games.jsonl").read_text().strip()
         os.kill(runner.pid, signal.SIGKILL)
         runner.communicate(timeout=60)

@@ -53,8 +53,11 @@ def alive(pids: set[int]) -> set[int]:
 
 def kill_all(runner: subprocess.Popen, server: set[int]) -> None:
     """Whatever a failed test leaves running: the runner's process group and the server."""
-    if runner.poll() is None:
-        os.killpg(runner.pid, signal.SIGKILL)
+    if runner.poll() is None:  # its group where it leads one (a runner in a session of its own), else itself
+        if os.getpgid(runner.pid) == runner.pid:
+            os.killpg(runner.pid, signal.SIGKILL)
+        else:
+            runner.kill()
     for pid in alive(server):
         os.kill(pid, signal.SIGKILL)
 
