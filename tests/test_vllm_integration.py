@@ -20,7 +20,7 @@ from aria.games.common.base import load_game_config
 from aria.llm.embedded import embedded_model_dir
 from aria.statistics import summarize_games
 from aria.trajectories import read_trajectories
-from vllm_processes import alive, descendants, free_port, rpc_folder, wait_gone, wait_removed
+from vllm_processes import alive, descendants, free_port, temp_folder, wait_gone, wait_removed
 
 REPO = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.slow
@@ -59,10 +59,10 @@ def vllm_server(tmp_path_factory):
     # spinning threads spin a bounded while, so that the server sleeps when idle (it held a core before)
     environ = Path(f"/proc/{info['PID']}/environ").read_bytes().split(b"\0")
     assert (b"OMP_WAIT_POLICY=ACTIVE" not in environ) or b"GOMP_SPINCOUNT=3000000" in environ, started.stderr[-1000:]
-    sockets = rpc_folder(int(info["PID"]))
+    temp = temp_folder(int(info["PID"]))
     yield {**info, "model": model}
     subprocess.run(["bash", str(REPO / "scripts/serve_vllm.sh"), "stop", info["PID"]], check=False, timeout=60)
-    assert wait_removed(sockets, 15), f"a stopped server's IPC sockets were left: {list(sockets.iterdir())}"
+    assert wait_removed(temp, 15), f"a stopped server's temporary files were left: {list(temp.iterdir())}"
 
 
 def game_step_ids(tokenizer) -> list[int]:

@@ -16,7 +16,7 @@ import pytest
 
 from aria.llm.embedded import embedded_model_dir
 from aria.trajectories import read_trajectories
-from vllm_processes import alive, descendants, kill_all, rpc_folder, servers_started_by, wait_gone, wait_removed
+from vllm_processes import alive, descendants, kill_all, servers_started_by, temp_folder, wait_gone, wait_removed
 
 REPO = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.slow
@@ -174,7 +174,7 @@ def test_a_command_killed_while_its_server_starts_takes_the_server_with_it(tmp_p
         while len(descendants(api)) < 2:  # its engine process started: loading, not yet serving (20-40 s here)
             assert time.monotonic() < deadline, "the server started no engine process"
             time.sleep(0.2)
-        sockets = rpc_folder(api)
+        sockets = temp_folder(api)
         while not any(p.is_socket() for p in sockets.iterdir()):  # vLLM's own, made where the script said
             assert time.monotonic() < deadline, f"no IPC socket in {sockets}"
             time.sleep(0.2)

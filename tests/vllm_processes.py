@@ -70,12 +70,12 @@ def wait_gone(pids: set[int], seconds: float) -> set[int]:
     return alive(pids)
 
 
-def rpc_folder(pid: int) -> Path:
-    """The folder a server started by serve_vllm.sh makes its IPC sockets in (its environment's
-    ``VLLM_RPC_BASE_PATH``): one of its own, which the script removes with the server."""
+def temp_folder(pid: int) -> Path:
+    """The temporary folder of a server started by serve_vllm.sh (its environment's ``TMPDIR``,
+    where vLLM makes its IPC sockets): one of its own, which the script removes with the server."""
     environ = dict(e.split(b"=", 1) for e in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0") if b"=" in e)
-    folder = Path(environ[b"VLLM_RPC_BASE_PATH"].decode())
-    assert folder.name.startswith("aria-vllm-rpc."), folder  # not the shared temp folder
+    folder = Path(environ[b"TMPDIR"].decode())
+    assert folder.name.startswith("aria-vllm."), folder  # not the shared temp folder
     return folder
 
 

@@ -15,9 +15,9 @@
 #
 # Settings (environment): SERVED_MODEL_NAME (default: the folder's name), VLLM_HOST (127.0.0.1),
 # VLLM_START_TIMEOUT (600 s), VLLM_LOG (server log file; default /tmp/vllm-PORT.log), VLLM_PARENT_PID (the
-# server is stopped within seconds of that process's end, however it ends; aria's commands set it),
-# VLLM_RPC_BASE_PATH (where vLLM makes its IPC sockets; default: a folder of the server's own in the temp folder,
-# removed with the server), VLLM_EXTRA_ARGS (more server flags), VLLM_LORA_MODULES ("NAME=ADAPTER_DIR ...": LoRA adapters served on the
+# server is stopped within seconds of that process's end, however it ends; aria's commands set it), TMPDIR (under
+# which each server gets a temporary folder of its own, removed with it; default /tmp),
+# VLLM_EXTRA_ARGS (more server flags), VLLM_LORA_MODULES ("NAME=ADAPTER_DIR ...": LoRA adapters served on the
 # model, each under its name; VLLM_MAX_LORA_RANK, default 16, must be one of vLLM's 8, 16, 32, 64, ...), VLLM_STRUCTURED_OUTPUTS (the engine of JSON-schema and regex
 # replies; default llguidance, the engine of the local policy, with compact JSON: a small model
 # otherwise fills its token budget with whitespace inside a valid object). CPU only: VLLM_CPU_KVCACHE_SPACE (GiB, default 2),
@@ -150,14 +150,13 @@ if (exec 3<>"/dev/tcp/$HOST/$PORT") 2>/dev/null; then
   exit 1
 fi
 
-# vLLM's API server and engine talk over IPC sockets it makes in VLLM_RPC_BASE_PATH (default: the temp
-# folder) and leaves there when killed (hundreds a day from tests and stopped runs): each server gets a
-# folder of its own there, removed by the watcher below once nothing of the server is left.
-RPC_DIR=
-if [ -z "${VLLM_RPC_BASE_PATH:-}" ]; then
-  RPC_DIR=$(mktemp -d "${TMPDIR:-/tmp}/aria-vllm-rpc.XXXXXX")
-  export VLLM_RPC_BASE_PATH=$RPC_DIR
-fi
+# vLLM makes temporary files (the IPC sockets between its API server and engine, a file store for its
+# workers) and leaves them when killed: 600 sockets and 61 stores gathered in /tmp in a day of tests and
+# runs. Each server gets a temporary folder of its own, removed by the watcher below once nothing of the
+# server is left; torch's compile cache stays where it was, so that compiled starts still share it.
+export TORCHINDUCTOR_CACHE_DIR=${TORCHINDUCTOR_CACHE_DIR:-${TMPDIR:-/tmp}/torchinductor_$(id -un)}
+SERVER_TMP=$(mktemp -d "${TMPDIR:-/tmp}/aria-vllm.XXXXXX")
+export TMPDIR=$SERVER_TMP
 
 # In a session of its own: its engine processes are its process group, which stop_server signals,
 # and a Ctrl-C in the terminal goes to the command that started it, which stops it.
@@ -179,7 +178,7 @@ echo "[serve] starting vLLM (pid $PID) for $MODEL_DIR as '$NAME' (${ARGS[*]}${OM
   # Its owner or its API server is gone: no one waits for a reply, so 3 s of grace, not 30. (A server
   # still loading ignores SIGTERM: it outlived a killed command by 31 s.)
   stop_server "$PID" 3
-  [ -z "$RPC_DIR" ] || rm -rf "$RPC_DIR"
+  rm -rf "$SERVER_TMP"
 ) </dev/null >/dev/null 2>&1 &
 disown
 
