@@ -183,7 +183,7 @@ def test_a_command_killed_while_its_server_starts_takes_the_server_with_it(tmp_p
         os.kill(runner.pid, signal.SIGKILL)
         runner.communicate(timeout=60)
         assert not wait_gone(server, 15), f"the server outlived its killed command: {alive(server)}"
-        # a killed server removes none of its sockets: its watcher removes their folder
+        # vLLM removes none of its sockets (not even when stopped cleanly): its watcher removes their folder
         assert wait_removed(sockets, 15), list(sockets.iterdir())
     finally:
         kill_all(runner, server)

@@ -150,10 +150,11 @@ if (exec 3<>"/dev/tcp/$HOST/$PORT") 2>/dev/null; then
   exit 1
 fi
 
-# vLLM makes temporary files (the IPC sockets between its API server and engine, a file store for its
-# workers) and leaves them when killed: 600 sockets and 61 stores gathered in /tmp in a day of tests and
-# runs. Each server gets a temporary folder of its own, removed by the watcher below once nothing of the
-# server is left; torch's compile cache stays where it was, so that compiled starts still share it.
+# vLLM leaves temporary files behind: the IPC sockets between its API server and engine (7 a server,
+# even when stopped cleanly) and, when killed, a file store of its workers; 600 sockets and 61 stores
+# gathered in /tmp in a day of tests and runs. Each server gets a temporary folder of its own, removed by
+# the watcher below once nothing of the server is left; torch's compile cache keeps its place, so that
+# compiled starts still share it.
 export TORCHINDUCTOR_CACHE_DIR=${TORCHINDUCTOR_CACHE_DIR:-${TMPDIR:-/tmp}/torchinductor_$(id -un)}
 SERVER_TMP=$(mktemp -d "${TMPDIR:-/tmp}/aria-vllm.XXXXXX")
 export TMPDIR=$SERVER_TMP
