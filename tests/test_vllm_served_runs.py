@@ -153,7 +153,7 @@ def test_a_background_run_survives_a_sigint_and_a_lost_server_and_a_killed_runne
 
 def test_a_command_killed_while_its_server_starts_takes_the_server_with_it(tmp_path):
     """SIGKILL of a collection whose vLLM server is still loading: the server's watcher stops it
-    within seconds, and removes the folder of its IPC sockets, which a killed vLLM leaves behind.
+    within seconds, and removes the folder of its IPC sockets, which vLLM leaves behind.
     Before: a loading server ignored SIGTERM and outlived the command by 31 s (the watcher's grace
     meant for a server with requests in flight); its sockets stayed in /tmp (600 in a day here)."""
     import signal
